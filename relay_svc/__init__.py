@@ -1,0 +1,1 @@
+"""relay_svc: serves immutable, verified weight versions over gRPC."""

@@ -1,0 +1,102 @@
+"""The `relayrl` command: up (run every service locally), prepare (build the model), status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from relayrl.config import ConfigError, load_run_config
+
+
+def _load(args):
+    try:
+        return load_run_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _summary(cfg) -> None:
+    from relayrl.metrics import read_metrics
+
+    rows = [r for r in read_metrics(f"{cfg.run_dir}/metrics.jsonl") if "eval/accuracy_sampled" in r]
+    if rows:
+        first, last = rows[0], rows[-1]
+        print(f"held-out accuracy (sampled): {first['eval/accuracy_sampled']:.3f} at step "
+              f"{first['step']} -> {last['eval/accuracy_sampled']:.3f} at step {last['step']}; "
+              f"greedy {first['eval/accuracy_greedy']:.3f} -> {last['eval/accuracy_greedy']:.3f}")
+    print(f"run directory: {cfg.run_dir} (metrics.jsonl, reward.png, checkpoints/, logs/)")
+
+
+def cmd_up(args) -> int:
+    cfg = _load(args)
+    from relayrl.launcher import up
+
+    code = up(cfg)
+    _summary(cfg)
+    return code
+
+
+def cmd_prepare(args) -> int:
+    cfg = _load(args)
+    from relayrl.models import resolve_model_path
+
+    print(resolve_model_path(cfg.model, cfg.task))
+    return 0
+
+
+def cmd_status(args) -> int:
+    cfg = _load(args)
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from relayrl.grpc_util import channel
+    from relayrl.proto.v1 import (
+        buffer_pb2,
+        buffer_pb2_grpc,
+        scheduler_pb2,
+        scheduler_pb2_grpc,
+        trainer_pb2,
+        trainer_pb2_grpc,
+    )
+
+    out = {}
+    calls = {
+        "scheduler": (cfg.scheduler.endpoint.address, scheduler_pb2_grpc.SchedulerStub,
+                      scheduler_pb2.SchedulerStatusRequest()),
+        "buffer": (cfg.buffer.endpoint.address, buffer_pb2_grpc.BufferStub,
+                   buffer_pb2.BufferStatsRequest()),
+        "trainer": (cfg.trainer.endpoint.address, trainer_pb2_grpc.TrainerStub,
+                    trainer_pb2.TrainerStatusRequest()),
+    }
+    for name, (addr, stub_cls, req) in calls.items():
+        stub = stub_cls(channel(addr))
+        method = stub.Stats if name == "buffer" else stub.Status
+        try:
+            out[name] = MessageToDict(method(req, timeout=3), preserving_proto_field_name=True)
+        except grpc.RpcError as err:  # report every service, reachable or not
+            out[name] = {"error": f"{err.code().name}: {err.details()}"}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s relayrl %(message)s")
+    parser = argparse.ArgumentParser(prog="relayrl")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, fn, text in (("up", cmd_up, "start every service locally and train"),
+                           ("prepare", cmd_prepare, "build and cache the model only"),
+                           ("status", cmd_status, "query a running run's services")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("config", help="run config YAML")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="SECTION.FIELD=VALUE", help="override a config field")
+        p.set_defaults(fn=fn)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""The argument parser every `python -m <svc>` shares: --config F [--set a.b=c ...]."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from relayrl.config import ConfigError, RunConfig, load_run_config
+
+
+def parse_service_args(
+    service: str, argv: list[str] | None = None
+) -> tuple[RunConfig, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog=f"python -m {service}")
+    parser.add_argument("--config", required=True, help="run config YAML")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+        help="override one config field (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_run_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+    return cfg, args

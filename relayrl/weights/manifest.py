@@ -1,0 +1,109 @@
+"""Manifests of immutable weight versions, and the byte-level checks every shard passes."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from relayrl.proto.v1 import relay_pb2
+
+
+class WeightError(ValueError):
+    """A version or shard that must not reach an engine (unknown, corrupt, mismatched)."""
+
+
+def checksum(data: bytes | memoryview) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    flat = t.detach().contiguous().view(-1).view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    version: int
+    step: int
+    shards: tuple[ShardInfo, ...]
+    created_unix: float = field(default_factory=time.time)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.nbytes for s in self.shards)
+
+    def shard(self, name: str) -> ShardInfo:
+        for s in self.shards:
+            if s.name == name:
+                return s
+        raise WeightError(f"version {self.version} has no shard {name!r}")
+
+    def to_proto(self) -> relay_pb2.Manifest:
+        return relay_pb2.Manifest(
+            version=self.version, step=self.step, total_bytes=self.total_bytes,
+            created_unix=self.created_unix,
+            shards=[relay_pb2.ShardInfo(name=s.name, dtype=s.dtype, shape=list(s.shape),
+                                        nbytes=s.nbytes, checksum=s.checksum)
+                    for s in self.shards],
+        )
+
+    @classmethod
+    def from_proto(cls, m: relay_pb2.Manifest) -> Manifest:
+        if m.version < 1:
+            raise WeightError(f"manifest.version must be >= 1, got {m.version}")
+        shards = []
+        for s in m.shards:
+            if not s.name or s.nbytes < 0 or not s.checksum:
+                raise WeightError(f"manifest.shards[{s.name!r}]: name, nbytes and checksum needed")
+            dtype = _dtype(s.dtype)
+            numel = 1
+            for d in s.shape:
+                numel *= d
+            if numel * dtype.itemsize != s.nbytes:
+                raise WeightError(f"manifest.shards[{s.name!r}].nbytes does not match shape/dtype")
+            shards.append(ShardInfo(s.name, s.dtype, tuple(s.shape), s.nbytes, s.checksum))
+        if len({s.name for s in shards}) != len(shards):
+            raise WeightError("manifest.shards: duplicate shard names")
+        return cls(m.version, m.step, tuple(shards), m.created_unix)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise WeightError(f"shard dtype {name!r} is not a torch dtype")
+    return dtype
+
+
+def build_manifest(version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
+    shards = tuple(
+        ShardInfo(
+            name=name, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
+            nbytes=t.numel() * t.element_size(), checksum=checksum(tensor_bytes(t)),
+        )
+        for name, t in tensors.items()
+    )
+    return Manifest(version=version, step=step, shards=shards)
+
+
+def verify_shard(info: ShardInfo, data: bytes | bytearray) -> torch.Tensor:
+    """Bytes -> tensor, only if length and checksum match the manifest."""
+    if len(data) != info.nbytes:
+        raise WeightError(
+            f"shard {info.name!r}: got {len(data)} bytes, manifest says {info.nbytes}")
+    if checksum(data) != info.checksum:
+        raise WeightError(f"shard {info.name!r}: checksum mismatch")
+    buf = torch.frombuffer(bytearray(data), dtype=_dtype(info.dtype)) if info.nbytes else \
+        torch.empty(0, dtype=_dtype(info.dtype))
+    return buf.view(info.shape)

@@ -1,0 +1,28 @@
+"""The weight-plane contract. The in-process VersionStore and the gRPC RelayClient both
+implement it, and the same contract test runs against both."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from relayrl.weights.manifest import Manifest
+
+
+class WeightPlane(ABC):
+    @abstractmethod
+    def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
+        """Store a new immutable version; versions must increase."""
+
+    @abstractmethod
+    def manifest(self, version: int = 0) -> Manifest | None:
+        """The manifest of `version`, or of the latest when 0; None when nothing is published."""
+
+    @abstractmethod
+    def pull(self, version: int) -> dict[str, torch.Tensor]:
+        """Every shard of `version`, each verified against the manifest."""
+
+    @abstractmethod
+    def versions(self) -> list[int]:
+        """Versions held, oldest first."""

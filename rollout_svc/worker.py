@@ -1,0 +1,114 @@
+"""The rollout loop: refresh weights between sequences, lease, generate, score, append."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+
+from relayrl.config import RunConfig
+from relayrl.messages import Sample
+from relayrl.models import LoadedModel
+from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
+from relayrl.rewards import get_reward, score
+from relayrl.streams import TrajectoryWriter
+from relayrl.weights import WeightError, WeightPlane
+from rollout_svc.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
+                 scheduler: scheduler_pb2_grpc.SchedulerStub, weights: WeightPlane,
+                 writer: TrajectoryWriter, reward_name: str):
+        self.cfg = cfg
+        self.worker_id = cfg.rollout.worker_id
+        self.engine = engine
+        self.lm = lm
+        self.scheduler = scheduler
+        self.weights = weights
+        self.writer = writer
+        self.reward_fn = get_reward(reward_name)
+        self.samples_generated = 0
+        self.weight_swaps = 0
+        self.versions_used: set[int] = set()
+        self.timeout_s = 10.0
+
+    def refresh_weights(self) -> None:
+        try:
+            manifest = self.weights.manifest(0)
+            if manifest is None or manifest.version <= self.engine.version:
+                return
+            t0 = time.monotonic()
+            tensors = self.weights.pull(manifest.version)
+            self.engine.load_weights(tensors, manifest.version)
+        except (WeightError, ValueError, grpc.RpcError) as err:
+            log.warning("weight refresh failed, staying on version %d: %s",
+                        self.engine.version, err)
+            return
+        self.weight_swaps += 1
+        log.info("now on version %d (%.0f ms)", manifest.version, 1e3 * (time.monotonic() - t0))
+
+    def register(self) -> None:
+        self.scheduler.Register(scheduler_pb2.RegisterRequest(
+            worker_id=self.worker_id, address=self.cfg.rollout.endpoint.address),
+            timeout=self.timeout_s)
+
+    def heartbeat_loop(self, stop: threading.Event) -> None:
+        interval = self.cfg.scheduler.heartbeat_interval_s
+        while not stop.wait(interval):
+            try:
+                resp = self.scheduler.Heartbeat(scheduler_pb2.HeartbeatRequest(
+                    worker_id=self.worker_id, policy_version=self.engine.version),
+                    timeout=self.timeout_s)
+                if not resp.known:
+                    self.register()
+            except grpc.RpcError as err:
+                log.warning("heartbeat failed: %s", err.code())
+
+    def run_lease(self, lease) -> None:
+        prompt = lease.prompt
+        prompt_tokens = self.lm.encode_prompt(prompt.text)
+        gens = self.engine.generate(prompt_tokens, self.cfg.rollout.samples_per_prompt)
+        samples = []
+        for g in gens:
+            reward, error = score(self.reward_fn, self.lm.decode(g.tokens), prompt.reference)
+            samples.append(Sample(
+                prompt_id=prompt.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
+                prompt_tokens=prompt_tokens, response_tokens=g.tokens, logprobs=g.logprobs,
+                versions=g.versions, reward=reward, finish_reason=g.finish_reason,
+                reward_error=error))
+            self.versions_used.update(g.versions)
+        self.writer.append(samples)
+        self.samples_generated += len(samples)
+        self.scheduler.Complete(scheduler_pb2.CompleteRequest(
+            worker_id=self.worker_id, lease_id=lease.lease_id), timeout=self.timeout_s)
+
+    def run(self, stop: threading.Event) -> None:
+        self.register()
+        beats = threading.Thread(target=self.heartbeat_loop, args=(stop,), daemon=True)
+        beats.start()
+        while not stop.is_set():
+            self.refresh_weights()
+            try:
+                resp = self.scheduler.AcquireLeases(scheduler_pb2.LeaseRequest(
+                    worker_id=self.worker_id, max_prompts=self.cfg.rollout.prompts_per_lease),
+                    timeout=self.timeout_s)
+            except grpc.RpcError as err:
+                log.warning("scheduler unavailable (%s); retrying", err.code())
+                stop.wait(1.0)
+                continue
+            if resp.done:
+                log.info("scheduler has no more prompts; idling")
+                stop.wait(1.0)
+                continue
+            if not resp.leases:
+                stop.wait(resp.retry_after_s or 0.05)
+                continue
+            for lease in resp.leases:
+                if stop.is_set():
+                    break  # the unfinished lease lapses and is re-issued elsewhere
+                self.run_lease(lease)

@@ -1,0 +1,155 @@
+"""The scheduler's decisions as a pure state machine: no I/O, no clock of its own.
+
+Every method takes `now`, so the live service and a simulator drive the same code.
+A prompt is handed out by lease; a lease is renewed by its worker's heartbeats and, if it
+lapses, the prompt goes back to the front of the queue until `max_attempts` leases have
+failed, after which the prompt is reported failed. The number of prompts out at once
+(handed out but not yet finished by the trainer) is capped, which bounds staleness.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ActiveLease:
+    lease_id: str
+    prompt_id: int
+    worker_id: str
+    attempt: int
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Grant:
+    lease_id: str
+    prompt_id: int
+    attempt: int
+
+
+@dataclass
+class WorkerState:
+    last_seen: float
+    policy_version: int = 0
+
+
+@dataclass
+class Counters:
+    leases_granted: int = 0
+    leases_completed: int = 0
+    leases_expired: int = 0
+
+
+@dataclass
+class LeasePolicy:
+    lease_ttl_s: float
+    max_attempts: int
+    max_inflight: int
+    max_prompts: int = 0  # 0 = unlimited
+    cursor: int = 0  # next never-handed-out prompt id
+    finished: int = 0  # prompts the trainer has stepped past (trained or dropped as stale)
+    requeue: deque[int] = field(default_factory=deque)
+    attempts: dict[int, int] = field(default_factory=dict)
+    leases: dict[str, ActiveLease] = field(default_factory=dict)
+    expired: dict[str, int] = field(default_factory=dict)  # lease id -> prompt id
+    delivered: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+    workers: dict[str, WorkerState] = field(default_factory=dict)
+    counters: Counters = field(default_factory=Counters)
+    _next_lease: int = 0
+
+    @property
+    def handed_out(self) -> int:
+        return self.cursor
+
+    @property
+    def inflight(self) -> int:
+        return self.cursor - self.finished - len(self.failed)
+
+    @property
+    def done(self) -> bool:
+        return (self.max_prompts > 0 and self.cursor >= self.max_prompts
+                and not self.requeue and not self.leases)
+
+    def register(self, worker_id: str, now: float) -> None:
+        self.workers[worker_id] = WorkerState(last_seen=now)
+
+    def heartbeat(self, worker_id: str, policy_version: int, now: float) -> bool:
+        """Renews the worker's leases. False means the worker is unknown and must register."""
+        state = self.workers.get(worker_id)
+        if state is None:
+            return False
+        state.last_seen = now
+        state.policy_version = policy_version
+        for lease in self.leases.values():
+            if lease.worker_id == worker_id:
+                lease.deadline = now + self.lease_ttl_s
+        return True
+
+    def set_finished(self, finished: int) -> None:
+        self.finished = max(self.finished, finished)
+
+    def acquire(self, worker_id: str, max_prompts: int, now: float) -> list[Grant]:
+        if max_prompts < 1:
+            raise ValueError(f"max_prompts must be >= 1, got {max_prompts}")
+        self.expire(now)
+        if worker_id not in self.workers:
+            self.register(worker_id, now)
+        self.workers[worker_id].last_seen = now
+        grants = []
+        while len(grants) < max_prompts:
+            if self.requeue:
+                prompt_id = self.requeue.popleft()
+            elif self._may_hand_out_new():
+                prompt_id = self.cursor
+                self.cursor += 1
+            else:
+                break
+            grants.append(self._lease(prompt_id, worker_id, now))
+        return grants
+
+    def _may_hand_out_new(self) -> bool:
+        if self.max_prompts and self.cursor >= self.max_prompts:
+            return False
+        return self.inflight < self.max_inflight
+
+    def _lease(self, prompt_id: int, worker_id: str, now: float) -> Grant:
+        self._next_lease += 1
+        lease_id = f"L{self._next_lease}"
+        attempt = self.attempts.get(prompt_id, 0) + 1
+        self.attempts[prompt_id] = attempt
+        self.leases[lease_id] = ActiveLease(lease_id, prompt_id, worker_id, attempt,
+                                            now + self.lease_ttl_s)
+        self.counters.leases_granted += 1
+        return Grant(lease_id, prompt_id, attempt)
+
+    def complete(self, lease_id: str, worker_id: str) -> bool:
+        """The worker delivered every sample of the lease to the buffer."""
+        lease = self.leases.get(lease_id)
+        if lease is not None and lease.worker_id == worker_id:
+            del self.leases[lease_id]
+            self.delivered.add(lease.prompt_id)
+            self.counters.leases_completed += 1
+            return True
+        # A late delivery still counts if its prompt is waiting to be leased again.
+        prompt_id = self.expired.pop(lease_id, None)
+        if prompt_id is not None and prompt_id in self.requeue:
+            self.requeue.remove(prompt_id)
+            self.delivered.add(prompt_id)
+            self.counters.leases_completed += 1
+            return True
+        return False
+
+    def expire(self, now: float) -> list[ActiveLease]:
+        lapsed = [lease for lease in self.leases.values() if lease.deadline <= now]
+        for lease in lapsed:
+            del self.leases[lease.lease_id]
+            self.counters.leases_expired += 1
+            if lease.attempt >= self.max_attempts:
+                self.failed.add(lease.prompt_id)
+            else:
+                self.expired[lease.lease_id] = lease.prompt_id
+                self.requeue.appendleft(lease.prompt_id)
+        return lapsed

@@ -1,0 +1,63 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from relayrl.config import ConfigError, RunConfig, load_run_config
+from relayrl.config.base import apply_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted([*ROOT.glob("examples/*.yaml"), *ROOT.glob("deploy/**/*.yaml")])
+SHIPPED = [p for p in SHIPPED if "run_id" in p.read_text()]  # run configs, not manifests
+
+
+def test_there_are_shipped_configs():
+    assert any(p.parent.name == "examples" for p in SHIPPED)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_config_loads(path):
+    cfg = load_run_config(path)
+    assert cfg.rollout.samples_per_prompt == cfg.buffer.group_size
+
+
+def write(tmp_path, data):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"trainer": {"lr": -1}}, "trainer.lr"),
+    ({"trainer": {"max_steps": "many"}}, "trainer.max_steps"),
+    ({"rollout": {"temperature": 0}}, "rollout.temperature"),
+    ({"buffer": {"group_size": 3}}, "rollout.samples_per_prompt"),
+    ({"trainer": {"bogus": 1}}, "trainer.bogus"),
+    ({"relay": {"endpoint": {"port": 70000}}}, "relay.endpoint.port"),
+    ({"scheduler": {"endpoint": {"port": 50551}}}, "port 50551"),
+    ({"run_id": "has space"}, "run_id"),
+    ({"task": {"name": "chess"}}, "task.name"),
+])
+def test_bad_configs_name_the_field(tmp_path, data, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_run_config(write(tmp_path, data))
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_run_config(tmp_path / "nope.yaml")
+
+
+def test_overrides_apply_and_validate(tmp_path):
+    cfg = load_run_config(write(tmp_path, {}), ["trainer.lr=0.01", "rollout.num_workers=3"])
+    assert cfg.trainer.lr == 0.01 and cfg.rollout.num_workers == 3
+    with pytest.raises(ConfigError, match="trainer.lr"):
+        load_run_config(write(tmp_path, {}), ["trainer.lr=-3"])
+    with pytest.raises(ConfigError, match="section.field=value"):
+        apply_overrides({}, ["no_equals_sign"])
+
+
+def test_inflight_limit_follows_batch_and_staleness():
+    cfg = RunConfig.model_validate({"buffer": {"groups_per_batch": 4},
+                                    "trainer": {"max_staleness": 2}})
+    assert cfg.inflight_limit == 12

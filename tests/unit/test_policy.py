@@ -1,0 +1,92 @@
+"""The scheduler's lease state machine, driven with hand-built clocks."""
+
+import pytest
+
+from scheduler_svc.policy import LeasePolicy
+
+
+def policy(**kw):
+    args = dict(lease_ttl_s=10.0, max_attempts=2, max_inflight=100)
+    args.update(kw)
+    return LeasePolicy(**args)
+
+
+def test_grants_new_prompts_in_order():
+    p = policy()
+    grants = p.acquire("w0", 3, now=0.0)
+    assert [g.prompt_id for g in grants] == [0, 1, 2]
+    assert all(g.attempt == 1 for g in grants)
+    assert p.handed_out == 3 and len(p.leases) == 3
+
+
+def test_inflight_bound_holds_back_new_prompts_until_the_trainer_catches_up():
+    p = policy(max_inflight=2)
+    assert len(p.acquire("w0", 5, now=0.0)) == 2
+    assert p.acquire("w1", 1, now=0.0) == []
+    p.set_finished(1)
+    assert [g.prompt_id for g in p.acquire("w1", 5, now=0.0)] == [2]
+
+
+def test_expired_lease_goes_back_to_the_front_of_the_queue():
+    p = policy()
+    first = p.acquire("w0", 1, now=0.0)[0]
+    p.acquire("w0", 1, now=1.0)  # prompt 1, deadline 11
+    assert p.expire(now=10.5)[0].lease_id == first.lease_id
+    again = p.acquire("w1", 1, now=10.5)[0]
+    assert (again.prompt_id, again.attempt) == (0, 2)
+    assert not p.complete(first.lease_id, "w0")  # the old lease no longer counts
+
+
+def test_heartbeat_renews_leases():
+    p = policy()
+    p.register("w0", now=0.0)
+    p.acquire("w0", 1, now=0.0)
+    assert p.heartbeat("w0", policy_version=3, now=8.0)
+    assert p.expire(now=11.0) == []
+    assert p.workers["w0"].policy_version == 3
+    assert p.expire(now=18.0) != []
+
+
+def test_unknown_worker_heartbeat_asks_to_register():
+    assert not policy().heartbeat("ghost", 0, now=0.0)
+
+
+def test_prompt_fails_after_max_attempts():
+    p = policy(max_attempts=2)
+    p.acquire("w0", 1, now=0.0)
+    p.expire(now=10.0)
+    p.acquire("w0", 1, now=10.0)
+    p.expire(now=20.0)
+    assert p.failed == {0}
+    assert [g.prompt_id for g in p.acquire("w0", 1, now=20.0)] == [1]
+
+
+def test_late_completion_of_requeued_prompt_is_accepted_once():
+    p = policy(max_inflight=1)
+    lease = p.acquire("w0", 1, now=0.0)[0]
+    p.expire(now=10.0)
+    assert list(p.requeue) == [0]
+    assert p.complete(lease.lease_id, "w0")
+    assert not p.requeue and p.delivered == {0}
+    assert not p.complete(lease.lease_id, "w0")
+
+
+def test_completion_by_another_worker_is_refused():
+    p = policy()
+    lease = p.acquire("w0", 1, now=0.0)[0]
+    assert not p.complete(lease.lease_id, "w1")
+    assert p.complete(lease.lease_id, "w0")
+
+
+def test_done_after_the_last_prompt_is_delivered():
+    p = policy(max_prompts=2)
+    grants = p.acquire("w0", 5, now=0.0)
+    assert len(grants) == 2 and not p.done
+    for g in grants:
+        p.complete(g.lease_id, "w0")
+    assert p.done
+
+
+def test_bad_request_size():
+    with pytest.raises(ValueError, match="max_prompts"):
+        policy().acquire("w0", 0, now=0.0)

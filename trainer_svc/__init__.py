@@ -1,0 +1,1 @@
+"""trainer_svc: reads batches, optimises the policy, publishes versions, checkpoints."""

@@ -1,0 +1,61 @@
+"""Durable trainer state: model, optimizer, RNG, step, and the stream positions it covers."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Ledger:
+    """What the steps since the last checkpoint consumed, acknowledged once it is durable."""
+
+    entry_ids: list[bytes] = field(default_factory=list)
+    consumed: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+
+
+def save(ckpt_dir: Path, step: int, model, optimizer, ledger: Ledger, extra: dict[str, Any],
+         keep: int) -> Path:
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    final = ckpt_dir / f"step_{step:08d}"
+    tmp = ckpt_dir / f".tmp_step_{step:08d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)  # a loadable Hugging Face model directory
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                "python": random.getstate()},
+        "ledger": ledger,
+        "extra": extra,
+    }
+    torch.save(state, tmp / "trainer_state.pt")
+    with open(tmp / "trainer_state.pt", "rb") as f:
+        os.fsync(f.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in sorted(ckpt_dir.glob("step_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(ckpt_dir: Path) -> Path | None:
+    done = sorted(p for p in ckpt_dir.glob("step_*") if (p / "trainer_state.pt").is_file())
+    return done[-1] if done else None
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    state = torch.load(path / "trainer_state.pt", weights_only=False)
+    rng = state["rng"]
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    return state

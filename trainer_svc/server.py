@@ -1,0 +1,97 @@
+"""Trainer process: the loop, a progress bar, and a gRPC status endpoint."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+
+from relayrl.config import RunConfig
+from relayrl.logs import setup_logging
+from relayrl.metrics import plot_rewards
+from relayrl.models import load_model, resolve_model_path
+from relayrl.proto.v1 import trainer_pb2, trainer_pb2_grpc
+from relayrl.redis_conn import open_redis
+from relayrl.service import ServiceRunner
+from relayrl.weights.client import RelayClient
+from trainer_svc.publisher import AsyncPublisher
+from trainer_svc.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+class TrainerStatusServicer(trainer_pb2_grpc.TrainerServicer):
+    def __init__(self, trainer: Trainer):
+        self.t = trainer
+
+    def Status(self, request, context):
+        t = self.t
+        return trainer_pb2.TrainerStatus(
+            step=t.step, version=t.publisher.published_version,
+            samples_trained=t.totals["samples_trained"],
+            samples_dropped_stale=t.totals["samples_dropped_stale"],
+            reward_mean=t.last_reward, finished=t.finished)
+
+
+def _progress(trainer: Trainer, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=trainer.tc.max_steps, initial=trainer.step, desc="train",
+                disable=not enabled, dynamic_ncols=True)
+
+
+def run_loop(trainer: Trainer, stop: threading.Event) -> None:
+    tc = trainer.tc
+    png = trainer.run_dir / "reward.png"
+    if trainer.step == 0 and tc.eval_every:
+        trainer.metrics.write({"step": 0, **trainer.run_eval()})
+    if trainer.step > 0:  # resumed: make sure the relay serves what the trainer holds
+        trainer.publisher.publish(trainer.step, trainer.step, trainer.lm.model.state_dict())
+    bar = _progress(trainer, tc.progress)
+    window: list[tuple[float, int]] = []
+    acc = float("nan")
+    while trainer.step < tc.max_steps and not stop.is_set():
+        got = trainer.next_batch(stop)
+        if got is None:
+            break
+        record = trainer.train_step(*got)
+        if tc.eval_every and trainer.step % tc.eval_every == 0 or trainer.step == tc.max_steps:
+            record.update(trainer.run_eval())
+            acc = record["eval/accuracy_sampled"]
+        now = time.monotonic()
+        window = [(t, n) for t, n in window if now - t < 30] + \
+            [(now, record.get("train/samples", 0))]
+        rate = sum(n for _, n in window) / max(now - window[0][0], 1e-6) if len(window) > 1 else 0
+        record["throughput/samples_per_s"] = rate
+        trainer.metrics.write(record)
+        if trainer.step % tc.checkpoint_every == 0:
+            trainer.save_checkpoint()
+        if trainer.step % tc.plot_every == 0:
+            plot_rewards(trainer.metrics.path, png, trainer.cfg.run_id)
+        bar.update(1)
+        bar.set_postfix(reward=f"{trainer.last_reward:.2f}", acc=f"{acc:.2f}",
+                        sps=f"{rate:.0f}", lag=f"{record.get('staleness/lag_mean', 0):.1f}")
+    bar.close()
+    trainer.publisher.wait()
+    trainer.save_checkpoint()
+    plot_rewards(trainer.metrics.path, png, trainer.cfg.run_id)
+    trainer.finished = trainer.step >= tc.max_steps
+    log.info("trainer %s at step %d", "finished" if trainer.finished else "stopped", trainer.step)
+
+
+def serve(cfg: RunConfig) -> None:
+    setup_logging("trainer")
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    torch.manual_seed(cfg.trainer.seed)
+    lm = load_model(resolve_model_path(cfg.model, cfg.task))
+    redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
+    publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes))
+    trainer = Trainer(cfg, lm, redis, publisher)
+    trainer.resume()
+    runner = ServiceRunner("trainer", cfg.trainer.endpoint.address,
+                           [(trainer_pb2_grpc.add_TrainerServicer_to_server,
+                             TrainerStatusServicer(trainer))])
+    runner.run(lambda stop: run_loop(trainer, stop))
+    publisher.close()

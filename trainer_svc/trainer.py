@@ -1,0 +1,173 @@
+"""The training loop: read a batch, drop stale groups, step, publish, checkpoint, ack."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from relayrl.codec import CodecError
+from relayrl.config import RunConfig
+from relayrl.evaluation import evaluate
+from relayrl.keys import TRAINER_GROUP, RunKeys
+from relayrl.messages import decode_batch
+from relayrl.metrics import MetricsWriter
+from relayrl.models import LoadedModel
+from relayrl.streams import ensure_group, read_group
+from relayrl.tasks import make_task
+from trainer_svc import checkpoint
+from trainer_svc.batching import collate, split_stale, token_logprobs
+from trainer_svc.losses import LossInputs, get_loss
+from trainer_svc.publisher import AsyncPublisher
+
+log = logging.getLogger(__name__)
+CONSUMER = "trainer-0"
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, lm: LoadedModel, redis, publisher: AsyncPublisher):
+        self.cfg = cfg
+        self.tc = cfg.trainer
+        self.lm = lm
+        self.r = redis
+        self.keys = RunKeys(cfg.run_id)
+        self.publisher = publisher
+        self.loss_fn = get_loss(self.tc.loss)
+        self.task = make_task(cfg.task)
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.optimizer = torch.optim.AdamW(lm.model.parameters(), lr=self.tc.lr,
+                                           weight_decay=self.tc.weight_decay)
+        self.step = 0
+        self.ledger = checkpoint.Ledger()
+        self.pending_cursor: bytes | None = b"0"
+        self.totals = {"samples_trained": 0, "samples_dropped_stale": 0, "groups_dropped_stale": 0}
+        self.last_reward = 0.0
+        self.finished = False
+        self.started = time.monotonic()
+        ensure_group(self.r, self.keys.batches, TRAINER_GROUP)
+
+    # -- durability -------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        path = checkpoint.latest(self.ckpt_dir)
+        if path is None:
+            return
+        from transformers import AutoModelForCausalLM
+
+        state = checkpoint.load_state(path)
+        restored = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.lm.model.load_state_dict(restored.state_dict())
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        self.totals = state["extra"]["totals"]
+        self._acknowledge(state["ledger"])  # idempotent if it was already acknowledged
+        log.info("resumed from %s at step %d", path, self.step)
+
+    def _acknowledge(self, ledger: checkpoint.Ledger) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        if ledger.entry_ids:
+            pipe.xack(self.keys.batches, TRAINER_GROUP, *ledger.entry_ids)
+            pipe.xdel(self.keys.batches, *ledger.entry_ids)
+        if ledger.consumed:
+            pipe.sadd(self.keys.ledger("consumed"), *ledger.consumed)
+        if ledger.dropped:
+            pipe.sadd(self.keys.ledger("dropped"), *ledger.dropped)
+        pipe.execute()
+
+    def save_checkpoint(self) -> None:
+        extra = {"totals": self.totals}
+        checkpoint.save(self.ckpt_dir, self.step, self.lm.model, self.optimizer, self.ledger,
+                        extra, self.tc.keep_checkpoints)
+        self._acknowledge(self.ledger)
+        self.ledger = checkpoint.Ledger()
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def next_batch(self, stop: threading.Event):
+        """This consumer's pending entries first (trained after the last checkpoint, before a
+        restart), then new ones."""
+        while not stop.is_set():
+            if self.pending_cursor is not None:
+                entries = read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
+                                     count=1, block_ms=0, pending_after=self.pending_cursor)
+                if not entries:
+                    self.pending_cursor = None
+                    continue
+                self.pending_cursor = entries[0][0]
+            else:
+                entries = read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
+                                     count=1, block_ms=500)
+            for entry_id, payload in entries:
+                try:
+                    if payload is None:
+                        raise CodecError("batch entry has no data")
+                    return entry_id, decode_batch(payload)
+                except CodecError as err:
+                    log.error("skipping malformed batch %s: %s", entry_id, err)
+                    self.ledger.entry_ids.append(entry_id)
+        return None
+
+    def train_step(self, entry_id: bytes, batch) -> dict:
+        t0 = time.monotonic()
+        version = self.step  # the weights about to be updated are version `step`
+        split = split_stale(batch, version, self.tc.max_staleness)
+        self.ledger.entry_ids.append(entry_id)
+        self.ledger.consumed.extend(g.prompt_id for g in split.kept)
+        self.ledger.dropped.extend(g.prompt_id for g in split.stale)
+        dropped_samples = sum(len(g.samples) for g in split.stale)
+        self.totals["samples_dropped_stale"] += dropped_samples
+        self.totals["groups_dropped_stale"] += len(split.stale)
+        record: dict = {"step": self.step + 1, "train/groups_dropped_stale": len(split.stale),
+                        "train/samples_dropped_stale": dropped_samples}
+        if split.kept:
+            record.update(self._optimize(split.kept, version))
+        self.step += 1
+        self.publisher.publish(self.step, self.step, self.lm.model.state_dict())
+        self.r.set(self.keys.trainer_version, self.step)
+        record["weights/publish_stall_s"] = self.publisher.last_stall_s
+        record["weights/publish_send_s"] = self.publisher.last_send_s
+        record["time/step_s"] = time.monotonic() - t0
+        record["time/elapsed_s"] = time.monotonic() - self.started
+        return record
+
+    def _optimize(self, groups, version: int) -> dict:
+        tb = collate(groups, version, self.lm.pad_id, self.tc.scale_rewards)
+        model = self.lm.model
+        model.train()
+        logp = token_logprobs(model, tb, self.cfg.rollout.temperature)
+        old = logp.detach()
+        loss, stats = self.loss_fn(
+            LossInputs(logp, old, tb.behaviour_logprobs, tb.advantages, tb.response_mask),
+            clip_eps=self.tc.clip_eps, tis_cap=self.tc.tis_cap)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.tc.grad_clip)
+        self.optimizer.step()
+        model.eval()
+        n = tb.rewards.numel()
+        self.totals["samples_trained"] += n
+        self.last_reward = tb.rewards.mean().item()
+        fresh = tb.lags == 0
+        mismatch = ((old - tb.behaviour_logprobs).abs() * tb.response_mask)[fresh]
+        fresh_tokens = tb.response_mask[fresh].sum().clamp(min=1)
+        return {
+            "train/loss": loss.item(), "train/grad_norm": grad_norm.item(),
+            "train/reward_mean": self.last_reward, "train/reward_std": tb.rewards.std().item(),
+            "train/samples": n, "train/groups": len(groups),
+            "train/response_len_mean": tb.response_lengths.float().mean().item(),
+            "staleness/lag_mean": tb.lags.float().mean().item(),
+            "staleness/lag_max": int(tb.lags.max()),
+            "rollout/logprob_mismatch_fresh": (mismatch.sum() / fresh_tokens).item(),
+            **{f"train/{k}": v for k, v in stats.items()},
+        }
+
+    def run_eval(self) -> dict:
+        acc = evaluate(self.lm, self.task.eval_problems(), self.task.reward_name,
+                       max_new_tokens=self.cfg.rollout.max_new_tokens,
+                       temperature=self.cfg.rollout.temperature, seed=self.tc.seed)
+        return {f"eval/{k}": v for k, v in acc.items()}

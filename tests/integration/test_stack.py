@@ -1,0 +1,129 @@
+"""The real stack: embedded Redis, relay, scheduler, buffer, trainer and two rollout workers,
+each its own process, for a few steps; then the books must balance exactly."""
+
+import os
+import time
+
+import pytest
+import redis as redis_lib
+
+from relayrl.config import RunConfig
+from relayrl.grpc_util import channel
+from relayrl.keys import RunKeys
+from relayrl.launcher import Launcher
+from relayrl.metrics import read_metrics
+from relayrl.proto.v1 import (
+    buffer_pb2,
+    buffer_pb2_grpc,
+    relay_pb2,
+    relay_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+from tests.conftest import free_ports
+
+STEPS, GROUPS, GROUP_SIZE = 6, 2, 4
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stack")
+    ports = free_ports(6)
+    cfg = RunConfig.model_validate({
+        "run_id": "itest", "run_dir": str(tmp / "run"),
+        "model": {"cache_dir": str(tmp / "models"), "hidden_size": 32, "num_layers": 2,
+                  "num_heads": 2, "sft_steps": 20, "sft_stop_accuracy": 1.0},
+        "task": {"digits": 1, "eval_size": 8},
+        "relay": {"endpoint": {"port": ports[0]}, "keep_versions": 3},
+        "scheduler": {"endpoint": {"port": ports[1]}, "lease_ttl_s": 20,
+                      "max_prompts": STEPS * GROUPS},
+        "buffer": {"endpoint": {"port": ports[2]}, "group_size": GROUP_SIZE,
+                   "groups_per_batch": GROUPS},
+        "trainer": {"endpoint": {"port": ports[3]}, "max_steps": STEPS, "max_staleness": 1,
+                    "checkpoint_every": 4, "eval_every": 3, "progress": False},
+        "rollout": {"base_port": ports[4], "num_workers": 2, "samples_per_prompt": GROUP_SIZE,
+                    "max_new_tokens": 3},
+    })
+    launcher = Launcher(cfg, show_trainer_output=False)
+    try:
+        launcher.start()
+        code = launcher.wait()
+        state = snapshot(launcher.cfg)
+        pids = [c.proc.pid for c in launcher.children]
+    finally:
+        launcher.shutdown()
+    exit_codes = {c.name: c.proc.returncode for c in launcher.children}
+    return launcher.cfg, code, state, pids, exit_codes
+
+
+def snapshot(cfg: RunConfig) -> dict:
+    sched = scheduler_pb2_grpc.SchedulerStub(channel(cfg.scheduler.endpoint.address))
+    buf = buffer_pb2_grpc.BufferStub(channel(cfg.buffer.endpoint.address))
+    relay = relay_pb2_grpc.RelayStub(channel(cfg.relay.endpoint.address))
+    workers = []
+    for i in range(cfg.rollout.num_workers):
+        stub = rollout_pb2_grpc.RolloutStub(channel(f"127.0.0.1:{cfg.rollout.base_port + i}"))
+        workers.append(stub.Status(rollout_pb2.RolloutStatusRequest(), timeout=5))
+    r = redis_lib.Redis.from_url(cfg.redis.url)
+    keys = RunKeys(cfg.run_id)
+    ledger = {name: {int(x) for x in r.smembers(keys.ledger(name))}
+              for name in ("leased", "batched", "consumed", "dropped", "failed")}
+    return {
+        "scheduler": sched.Status(scheduler_pb2.SchedulerStatusRequest(), timeout=5),
+        "buffer": buf.Stats(buffer_pb2.BufferStatsRequest(), timeout=5),
+        "versions": list(relay.ListVersions(relay_pb2.ListVersionsRequest(), timeout=5).versions),
+        "workers": workers,
+        "ledger": ledger,
+        "pending_batches": r.xpending(keys.batches, "trainer")["pending"],
+    }
+
+
+def test_trainer_reached_its_target(finished_run):
+    cfg, code, state, _, _ = finished_run
+    assert code == 0
+    rows = read_metrics(f"{cfg.run_dir}/metrics.jsonl")
+    assert max(r["step"] for r in rows) == STEPS
+    assert any("eval/accuracy_sampled" in r for r in rows)
+    assert os.path.isfile(f"{cfg.run_dir}/reward.png")
+    assert any(p.name.startswith("step_") for p in (cfg.run_path / "checkpoints").iterdir())
+
+
+def test_versions_advanced_and_workers_moved_between_them(finished_run):
+    _, _, state, _, _ = finished_run
+    assert state["versions"][-1] == STEPS
+    for w in state["workers"]:
+        assert len(w.versions_used) > 1, f"{w.worker_id} ran only versions {w.versions_used}"
+        assert w.weight_swaps >= 1
+
+
+def test_buffer_drained(finished_run):
+    _, _, state, _, _ = finished_run
+    b = state["buffer"]
+    assert b.trajectory_stream_len == 0 and b.batch_stream_len == 0
+    assert b.partial_groups == 0 and b.ready_groups == 0
+    assert b.batches_emitted == STEPS
+    assert state["pending_batches"] == 0
+
+
+def test_prompt_accounting_is_exact(finished_run):
+    _, _, state, _, _ = finished_run
+    led, sched = state["ledger"], state["scheduler"]
+    handed_out = led["leased"]
+    assert sched.handed_out == len(handed_out) == STEPS * GROUPS
+    assert not led["consumed"] & led["dropped"], "a prompt was both trained and dropped"
+    in_flight = handed_out - led["consumed"] - led["dropped"] - led["failed"]
+    assert len(handed_out) == len(led["consumed"]) + len(led["dropped"]) + len(in_flight) \
+        + len(led["failed"])
+    assert in_flight == set() and led["failed"] == set()
+    assert led["batched"] == handed_out
+
+
+def test_every_process_stopped_cleanly(finished_run):
+    _, _, _, pids, exit_codes = finished_run
+    assert all(code == 0 for code in exit_codes.values()), exit_codes
+    time.sleep(0.2)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

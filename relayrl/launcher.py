@@ -117,8 +117,9 @@ class Launcher:
                     continue
                 if c.name == "trainer":
                     return code
-                log.error("%s exited with %s; see %s", c.name, code,
-                          self.run_dir / "logs" / f"{c.name}.log")
+                level = logging.INFO if code == 0 else logging.ERROR
+                log.log(level, "%s exited with %s; stopping the run (see %s)", c.name, code,
+                        self.run_dir / "logs" / f"{c.name}.log")
                 return 1
             time.sleep(0.2)
 

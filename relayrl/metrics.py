@@ -39,8 +39,15 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "")
     evals = [r for r in rows if "eval/accuracy_sampled" in r]
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
-        ax.plot([r["step"] for r in train], [r["train/reward_mean"] for r in train],
-                alpha=0.5, label="train reward (mean of batch)")
+        steps = [r["step"] for r in train]
+        rewards = [r["train/reward_mean"] for r in train]
+        ax.plot(steps, rewards, alpha=0.25, color="tab:blue")
+        window = max(1, len(rewards) // 40)
+        smooth = []
+        for i in range(len(rewards)):
+            recent = rewards[max(0, i - window + 1):i + 1]
+            smooth.append(sum(recent) / len(recent))
+        ax.plot(steps, smooth, color="tab:blue", label=f"train reward ({window}-step mean)")
     if evals:
         for key, label in (("eval/accuracy_sampled", "held-out accuracy, sampled"),
                            ("eval/accuracy_greedy", "held-out accuracy, greedy")):

@@ -32,7 +32,7 @@ class EmbeddedRedis:
 
     def shutdown(self) -> None:
         try:
-            self._server.shutdown(save=True, now=True, force=True)
+            self._server.shutdown(save=True)
         except Exception:  # already gone
             pass
 

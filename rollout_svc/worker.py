@@ -7,6 +7,7 @@ import threading
 import time
 
 import grpc
+import redis
 
 from relayrl.config import RunConfig
 from relayrl.messages import Sample
@@ -111,4 +112,10 @@ class RolloutWorker:
             for lease in resp.leases:
                 if stop.is_set():
                     break  # the unfinished lease lapses and is re-issued elsewhere
-                self.run_lease(lease)
+                try:
+                    self.run_lease(lease)
+                except (grpc.RpcError, redis.RedisError) as err:
+                    # the lease lapses and is re-issued; anything already appended is
+                    # de-duplicated by the buffer
+                    log.warning("lease %s abandoned: %s", lease.lease_id, err)
+                    stop.wait(1.0)

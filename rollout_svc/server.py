@@ -7,11 +7,11 @@ import logging
 import torch
 
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel
 from relayrl.keys import RunKeys
+from relayrl.leases import GrpcLeaseClient
 from relayrl.logs import setup_logging
 from relayrl.models import load_model, resolve_model_path
-from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc, scheduler_pb2_grpc
+from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from relayrl.redis_conn import open_redis
 from relayrl.service import ServiceRunner
 from relayrl.streams import TrajectoryWriter
@@ -41,7 +41,7 @@ def serve(cfg: RunConfig) -> None:
     lm = load_model(resolve_model_path(cfg.model, cfg.task))
     engine = TorchEngine(lm, cfg.rollout)
     redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
-    scheduler = scheduler_pb2_grpc.SchedulerStub(channel(cfg.scheduler.endpoint.address))
+    scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address)
     relay = RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes)
     worker = RolloutWorker(cfg, engine, lm, scheduler, relay,
                            TrajectoryWriter(redis, RunKeys(cfg.run_id)),

@@ -10,9 +10,9 @@ import grpc
 import redis
 
 from relayrl.config import RunConfig
+from relayrl.leases import LeaseClient, LeasedPrompt
 from relayrl.messages import Sample
 from relayrl.models import LoadedModel
-from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
 from relayrl.rewards import get_reward, score
 from relayrl.streams import TrajectoryWriter
 from relayrl.weights import WeightError, WeightPlane
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
-                 scheduler: scheduler_pb2_grpc.SchedulerStub, weights: WeightPlane,
+                 scheduler: LeaseClient, weights: WeightPlane,
                  writer: TrajectoryWriter, reward_name: str):
         self.cfg = cfg
         self.worker_id = cfg.rollout.worker_id
@@ -36,7 +36,6 @@ class RolloutWorker:
         self.samples_generated = 0
         self.weight_swaps = 0
         self.versions_used: set[int] = set()
-        self.timeout_s = 10.0
 
     def refresh_weights(self) -> None:
         try:
@@ -54,39 +53,32 @@ class RolloutWorker:
         log.info("now on version %d (%.0f ms)", manifest.version, 1e3 * (time.monotonic() - t0))
 
     def register(self) -> None:
-        self.scheduler.Register(scheduler_pb2.RegisterRequest(
-            worker_id=self.worker_id, address=self.cfg.rollout.endpoint.address),
-            timeout=self.timeout_s)
+        self.scheduler.register(self.worker_id, self.cfg.rollout.endpoint.address)
 
     def heartbeat_loop(self, stop: threading.Event) -> None:
         interval = self.cfg.scheduler.heartbeat_interval_s
         while not stop.wait(interval):
             try:
-                resp = self.scheduler.Heartbeat(scheduler_pb2.HeartbeatRequest(
-                    worker_id=self.worker_id, policy_version=self.engine.version),
-                    timeout=self.timeout_s)
-                if not resp.known:
+                if not self.scheduler.heartbeat(self.worker_id, self.engine.version):
                     self.register()
             except grpc.RpcError as err:
                 log.warning("heartbeat failed: %s", err.code())
 
-    def run_lease(self, lease) -> None:
-        prompt = lease.prompt
+    def run_lease(self, prompt: LeasedPrompt) -> None:
         prompt_tokens = self.lm.encode_prompt(prompt.text)
         gens = self.engine.generate(prompt_tokens, self.cfg.rollout.samples_per_prompt)
         samples = []
         for g in gens:
             reward, error = score(self.reward_fn, self.lm.decode(g.tokens), prompt.reference)
             samples.append(Sample(
-                prompt_id=prompt.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
+                prompt_id=prompt.prompt_id, lease_id=prompt.lease_id, worker_id=self.worker_id,
                 prompt_tokens=prompt_tokens, response_tokens=g.tokens, logprobs=g.logprobs,
                 versions=g.versions, reward=reward, finish_reason=g.finish_reason,
                 reward_error=error))
             self.versions_used.update(g.versions)
         self.writer.append(samples)
         self.samples_generated += len(samples)
-        self.scheduler.Complete(scheduler_pb2.CompleteRequest(
-            worker_id=self.worker_id, lease_id=lease.lease_id), timeout=self.timeout_s)
+        self.scheduler.complete(self.worker_id, prompt.lease_id)
 
     def run(self, stop: threading.Event) -> None:
         self.register()
@@ -95,9 +87,7 @@ class RolloutWorker:
         while not stop.is_set():
             self.refresh_weights()
             try:
-                resp = self.scheduler.AcquireLeases(scheduler_pb2.LeaseRequest(
-                    worker_id=self.worker_id, max_prompts=self.cfg.rollout.prompts_per_lease),
-                    timeout=self.timeout_s)
+                resp = self.scheduler.acquire(self.worker_id, self.cfg.rollout.prompts_per_lease)
             except grpc.RpcError as err:
                 log.warning("scheduler unavailable (%s); retrying", err.code())
                 stop.wait(1.0)

@@ -152,19 +152,21 @@ class Trainer:
         n = tb.rewards.numel()
         self.totals["samples_trained"] += n
         self.last_reward = tb.rewards.mean().item()
-        fresh = tb.lags == 0
-        mismatch = ((old - tb.behaviour_logprobs).abs() * tb.response_mask)[fresh]
-        fresh_tokens = tb.response_mask[fresh].sum().clamp(min=1)
-        return {
+        record = {
             "train/loss": loss.item(), "train/grad_norm": grad_norm.item(),
             "train/reward_mean": self.last_reward, "train/reward_std": tb.rewards.std().item(),
             "train/samples": n, "train/groups": len(groups),
             "train/response_len_mean": tb.response_lengths.float().mean().item(),
             "staleness/lag_mean": tb.lags.float().mean().item(),
             "staleness/lag_max": int(tb.lags.max()),
-            "rollout/logprob_mismatch_fresh": (mismatch.sum() / fresh_tokens).item(),
             **{f"train/{k}": v for k, v in stats.items()},
         }
+        fresh = tb.lags == 0
+        if bool(fresh.any()):  # engine vs trainer on the same weights: should be ~0
+            diff = ((old - tb.behaviour_logprobs).abs() * tb.response_mask)[fresh]
+            record["rollout/logprob_mismatch_fresh"] = (
+                diff.sum() / tb.response_mask[fresh].sum().clamp(min=1)).item()
+        return record
 
     def run_eval(self) -> dict:
         acc = evaluate(self.lm, self.task.eval_problems(), self.task.reward_name,

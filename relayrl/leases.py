@@ -1,0 +1,77 @@
+"""The lease contract between rollout workers and the scheduler.
+
+`scheduler_svc.core.SchedulerCore` implements it in process; `GrpcLeaseClient` implements it
+over gRPC. Workers only see this interface, and one contract test runs against both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from relayrl.grpc_util import channel
+from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+@dataclass(frozen=True)
+class LeasedPrompt:
+    lease_id: str
+    prompt_id: int
+    text: str
+    reference: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class LeaseBatch:
+    leases: list[LeasedPrompt]
+    done: bool  # no prompt will ever be handed out again
+    retry_after_s: float  # set when nothing is available right now
+
+
+class LeaseClient(ABC):
+    @abstractmethod
+    def register(self, worker_id: str, address: str) -> None: ...
+
+    @abstractmethod
+    def acquire(self, worker_id: str, max_prompts: int) -> LeaseBatch: ...
+
+    @abstractmethod
+    def complete(self, worker_id: str, lease_id: str) -> bool:
+        """True if the delivery counted; False if the lease had lapsed and was re-issued."""
+
+    @abstractmethod
+    def heartbeat(self, worker_id: str, policy_version: int) -> bool:
+        """False asks the worker to register again."""
+
+
+class GrpcLeaseClient(LeaseClient):
+    def __init__(self, address: str, timeout_s: float = 10.0):
+        self._channel = channel(address)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self.timeout_s = timeout_s
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def register(self, worker_id: str, address: str) -> None:
+        self._stub.Register(scheduler_pb2.RegisterRequest(worker_id=worker_id, address=address),
+                            timeout=self.timeout_s)
+
+    def acquire(self, worker_id: str, max_prompts: int) -> LeaseBatch:
+        resp = self._stub.AcquireLeases(
+            scheduler_pb2.LeaseRequest(worker_id=worker_id, max_prompts=max_prompts),
+            timeout=self.timeout_s)
+        leases = [LeasedPrompt(lease.lease_id, lease.prompt.prompt_id, lease.prompt.text,
+                               lease.prompt.reference, lease.attempt) for lease in resp.leases]
+        return LeaseBatch(leases, resp.done, resp.retry_after_s)
+
+    def complete(self, worker_id: str, lease_id: str) -> bool:
+        return self._stub.Complete(
+            scheduler_pb2.CompleteRequest(worker_id=worker_id, lease_id=lease_id),
+            timeout=self.timeout_s).accepted
+
+    def heartbeat(self, worker_id: str, policy_version: int) -> bool:
+        return self._stub.Heartbeat(
+            scheduler_pb2.HeartbeatRequest(worker_id=worker_id, policy_version=policy_version),
+            timeout=self.timeout_s).known

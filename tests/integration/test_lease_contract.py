@@ -1,0 +1,116 @@
+"""One lease contract, two implementations: SchedulerCore in process and over gRPC.
+Both run on a real (embedded) Redis, which holds the ledger."""
+
+import grpc
+import pytest
+
+from relayrl.config import RunConfig
+from relayrl.grpc_util import make_server
+from relayrl.keys import RunKeys
+from relayrl.leases import GrpcLeaseClient
+from relayrl.proto.v1 import scheduler_pb2_grpc
+from relayrl.redis_conn import EmbeddedRedis, connect
+from scheduler_svc.core import SchedulerCore
+from scheduler_svc.server import SchedulerServicer
+from tests.conftest import free_ports
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def redis(tmp_path):
+    server = EmbeddedRedis(tmp_path)
+    yield connect(server.url)
+    server.shutdown()
+
+
+@pytest.fixture(params=["in_process", "grpc"])
+def setup(request, redis):
+    cfg = RunConfig.model_validate({
+        "run_id": "leases", "scheduler": {"lease_ttl_s": 10, "max_attempts": 2,
+                                          "max_inflight_prompts": 3, "max_prompts": 5}})
+    clock = FakeClock()
+    core = SchedulerCore(cfg, redis, clock=clock)
+    if request.param == "in_process":
+        yield core, core, clock, redis
+        return
+    (port,) = free_ports(1)
+    server, _ = make_server(f"127.0.0.1:{port}", [
+        (scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(core))])
+    server.start()
+    client = GrpcLeaseClient(f"127.0.0.1:{port}")
+    yield client, core, clock, redis
+    client.close()
+    server.stop(0)
+
+
+def test_prompts_come_from_the_task_and_land_in_the_ledger(setup):
+    client, core, _, redis = setup
+    client.register("w0", "here")
+    batch = client.acquire("w0", 2)
+    assert [lp.prompt_id for lp in batch.leases] == [0, 1]
+    p = core.task.problem(0)
+    assert (batch.leases[0].text, batch.leases[0].reference) == (p.text, p.reference)
+    assert {int(x) for x in redis.smembers(RunKeys("leases").ledger("leased"))} == {0, 1}
+
+
+def test_inflight_cap_then_trainer_progress_releases_more(setup):
+    client, core, _, redis = setup
+    assert len(client.acquire("w0", 5).leases) == 3
+    empty = client.acquire("w0", 1)
+    assert empty.leases == [] and empty.retry_after_s > 0 and not empty.done
+    redis.set(RunKeys("leases").trainer_version, 1)  # one step of groups_per_batch (8) prompts
+    core.refresh()
+    assert [lp.prompt_id for lp in client.acquire("w0", 5).leases] == [3, 4]
+
+
+def test_lapsed_lease_is_reissued_and_the_old_one_refused(setup):
+    client, core, clock, _ = setup
+    client.register("w0", "")
+    first = client.acquire("w0", 1).leases[0]
+    clock.now = 11.0
+    core.refresh()
+    again = client.acquire("w1", 1).leases[0]
+    assert (again.prompt_id, again.attempt) == (first.prompt_id, 2)
+    assert not client.complete("w0", first.lease_id)
+    assert client.complete("w1", again.lease_id)
+
+
+def test_heartbeats_keep_leases_alive(setup):
+    client, core, clock, _ = setup
+    client.register("w0", "")
+    lease = client.acquire("w0", 1).leases[0]
+    clock.now = 8.0
+    assert client.heartbeat("w0", 4)
+    clock.now = 15.0
+    core.refresh()
+    assert client.complete("w0", lease.lease_id)
+    assert not client.heartbeat("stranger", 0)
+
+
+def test_done_once_every_prompt_is_delivered(setup):
+    client, core, _, redis = setup
+    redis.set(RunKeys("leases").trainer_version, 10)
+    core.refresh()
+    leases = client.acquire("w0", 10).leases
+    assert len(leases) == 5
+    for lp in leases:
+        assert client.complete("w0", lp.lease_id)
+    assert client.acquire("w0", 1).done
+
+
+def test_bad_requests_are_refused_with_the_field(setup):
+    client, _, _, _ = setup
+    errors = (ValueError, grpc.RpcError)
+    with pytest.raises(errors) as info:
+        client.acquire("w0", 0)
+    msg = str(info.value) if isinstance(info.value, ValueError) else info.value.details()
+    assert "max_prompts" in msg
+    with pytest.raises(errors):
+        client.acquire("", 1)

@@ -11,6 +11,7 @@ from relayrl.logs import setup_logging
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.service import ServiceRunner
 from relayrl.weights import Manifest, VersionStore, WeightError
+from relayrl.weights.chunks import ShardAssembler, iter_chunks
 
 log = logging.getLogger(__name__)
 
@@ -29,26 +30,23 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
             manifest = Manifest.from_proto(first.manifest)
         except WeightError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Publish: {err}")
-        buffers = {s.name: bytearray(s.nbytes) for s in manifest.shards}
-        received = 0
-        for msg in request_iterator:
-            chunk = msg.chunk
-            buf = buffers.get(chunk.shard)
-            end = chunk.offset + len(chunk.data)
-            if msg.WhichOneof("payload") != "chunk" or buf is None or chunk.offset < 0 \
-                    or end > len(buf):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"Publish: chunk for shard {chunk.shard!r} at offset "
-                              f"{chunk.offset} does not fit the manifest")
-            buf[chunk.offset:end] = chunk.data
-            received += len(chunk.data)
+        assembler = ShardAssembler(manifest)
         try:
+            for msg in request_iterator:
+                if msg.WhichOneof("payload") != "chunk":
+                    raise WeightError("only the first message may carry a manifest")
+                assembler.add(msg.chunk)
+        except WeightError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Publish: {err}")
+        try:
+            buffers = assembler.finish()
             self.store.put(manifest, {k: bytes(v) for k, v in buffers.items()})
         except WeightError as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Publish: {err}")
         log.info("version %d (step %d, %d bytes) stored", manifest.version, manifest.step,
-                 received)
-        return relay_pb2.PublishResponse(version=manifest.version, bytes_received=received)
+                 assembler.received)
+        return relay_pb2.PublishResponse(version=manifest.version,
+                                         bytes_received=assembler.received)
 
     def GetManifest(self, request, context):
         try:
@@ -70,10 +68,7 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
                 context.abort(grpc.StatusCode.NOT_FOUND,
                               f"version {manifest.version} has no shard {name!r}")
         for name in wanted:
-            data = memoryview(shards[name])
-            for off in range(0, max(len(data), 1), self.chunk_bytes):
-                yield relay_pb2.ShardChunk(shard=name, offset=off,
-                                           data=bytes(data[off:off + self.chunk_bytes]))
+            yield from iter_chunks(name, shards[name], self.chunk_bytes)
 
     def ListVersions(self, request, context):
         return relay_pb2.ListVersionsResponse(versions=self.store.versions())

@@ -24,3 +24,12 @@ def parse_service_args(
         print(err, file=sys.stderr)
         raise SystemExit(2) from None
     return cfg, args
+
+
+def run_service(service: str) -> None:
+    """The whole of every `python -m <svc>`: parse the config first, so a bad one fails fast,
+    then import the service's server module (torch, transformers, ...) and serve."""
+    import importlib
+
+    cfg, _ = parse_service_args(service)
+    importlib.import_module(f"{service}.server").serve(cfg)

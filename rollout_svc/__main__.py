@@ -1,12 +1,4 @@
-from relayrl.cli_args import parse_service_args
-
-
-def main() -> None:
-    cfg, _ = parse_service_args("rollout_svc")
-    from rollout_svc.server import serve  # heavy imports only after the config parsed
-
-    serve(cfg)
-
+from relayrl.cli_args import run_service
 
 if __name__ == "__main__":
-    main()
+    run_service("rollout_svc")

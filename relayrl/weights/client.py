@@ -9,6 +9,7 @@ import torch
 
 from relayrl.grpc_util import channel
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.weights.chunks import ShardAssembler, iter_chunks
 from relayrl.weights.manifest import (
     Manifest,
     WeightError,
@@ -34,10 +35,7 @@ class RelayClient(WeightPlane):
                   ) -> Iterator[relay_pb2.PublishMessage]:
         yield relay_pb2.PublishMessage(manifest=manifest.to_proto())
         for name, t in tensors.items():
-            data = tensor_bytes(t)
-            for off in range(0, max(len(data), 1), self.chunk_bytes):
-                chunk = relay_pb2.ShardChunk(shard=name, offset=off,
-                                             data=bytes(data[off:off + self.chunk_bytes]))
+            for chunk in iter_chunks(name, tensor_bytes(t), self.chunk_bytes):
                 yield relay_pb2.PublishMessage(chunk=chunk)
 
     def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
@@ -64,24 +62,15 @@ class RelayClient(WeightPlane):
         manifest = self.manifest(version)
         if manifest is None:
             raise WeightError(f"relay {self.address} holds no version")
-        buffers = {s.name: bytearray(s.nbytes) for s in manifest.shards}
-        filled = dict.fromkeys(buffers, 0)
+        assembler = ShardAssembler(manifest)
         try:
             for chunk in self._stub.Pull(relay_pb2.PullRequest(version=manifest.version),
                                          timeout=self.timeout_s):
-                buf = buffers.get(chunk.shard)
-                end = chunk.offset + len(chunk.data)
-                if buf is None or chunk.offset < 0 or end > len(buf):
-                    raise WeightError(f"relay sent a chunk outside shard {chunk.shard!r}")
-                buf[chunk.offset:end] = chunk.data
-                filled[chunk.shard] += len(chunk.data)
+                assembler.add(chunk)
         except grpc.RpcError as err:
             raise WeightError(f"pull of version {manifest.version} from {self.address}: "
                               f"{err.details()}") from None
-        for s in manifest.shards:
-            if filled[s.name] != s.nbytes:
-                raise WeightError(
-                    f"shard {s.name!r}: received {filled[s.name]} of {s.nbytes} bytes")
+        buffers = assembler.finish()
         return {s.name: verify_shard(s, buffers[s.name]) for s in manifest.shards}
 
     def versions(self) -> list[int]:

@@ -24,7 +24,7 @@ from relayrl.proto.v1 import (
 )
 from tests.conftest import free_ports
 
-STEPS, GROUPS, GROUP_SIZE = 6, 2, 4
+STEPS, GROUPS, GROUP_SIZE = 10, 2, 4
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def finished_run(tmp_path_factory):
         "buffer": {"endpoint": {"port": ports[2]}, "group_size": GROUP_SIZE,
                    "groups_per_batch": GROUPS},
         "trainer": {"endpoint": {"port": ports[3]}, "max_steps": STEPS, "max_staleness": 1,
-                    "checkpoint_every": 4, "eval_every": 3, "progress": False},
+                    "checkpoint_every": 4, "eval_every": 5, "progress": False},
         "rollout": {"base_port": ports[4], "num_workers": 2, "samples_per_prompt": GROUP_SIZE,
                     "max_new_tokens": 3},
     })

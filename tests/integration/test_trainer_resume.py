@@ -1,0 +1,87 @@
+"""Kill the trainer between checkpoints: the restarted one resumes from the checkpoint,
+re-reads exactly the batches it had not made durable, and ends with the same weights."""
+
+import threading
+
+import pytest
+import torch
+
+from relayrl.config import RunConfig
+from relayrl.keys import TRAINER_GROUP, RunKeys
+from relayrl.messages import Batch, Group, Sample, encode_batch
+from relayrl.models import load_model
+from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.streams import FIELD
+from relayrl.weights import VersionStore
+from trainer_svc.publisher import AsyncPublisher
+from trainer_svc.trainer import Trainer
+
+
+@pytest.fixture
+def env(tmp_path, tiny_lm):
+    server = EmbeddedRedis(tmp_path)
+    r = connect(server.url)
+    cfg = RunConfig.model_validate({
+        "run_id": "resume", "run_dir": str(tmp_path / "run"),
+        "redis": {"url": server.url},
+        "task": {"digits": 1, "eval_size": 4},
+        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
+        "buffer": {"group_size": 2, "groups_per_batch": 2},
+        "trainer": {"checkpoint_every": 2, "max_staleness": 100, "lr": 1e-2, "progress": False},
+    })
+    yield cfg, r, tiny_lm.path
+    server.shutdown()
+
+
+def make_batch(lm, first_prompt: int) -> Batch:
+    groups = []
+    for pid in (first_prompt, first_prompt + 1):
+        prompt = lm.encode_prompt(f"{pid % 10}+1=")
+        samples = [Sample(prompt_id=pid, lease_id=f"L{pid}", worker_id="w",
+                          prompt_tokens=prompt, response_tokens=[5 + k, lm.eos_id],
+                          logprobs=[-1.0, -0.5], versions=[0, 0], reward=float(k))
+                   for k in range(2)]
+        groups.append(Group(pid, samples))
+    return Batch(f"b{first_prompt}", groups)
+
+
+def new_trainer(cfg, r, model_path):
+    torch.manual_seed(0)
+    return Trainer(cfg, load_model(model_path), r, AsyncPublisher(VersionStore(16)))
+
+
+def step_once(trainer):
+    entry_id, batch = trainer.next_batch(threading.Event())
+    trainer.train_step(entry_id, batch)
+    if trainer.step % trainer.tc.checkpoint_every == 0:
+        trainer.save_checkpoint()
+    return entry_id
+
+
+def test_restart_resumes_exactly(env):
+    cfg, r, model_path = env
+    keys = RunKeys(cfg.run_id)
+    first = new_trainer(cfg, r, model_path)
+    lm = first.lm
+    entries = [r.xadd(keys.batches, {FIELD: encode_batch(make_batch(lm, 2 * i))})
+               for i in range(3)]
+    trained = [step_once(first) for _ in range(3)]
+    assert trained == entries
+    expected = {k: v.clone() for k, v in first.lm.model.state_dict().items()}
+    first.publisher.close()
+    del first  # the "crash": step 3 was trained but never made durable
+
+    assert r.xpending(keys.batches, TRAINER_GROUP)["pending"] == 1
+    assert {int(x) for x in r.smembers(keys.ledger("consumed"))} == {0, 1, 2, 3}
+
+    second = new_trainer(cfg, r, model_path)
+    second.resume()
+    assert second.step == 2
+    assert step_once(second) == entries[2]  # the one batch that was not durable, again
+    for name, tensor in second.lm.model.state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6)
+    second.save_checkpoint()
+    second.publisher.close()
+    assert r.xpending(keys.batches, TRAINER_GROUP)["pending"] == 0
+    assert r.xlen(keys.batches) == 0
+    assert {int(x) for x in r.smembers(keys.ledger("consumed"))} == set(range(6))

@@ -7,7 +7,6 @@ from the kernel if the launcher itself dies, so nothing is left orphaned.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -21,17 +20,9 @@ import yaml
 
 from relayrl.config import RunConfig
 from relayrl.grpc_util import wait_healthy
+from relayrl.procs import die_with_parent
 
 log = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: fall back to the launcher's own clean-up
-        pass
-
 
 @dataclass
 class Child:
@@ -72,7 +63,7 @@ class Launcher:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         updates = {}
         if not self.cfg.redis.url:
-            self.embedded = EmbeddedRedis(self.run_dir)
+            self.embedded = EmbeddedRedis(self.run_dir, die_with_launcher=True)
             updates["redis"] = self.cfg.redis.model_copy(update={"url": self.embedded.url})
         path = resolve_model_path(self.cfg.model, self.cfg.task)
         updates["model"] = self.cfg.model.model_copy(update={"path": str(path.resolve())})
@@ -90,7 +81,7 @@ class Launcher:
         to_terminal = child.name == "trainer" and self.show_trainer_output
         child.proc = subprocess.Popen(cmd, env=env, stdout=out,
                                       stderr=None if to_terminal else subprocess.STDOUT,
-                                      preexec_fn=_die_with_parent)
+                                      preexec_fn=die_with_parent)
         out.close()
         self.children.append(child)
 

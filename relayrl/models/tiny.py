@@ -7,6 +7,7 @@ task's own data gives it a starting accuracy that reinforcement learning then ra
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -119,11 +120,21 @@ def warm_start(lm, task, model_cfg: ModelConfig, max_new_tokens: int, show_progr
 
 def ensure_tiny_model(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
     """Return the cached model directory, building it first when it is not there."""
-    from relayrl.models.loading import load_model
-
     out = Path(model_cfg.cache_dir) / f"{task_cfg.name}-{_cache_key(model_cfg, task_cfg)}"
     if (out / "build_info.json").is_file():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # services started by hand may all ask at once: one builds, the others wait for it
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "build_info.json").is_file():
+            return out
+        return _build(out, model_cfg, task_cfg)
+
+
+def _build(out: Path, model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
+    from relayrl.models.loading import load_model
+
     task = make_task(task_cfg)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

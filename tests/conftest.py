@@ -30,6 +30,28 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def small_stack_config(tmp: Path, *, steps: int, groups_per_batch: int = 2,
+                       group_size: int = 4) -> dict:
+    """A run config for the whole stack that starts in seconds: a tiny model, few steps,
+    every prompt accounted for (max_prompts = steps * groups_per_batch)."""
+    ports = free_ports(6)
+    return {
+        "run_id": "itest", "run_dir": str(tmp / "run"),
+        "model": {"cache_dir": str(tmp / "models"), "hidden_size": 32, "num_layers": 2,
+                  "num_heads": 2, "sft_steps": 20, "sft_stop_accuracy": 1.0},
+        "task": {"digits": 1, "eval_size": 8},
+        "relay": {"endpoint": {"port": ports[0]}, "keep_versions": 3},
+        "scheduler": {"endpoint": {"port": ports[1]}, "lease_ttl_s": 20,
+                      "max_prompts": steps * groups_per_batch},
+        "buffer": {"endpoint": {"port": ports[2]}, "group_size": group_size,
+                   "groups_per_batch": groups_per_batch},
+        "trainer": {"endpoint": {"port": ports[3]}, "max_steps": steps, "max_staleness": 1,
+                    "checkpoint_every": 4, "eval_every": 5, "progress": False},
+        "rollout": {"base_port": ports[4], "num_workers": 2, "samples_per_prompt": group_size,
+                    "max_new_tokens": 3},
+    }
+
+
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory):
     """A small randomly initialised Llama model with the addition tokenizer."""

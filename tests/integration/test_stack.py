@@ -22,7 +22,7 @@ from relayrl.proto.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
-from tests.conftest import free_ports
+from tests.conftest import small_stack_config
 
 STEPS, GROUPS, GROUP_SIZE = 10, 2, 4
 
@@ -30,22 +30,8 @@ STEPS, GROUPS, GROUP_SIZE = 10, 2, 4
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
-    ports = free_ports(6)
-    cfg = RunConfig.model_validate({
-        "run_id": "itest", "run_dir": str(tmp / "run"),
-        "model": {"cache_dir": str(tmp / "models"), "hidden_size": 32, "num_layers": 2,
-                  "num_heads": 2, "sft_steps": 20, "sft_stop_accuracy": 1.0},
-        "task": {"digits": 1, "eval_size": 8},
-        "relay": {"endpoint": {"port": ports[0]}, "keep_versions": 3},
-        "scheduler": {"endpoint": {"port": ports[1]}, "lease_ttl_s": 20,
-                      "max_prompts": STEPS * GROUPS},
-        "buffer": {"endpoint": {"port": ports[2]}, "group_size": GROUP_SIZE,
-                   "groups_per_batch": GROUPS},
-        "trainer": {"endpoint": {"port": ports[3]}, "max_steps": STEPS, "max_staleness": 1,
-                    "checkpoint_every": 4, "eval_every": 5, "progress": False},
-        "rollout": {"base_port": ports[4], "num_workers": 2, "samples_per_prompt": GROUP_SIZE,
-                    "max_new_tokens": 3},
-    })
+    cfg = RunConfig.model_validate(small_stack_config(
+        tmp, steps=STEPS, groups_per_batch=GROUPS, group_size=GROUP_SIZE))
     launcher = Launcher(cfg, show_trainer_output=False)
     try:
         launcher.start()

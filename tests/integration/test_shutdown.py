@@ -1,0 +1,70 @@
+"""`relayrl up` as a user runs it: Ctrl-C, or even kill -9 of the launcher, leaves no
+process of the run behind (services, embedded Redis)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from relayrl.grpc_util import check_health
+from tests.conftest import small_stack_config
+
+
+def processes_mentioning(text: str) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()[1:] if text in line and "ps -eo" not in line]
+
+
+def start_run(tmp_path, started: list):
+    data = small_stack_config(tmp_path, steps=100_000)
+    data["scheduler"]["max_prompts"] = 0  # never runs out: the run only ends by signal
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "up", str(cfg_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    started.append(proc)
+    last_worker = f"127.0.0.1:{data['rollout']['base_port'] + 1}"
+    deadline = time.monotonic() + 120
+    while not check_health(last_worker):
+        assert proc.poll() is None, "relayrl up exited early"
+        assert time.monotonic() < deadline, "the stack did not come up"
+        time.sleep(0.5)
+    marker = str(tmp_path)  # in the launcher's and every service's command line
+    redis_url = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["redis"]["url"]
+    socket = redis_url.removeprefix("unix://")
+    assert len(processes_mentioning(marker)) >= 7  # launcher + six services
+    assert processes_mentioning(socket), "embedded redis-server not found"
+    return proc, marker, socket
+
+
+def wait_all_gone(markers: list[str], timeout_s: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [p for m in markers for p in processes_mentioning(m)]
+        if not left:
+            return []
+        time.sleep(0.3)
+    return left
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "kill-9"])
+def test_no_orphans(tmp_path, how):
+    started: list[subprocess.Popen] = []
+    try:
+        proc, marker, socket = start_run(tmp_path, started)
+        if how == "ctrl-c":  # the terminal sends SIGINT to the whole foreground group
+            os.killpg(proc.pid, signal.SIGINT)
+            assert proc.wait(timeout=60) == 130
+        else:
+            proc.kill()
+            proc.wait()
+        assert wait_all_gone([marker, socket]) == []
+    finally:  # never leave a failed test's stack running
+        for p in started:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)

@@ -49,9 +49,12 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "")
             smooth.append(sum(recent) / len(recent))
         ax.plot(steps, smooth, color="tab:blue", label=f"train reward ({window}-step mean)")
     if evals:
-        for key, label in (("eval/accuracy_sampled", "held-out accuracy, sampled"),
-                           ("eval/accuracy_greedy", "held-out accuracy, greedy")):
-            ax.plot([r["step"] for r in evals], [r[key] for r in evals], marker="o", label=label)
+        for key, label, color in (
+            ("eval/accuracy_sampled", "held-out accuracy, sampled", "tab:orange"),
+            ("eval/accuracy_greedy", "held-out accuracy, greedy", "tab:green"),
+        ):
+            ax.plot([r["step"] for r in evals], [r[key] for r in evals], marker="o",
+                    color=color, label=label)
     ax.set_xlabel("trainer step")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)

@@ -32,7 +32,8 @@ class RolloutStatusServicer(rollout_pb2_grpc.RolloutServicer):
         return rollout_pb2.RolloutStatus(
             worker_id=w.worker_id, policy_version=w.engine.version,
             samples_generated=w.samples_generated, weight_swaps=w.weight_swaps,
-            versions_used=sorted(w.versions_used))
+            versions_used=sorted(w.versions_used), weight_pull_failures=w.pull_failures,
+            bytes_pulled=w.bytes_pulled, last_pull_s=w.last_pull_s)
 
 
 def serve(cfg: RunConfig) -> None:
@@ -42,8 +43,8 @@ def serve(cfg: RunConfig) -> None:
     engine = TorchEngine(lm, cfg.rollout)
     redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
     scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address)
-    relay = RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes)
-    worker = RolloutWorker(cfg, engine, lm, scheduler, relay,
+    relays = [RelayClient(addr, cfg.relay.chunk_bytes) for addr in cfg.relay_addresses]
+    worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
                            TrajectoryWriter(redis, RunKeys(cfg.run_id)),
                            make_task(cfg.task).reward_name)
     runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.address,

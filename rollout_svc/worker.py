@@ -23,34 +23,48 @@ log = logging.getLogger(__name__)
 
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
-                 scheduler: LeaseClient, weights: WeightPlane,
+                 scheduler: LeaseClient, relays: list[WeightPlane],
                  writer: TrajectoryWriter, reward_name: str):
         self.cfg = cfg
         self.worker_id = cfg.rollout.worker_id
         self.engine = engine
         self.lm = lm
         self.scheduler = scheduler
-        self.weights = weights
+        if not relays:
+            raise ValueError("rollout.relays: a worker needs at least one relay")
+        self.relays = relays
         self.writer = writer
         self.reward_fn = get_reward(reward_name)
         self.samples_generated = 0
         self.weight_swaps = 0
+        self.pull_failures = 0
+        self.bytes_pulled = 0
+        self.last_pull_s = 0.0
         self.versions_used: set[int] = set()
 
-    def refresh_weights(self) -> None:
-        try:
-            manifest = self.weights.manifest(0)
-            if manifest is None or manifest.version <= self.engine.version:
-                return
-            t0 = time.monotonic()
-            tensors = self.weights.pull(manifest.version)
-            self.engine.load_weights(tensors, manifest.version)
-        except (WeightError, ValueError, grpc.RpcError) as err:
-            log.warning("weight refresh failed, staying on version %d: %s",
-                        self.engine.version, err)
-            return
-        self.weight_swaps += 1
-        log.info("now on version %d (%.0f ms)", manifest.version, 1e3 * (time.monotonic() - t0))
+    def refresh_weights(self) -> bool:
+        """Move to the newest version any relay offers, trying relays in order. A relay that
+        is down or serves anything that fails verification is skipped; if none succeeds the
+        engine stays, whole, on the version it has. True if the engine moved."""
+        for relay in self.relays:
+            try:
+                manifest = relay.manifest(0)
+                if manifest is None or manifest.version <= self.engine.version:
+                    return False
+                t0 = time.monotonic()
+                tensors = relay.pull(manifest.version)
+                self.engine.load_weights(tensors, manifest.version)
+            except (WeightError, ValueError, grpc.RpcError) as err:
+                self.pull_failures += 1
+                log.warning("weight refresh from %s failed, still on version %d: %s",
+                            getattr(relay, "address", "relay"), self.engine.version, err)
+                continue
+            self.weight_swaps += 1
+            self.bytes_pulled += manifest.total_bytes
+            self.last_pull_s = time.monotonic() - t0
+            log.info("now on version %d (%.0f ms)", manifest.version, 1e3 * self.last_pull_s)
+            return True
+        return False
 
     def register(self) -> None:
         self.scheduler.register(self.worker_id, self.cfg.rollout.endpoint.address)

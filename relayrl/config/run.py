@@ -63,6 +63,10 @@ class RunConfig(StrictModel):
         return self
 
     @property
+    def relay_addresses(self) -> list[str]:
+        return list(self.rollout.relays) or [self.relay.endpoint.address]
+
+    @property
     def inflight_limit(self) -> int:
         """Prompts allowed out at once: enough to fill the staleness window, no more."""
         if self.scheduler.max_inflight_prompts:

@@ -84,6 +84,11 @@ class RolloutConfig(StrictModel):
     base_port: int = Field(50560, ge=1, le=65000, description="Worker i listens on base+i.")
     num_workers: int = Field(2, ge=1, le=256, description="Workers `relayrl up` starts.")
     worker_index: int = Field(0, ge=0, le=255, description="This worker's index.")
+    relays: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="host:port of relays to pull from, in order of preference; a worker "
+        "fails over to the next when one is down or serves a bad shard. Empty: relay.endpoint.",
+    )
     samples_per_prompt: int = Field(8, ge=1, le=1024, description="Completions per prompt.")
     max_new_tokens: int = Field(8, ge=1, le=65_536, description="Response length cap.")
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erelayrl/proto/v1/rollout.proto\x12\nrelayrl.v1\"\x16\n\x14RolloutStatusRequest\"\x82\x01\n\rRolloutStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x19\n\x11samples_generated\x18\x03 \x01(\x03\x12\x14\n\x0cweight_swaps\x18\x04 \x01(\x03\x12\x15\n\rversions_used\x18\x05 \x03(\x03\x32P\n\x07Rollout\x12\x45\n\x06Status\x12 .relayrl.v1.RolloutStatusRequest\x1a\x19.relayrl.v1.RolloutStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erelayrl/proto/v1/rollout.proto\x12\nrelayrl.v1\"\x16\n\x14RolloutStatusRequest\"\xcb\x01\n\rRolloutStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x19\n\x11samples_generated\x18\x03 \x01(\x03\x12\x14\n\x0cweight_swaps\x18\x04 \x01(\x03\x12\x15\n\rversions_used\x18\x05 \x03(\x03\x12\x1c\n\x14weight_pull_failures\x18\x06 \x01(\x03\x12\x14\n\x0c\x62ytes_pulled\x18\x07 \x01(\x03\x12\x13\n\x0blast_pull_s\x18\x08 \x01(\x01\x32P\n\x07Rollout\x12\x45\n\x06Status\x12 .relayrl.v1.RolloutStatusRequest\x1a\x19.relayrl.v1.RolloutStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,7 +34,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLOUTSTATUSREQUEST']._serialized_start=46
   _globals['_ROLLOUTSTATUSREQUEST']._serialized_end=68
   _globals['_ROLLOUTSTATUS']._serialized_start=71
-  _globals['_ROLLOUTSTATUS']._serialized_end=201
-  _globals['_ROLLOUT']._serialized_start=203
-  _globals['_ROLLOUT']._serialized_end=283
+  _globals['_ROLLOUTSTATUS']._serialized_end=274
+  _globals['_ROLLOUT']._serialized_start=276
+  _globals['_ROLLOUT']._serialized_end=356
 # @@protoc_insertion_point(module_scope)

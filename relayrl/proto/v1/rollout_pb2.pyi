@@ -42,10 +42,17 @@ class RolloutStatus(_message.Message):
     SAMPLES_GENERATED_FIELD_NUMBER: _builtins.int
     WEIGHT_SWAPS_FIELD_NUMBER: _builtins.int
     VERSIONS_USED_FIELD_NUMBER: _builtins.int
+    WEIGHT_PULL_FAILURES_FIELD_NUMBER: _builtins.int
+    BYTES_PULLED_FIELD_NUMBER: _builtins.int
+    LAST_PULL_S_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     policy_version: _builtins.int
     samples_generated: _builtins.int
     weight_swaps: _builtins.int
+    weight_pull_failures: _builtins.int
+    """pulls refused (relay down, bad shard), each retried elsewhere"""
+    bytes_pulled: _builtins.int
+    last_pull_s: _builtins.float
     @_builtins.property
     def versions_used(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -56,10 +63,13 @@ class RolloutStatus(_message.Message):
         samples_generated: _builtins.int = ...,
         weight_swaps: _builtins.int = ...,
         versions_used: _abc.Iterable[_builtins.int] | None = ...,
+        weight_pull_failures: _builtins.int = ...,
+        bytes_pulled: _builtins.int = ...,
+        last_pull_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_version", b"policy_version", "samples_generated", b"samples_generated", "versions_used", b"versions_used", "weight_swaps", b"weight_swaps", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "last_pull_s", b"last_pull_s", "policy_version", b"policy_version", "samples_generated", b"samples_generated", "versions_used", b"versions_used", "weight_pull_failures", b"weight_pull_failures", "weight_swaps", b"weight_swaps", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

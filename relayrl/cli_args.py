@@ -31,5 +31,8 @@ def run_service(service: str) -> None:
     then import the service's server module (torch, transformers, ...) and serve."""
     import importlib
 
+    from relayrl.procs import die_with_launcher
+
+    die_with_launcher()
     cfg, _ = parse_service_args(service)
     importlib.import_module(f"{service}.server").serve(cfg)

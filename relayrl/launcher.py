@@ -8,7 +8,6 @@ from the kernel if the launcher itself dies, so nothing is left orphaned.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import yaml
 
 from relayrl.config import RunConfig
 from relayrl.grpc_util import wait_healthy
-from relayrl.procs import die_with_parent
+from relayrl.procs import child_env
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +72,14 @@ class Launcher:
 
     def _spawn(self, child: Child) -> None:
         log_path = self.run_dir / "logs" / f"{child.name}.log"
-        env = {**os.environ, "RELAYRL_LOG_FILE": str(log_path), "PYTHONUNBUFFERED": "1"}
+        env = {**child_env(), "RELAYRL_LOG_FILE": str(log_path), "PYTHONUNBUFFERED": "1"}
         out = open(log_path, "ab")
         cmd = [sys.executable, "-m", child.module, "--config", str(self.config_path)]
         for o in child.overrides:
             cmd += ["--set", o]
         to_terminal = child.name == "trainer" and self.show_trainer_output
         child.proc = subprocess.Popen(cmd, env=env, stdout=out,
-                                      stderr=None if to_terminal else subprocess.STDOUT,
-                                      preexec_fn=die_with_parent)
+                                      stderr=None if to_terminal else subprocess.STDOUT)
         out.close()
         self.children.append(child)
 

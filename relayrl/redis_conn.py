@@ -12,8 +12,6 @@ from pathlib import Path
 
 import redis
 
-from relayrl.procs import die_with_parent
-
 log = logging.getLogger(__name__)
 
 
@@ -38,8 +36,7 @@ class EmbeddedRedis:
         self._guard = None
         if die_with_launcher:
             self._guard = subprocess.Popen(
-                [sys.executable, "-m", "relayrl.procs", str(self._server.pid)],
-                preexec_fn=die_with_parent)
+                [sys.executable, "-m", "relayrl.procs", str(self._server.pid), str(os.getpid())])
         log.info("embedded redis at %s", self.url)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:

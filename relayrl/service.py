@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,12 +30,23 @@ class ServiceRunner:
         self.server, self.health = make_server(address, servicers)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        # no logging here: a handler that logs can re-enter a logging call it interrupted
-        self.stop_event.set()
+        # Only a plain flag: the handler runs in the main thread, possibly inside a lock it
+        # would need (Event.wait's condition, logging's handler lock) - taking one deadlocks.
+        self._signalled = True
+
+    def _relay_signals(self) -> None:
+        """Turn the flag set by the signal handler into the stop event, from another thread."""
+        while not self.stop_event.is_set():
+            if self._signalled:
+                self.stop_event.set()
+                return
+            time.sleep(0.05)
 
     def run(self, loop: Callable[[threading.Event], None] | None = None, grace_s: float = 2.0):
+        self._signalled = False
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        threading.Thread(target=self._relay_signals, name="signals", daemon=True).start()
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         log.info("%s serving on %s", self.name, self.address)

@@ -34,7 +34,7 @@ class ShardInfo(_message.Message):
     """torch dtype name without the "torch." prefix, e.g. "float32" """
     nbytes: _builtins.int
     checksum: _builtins.str
-    """blake2b-128 hex digest of the raw little-endian bytes"""
+    """xxh3-128 hex digest of the raw little-endian bytes"""
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(

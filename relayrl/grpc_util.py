@@ -56,6 +56,3 @@ def wait_healthy(address: str, timeout_s: float = 60.0, alive: Callable[[], bool
         time.sleep(0.1)
     raise TimeoutError(f"{address} did not become healthy within {timeout_s:.0f}s")
 
-
-def abort_invalid(context: grpc.ServicerContext, message: str):
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)

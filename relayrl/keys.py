@@ -25,7 +25,7 @@ class RunKeys:
         return self._k("trainer:version")
 
     def ledger(self, name: str) -> str:
-        """Sets of prompt ids: leased, failed, batched, duplicate, consumed, dropped."""
+        """Sets of prompt ids: leased, failed, batched, consumed, dropped."""
         assert name in LEDGER_SETS, name
         return self._k(f"ledger:{name}")
 

@@ -94,9 +94,6 @@ class Launcher:
                              alive=lambda p=proc: p.poll() is None)
                 log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
 
-    def child(self, name: str) -> Child:
-        return next(c for c in self.children if c.name == name)
-
     def wait(self) -> int:
         """Until the trainer exits (0 when it reached max_steps) or another service dies."""
         while True:

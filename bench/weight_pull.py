@@ -15,9 +15,8 @@ import time
 
 import torch
 
-from relay_svc.server import RelayServicer
+from relay_svc.server import RelayServicer, add_relay_servicer
 from relayrl.grpc_util import make_server
-from relayrl.proto.v1 import relay_pb2_grpc
 from relayrl.weights import VersionStore
 from relayrl.weights.client import RelayClient
 
@@ -68,7 +67,7 @@ def main() -> None:
     port = sock.getsockname()[1]
     sock.close()
     address = f"127.0.0.1:{port}"
-    server, _ = make_server(address, [(relay_pb2_grpc.add_RelayServicer_to_server,
+    server, _ = make_server(address, [(add_relay_servicer,
                                        RelayServicer(store, 1 << 20))])
     server.start()
     client = RelayClient(address)

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import grpc
 
+from relay_svc.follower import Follower
+from relay_svc.planes import RelayPlanes
 from relayrl.config import RunConfig
 from relayrl.logs import setup_logging
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.service import ServiceRunner
 from relayrl.weights import Manifest, VersionStore, WeightError
-from relayrl.weights.chunks import ShardAssembler, iter_chunks
+from relayrl.weights.wire import with_fast_pull_bytes
 
 log = logging.getLogger(__name__)
 
 
 class RelayServicer(relay_pb2_grpc.RelayServicer):
-    def __init__(self, store: VersionStore, chunk_bytes: int):
+    def __init__(self, store: VersionStore, chunk_bytes: int, planes: RelayPlanes | None = None,
+                 stall_timeout_s: float = 60.0):
         self.store = store
         self.chunk_bytes = chunk_bytes
+        self.planes = planes or RelayPlanes(["grpc"], "127.0.0.1", stall_timeout_s)
+        self.stall_timeout_s = stall_timeout_s
 
     def Publish(self, request_iterator, context):
         first = next(request_iterator, None)
@@ -27,26 +33,24 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "Publish: the first message must carry the manifest")
         try:
-            manifest = Manifest.from_proto(first.manifest)
+            stored = self.store.begin(Manifest.from_proto(first.manifest))
         except WeightError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Publish: {err}")
-        assembler = ShardAssembler(manifest)
         try:
             for msg in request_iterator:
                 if msg.WhichOneof("payload") != "chunk":
                     raise WeightError("only the first message may carry a manifest")
-                assembler.add(msg.chunk)
+                stored.write_shard(msg.chunk.shard, msg.chunk.offset, msg.chunk.data)
+            self.store.commit(stored)
         except WeightError as err:
+            self.store.abort(stored, str(err))
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Publish: {err}")
-        try:
-            buffers = assembler.finish()
-            self.store.put(manifest, {k: bytes(v) for k, v in buffers.items()})
-        except WeightError as err:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Publish: {err}")
-        log.info("version %d (step %d, %d bytes) stored", manifest.version, manifest.step,
-                 assembler.received)
-        return relay_pb2.PublishResponse(version=manifest.version,
-                                         bytes_received=assembler.received)
+        except BaseException:  # the publisher went away mid-stream
+            self.store.abort(stored, "publisher disconnected")
+            raise
+        log.info("version %d (step %d, %d bytes) stored", stored.version,
+                 stored.manifest.step, stored.size)
+        return relay_pb2.PublishResponse(version=stored.version, bytes_received=stored.filled)
 
     def GetManifest(self, request, context):
         try:
@@ -57,27 +61,80 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, "no version has been published yet")
         return manifest.to_proto()
 
-    def Pull(self, request, context):
+    def _stored(self, version: int, context, complete: bool):
         try:
-            manifest, shards = self.store.shard_bytes(request.version)
+            return self.store.get(version, complete=complete)
         except WeightError as err:
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        wanted = list(request.shards) or [s.name for s in manifest.shards]
+
+    def Pull(self, request, context):
+        stored = self._stored(request.version, context, complete=False)
+        wanted = list(request.shards) or [s.name for s in stored.manifest.shards]
         for name in wanted:
-            if name not in shards:
+            if name not in stored.offsets:
                 context.abort(grpc.StatusCode.NOT_FOUND,
-                              f"version {manifest.version} has no shard {name!r}")
-        for name in wanted:
-            yield from iter_chunks(name, shards[name], self.chunk_bytes)
+                              f"version {stored.version} has no shard {name!r}")
+        self.store.count_pull(stored.size)
+        try:
+            for name in wanted:
+                start, info = stored.offsets[name], stored.manifest.shard(name)
+                off = 0
+                for piece in stored.read(start, start + info.nbytes, self.chunk_bytes,
+                                         self.stall_timeout_s):
+                    yield relay_pb2.ShardChunk(shard=name, offset=off, data=bytes(piece))
+                    off += len(piece)
+                if not info.nbytes:
+                    yield relay_pb2.ShardChunk(shard=name, offset=0, data=b"")
+        except WeightError as err:
+            context.abort(grpc.StatusCode.ABORTED, str(err))
+
+    def PullBytes(self, request, context):
+        stored = self._stored(request.version, context, complete=False)
+        self.store.count_pull(stored.size)
+        try:
+            yield from stored.read(request.start, request.end, self.chunk_bytes,
+                                   self.stall_timeout_s)
+        except WeightError as err:
+            context.abort(grpc.StatusCode.ABORTED, str(err))
+
+    def OpenPull(self, request, context):
+        stored = self._stored(request.version, context, complete=True)
+        try:
+            ticket = self.planes.open(stored, request)
+        except WeightError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"OpenPull: {err}")
+        self.store.count_pull(stored.size)
+        return ticket
+
+    def ClosePull(self, request, context):
+        self.planes.close(request)
+        return relay_pb2.ClosePullResponse()
 
     def ListVersions(self, request, context):
-        return relay_pb2.ListVersionsResponse(versions=self.store.versions())
+        s = self.store.stats
+        return relay_pb2.ListVersionsResponse(
+            versions=self.store.versions(), pending_version=self.store.pending_version(),
+            versions_published=s.versions_published, pulls_served=s.pulls_served,
+            bytes_served=s.bytes_served, failed_publishes=s.failed_publishes)
+
+
+def add_relay_servicer(servicer: RelayServicer, server: grpc.Server) -> None:
+    with_fast_pull_bytes(relay_pb2_grpc.add_RelayServicer_to_server, servicer, server)
 
 
 def serve(cfg: RunConfig) -> None:
     setup_logging("relay")
-    store = VersionStore(cfg.relay.keep_versions)
-    servicer = RelayServicer(store, cfg.relay.chunk_bytes)
-    runner = ServiceRunner("relay", cfg.relay.endpoint.address,
-                           [(relay_pb2_grpc.add_RelayServicer_to_server, servicer)])
-    runner.run()
+    rc = cfg.relay
+    store = VersionStore(rc.keep_versions, shm_dir=rc.shm_dir, wait_timeout_s=rc.timeout_s)
+    planes = RelayPlanes(rc.data_planes, rc.endpoint.host, rc.timeout_s)
+    servicer = RelayServicer(store, rc.chunk_bytes, planes, rc.timeout_s)
+    runner = ServiceRunner("relay", rc.endpoint.address, [(add_relay_servicer, servicer)])
+    follower = None
+    if rc.upstream:
+        follower = Follower(store, rc.upstream, rc.chunk_bytes, rc.follow_poll_s, rc.timeout_s)
+        threading.Thread(target=follower.run, args=(runner.stop_event,), name="follow",
+                         daemon=True).start()
+    try:
+        runner.run()
+    finally:
+        store.close()

@@ -56,6 +56,10 @@ def cmd_status(args) -> int:
     from relayrl.proto.v1 import (
         buffer_pb2,
         buffer_pb2_grpc,
+        relay_pb2,
+        relay_pb2_grpc,
+        rollout_pb2,
+        rollout_pb2_grpc,
         scheduler_pb2,
         scheduler_pb2_grpc,
         trainer_pb2,
@@ -64,6 +68,8 @@ def cmd_status(args) -> int:
 
     out = {}
     calls = {
+        "relay": (cfg.relay.endpoint.address, relay_pb2_grpc.RelayStub,
+                  relay_pb2.ListVersionsRequest()),
         "scheduler": (cfg.scheduler.endpoint.address, scheduler_pb2_grpc.SchedulerStub,
                       scheduler_pb2.SchedulerStatusRequest()),
         "buffer": (cfg.buffer.endpoint.address, buffer_pb2_grpc.BufferStub,
@@ -71,9 +77,14 @@ def cmd_status(args) -> int:
         "trainer": (cfg.trainer.endpoint.address, trainer_pb2_grpc.TrainerStub,
                     trainer_pb2.TrainerStatusRequest()),
     }
+    for i in range(cfg.rollout.num_workers):
+        worker = cfg.rollout.model_copy(update={"worker_index": i})
+        calls[worker.worker_id] = (worker.endpoint.address, rollout_pb2_grpc.RolloutStub,
+                                   rollout_pb2.RolloutStatusRequest())
+    methods = {"buffer": "Stats", "relay": "ListVersions"}
     for name, (addr, stub_cls, req) in calls.items():
         stub = stub_cls(channel(addr))
-        method = stub.Stats if name == "buffer" else stub.Status
+        method = getattr(stub, methods.get(name, "Status"))
         try:
             out[name] = MessageToDict(method(req, timeout=3), preserving_proto_field_name=True)
         except grpc.RpcError as err:  # report every service, reachable or not

@@ -43,7 +43,8 @@ def serve(cfg: RunConfig) -> None:
     engine = TorchEngine(lm, cfg.rollout)
     redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
     scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address)
-    relays = [RelayClient(addr, cfg.relay.chunk_bytes) for addr in cfg.relay_addresses]
+    relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s, cfg.rollout.weight_plane)
+              for a in cfg.relay_addresses]
     worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
                            TrajectoryWriter(redis, RunKeys(cfg.run_id)),
                            make_task(cfg.task).reward_name)

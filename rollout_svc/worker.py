@@ -8,6 +8,7 @@ import time
 
 import grpc
 import redis
+import torch
 
 from relayrl.config import RunConfig
 from relayrl.leases import LeaseClient, LeasedPrompt
@@ -16,6 +17,7 @@ from relayrl.models import LoadedModel
 from relayrl.rewards import get_reward, score
 from relayrl.streams import TrajectoryWriter
 from relayrl.weights import WeightError, WeightPlane
+from relayrl.weights.layout import flat_size
 from rollout_svc.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class RolloutWorker:
         self.bytes_pulled = 0
         self.last_pull_s = 0.0
         self.versions_used: set[int] = set()
+        self._staging: torch.Tensor | None = None  # receive buffer reused across pulls
 
     def refresh_weights(self) -> bool:
         """Move to the newest version any relay offers, trying relays in order. A relay that
@@ -52,7 +55,10 @@ class RolloutWorker:
                 if manifest is None or manifest.version <= self.engine.version:
                     return False
                 t0 = time.monotonic()
-                tensors = relay.pull(manifest.version)
+                size = flat_size(manifest)
+                if self._staging is None or self._staging.numel() < size:
+                    self._staging = torch.empty(size, dtype=torch.uint8)
+                tensors = relay.pull(manifest.version, staging=self._staging)
                 self.engine.load_weights(tensors, manifest.version)
             except (WeightError, ValueError, grpc.RpcError) as err:
                 self.pull_failures += 1

@@ -87,7 +87,8 @@ def serve(cfg: RunConfig) -> None:
     torch.manual_seed(cfg.trainer.seed)
     lm = load_model(resolve_model_path(cfg.model, cfg.task))
     redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
-    publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes))
+    publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes,
+                                           cfg.relay.timeout_s))
     trainer = Trainer(cfg, lm, redis, publisher)
     trainer.resume()
     runner = ServiceRunner("trainer", cfg.trainer.endpoint.address,

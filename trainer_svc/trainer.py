@@ -127,10 +127,14 @@ class Trainer:
         if split.kept:
             record.update(self._optimize(split.kept, version))
         self.step += 1
+        record["weights/publish_stall_s"] = self.publisher.last_stall_s  # previous version's
+        record["weights/publish_copy_s"] = self.publisher.last_copy_s
+        record["weights/publish_send_s"] = self.publisher.last_send_s
         self.publisher.publish(self.step, self.step, self.lm.model.state_dict())
         self.r.set(self.keys.trainer_version, self.step)
-        record["weights/publish_stall_s"] = self.publisher.last_stall_s
-        record["weights/publish_send_s"] = self.publisher.last_send_s
+        record["weights/versions_published"] = self.publisher.versions_published
+        record["weights/bytes_published"] = self.publisher.bytes_published
+        record["weights/publish_failures"] = self.publisher.failures
         record["time/step_s"] = time.monotonic() - t0
         record["time/elapsed_s"] = time.monotonic() - self.started
         return record
@@ -147,6 +151,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.tc.grad_clip)
+        self.publisher.fence()  # the last published snapshot must be taken first
         self.optimizer.step()
         model.eval()
         n = tb.rewards.numel()

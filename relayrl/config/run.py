@@ -47,6 +47,11 @@ class RunConfig(StrictModel):
                 f"rollout.samples_per_prompt ({self.rollout.samples_per_prompt}) must equal "
                 f"buffer.group_size ({self.buffer.group_size}): a group is all samples of a prompt"
             )
+        if self.rollout.weight_plane not in self.relay.data_planes:
+            raise ValueError(f"rollout.weight_plane {self.rollout.weight_plane!r} is not in "
+                             f"relay.data_planes {self.relay.data_planes}")
+        if "shm" in self.relay.data_planes and not self.relay.shm_dir:
+            raise ValueError("relay.data_planes has 'shm' but relay.shm_dir is unset")
         ports = {
             "relay.endpoint.port": self.relay.endpoint.port,
             "scheduler.endpoint.port": self.scheduler.endpoint.port,

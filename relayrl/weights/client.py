@@ -1,4 +1,5 @@
-"""The gRPC implementation of the weight plane: chunked streams to and from a relay."""
+"""The networked implementation of the weight plane: gRPC to a relay for control, and one of
+several data planes for the bytes of a version's flat buffer."""
 
 from __future__ import annotations
 
@@ -9,43 +10,58 @@ import torch
 
 from relayrl.grpc_util import channel
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
-from relayrl.weights.chunks import ShardAssembler, iter_chunks
-from relayrl.weights.manifest import (
-    Manifest,
-    WeightError,
-    build_manifest,
-    tensor_bytes,
-    verify_shard,
-)
+from relayrl.weights import fetchers
+from relayrl.weights.layout import flat_size, unpack
+from relayrl.weights.manifest import Manifest, WeightError, build_manifest, tensor_bytes
 from relayrl.weights.plane import WeightPlane
+from relayrl.weights.wire import decode_bytes_chunk, encode_publish_chunk, iter_chunks
+
+DATA_PLANES = ("grpc", "shm", "torch_dist", "nixl")
 
 
 class RelayClient(WeightPlane):
-    def __init__(self, address: str, chunk_bytes: int = 1 << 20, timeout_s: float = 60.0):
+    def __init__(self, address: str, chunk_bytes: int = 1 << 20, timeout_s: float = 60.0,
+                 plane: str = "grpc"):
+        if plane not in DATA_PLANES:
+            raise ValueError(f"data plane must be one of {DATA_PLANES}, got {plane!r}")
         self.address = address
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
+        self.plane = plane
         self._channel = channel(address)
         self._stub = relay_pb2_grpc.RelayStub(self._channel)
+        self._pull_bytes = self._channel.unary_stream(
+            "/relayrl.v1.Relay/PullBytes",
+            request_serializer=relay_pb2.PullBytesRequest.SerializeToString,
+            response_deserializer=decode_bytes_chunk)
+        self._publish_raw = self._channel.stream_unary(
+            "/relayrl.v1.Relay/Publish", request_serializer=lambda raw: raw,
+            response_deserializer=relay_pb2.PublishResponse.FromString)
+        self._nixl: fetchers.NixlFetcher | None = None
 
     def close(self) -> None:
         self._channel.close()
 
-    def _messages(self, manifest: Manifest, tensors: dict[str, torch.Tensor]
-                  ) -> Iterator[relay_pb2.PublishMessage]:
-        yield relay_pb2.PublishMessage(manifest=manifest.to_proto())
+    def _error(self, what: str, err: grpc.RpcError) -> WeightError:
+        return WeightError(f"{what} ({self.address}, {self.plane}): {err.details()}")
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def _messages(self, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> Iterator[bytes]:
+        yield relay_pb2.PublishMessage(manifest=manifest.to_proto()).SerializeToString()
         for name, t in tensors.items():
-            for chunk in iter_chunks(name, tensor_bytes(t), self.chunk_bytes):
-                yield relay_pb2.PublishMessage(chunk=chunk)
+            for offset, piece in iter_chunks(tensor_bytes(t), self.chunk_bytes):
+                yield encode_publish_chunk(name, offset, piece)
 
     def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
         manifest = build_manifest(version, step, tensors)
         try:
-            self._stub.Publish(self._messages(manifest, tensors), timeout=self.timeout_s)
+            self._publish_raw(self._messages(manifest, tensors), timeout=self.timeout_s)
         except grpc.RpcError as err:
-            raise WeightError(f"publish of version {version} to {self.address} failed: "
-                              f"{err.details()}") from None
+            raise self._error(f"publish of version {version}", err) from None
         return manifest
+
+    # -- pulling -------------------------------------------------------------------------
 
     def manifest(self, version: int = 0) -> Manifest | None:
         try:
@@ -54,25 +70,73 @@ class RelayClient(WeightPlane):
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND and version == 0:
                 return None
-            raise WeightError(f"manifest of version {version} from {self.address}: "
-                              f"{err.details()}") from None
+            raise self._error(f"manifest of version {version}", err) from None
         return Manifest.from_proto(m)
 
-    def pull(self, version: int) -> dict[str, torch.Tensor]:
-        manifest = self.manifest(version)
-        if manifest is None:
-            raise WeightError(f"relay {self.address} holds no version")
-        assembler = ShardAssembler(manifest)
+    def pull(self, version: int, staging: torch.Tensor | None = None
+             ) -> dict[str, torch.Tensor]:
+        """Every shard of `version` (0: the latest), verified. With `staging` (a uint8 buffer
+        the caller reuses), the gRPC and torch.distributed planes receive into it and the
+        tensors view it: fresh memory costs a page fault per 4 KiB, a large share of a
+        loopback transfer."""
         try:
-            for chunk in self._stub.Pull(relay_pb2.PullRequest(version=manifest.version),
-                                         timeout=self.timeout_s):
-                assembler.add(chunk)
+            if self.plane == "grpc":
+                manifest = self.manifest(version)
+                if manifest is None:
+                    raise WeightError(f"relay {self.address} holds no version")
+                flat = self._pull_grpc(manifest, staging)
+            else:
+                manifest, flat = self._pull_ticketed(version, staging)
         except grpc.RpcError as err:
-            raise WeightError(f"pull of version {manifest.version} from {self.address}: "
-                              f"{err.details()}") from None
-        buffers = assembler.finish()
-        return {s.name: verify_shard(s, buffers[s.name]) for s in manifest.shards}
+            raise self._error(f"pull of version {version}", err) from None
+        return unpack(manifest, flat)
+
+    def _pull_grpc(self, manifest: Manifest, staging: torch.Tensor | None) -> torch.Tensor:
+        size = flat_size(manifest)
+        flat = _receive_buffer(size, staging)
+        view, pos = memoryview(flat.numpy()), 0
+        request = relay_pb2.PullBytesRequest(version=manifest.version)
+        for piece in self._pull_bytes(request, timeout=self.timeout_s):
+            end = pos + len(piece)
+            if end > size:
+                raise WeightError(f"version {manifest.version}: relay sent more than its "
+                                  f"{size} bytes")
+            view[pos:end] = piece
+            pos = end
+        if pos != size:
+            raise WeightError(f"version {manifest.version}: received {pos} of {size} bytes")
+        return flat
+
+    def _pull_ticketed(self, version: int, staging: torch.Tensor | None
+                       ) -> tuple[Manifest, torch.Tensor]:
+        plane = relay_pb2.DataPlane.Value(f"DATA_PLANE_{self.plane.upper()}")
+        ticket = self._stub.OpenPull(
+            relay_pb2.OpenPullRequest(version=version, plane=plane,
+                                      host_id=fetchers.host_id()), timeout=self.timeout_s)
+        manifest = Manifest.from_proto(ticket.manifest)
+        if ticket.flat_size != flat_size(manifest):
+            raise WeightError(f"OpenPull: flat_size {ticket.flat_size} does not match the "
+                              f"manifest's layout ({flat_size(manifest)})")
+        if self.plane == "shm":
+            return manifest, fetchers.fetch_shm(ticket.shm, ticket.flat_size)
+        if self.plane == "torch_dist":
+            return manifest, fetchers.fetch_torch_dist(
+                ticket.torch_dist, _receive_buffer(ticket.flat_size, staging))
+        if self._nixl is None:
+            self._nixl = fetchers.NixlFetcher()
+        try:
+            return manifest, self._nixl.fetch(ticket.nixl, ticket.flat_size, self.timeout_s)
+        finally:
+            self._stub.ClosePull(relay_pb2.ClosePullRequest(
+                version=manifest.version, plane=plane, agent_name=self._nixl.name),
+                timeout=self.timeout_s)
 
     def versions(self) -> list[int]:
         resp = self._stub.ListVersions(relay_pb2.ListVersionsRequest(), timeout=self.timeout_s)
         return list(resp.versions)
+
+
+def _receive_buffer(size: int, staging: torch.Tensor | None) -> torch.Tensor:
+    if staging is not None and staging.numel() >= size:
+        return staging[:size]
+    return torch.empty(size, dtype=torch.uint8)

@@ -99,14 +99,17 @@ def build_manifest(version: int, step: int, tensors: dict[str, torch.Tensor]) ->
     return Manifest(version=version, step=step, shards=shards)
 
 
-def verify_shard(info: ShardInfo, data: bytes | bytearray) -> torch.Tensor:
-    """Bytes -> tensor, only if length and checksum match the manifest."""
-    if len(data) != info.nbytes:
+def verify_shard(info: ShardInfo, data: bytes | bytearray | memoryview) -> torch.Tensor:
+    """Bytes -> tensor, only if length and checksum match the manifest. The tensor views
+    `data` when it is writable, and a copy otherwise."""
+    view = memoryview(data).cast("B")
+    if len(view) != info.nbytes:
         raise WeightError(
-            f"shard {info.name!r}: got {len(data)} bytes, manifest says {info.nbytes}")
-    if checksum(data) != info.checksum:
+            f"shard {info.name!r}: got {len(view)} bytes, manifest says {info.nbytes}")
+    if checksum(view) != info.checksum:
         raise WeightError(f"shard {info.name!r}: checksum mismatch")
     if not info.nbytes:
         return torch.empty(info.shape, dtype=_dtype(info.dtype))
-    writable = data if isinstance(data, bytearray) else bytearray(data)  # no copy if owned
-    return torch.frombuffer(writable, dtype=_dtype(info.dtype)).view(info.shape)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    return torch.frombuffer(view, dtype=_dtype(info.dtype)).view(info.shape)

@@ -20,8 +20,10 @@ class WeightPlane(ABC):
         """The manifest of `version`, or of the latest when 0; None when nothing is published."""
 
     @abstractmethod
-    def pull(self, version: int) -> dict[str, torch.Tensor]:
-        """Every shard of `version`, each verified against the manifest."""
+    def pull(self, version: int, staging: torch.Tensor | None = None
+             ) -> dict[str, torch.Tensor]:
+        """Every shard of `version` (0: the latest), each verified against the manifest.
+        `staging` is a uint8 buffer the caller reuses across pulls, where a plane can use it."""
 
     @abstractmethod
     def versions(self) -> list[int]:

@@ -3,75 +3,146 @@ implementation of the weight plane."""
 
 from __future__ import annotations
 
+import glob
+import os
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
-from relayrl.weights.manifest import Manifest, WeightError, build_manifest, verify_shard
+from relayrl.weights.layout import pack, unpack
+from relayrl.weights.manifest import Manifest, WeightError, build_manifest
 from relayrl.weights.plane import WeightPlane
+from relayrl.weights.stored import State, StoredVersion
+
+
+@dataclass
+class StoreStats:
+    versions_published: int = 0
+    failed_publishes: int = 0
+    pulls_served: int = 0
+    bytes_served: int = 0
 
 
 class VersionStore(WeightPlane):
-    def __init__(self, keep_versions: int):
+    def __init__(self, keep_versions: int, shm_dir: str | None = None,
+                 wait_timeout_s: float = 60.0):
         if keep_versions < 1:
             raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+        if shm_dir is not None:
+            if not os.path.isdir(shm_dir):
+                raise ValueError(f"relay.shm_dir {shm_dir!r} is not a directory")
+            _remove_orphaned_segments(shm_dir)
         self.keep = keep_versions
+        self.shm_dir = shm_dir
+        self.wait_timeout_s = wait_timeout_s
+        self.stats = StoreStats()
         self._lock = threading.Lock()
-        self._versions: OrderedDict[int, tuple[Manifest, dict[str, bytes]]] = OrderedDict()
+        self._versions: OrderedDict[int, StoredVersion] = OrderedDict()
 
-    def put(self, manifest: Manifest, shards: dict[str, bytes]) -> None:
-        """Insert a version whose bytes were received elsewhere; every shard is verified."""
-        names = {s.name for s in manifest.shards}
-        if set(shards) != names:
-            missing, extra = names - set(shards), set(shards) - names
-            raise WeightError(f"version {manifest.version}: missing shards {sorted(missing)}, "
-                              f"unexpected {sorted(extra)}")
-        for info in manifest.shards:
-            verify_shard(info, shards[info.name])
+    # -- writing -------------------------------------------------------------------------
+
+    def begin(self, manifest: Manifest) -> StoredVersion:
+        """Open a version for writing; readers can follow it from now on."""
         with self._lock:
             latest = next(reversed(self._versions), 0)
             if manifest.version <= latest:
                 raise WeightError(
                     f"version {manifest.version} is not newer than the latest ({latest})")
-            self._versions[manifest.version] = (manifest, shards)
-            while len(self._versions) > self.keep:
-                self._versions.popitem(last=False)
+            stored = StoredVersion(manifest, self.shm_dir)
+            self._versions[manifest.version] = stored
+        return stored
+
+    def commit(self, stored: StoredVersion) -> None:
+        try:
+            stored.commit()
+        except WeightError:
+            self.abort(stored, "")
+            raise
+        with self._lock:
+            self.stats.versions_published += 1
+            complete = [v for v, s in self._versions.items() if s.state is State.COMPLETE]
+            for v in complete[:-self.keep]:
+                self._versions.pop(v).release()
+
+    def abort(self, stored: StoredVersion, error: str) -> None:
+        stored.fail(error or "aborted")
+        with self._lock:
+            self.stats.failed_publishes += 1
+            if self._versions.get(stored.version) is stored:
+                del self._versions[stored.version]
+        stored.release()
 
     def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
         manifest = build_manifest(version, step, tensors)
-        shards = {n: t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-                  for n, t in tensors.items()}
-        self.put(manifest, shards)
+        stored = self.begin(manifest)
+        pack(manifest, tensors, stored.flat)
+        stored.filled = stored.size
+        self.commit(stored)
         return manifest
 
-    def _get(self, version: int) -> tuple[Manifest, dict[str, bytes]]:
+    # -- reading -------------------------------------------------------------------------
+
+    def get(self, version: int, complete: bool = True) -> StoredVersion:
+        """The stored `version` (0: the latest); with `complete`, waits until it is."""
         with self._lock:
-            if not self._versions:
-                raise WeightError("no version has been published yet")
+            live = [s for s in self._versions.values()
+                    if s.state is State.COMPLETE or not complete]
             if version == 0:
-                return next(reversed(self._versions.values()))
-            if version not in self._versions:
-                oldest, newest = next(iter(self._versions)), next(reversed(self._versions))
-                raise WeightError(f"version {version} is not held; this relay holds "
-                                  f"{oldest}..{newest} (oldest {oldest})")
-            return self._versions[version]
+                if not live:
+                    raise WeightError("no version has been published yet")
+                stored = live[-1]
+            elif version in self._versions:
+                stored = self._versions[version]
+            else:
+                held = [v for v, s in self._versions.items() if s.state is State.COMPLETE]
+                where = f"{held[0]}..{held[-1]} (oldest {held[0]})" if held else "nothing"
+                raise WeightError(f"version {version} is not held; this relay holds {where}")
+        if complete:
+            stored.wait_complete(self.wait_timeout_s)
+        return stored
 
     def manifest(self, version: int = 0) -> Manifest | None:
         try:
-            return self._get(version)[0]
+            return self.get(version, complete=False).manifest
         except WeightError:
             if version == 0:
                 return None
             raise
 
-    def shard_bytes(self, version: int) -> tuple[Manifest, dict[str, bytes]]:
-        return self._get(version)
+    def pull(self, version: int, staging: torch.Tensor | None = None
+             ) -> dict[str, torch.Tensor]:
+        stored = self.get(version)
+        self.count_pull(stored.size)
+        return unpack(stored.manifest, stored.flat.clone())  # callers must not alias the store
 
-    def pull(self, version: int) -> dict[str, torch.Tensor]:
-        manifest, shards = self._get(version)
-        return {s.name: verify_shard(s, shards[s.name]) for s in manifest.shards}
+    def count_pull(self, nbytes: int) -> None:
+        with self._lock:
+            self.stats.pulls_served += 1
+            self.stats.bytes_served += nbytes
 
     def versions(self) -> list[int]:
         with self._lock:
-            return list(self._versions)
+            return [v for v, s in self._versions.items() if s.state is State.COMPLETE]
+
+    def pending_version(self) -> int:
+        with self._lock:
+            return next((v for v, s in self._versions.items() if s.state is State.PENDING), 0)
+
+    def close(self) -> None:
+        with self._lock:
+            for stored in self._versions.values():
+                stored.release()
+            self._versions.clear()
+
+
+def _remove_orphaned_segments(shm_dir: str) -> None:
+    """Shared-memory files left by relays that died without cleaning up."""
+    for path in glob.glob(os.path.join(shm_dir, "relayrl-*-v*")):
+        pid = os.path.basename(path).split("-")[1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

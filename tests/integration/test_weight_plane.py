@@ -1,10 +1,14 @@
-"""One contract, two implementations: the in-process VersionStore and the gRPC relay."""
+"""One contract for every implementation: the in-process VersionStore and a relay reached
+over gRPC with each data plane (gRPC stream, shared memory, torch.distributed)."""
+
+import os
 
 import grpc
 import pytest
 import torch
 
-from relay_svc.server import RelayServicer
+from relay_svc.planes import RelayPlanes
+from relay_svc.server import RelayServicer, add_relay_servicer
 from relayrl.grpc_util import channel, make_server
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.weights import VersionStore, WeightError
@@ -14,24 +18,31 @@ from tests.conftest import free_ports
 KEEP = 2
 
 
+PLANES = ["grpc", "shm", "torch_dist"]
+
+
 @pytest.fixture
-def relay_server():
-    store = VersionStore(KEEP)
+def relay_server(tmp_path):
+    shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    store = VersionStore(KEEP, shm_dir=shm_dir, wait_timeout_s=10)
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
-    server, _ = make_server(address, [(relay_pb2_grpc.add_RelayServicer_to_server,
-                                       RelayServicer(store, chunk_bytes=1024))])
+    planes = RelayPlanes(PLANES, "127.0.0.1", transfer_timeout_s=10)
+    server, _ = make_server(address, [(add_relay_servicer,
+                                       RelayServicer(store, 1024, planes, 10))])
     server.start()
     yield address, store
     server.stop(0)
+    store.close()
 
 
-@pytest.fixture(params=["in_process", "grpc"])
+@pytest.fixture(params=["in_process", *PLANES])
 def plane(request, relay_server):
     if request.param == "in_process":
         yield VersionStore(KEEP)
-    else:
-        client = RelayClient(relay_server[0], chunk_bytes=1000)  # forces multi-chunk shards
+    else:  # small chunks force multi-chunk shards
+        client = RelayClient(relay_server[0], chunk_bytes=1000, timeout_s=10,
+                             plane=request.param)
         yield client
         client.close()
 
@@ -82,17 +93,19 @@ def test_relay_refuses_a_corrupted_shard_and_keeps_its_state(relay_server):
     client.publish(1, 1, weights(1))
     manifest = client.manifest(1).to_proto()
     manifest.version = 2
-    good = weights(2)["embed"].numpy().tobytes()  # bytes that do not match the checksum
+    other = weights(2)  # right sizes, but bytes that do not match the checksums
 
     def messages():
         yield relay_pb2.PublishMessage(manifest=manifest)
-        yield relay_pb2.PublishMessage(chunk=relay_pb2.ShardChunk(shard="embed", data=good))
+        for name, t in other.items():
+            data = t.view(-1).view(torch.uint8).numpy().tobytes()
+            yield relay_pb2.PublishMessage(chunk=relay_pb2.ShardChunk(shard=name, data=data))
 
     stub = relay_pb2_grpc.RelayStub(channel(address))
     with pytest.raises(grpc.RpcError) as info:
         stub.Publish(messages(), timeout=5)
-    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "checksum" in info.value.details() or "bytes" in info.value.details()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "checksum mismatch" in info.value.details()
     assert store.versions() == [1]
 
 
@@ -119,3 +132,30 @@ def test_verify_rejects_truncated_and_altered_bytes():
     data[0] ^= 1
     with pytest.raises(WeightError, match="checksum"):
         verify_shard(info, data)
+
+
+def test_shared_memory_needs_the_same_host(relay_server):
+    address, _ = relay_server
+    client = RelayClient(address, plane="shm")
+    client.publish(1, 1, weights(1))
+    stub = relay_pb2_grpc.RelayStub(channel(address))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.OpenPull(relay_pb2.OpenPullRequest(
+            version=1, plane=relay_pb2.DATA_PLANE_SHM, host_id="elsewhere"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "host_id" in info.value.details()
+
+
+def test_a_plane_the_relay_does_not_serve_is_refused(relay_server):
+    address, _ = relay_server
+    client = RelayClient(address, plane="nixl")
+    client.publish(1, 1, weights(1))
+    with pytest.raises(WeightError, match="'nixl' is not enabled"):
+        client.pull(1)
+
+
+def test_a_pulled_tensor_does_not_alias_the_relay(plane):
+    plane.publish(1, 1, weights(1))
+    first = plane.pull(1)
+    first["embed"].add_(1.0)
+    assert torch.equal(plane.pull(1)["embed"], weights(1)["embed"])

@@ -2,14 +2,15 @@
 mismatched version leaves the engine whole on its previous version, and the worker fails
 over to the next relay."""
 
+import copy
+
 import pytest
 import torch
 
-from relay_svc.server import RelayServicer
+from relay_svc.server import RelayServicer, add_relay_servicer
 from relayrl.config import RunConfig
 from relayrl.grpc_util import make_server
 from relayrl.models import load_model
-from relayrl.proto.v1 import relay_pb2_grpc
 from relayrl.weights import VersionStore
 from relayrl.weights.client import RelayClient
 from rollout_svc.torch_engine import TorchEngine
@@ -26,17 +27,22 @@ class LyingStore(VersionStore):
         super().__init__(keep_versions=4)
         self.tamper = tamper
 
-    def shard_bytes(self, version):
-        manifest, shards = super().shard_bytes(version)
-        return manifest, {**shards, SHARD: self.tamper(shards[SHARD])}
+    def get(self, version, complete=True):
+        real = super().get(version, complete)
+        fake = copy.copy(real)
+        flat = self.tamper(real.flat.clone(), real.offsets[SHARD])
+        fake.flat, fake._view = flat, memoryview(flat.numpy())
+        fake.size = fake.filled = flat.numel()
+        return fake
 
 
-def flip_byte(data: bytes) -> bytes:
-    return bytes([data[0] ^ 0xFF]) + data[1:]
+def flip_byte(flat: torch.Tensor, shard_offset: int) -> torch.Tensor:
+    flat[shard_offset] ^= 0xFF
+    return flat
 
 
-def truncate(data: bytes) -> bytes:
-    return data[:-16]
+def truncate(flat: torch.Tensor, shard_offset: int) -> torch.Tensor:
+    return flat[:-16]
 
 
 @pytest.fixture
@@ -46,7 +52,7 @@ def serve():
     def start(store):
         (port,) = free_ports(1)
         server, _ = make_server(f"127.0.0.1:{port}", [
-            (relay_pb2_grpc.add_RelayServicer_to_server, RelayServicer(store, 4096))])
+            (add_relay_servicer, RelayServicer(store, 4096))])
         server.start()
         servers.append(server)
         clients.append(RelayClient(f"127.0.0.1:{port}", chunk_bytes=4096, timeout_s=5))

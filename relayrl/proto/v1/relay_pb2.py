@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crelayrl/proto/v1/relay.proto\x12\nrelayrl.v1\"Y\n\tShardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\"{\n\x08Manifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12%\n\x06shards\x18\x03 \x03(\x0b\x32\x15.relayrl.v1.ShardInfo\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x14\n\x0c\x63reated_unix\x18\x05 \x01(\x01\"9\n\nShardChunk\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"n\n\x0ePublishMessage\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x14.relayrl.v1.ManifestH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.relayrl.v1.ShardChunkH\x00\x42\t\n\x07payload\":\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x03\"%\n\x12GetManifestRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\".\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06shards\x18\x02 \x03(\t\"\x15\n\x13ListVersionsRequest\"(\n\x14ListVersionsResponse\x12\x10\n\x08versions\x18\x01 \x03(\x03\x32\xa0\x02\n\x05Relay\x12\x44\n\x07Publish\x12\x1a.relayrl.v1.PublishMessage\x1a\x1b.relayrl.v1.PublishResponse(\x01\x12\x43\n\x0bGetManifest\x12\x1e.relayrl.v1.GetManifestRequest\x1a\x14.relayrl.v1.Manifest\x12\x39\n\x04Pull\x12\x17.relayrl.v1.PullRequest\x1a\x16.relayrl.v1.ShardChunk0\x01\x12Q\n\x0cListVersions\x12\x1f.relayrl.v1.ListVersionsRequest\x1a .relayrl.v1.ListVersionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crelayrl/proto/v1/relay.proto\x12\nrelayrl.v1\"Y\n\tShardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\"{\n\x08Manifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12%\n\x06shards\x18\x03 \x03(\x0b\x32\x15.relayrl.v1.ShardInfo\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x14\n\x0c\x63reated_unix\x18\x05 \x01(\x01\"9\n\nShardChunk\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"n\n\x0ePublishMessage\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x14.relayrl.v1.ManifestH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.relayrl.v1.ShardChunkH\x00\x42\t\n\x07payload\":\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x03\"%\n\x12GetManifestRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\".\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06shards\x18\x02 \x03(\t\"\x15\n\x13ListVersionsRequest\"\xa3\x01\n\x14ListVersionsResponse\x12\x10\n\x08versions\x18\x01 \x03(\x03\x12\x17\n\x0fpending_version\x18\x02 \x01(\x03\x12\x1a\n\x12versions_published\x18\x03 \x01(\x03\x12\x14\n\x0cpulls_served\x18\x04 \x01(\x03\x12\x14\n\x0c\x62ytes_served\x18\x05 \x01(\x03\x12\x18\n\x10\x66\x61iled_publishes\x18\x06 \x01(\x03\"?\n\x10PullBytesRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\"\x1a\n\nBytesChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"Y\n\x0fOpenPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x05plane\x18\x02 \x01(\x0e\x32\x15.relayrl.v1.DataPlane\x12\x0f\n\x07host_id\x18\x03 \x01(\t\"\'\n\tShmTicket\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"]\n\x0fTorchDistTicket\x12\x12\n\nstore_host\x18\x01 \x01(\t\x12\x12\n\nstore_port\x18\x02 \x01(\x03\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\"M\n\nNixlTicket\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12\x13\n\x0b\x64\x65scriptors\x18\x03 \x01(\x0c\"\xd2\x01\n\nPullTicket\x12&\n\x08manifest\x18\x01 \x01(\x0b\x32\x14.relayrl.v1.Manifest\x12\x11\n\tflat_size\x18\x02 \x01(\x03\x12$\n\x03shm\x18\x03 \x01(\x0b\x32\x15.relayrl.v1.ShmTicketH\x00\x12\x31\n\ntorch_dist\x18\x04 \x01(\x0b\x32\x1b.relayrl.v1.TorchDistTicketH\x00\x12&\n\x04nixl\x18\x05 \x01(\x0b\x32\x16.relayrl.v1.NixlTicketH\x00\x42\x08\n\x06ticket\"]\n\x10\x43losePullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x05plane\x18\x02 \x01(\x0e\x32\x15.relayrl.v1.DataPlane\x12\x12\n\nagent_name\x18\x03 \x01(\t\"\x13\n\x11\x43losePullResponse*\x80\x01\n\tDataPlane\x12\x1a\n\x16\x44\x41TA_PLANE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x41TA_PLANE_GRPC\x10\x01\x12\x12\n\x0e\x44\x41TA_PLANE_SHM\x10\x02\x12\x19\n\x15\x44\x41TA_PLANE_TORCH_DIST\x10\x03\x12\x13\n\x0f\x44\x41TA_PLANE_NIXL\x10\x04\x32\xf0\x03\n\x05Relay\x12\x44\n\x07Publish\x12\x1a.relayrl.v1.PublishMessage\x1a\x1b.relayrl.v1.PublishResponse(\x01\x12\x43\n\x0bGetManifest\x12\x1e.relayrl.v1.GetManifestRequest\x1a\x14.relayrl.v1.Manifest\x12\x39\n\x04Pull\x12\x17.relayrl.v1.PullRequest\x1a\x16.relayrl.v1.ShardChunk0\x01\x12\x43\n\tPullBytes\x12\x1c.relayrl.v1.PullBytesRequest\x1a\x16.relayrl.v1.BytesChunk0\x01\x12?\n\x08OpenPull\x12\x1b.relayrl.v1.OpenPullRequest\x1a\x16.relayrl.v1.PullTicket\x12H\n\tClosePull\x12\x1c.relayrl.v1.ClosePullRequest\x1a\x1d.relayrl.v1.ClosePullResponse\x12Q\n\x0cListVersions\x12\x1f.relayrl.v1.ListVersionsRequest\x1a .relayrl.v1.ListVersionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relayrl.proto.v1.relay_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_DATAPLANE']._serialized_start=1496
+  _globals['_DATAPLANE']._serialized_end=1624
   _globals['_SHARDINFO']._serialized_start=44
   _globals['_SHARDINFO']._serialized_end=133
   _globals['_MANIFEST']._serialized_start=135
@@ -47,8 +49,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLREQUEST']._serialized_end=576
   _globals['_LISTVERSIONSREQUEST']._serialized_start=578
   _globals['_LISTVERSIONSREQUEST']._serialized_end=599
-  _globals['_LISTVERSIONSRESPONSE']._serialized_start=601
-  _globals['_LISTVERSIONSRESPONSE']._serialized_end=641
-  _globals['_RELAY']._serialized_start=644
-  _globals['_RELAY']._serialized_end=932
+  _globals['_LISTVERSIONSRESPONSE']._serialized_start=602
+  _globals['_LISTVERSIONSRESPONSE']._serialized_end=765
+  _globals['_PULLBYTESREQUEST']._serialized_start=767
+  _globals['_PULLBYTESREQUEST']._serialized_end=830
+  _globals['_BYTESCHUNK']._serialized_start=832
+  _globals['_BYTESCHUNK']._serialized_end=858
+  _globals['_OPENPULLREQUEST']._serialized_start=860
+  _globals['_OPENPULLREQUEST']._serialized_end=949
+  _globals['_SHMTICKET']._serialized_start=951
+  _globals['_SHMTICKET']._serialized_end=990
+  _globals['_TORCHDISTTICKET']._serialized_start=992
+  _globals['_TORCHDISTTICKET']._serialized_end=1085
+  _globals['_NIXLTICKET']._serialized_start=1087
+  _globals['_NIXLTICKET']._serialized_end=1164
+  _globals['_PULLTICKET']._serialized_start=1167
+  _globals['_PULLTICKET']._serialized_end=1377
+  _globals['_CLOSEPULLREQUEST']._serialized_start=1379
+  _globals['_CLOSEPULLREQUEST']._serialized_end=1472
+  _globals['_CLOSEPULLRESPONSE']._serialized_start=1474
+  _globals['_CLOSEPULLRESPONSE']._serialized_end=1493
+  _globals['_RELAY']._serialized_start=1627
+  _globals['_RELAY']._serialized_end=2123
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -17,6 +18,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _DataPlane:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DataPlaneEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DataPlane.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DATA_PLANE_UNSPECIFIED: _DataPlane.ValueType  # 0
+    DATA_PLANE_GRPC: _DataPlane.ValueType  # 1
+    DATA_PLANE_SHM: _DataPlane.ValueType  # 2
+    """a file in the relay's shared-memory directory, same host only"""
+    DATA_PLANE_TORCH_DIST: _DataPlane.ValueType  # 3
+    """torch.distributed broadcast from the relay (gloo or NCCL)"""
+    DATA_PLANE_NIXL: _DataPlane.ValueType  # 4
+    """NIXL (UCX) read of the relay's registered buffer"""
+
+class DataPlane(_DataPlane, metaclass=_DataPlaneEnumTypeWrapper):
+    """Data planes a worker can pull a version's flat buffer through; gRPC carries the control."""
+
+DATA_PLANE_UNSPECIFIED: DataPlane.ValueType  # 0
+DATA_PLANE_GRPC: DataPlane.ValueType  # 1
+DATA_PLANE_SHM: DataPlane.ValueType  # 2
+"""a file in the relay's shared-memory directory, same host only"""
+DATA_PLANE_TORCH_DIST: DataPlane.ValueType  # 3
+"""torch.distributed broadcast from the relay (gloo or NCCL)"""
+DATA_PLANE_NIXL: DataPlane.ValueType  # 4
+"""NIXL (UCX) read of the relay's registered buffer"""
+Global___DataPlane: _TypeAlias = DataPlane  # noqa: Y015
 
 @_typing.final
 class ShardInfo(_message.Message):
@@ -230,17 +259,271 @@ class ListVersionsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSIONS_FIELD_NUMBER: _builtins.int
+    PENDING_VERSION_FIELD_NUMBER: _builtins.int
+    VERSIONS_PUBLISHED_FIELD_NUMBER: _builtins.int
+    PULLS_SERVED_FIELD_NUMBER: _builtins.int
+    BYTES_SERVED_FIELD_NUMBER: _builtins.int
+    FAILED_PUBLISHES_FIELD_NUMBER: _builtins.int
+    pending_version: _builtins.int
+    """a version still arriving, 0 when none"""
+    versions_published: _builtins.int
+    """versions this relay has completed since it started"""
+    pulls_served: _builtins.int
+    bytes_served: _builtins.int
+    failed_publishes: _builtins.int
     @_builtins.property
-    def versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """complete versions held, oldest first"""
+
     def __init__(
         self,
         *,
         versions: _abc.Iterable[_builtins.int] | None = ...,
+        pending_version: _builtins.int = ...,
+        versions_published: _builtins.int = ...,
+        pulls_served: _builtins.int = ...,
+        bytes_served: _builtins.int = ...,
+        failed_publishes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_served", b"bytes_served", "failed_publishes", b"failed_publishes", "pending_version", b"pending_version", "pulls_served", b"pulls_served", "versions", b"versions", "versions_published", b"versions_published"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListVersionsResponse: _TypeAlias = ListVersionsResponse  # noqa: Y015
+
+@_typing.final
+class PullBytesRequest(_message.Message):
+    """A byte range of a version's flat buffer: shards packed in manifest order, each starting
+    at a multiple of 64 bytes (see relayrl/weights/layout.py). end = 0 means to the end.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    start: _builtins.int
+    end: _builtins.int
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        start: _builtins.int = ...,
+        end: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "start", b"start", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullBytesRequest: _TypeAlias = PullBytesRequest  # noqa: Y015
+
+@_typing.final
+class BytesChunk(_message.Message):
+    """Consecutive bytes of the requested range, in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BytesChunk: _TypeAlias = BytesChunk  # noqa: Y015
+
+@_typing.final
+class OpenPullRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    PLANE_FIELD_NUMBER: _builtins.int
+    HOST_ID_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """0 asks for the latest complete version"""
+    plane: Global___DataPlane.ValueType
+    host_id: _builtins.str
+    """the caller's host identity, checked for shared memory"""
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        plane: Global___DataPlane.ValueType = ...,
+        host_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "plane", b"plane", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenPullRequest: _TypeAlias = OpenPullRequest  # noqa: Y015
+
+@_typing.final
+class ShmTicket(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    size: _builtins.int
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShmTicket: _TypeAlias = ShmTicket  # noqa: Y015
+
+@_typing.final
+class TorchDistTicket(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORE_HOST_FIELD_NUMBER: _builtins.int
+    STORE_PORT_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    store_host: _builtins.str
+    store_port: _builtins.int
+    backend: _builtins.str
+    """"gloo" or "nccl" """
+    timeout_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        store_host: _builtins.str = ...,
+        store_port: _builtins.int = ...,
+        backend: _builtins.str = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "store_host", b"store_host", "store_port", b"store_port", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TorchDistTicket: _TypeAlias = TorchDistTicket  # noqa: Y015
+
+@_typing.final
+class NixlTicket(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_NAME_FIELD_NUMBER: _builtins.int
+    AGENT_METADATA_FIELD_NUMBER: _builtins.int
+    DESCRIPTORS_FIELD_NUMBER: _builtins.int
+    agent_name: _builtins.str
+    agent_metadata: _builtins.bytes
+    descriptors: _builtins.bytes
+    """serialized descriptor list of the flat buffer"""
+    def __init__(
+        self,
+        *,
+        agent_name: _builtins.str = ...,
+        agent_metadata: _builtins.bytes = ...,
+        descriptors: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_metadata", b"agent_metadata", "agent_name", b"agent_name", "descriptors", b"descriptors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NixlTicket: _TypeAlias = NixlTicket  # noqa: Y015
+
+@_typing.final
+class PullTicket(_message.Message):
+    """What a worker needs to fetch one version over a non-gRPC data plane."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MANIFEST_FIELD_NUMBER: _builtins.int
+    FLAT_SIZE_FIELD_NUMBER: _builtins.int
+    SHM_FIELD_NUMBER: _builtins.int
+    TORCH_DIST_FIELD_NUMBER: _builtins.int
+    NIXL_FIELD_NUMBER: _builtins.int
+    flat_size: _builtins.int
+    @_builtins.property
+    def manifest(self) -> Global___Manifest: ...
+    @_builtins.property
+    def shm(self) -> Global___ShmTicket: ...
+    @_builtins.property
+    def torch_dist(self) -> Global___TorchDistTicket: ...
+    @_builtins.property
+    def nixl(self) -> Global___NixlTicket: ...
+    def __init__(
+        self,
+        *,
+        manifest: Global___Manifest | None = ...,
+        flat_size: _builtins.int = ...,
+        shm: Global___ShmTicket | None = ...,
+        torch_dist: Global___TorchDistTicket | None = ...,
+        nixl: Global___NixlTicket | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["manifest", b"manifest", "nixl", b"nixl", "shm", b"shm", "ticket", b"ticket", "torch_dist", b"torch_dist"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flat_size", b"flat_size", "manifest", b"manifest", "nixl", b"nixl", "shm", b"shm", "ticket", b"ticket", "torch_dist", b"torch_dist"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_ticket: _TypeAlias = _typing.Literal["shm", "torch_dist", "nixl"]  # noqa: Y015
+    _WhichOneofArgType_ticket: _TypeAlias = _typing.Literal["ticket", b"ticket"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_ticket) -> _WhichOneofReturnType_ticket | None: ...
+
+Global___PullTicket: _TypeAlias = PullTicket  # noqa: Y015
+
+@_typing.final
+class ClosePullRequest(_message.Message):
+    """Tells the relay a ticket's transfer is over, so it can release what it held for it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    PLANE_FIELD_NUMBER: _builtins.int
+    AGENT_NAME_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    plane: Global___DataPlane.ValueType
+    agent_name: _builtins.str
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        plane: Global___DataPlane.ValueType = ...,
+        agent_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "plane", b"plane", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClosePullRequest: _TypeAlias = ClosePullRequest  # noqa: Y015
+
+@_typing.final
+class ClosePullResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClosePullResponse: _TypeAlias = ClosePullResponse  # noqa: Y015

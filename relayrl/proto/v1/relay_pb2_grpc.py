@@ -49,6 +49,21 @@ class RelayStub:
                 request_serializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.PullRequest.SerializeToString,
                 response_deserializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.ShardChunk.FromString,
                 _registered_method=True)
+        self.PullBytes = channel.unary_stream(
+                '/relayrl.v1.Relay/PullBytes',
+                request_serializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.PullBytesRequest.SerializeToString,
+                response_deserializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.BytesChunk.FromString,
+                _registered_method=True)
+        self.OpenPull = channel.unary_unary(
+                '/relayrl.v1.Relay/OpenPull',
+                request_serializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.OpenPullRequest.SerializeToString,
+                response_deserializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.PullTicket.FromString,
+                _registered_method=True)
+        self.ClosePull = channel.unary_unary(
+                '/relayrl.v1.Relay/ClosePull',
+                request_serializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.ClosePullRequest.SerializeToString,
+                response_deserializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.ClosePullResponse.FromString,
+                _registered_method=True)
         self.ListVersions = channel.unary_unary(
                 '/relayrl.v1.Relay/ListVersions',
                 request_serializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.ListVersionsRequest.SerializeToString,
@@ -77,6 +92,25 @@ class RelayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullBytes(self, request, context):
+        """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenPull(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClosePull(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListVersions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -100,6 +134,21 @@ def add_RelayServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.PullRequest.FromString,
                     response_serializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.ShardChunk.SerializeToString,
+            ),
+            'PullBytes': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullBytes,
+                    request_deserializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.PullBytesRequest.FromString,
+                    response_serializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.BytesChunk.SerializeToString,
+            ),
+            'OpenPull': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenPull,
+                    request_deserializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.OpenPullRequest.FromString,
+                    response_serializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.PullTicket.SerializeToString,
+            ),
+            'ClosePull': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClosePull,
+                    request_deserializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.ClosePullRequest.FromString,
+                    response_serializer=relayrl_dot_proto_dot_v1_dot_relay__pb2.ClosePullResponse.SerializeToString,
             ),
             'ListVersions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListVersions,
@@ -188,6 +237,87 @@ class Relay:
             '/relayrl.v1.Relay/Pull',
             relayrl_dot_proto_dot_v1_dot_relay__pb2.PullRequest.SerializeToString,
             relayrl_dot_proto_dot_v1_dot_relay__pb2.ShardChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullBytes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/relayrl.v1.Relay/PullBytes',
+            relayrl_dot_proto_dot_v1_dot_relay__pb2.PullBytesRequest.SerializeToString,
+            relayrl_dot_proto_dot_v1_dot_relay__pb2.BytesChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenPull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.Relay/OpenPull',
+            relayrl_dot_proto_dot_v1_dot_relay__pb2.OpenPullRequest.SerializeToString,
+            relayrl_dot_proto_dot_v1_dot_relay__pb2.PullTicket.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClosePull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.Relay/ClosePull',
+            relayrl_dot_proto_dot_v1_dot_relay__pb2.ClosePullRequest.SerializeToString,
+            relayrl_dot_proto_dot_v1_dot_relay__pb2.ClosePullResponse.FromString,
             options,
             channel_credentials,
             insecure,

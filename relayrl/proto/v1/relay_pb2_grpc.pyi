@@ -34,6 +34,10 @@ class RelayStub:
     Publish: _grpc.StreamUnaryMultiCallable[_relay_pb2.PublishMessage, _relay_pb2.PublishResponse]
     GetManifest: _grpc.UnaryUnaryMultiCallable[_relay_pb2.GetManifestRequest, _relay_pb2.Manifest]
     Pull: _grpc.UnaryStreamMultiCallable[_relay_pb2.PullRequest, _relay_pb2.ShardChunk]
+    PullBytes: _grpc.UnaryStreamMultiCallable[_relay_pb2.PullBytesRequest, _relay_pb2.BytesChunk]
+    """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives."""
+    OpenPull: _grpc.UnaryUnaryMultiCallable[_relay_pb2.OpenPullRequest, _relay_pb2.PullTicket]
+    ClosePull: _grpc.UnaryUnaryMultiCallable[_relay_pb2.ClosePullRequest, _relay_pb2.ClosePullResponse]
     ListVersions: _grpc.UnaryUnaryMultiCallable[_relay_pb2.ListVersionsRequest, _relay_pb2.ListVersionsResponse]
 
 @_typing.type_check_only
@@ -42,6 +46,10 @@ class RelayAsyncStub(RelayStub):
     Publish: _aio.StreamUnaryMultiCallable[_relay_pb2.PublishMessage, _relay_pb2.PublishResponse]  # type: ignore[assignment]
     GetManifest: _aio.UnaryUnaryMultiCallable[_relay_pb2.GetManifestRequest, _relay_pb2.Manifest]  # type: ignore[assignment]
     Pull: _aio.UnaryStreamMultiCallable[_relay_pb2.PullRequest, _relay_pb2.ShardChunk]  # type: ignore[assignment]
+    PullBytes: _aio.UnaryStreamMultiCallable[_relay_pb2.PullBytesRequest, _relay_pb2.BytesChunk]  # type: ignore[assignment]
+    """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives."""
+    OpenPull: _aio.UnaryUnaryMultiCallable[_relay_pb2.OpenPullRequest, _relay_pb2.PullTicket]  # type: ignore[assignment]
+    ClosePull: _aio.UnaryUnaryMultiCallable[_relay_pb2.ClosePullRequest, _relay_pb2.ClosePullResponse]  # type: ignore[assignment]
     ListVersions: _aio.UnaryUnaryMultiCallable[_relay_pb2.ListVersionsRequest, _relay_pb2.ListVersionsResponse]  # type: ignore[assignment]
 
 class RelayServicer(metaclass=_abc_1.ABCMeta):
@@ -65,6 +73,28 @@ class RelayServicer(metaclass=_abc_1.ABCMeta):
         request: _relay_pb2.PullRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_relay_pb2.ShardChunk], _abc.AsyncIterator[_relay_pb2.ShardChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def PullBytes(
+        self,
+        request: _relay_pb2.PullBytesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_relay_pb2.BytesChunk], _abc.AsyncIterator[_relay_pb2.BytesChunk]]:
+        """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives."""
+
+    @_abc_1.abstractmethod
+    def OpenPull(
+        self,
+        request: _relay_pb2.OpenPullRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_relay_pb2.PullTicket, _abc.Awaitable[_relay_pb2.PullTicket]]: ...
+
+    @_abc_1.abstractmethod
+    def ClosePull(
+        self,
+        request: _relay_pb2.ClosePullRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_relay_pb2.ClosePullResponse, _abc.Awaitable[_relay_pb2.ClosePullResponse]]: ...
 
     @_abc_1.abstractmethod
     def ListVersions(

@@ -1,0 +1,262 @@
+"""The weight plane against the machine's ceiling, measured in one run.
+
+    python bench/weights.py [--sizes-mb 64,512,2048] [--workers 8] [--planes grpc,shm,...]
+
+For each payload size: raw loopback TCP throughput between two processes (the ceiling),
+the pull throughput of every data plane from a real relay process (verified bytes, the
+worker's path), the trainer's stall per publish next to the plain copy time, and the time
+from publish until every one of N worker processes holds the new version, with one relay and
+with a two-level tree (root -> 2 followers). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from relayrl.grpc_util import wait_healthy  # noqa: E402
+from relayrl.weights.client import RelayClient  # noqa: E402
+from relayrl.weights.layout import flat_size  # noqa: E402
+from trainer_svc.publisher import AsyncPublisher  # noqa: E402
+
+SHM_DIR = "/dev/shm"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the ceiling -----------------------------------------------------------------------------
+
+def _tcp_send(port: int, nbytes: int) -> None:
+    payload = memoryview(bytearray(os.urandom(1 << 20)) * (nbytes >> 20))
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.recv(1)  # the receiver is ready
+        s.sendall(payload)
+
+
+def tcp_ceiling_s(nbytes: int, buf: torch.Tensor) -> float:
+    """Seconds to move `nbytes` from another process over loopback into `buf`, whose pages
+    are already mapped (as a worker's reused staging buffer is)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    sender = mp.get_context("spawn").Process(target=_tcp_send,
+                                             args=(srv.getsockname()[1], nbytes))
+    sender.start()
+    conn, _ = srv.accept()
+    view, got = memoryview(buf.numpy()), 0
+    start = time.perf_counter()
+    conn.send(b"g")
+    while got < nbytes:
+        n = conn.recv_into(view[got:], min(nbytes - got, 4 << 20))
+        if not n:
+            raise RuntimeError("sender closed early")
+        got += n
+    elapsed = time.perf_counter() - start
+    conn.close()
+    srv.close()
+    sender.join()
+    return elapsed
+
+
+# -- relays and workers ----------------------------------------------------------------------
+
+def start_relay(tmp: Path, planes: list[str], upstream: list[str] | None = None
+                ) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cfg = {"run_dir": str(tmp), "relay": {
+        "endpoint": {"port": port}, "keep_versions": 1, "data_planes": planes,
+        "shm_dir": SHM_DIR, "upstream": upstream or [], "timeout_s": 300, "follow_poll_s": 0.005}}
+    path = tmp / f"relay-{port}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    log = open(tmp / f"relay-{port}.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "relay_svc", "--config", str(path)],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    address = f"127.0.0.1:{port}"
+    wait_healthy(address, 60, alive=lambda: proc.poll() is None)
+    return proc, address
+
+
+def _worker(address: str, plane: str, have: int, ready, done) -> None:
+    torch.set_num_threads(1)
+    client = RelayClient(address, timeout_s=300, plane=plane)
+    current = client.manifest(0)  # same layout as the version to come: map the staging now
+    staging = None if plane == "shm" else torch.zeros(flat_size(current), dtype=torch.uint8)
+    ready.put(os.getpid())
+    while True:
+        m = client.manifest(0)
+        if m is None or m.version <= have:
+            time.sleep(0.002)
+            continue
+        client.pull(m.version, staging=staging)
+        done.put(time.monotonic())
+        return
+
+
+def time_to_all_workers(addresses: list[str], plane: str, workers: int, publish) -> float:
+    """Seconds from the start of `publish()` until every worker holds the new version."""
+    ctx = mp.get_context("spawn")
+    ready, done = ctx.Queue(), ctx.Queue()
+    have = RelayClient(addresses[0]).manifest(0)
+    procs = [ctx.Process(target=_worker, args=(addresses[i % len(addresses)], plane,
+                                               have.version if have else 0, ready, done))
+             for i in range(workers)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    t0 = time.monotonic()
+    publish()
+    finished = [done.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    return max(finished) - t0
+
+
+# -- one payload size ------------------------------------------------------------------------
+
+def make_payload(mb: int, shards: int = 8) -> dict[str, torch.Tensor]:
+    n = (mb << 20) // 4 // shards
+    return {f"layer{i}.weight": torch.empty(n).uniform_() for i in range(shards)}
+
+
+def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_planes: list[str]
+               ) -> dict:
+    payload = make_payload(mb)
+    nbytes = sum(t.numel() * 4 for t in payload.values())
+    out: dict = {"payload_mb": mb}
+    buf = torch.zeros(nbytes, dtype=torch.uint8)
+    tcp_s = min(tcp_ceiling_s(nbytes, buf) for _ in range(3))
+    del buf
+    out["tcp_gbps"] = round(nbytes / tcp_s / 1e9, 3)
+    print(f"[{mb} MB] raw TCP loopback: {out['tcp_gbps']} GB/s", flush=True)
+
+    root, address = start_relay(tmp, planes)
+    try:
+        publisher = AsyncPublisher(RelayClient(address, timeout_s=300))
+        out.update(publish_stall(publisher, payload))
+        for plane in planes:
+            client = RelayClient(address, timeout_s=300, plane=plane)
+            staging = torch.zeros(flat_size(client.manifest(0)), dtype=torch.uint8)
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                client.pull(0, staging=staging)
+                times.append(time.perf_counter() - t0)
+            out[f"{plane}_pull_gbps"] = round(nbytes / min(times) / 1e9, 3)
+            out[f"{plane}_ratio"] = round(out[f"{plane}_pull_gbps"] / out["tcp_gbps"], 3)
+            print(f"[{mb} MB] pull via {plane}: {out[f'{plane}_pull_gbps']} GB/s "
+                  f"({out[f'{plane}_ratio']} of TCP)", flush=True)
+            client.close()
+        version = [RelayClient(address).manifest(0).version + 1]
+
+        def publish():
+            RelayClient(address, timeout_s=300).publish(version[0], version[0], payload)
+            version[0] += 1
+
+        for plane in fanout_planes:
+            s = time_to_all_workers([address], plane, workers, publish)
+            out[f"fanout_{plane}_one_relay_s"] = round(s, 3)
+            print(f"[{mb} MB] {workers} workers hold the new version via {plane}, one relay: "
+                  f"{s:.2f} s", flush=True)
+            mids = [start_relay(tmp, planes, upstream=[address]) for _ in range(2)]
+            try:
+                current = RelayClient(address).manifest(0).version
+                for _, mid in mids:  # let the followers catch up before the clock starts
+                    while current not in RelayClient(mid).versions():
+                        time.sleep(0.01)
+                s = time_to_all_workers([a for _, a in mids], plane, workers, publish)
+            finally:
+                for p, _ in mids:
+                    p.terminate()
+                    p.wait()
+            out[f"fanout_{plane}_tree_s"] = round(s, 3)
+            print(f"[{mb} MB] ... through a two-level tree (root -> 2 relays): {s:.2f} s",
+                  flush=True)
+    finally:
+        root.terminate()
+        root.wait()
+    return out
+
+
+def publish_stall(publisher: AsyncPublisher, payload: dict[str, torch.Tensor]) -> dict:
+    """The training loop's stall per publish: publish() plus the fence before the next
+    optimizer update, with a stand-in forward/backward of twice the copy time in between."""
+    snapshot = {k: torch.empty_like(v) for k, v in payload.items()}
+    t0 = time.perf_counter()
+    for k, v in payload.items():
+        snapshot[k].copy_(v)
+    copy_s = time.perf_counter() - t0
+    a = torch.randn(256, 256)
+    stalls = []
+    for version in (1, 2, 3):
+        t0 = time.perf_counter()
+        publisher.publish(version, version, payload)
+        stall = time.perf_counter() - t0
+        busy_until = time.perf_counter() + 2 * copy_s
+        while time.perf_counter() < busy_until:  # forward and backward of the next step
+            a = torch.tanh(a @ a)
+        t0 = time.perf_counter()
+        publisher.fence()
+        stalls.append(stall + time.perf_counter() - t0)
+        for v in payload.values():  # the optimizer update
+            v.add_(1e-3)
+    publisher.wait()
+    send_s = publisher.last_send_s
+    stall = sorted(stalls)[1]
+    print(f"    copy {copy_s * 1e3:.0f} ms, stall per publish {stall * 1e3:.1f} ms "
+          f"({stall / copy_s:.3f} of the copy), background send {send_s:.2f} s", flush=True)
+    return {"copy_s": round(copy_s, 4), "stall_s": round(stall, 4),
+            "stall_over_copy": round(stall / copy_s, 4), "publish_send_s": round(send_s, 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mb", default="64,512,2048")
+    ap.add_argument("--planes", default="grpc,shm,torch_dist,nixl")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--grpc-fanout-max-mb", type=int, default=512,
+                    help="gRPC workers each hold a private copy; above this only shared "
+                    "memory fans out (8 x 2 GB would not fit beside the relays here)")
+    args = ap.parse_args()
+    planes = [p for p in args.planes.split(",") if p]
+    if "nixl" in planes:
+        try:
+            import nixl  # noqa: F401
+        except ImportError:
+            print("nixl is not installed; skipping the nixl plane", flush=True)
+            planes.remove("nixl")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mb in (int(s) for s in args.sizes_mb.split(",")):
+            fanout = [p for p in ("shm", "grpc") if p in planes
+                      and (p != "grpc" or mb <= args.grpc_fanout_max_mb)]
+            results.append(bench_size(mb, planes, args.workers, Path(tmp), fanout))
+    best = {r["payload_mb"]: max(r[f"{p}_ratio"] for p in planes) for r in results}
+    print(json.dumps({"results": results, "fastest_plane_ratio": best,
+                      "grpc_ratio": {r["payload_mb"]: r["grpc_ratio"] for r in results}
+                      if "grpc" in planes else {},
+                      "stall_over_copy": {r["payload_mb"]: r["stall_over_copy"]
+                                          for r in results}}))
+
+
+if __name__ == "__main__":
+    main()

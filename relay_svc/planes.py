@@ -1,0 +1,84 @@
+"""The relay's side of the non-gRPC data planes: each turns a complete stored version into a
+ticket a worker can fetch it with. gRPC carries the ticket; the bytes go another way."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+
+import torch
+
+from relayrl.proto.v1 import relay_pb2
+from relayrl.weights import WeightError
+from relayrl.weights.hostid import host_id
+from relayrl.weights.stored import StoredVersion
+
+log = logging.getLogger(__name__)
+
+Plane = relay_pb2.DataPlane
+
+
+class RelayPlanes:
+    def __init__(self, enabled: list[str], host: str, transfer_timeout_s: float):
+        self.enabled = set(enabled)
+        self.host = host
+        self.timeout = datetime.timedelta(seconds=transfer_timeout_s)
+        self._nixl = None
+
+    def open(self, stored: StoredVersion, request: relay_pb2.OpenPullRequest
+             ) -> relay_pb2.PullTicket:
+        name = relay_pb2.DataPlane.Name(request.plane).removeprefix("DATA_PLANE_").lower()
+        if name not in self.enabled:
+            raise WeightError(f"data plane {name!r} is not enabled on this relay "
+                              f"(relay.data_planes: {sorted(self.enabled)})")
+        ticket = relay_pb2.PullTicket(manifest=stored.manifest.to_proto(), flat_size=stored.size)
+        if request.plane == Plane.DATA_PLANE_SHM:
+            ticket.shm.CopyFrom(self._shm(stored, request.host_id))
+        elif request.plane == Plane.DATA_PLANE_TORCH_DIST:
+            ticket.torch_dist.CopyFrom(self._torch_dist(stored))
+        elif request.plane == Plane.DATA_PLANE_NIXL:
+            ticket.nixl.CopyFrom(self._nixl_agent().offer(stored))
+        else:
+            raise WeightError(f"OpenPull.plane: {name!r} has no ticket; use PullBytes")
+        return ticket
+
+    def close(self, request: relay_pb2.ClosePullRequest) -> None:
+        if request.plane == Plane.DATA_PLANE_NIXL and self._nixl is not None:
+            self._nixl.forget(request.agent_name)
+
+    def _shm(self, stored: StoredVersion, caller_host: str) -> relay_pb2.ShmTicket:
+        if stored.shm_path is None:
+            raise WeightError("shared memory needs relay.shm_dir set on the relay")
+        if caller_host != host_id():
+            raise WeightError("OpenPull.host_id: shared memory needs the worker on the "
+                              "relay's host")
+        return relay_pb2.ShmTicket(path=stored.shm_path, size=stored.size)
+
+    def _torch_dist(self, stored: StoredVersion) -> relay_pb2.TorchDistTicket:
+        import torch.distributed as dist
+
+        store = dist.TCPStore(self.host, 0, 2, True, timeout=self.timeout,
+                              wait_for_workers=False)
+        backend = "gloo"  # the relay's buffer is in host memory; NCCL workers stage via gloo
+
+        def serve() -> None:
+            try:
+                group = dist.ProcessGroupGloo(store, 0, 2, self.timeout)
+                group.broadcast(stored.flat if stored.size else torch.empty(0, dtype=torch.uint8),
+                                0).wait()
+            except Exception as err:  # the worker gave up or died; it will retry
+                log.warning("torch.distributed send of version %d failed: %s",
+                            stored.version, err)
+
+        threading.Thread(target=serve, name=f"dist-v{stored.version}", daemon=True).start()
+        return relay_pb2.TorchDistTicket(store_host=self.host, store_port=store.port,
+                                         backend=backend,
+                                         timeout_s=self.timeout.total_seconds())
+
+    def _nixl_agent(self):
+        if self._nixl is None:
+            from relayrl.weights.nixl_plane import NixlServer
+
+            self._nixl = NixlServer()
+        return self._nixl

@@ -1,0 +1,152 @@
+"""One version held by a relay: a flat buffer filled in order, which readers may follow
+while it is still arriving (so a relay tree forwards bytes instead of whole versions)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from enum import Enum
+
+import torch
+
+from relayrl.weights.layout import ALIGN, flat_size, shard_offsets
+from relayrl.weights.manifest import Manifest, WeightError, checksum
+
+
+class State(Enum):
+    PENDING = "pending"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+class StoredVersion:
+    def __init__(self, manifest: Manifest, shm_dir: str | None = None):
+        self.manifest = manifest
+        self.size = flat_size(manifest)
+        self.offsets = shard_offsets(manifest)
+        self.shm_path: str | None = None
+        if shm_dir is None:
+            self.flat = torch.empty(self.size, dtype=torch.uint8)
+        else:
+            self.flat = self._shm_buffer(shm_dir)
+        self._view = memoryview(self.flat.numpy()) if self.size else memoryview(b"")
+        self.filled = 0
+        self.state = State.PENDING
+        self.error = ""
+        self._cond = threading.Condition()
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    def _shm_buffer(self, shm_dir: str) -> torch.Tensor:
+        name = f"relayrl-{os.getpid()}-v{self.manifest.version}-{uuid.uuid4().hex[:8]}"
+        self.shm_path = os.path.join(shm_dir, name)
+        fd = os.open(self.shm_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, max(self.size, 1))
+            mapped = mmap.mmap(fd, max(self.size, 1))
+        finally:
+            os.close(fd)
+        return torch.frombuffer(mapped, dtype=torch.uint8)[:self.size]
+
+    def release(self) -> None:
+        """Drop the shared-memory name; readers that mapped it keep their mapping."""
+        if self.shm_path is not None:
+            try:
+                os.unlink(self.shm_path)
+            except FileNotFoundError:
+                pass
+
+    # -- writing -------------------------------------------------------------------------
+
+    def write_shard(self, shard: str, offset: int, data: bytes | memoryview) -> None:
+        """Bytes of one shard; shards must arrive in manifest order, each in order."""
+        if shard not in self.offsets:
+            raise WeightError(f"version {self.version} has no shard {shard!r}")
+        info = self.manifest.shard(shard)
+        if offset < 0 or offset + len(data) > info.nbytes:
+            raise WeightError(f"chunk for shard {shard!r} at offset {offset} does not fit "
+                              f"its {info.nbytes} bytes")
+        flat_off = self.offsets[shard] + offset
+        if offset == 0 and self.filled <= flat_off < self.filled + ALIGN:
+            self.filled = flat_off  # skip the padding before a shard
+        self.write_flat(flat_off, data)
+
+    def write_flat(self, offset: int, data: bytes | memoryview) -> None:
+        if self.state is not State.PENDING:
+            raise WeightError(f"version {self.version} is {self.state.value}, not writable")
+        if offset != self.filled:
+            raise WeightError(f"version {self.version}: bytes at offset {offset} arrived out "
+                              f"of order (expected {self.filled})")
+        end = offset + len(data)
+        if end > self.size:
+            raise WeightError(f"version {self.version}: {end} bytes exceed its layout size "
+                              f"{self.size}")
+        self._view[offset:end] = data
+        with self._cond:
+            self.filled = end
+            self._cond.notify_all()
+
+    def commit(self) -> None:
+        """Verify every shard in place; the version becomes readable as complete, or fails."""
+        try:
+            if self.filled != self.size:
+                raise WeightError(f"version {self.version}: received {self.filled} of "
+                                  f"{self.size} bytes")
+            for s in self.manifest.shards:
+                off = self.offsets[s.name]
+                if checksum(self._view[off:off + s.nbytes]) != s.checksum:
+                    raise WeightError(f"shard {s.name!r}: checksum mismatch")
+        except WeightError as err:
+            self.fail(str(err))
+            raise
+        with self._cond:
+            self.state = State.COMPLETE
+            self._cond.notify_all()
+
+    def fail(self, error: str) -> None:
+        with self._cond:
+            if self.state is State.PENDING:
+                self.state, self.error = State.FAILED, error
+            self._cond.notify_all()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def read(self, start: int, end: int, chunk_bytes: int, stall_timeout_s: float
+             ) -> Iterator[memoryview]:
+        """Consecutive slices of [start, end), each yielded as soon as it has arrived."""
+        end = end or self.size
+        if not 0 <= start <= end <= self.size:
+            raise WeightError(f"range [{start}, {end}) is outside version {self.version}'s "
+                              f"{self.size} bytes")
+        pos = start
+        while pos < end:
+            with self._cond:
+                deadline = time.monotonic() + stall_timeout_s
+                while self.filled <= pos and self.state is State.PENDING:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise WeightError(f"version {self.version} stalled at byte "
+                                          f"{self.filled} for {stall_timeout_s:.0f}s")
+                    self._cond.wait(left)
+                if self.state is State.FAILED:
+                    raise WeightError(f"version {self.version} failed: {self.error}")
+                avail = min(self.filled, end)
+            while pos < avail:
+                stop = min(pos + chunk_bytes, avail)
+                yield self._view[pos:stop]
+                pos = stop
+        if self.state is not State.COMPLETE:
+            self.wait_complete(stall_timeout_s)  # never end a stream on unverified bytes
+
+    def wait_complete(self, timeout_s: float) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.state is not State.PENDING, timeout_s):
+                raise WeightError(f"version {self.version} not complete after {timeout_s:.0f}s")
+            if self.state is State.FAILED:
+                raise WeightError(f"version {self.version} failed: {self.error}")

@@ -1,0 +1,68 @@
+"""The asynchronous publisher: snapshots are taken before the weights change, sends never
+block training, and a version that could not be sent in time gives way to a newer one."""
+
+import threading
+
+import torch
+
+from relayrl.weights import VersionStore
+from trainer_svc.publisher import AsyncPublisher
+
+
+class GatedStore(VersionStore):
+    """A relay whose publishes wait for the test to open the gate."""
+
+    def __init__(self):
+        super().__init__(keep_versions=8)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+
+    def publish(self, version, step, tensors):
+        self.started.set()
+        assert self.gate.wait(10)
+        return super().publish(version, step, tensors)
+
+
+def test_the_snapshot_is_the_state_at_publish_time():
+    store = VersionStore(4)
+    pub = AsyncPublisher(store)
+    w = {"w": torch.zeros(1000)}
+    pub.publish(1, 1, w)
+    pub.fence()
+    w["w"].add_(5.0)  # the optimizer step that follows the fence
+    pub.wait()
+    assert torch.equal(store.pull(1)["w"], torch.zeros(1000))
+    pub.close()
+
+
+def test_a_slow_relay_never_blocks_training_and_the_newest_version_wins():
+    store = GatedStore()
+    pub = AsyncPublisher(store)
+    w = {"w": torch.zeros(10)}
+    pub.publish(1, 1, w)
+    assert store.started.wait(10)  # version 1 is stuck in the send
+    for v in (2, 3, 4):
+        pub.fence()
+        w["w"].fill_(float(v - 1))
+        pub.publish(v, v, w)  # returns although the relay is blocked
+    pub.fence()
+    store.gate.set()
+    pub.wait()
+    assert store.versions() == [1, 4]
+    assert torch.equal(store.pull(4)["w"], torch.full((10,), 3.0))
+    assert pub.versions_published == 2 and pub.versions_skipped == 2
+    pub.close()
+
+
+def test_a_failed_send_is_counted_and_the_next_version_goes_through():
+    store = VersionStore(4)
+    pub = AsyncPublisher(store)
+    pub.publish(2, 2, {"w": torch.ones(3)})
+    pub.wait()
+    pub.publish(1, 1, {"w": torch.ones(3)})  # not newer: the relay refuses it
+    pub.wait()
+    assert pub.failures == 1
+    pub.publish(3, 3, {"w": torch.ones(3)})
+    pub.wait()
+    assert store.versions() == [2, 3] and pub.published_version == 3
+    pub.close()

@@ -25,7 +25,8 @@ class SchedulerCore(LeaseClient):
         self.policy = LeasePolicy(lease_ttl_s=cfg.scheduler.lease_ttl_s,
                                   max_attempts=cfg.scheduler.max_attempts,
                                   max_inflight=cfg.inflight_limit,
-                                  max_prompts=cfg.scheduler.max_prompts)
+                                  max_prompts=cfg.scheduler.max_prompts,
+                                  start_after_workers=cfg.scheduler.start_after_workers)
         self.redis = redis
         self.keys = RunKeys(cfg.run_id)
         self.task = make_task(cfg.task)

@@ -48,6 +48,8 @@ class LeasePolicy:
     max_attempts: int
     max_inflight: int
     max_prompts: int = 0  # 0 = unlimited
+    start_after_workers: int = 0  # a gate that opens once, when this many have registered
+    started: bool = False
     cursor: int = 0  # next never-handed-out prompt id
     finished: int = 0  # prompts the trainer has stepped past (trained or dropped as stale)
     requeue: deque[int] = field(default_factory=deque)
@@ -98,6 +100,10 @@ class LeasePolicy:
         if worker_id not in self.workers:
             self.register(worker_id, now)
         self.workers[worker_id].last_seen = now
+        if not self.started:
+            if len(self.workers) < self.start_after_workers:
+                return []
+            self.started = True
         grants = []
         while len(grants) < max_prompts:
             if self.requeue:

@@ -94,6 +94,11 @@ class SchedulerConfig(StrictModel):
     max_prompts: int = Field(
         0, ge=0, description="Distinct prompts to hand out in total; 0 means unlimited."
     )
+    start_after_workers: int = Field(
+        0, ge=0, le=100_000,
+        description="Hand out the first lease only once this many workers have registered, "
+        "so the first worker up does not take the whole start of the run; 0 starts at once.",
+    )
 
 
 class BufferConfig(StrictModel):

@@ -90,3 +90,12 @@ def test_done_after_the_last_prompt_is_delivered():
 def test_bad_request_size():
     with pytest.raises(ValueError, match="max_prompts"):
         policy().acquire("w0", 0, now=0.0)
+
+
+def test_first_lease_waits_for_enough_workers_then_the_gate_stays_open():
+    p = policy(start_after_workers=2)
+    assert p.acquire("w0", 1, now=0.0) == []
+    p.register("w1", now=1.0)
+    assert [g.prompt_id for g in p.acquire("w0", 1, now=1.0)] == [0]
+    del p.workers["w1"]  # a worker lost later does not close the gate again
+    assert [g.prompt_id for g in p.acquire("w0", 1, now=2.0)] == [1]

@@ -9,7 +9,10 @@ from __future__ import annotations
 import logging
 import threading
 
+import grpc
+
 from buffer_svc.assembler import GroupAssembler, ReadyBatch
+from buffer_svc.submit import Submissions
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import BUFFER_GROUP, RunKeys
@@ -34,6 +37,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         self.samples_read = 0
         self.samples_rejected = 0
         self.batches_emitted = 0
+        self.submissions = Submissions(redis, self.keys, cfg.buffer.group_size)
         ensure_group(self.r, self.keys.trajectories, BUFFER_GROUP)
 
     def _already_batched(self, prompt_id: int) -> bool:
@@ -94,7 +98,18 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                 partial_groups=len(self.asm.partial), ready_groups=len(self.asm.ready),
                 trajectory_stream_len=self.r.xlen(self.keys.trajectories),
                 batch_stream_len=self.r.xlen(self.keys.batches),
-                samples_rejected=self.samples_rejected)
+                samples_rejected=self.samples_rejected,
+                groups_submitted=self.submissions.accepted,
+                submits_refused=self.submissions.refused)
+
+    def Submit(self, request, context):
+        try:
+            prompt_id = self.submissions.submit(request)
+        except CodecError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        log.info("accepted an external group from %s as prompt %d",
+                 request.source or "an unnamed source", prompt_id)
+        return buffer_pb2.SubmitResponse(prompt_id=prompt_id)
 
 
 def serve(cfg: RunConfig) -> None:

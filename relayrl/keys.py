@@ -24,6 +24,22 @@ class RunKeys:
     def trainer_version(self) -> str:
         return self._k("trainer:version")
 
+    @property
+    def prompts_finished(self) -> str:
+        """Scheduler prompts the trainer has stepped past (trained or dropped as stale), as of
+        its latest step; what frees room under the scheduler's in-flight cap."""
+        return self._k("trainer:prompts_finished")
+
+    @property
+    def external_ids(self) -> str:
+        """Counter of prompt ids given to externally submitted groups."""
+        return self._k("buffer:external_ids")
+
+    @property
+    def partials(self) -> str:
+        """Hash of prompt id -> saved PartialGroup of prompts being generated in segments."""
+        return self._k("scheduler:partials")
+
     def ledger(self, name: str) -> str:
         """Sets of prompt ids: leased, failed, batched, consumed, dropped."""
         assert name in LEDGER_SETS, name
@@ -31,5 +47,12 @@ class RunKeys:
 
 
 LEDGER_SETS = ("leased", "failed", "batched", "consumed", "dropped")
+# Groups submitted from outside the scheduler (custom rollouts) get prompt ids from here up,
+# so they never collide with the scheduler's and the books of both stay separate.
+EXTERNAL_PROMPT_BASE = 1 << 40
+
+
+def is_external(prompt_id: int) -> bool:
+    return prompt_id >= EXTERNAL_PROMPT_BASE
 BUFFER_GROUP = "buffer"
 TRAINER_GROUP = "trainer"

@@ -20,6 +20,7 @@ class LeasedPrompt:
     text: str
     reference: str
     attempt: int
+    partial_state: bytes = b""  # a PartialGroup to resume; empty for a fresh prompt
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,14 @@ class LeaseClient(ABC):
     @abstractmethod
     def complete(self, worker_id: str, lease_id: str) -> bool:
         """True if the delivery counted; False if the lease had lapsed and was re-issued."""
+
+    @abstractmethod
+    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> bool:
+        """Keep the lease's unfinished token state; False if the worker lost the lease."""
+
+    @abstractmethod
+    def release(self, worker_id: str, lease_id: str, state: bytes = b"") -> bool:
+        """Hand an unfinished lease back for re-issue now, with state to resume from."""
 
     @abstractmethod
     def heartbeat(self, worker_id: str, policy_version: int) -> bool:
@@ -63,13 +72,22 @@ class GrpcLeaseClient(LeaseClient):
             scheduler_pb2.LeaseRequest(worker_id=worker_id, max_prompts=max_prompts),
             timeout=self.timeout_s)
         leases = [LeasedPrompt(lease.lease_id, lease.prompt.prompt_id, lease.prompt.text,
-                               lease.prompt.reference, lease.attempt) for lease in resp.leases]
+                               lease.prompt.reference, lease.attempt, lease.partial_state)
+                  for lease in resp.leases]
         return LeaseBatch(leases, resp.done, resp.retry_after_s)
 
     def complete(self, worker_id: str, lease_id: str) -> bool:
         return self._stub.Complete(
             scheduler_pb2.CompleteRequest(worker_id=worker_id, lease_id=lease_id),
             timeout=self.timeout_s).accepted
+
+    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> bool:
+        return self._stub.SaveProgress(scheduler_pb2.SaveProgressRequest(
+            worker_id=worker_id, lease_id=lease_id, state=state), timeout=self.timeout_s).accepted
+
+    def release(self, worker_id: str, lease_id: str, state: bytes = b"") -> bool:
+        return self._stub.Release(scheduler_pb2.ReleaseRequest(
+            worker_id=worker_id, lease_id=lease_id, state=state), timeout=self.timeout_s).accepted
 
     def heartbeat(self, worker_id: str, policy_version: int) -> bool:
         return self._stub.Heartbeat(

@@ -24,17 +24,29 @@ class Sample:
     reward: float
     finish_reason: str = "stop"
     reward_error: str = ""
+    # uint8 [R]: 1 on tokens the policy produced, 0 on tokens a tool or environment inserted
+    # into a multi-turn response; None means every response token is the policy's
+    loss_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.prompt_tokens = np.asarray(self.prompt_tokens, dtype=np.int32)
         self.response_tokens = np.asarray(self.response_tokens, dtype=np.int32)
         self.logprobs = np.asarray(self.logprobs, dtype=np.float32)
         self.versions = np.asarray(self.versions, dtype=np.int64)
+        if self.loss_mask is not None:
+            self.loss_mask = np.asarray(self.loss_mask, dtype=np.uint8)
         validate_sample(self)
 
     @property
+    def policy_token_mask(self) -> np.ndarray:
+        if self.loss_mask is None:
+            return np.ones(len(self.response_tokens), dtype=bool)
+        return self.loss_mask.astype(bool)
+
+    @property
     def oldest_version(self) -> int:
-        return int(self.versions.min())
+        """The oldest version among the tokens the policy produced: what staleness is."""
+        return int(self.versions[self.policy_token_mask].min())
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -48,6 +60,7 @@ class Sample:
             "reward": float(self.reward),
             "finish_reason": self.finish_reason,
             "reward_error": self.reward_error,
+            **({} if self.loss_mask is None else {"loss_mask": encode_array(self.loss_mask)}),
         }
 
     @classmethod
@@ -67,6 +80,8 @@ class Sample:
             reward=float(obj["reward"]),
             finish_reason=obj["finish_reason"],
             reward_error=obj["reward_error"],
+            loss_mask=(decode_array(obj["loss_mask"], f"{where}.loss_mask")
+                       if "loss_mask" in obj else None),
         )
 
 
@@ -94,7 +109,16 @@ def validate_sample(s: Sample) -> None:
         raise CodecError(f"sample.logprobs: {len(s.logprobs)} values for {n} response tokens")
     if len(s.versions) != n:
         raise CodecError(f"sample.versions: {len(s.versions)} values for {n} response tokens")
-    if not np.all(np.isfinite(s.logprobs)) or np.any(s.logprobs > 1e-4):
+    if s.loss_mask is not None:
+        if s.loss_mask.ndim != 1 or len(s.loss_mask) != n:
+            raise CodecError(f"sample.loss_mask: {s.loss_mask.size} values for {n} response "
+                             "tokens")
+        if np.any(s.loss_mask > 1):
+            raise CodecError("sample.loss_mask: values must be 0 or 1")
+        if not s.loss_mask.any():
+            raise CodecError("sample.loss_mask: no token is the policy's (all zero)")
+    mine = s.policy_token_mask
+    if not np.all(np.isfinite(s.logprobs)) or np.any(s.logprobs[mine] > 1e-4):
         raise CodecError("sample.logprobs: must be finite and <= 0")
     if np.any(s.versions < 0):
         raise CodecError("sample.versions: must be >= 0")

@@ -1,31 +1,63 @@
-"""The engine interface every generation backend implements."""
+"""The engine interface every generation backend implements.
+
+An engine turns contexts into completions under the weights it currently holds. A context is
+a prompt plus whatever was already generated for it, so continuing a sequence after a weight
+swap (a partial rollout's next segment) is just another call: the engine re-prefills it under
+the new version. The caller tags each token with the version the engine held.
+"""
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
+from relayrl.generation import Completion
 
-@dataclass
-class Generation:
-    tokens: list[int]
-    logprobs: list[float]  # under the sampling policy, per token
-    versions: list[int]  # policy version that produced each token
-    finish_reason: str
+__all__ = ["Completion", "Engine", "SamplingSpec"]
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    max_new_tokens: int
+    temperature: float = 1.0
+    greedy: bool = False
+    seed: int | None = None  # per-call seed; None continues the engine's own stream
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature: must be > 0, got {self.temperature}")
 
 
 class Engine(ABC):
+    """Implementations serialise their own calls: the worker loop and the custom-rollout
+    APIs share one engine from several threads."""
+
+    name: str = "engine"
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+
     @property
     @abstractmethod
     def version(self) -> int:
         """The policy version the engine currently runs."""
 
     @abstractmethod
-    def generate(self, prompt_tokens: list[int], n: int) -> list[Generation]:
-        """n sampled completions of one prompt."""
+    def generate(self, contexts: list[list[int]], spec: SamplingSpec) -> list[Completion]:
+        """One completion per context. Log-probabilities are those of the distribution the
+        token was sampled from (after temperature). finish_reason is "stop" when the
+        end-of-sequence token was produced (it is included) and "length" when the budget ran
+        out."""
 
     @abstractmethod
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
-        """Swap in a whole, verified version; never leaves a half-loaded model behind."""
+        """Swap in a whole, verified version; never leaves a half-loaded model behind: every
+        name, shape and dtype is checked before the first byte changes."""
+
+    def stats(self) -> dict[str, float]:
+        return {}

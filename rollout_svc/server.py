@@ -1,9 +1,11 @@
-"""Rollout worker process: engine + loop + a gRPC status endpoint."""
+"""Rollout worker process: engine + loop, a gRPC endpoint for status and custom rollouts, and
+optionally the OpenAI-compatible HTTP server."""
 
 from __future__ import annotations
 
 import logging
 
+import grpc
 import torch
 
 from relayrl.config import RunConfig
@@ -17,15 +19,17 @@ from relayrl.service import ServiceRunner
 from relayrl.streams import TrajectoryWriter
 from relayrl.tasks import make_task
 from relayrl.weights.client import RelayClient
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.custom import CustomGenerator
+from rollout_svc.engines import make_engine
 from rollout_svc.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 
 
-class RolloutStatusServicer(rollout_pb2_grpc.RolloutServicer):
-    def __init__(self, worker: RolloutWorker):
+class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
+    def __init__(self, worker: RolloutWorker, generator: CustomGenerator):
         self.worker = worker
+        self.gen = generator
 
     def Status(self, request, context):
         w = self.worker
@@ -33,14 +37,50 @@ class RolloutStatusServicer(rollout_pb2_grpc.RolloutServicer):
             worker_id=w.worker_id, policy_version=w.engine.version,
             samples_generated=w.samples_generated, weight_swaps=w.weight_swaps,
             versions_used=sorted(w.versions_used), weight_pull_failures=w.pull_failures,
-            bytes_pulled=w.bytes_pulled, last_pull_s=w.last_pull_s)
+            bytes_pulled=w.bytes_pulled, last_pull_s=w.last_pull_s, segments=w.segments,
+            mid_sequence_swaps=w.mid_sequence_swaps, groups_resumed=w.groups_resumed,
+            leases_released=w.leases_released, engine=w.engine.name)
+
+    def _request(self, request, context):
+        try:
+            return self.gen.request(
+                text=request.text, token_ids=list(request.token_ids),
+                max_new_tokens=request.max_new_tokens, temperature=request.temperature,
+                n=request.n, greedy=request.greedy, seed=request.seed, where="GenerateRequest")
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+    def Generate(self, request, context):
+        req = self._request(request, context)
+        version, outs = self.gen.generate(req)
+        return rollout_pb2.GenerateResponse(
+            prompt_token_ids=req.prompt, policy_version=version,
+            sequences=[rollout_pb2.GeneratedSequence(
+                token_ids=o.tokens, logprobs=o.logprobs, versions=[version] * len(o.tokens),
+                finish_reason=o.finish_reason, text=self.gen.decode(o.tokens)) for o in outs])
+
+    def GenerateStream(self, request, context):
+        req = self._request(request, context)
+        try:
+            chunks = self.gen.stream(req, request.chunk_tokens or 1)
+            first = True
+            for c in chunks:
+                yield rollout_pb2.GenerateChunk(
+                    index=c.index, token_ids=c.tokens, logprobs=c.logprobs,
+                    policy_version=c.version, finish_reason=c.finish_reason,
+                    text=self.gen.decode(c.tokens),
+                    prompt_token_ids=req.prompt if first else [])
+                first = False
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"GenerateRequest.{err}")
 
 
 def serve(cfg: RunConfig) -> None:
     setup_logging(cfg.rollout.worker_id)
     torch.set_num_threads(cfg.rollout.torch_threads)
-    lm = load_model(resolve_model_path(cfg.model, cfg.task))
-    engine = TorchEngine(lm, cfg.rollout)
+    model_path = resolve_model_path(cfg.model, cfg.task)
+    lm = load_model(model_path)
+    engine = make_engine(cfg, lm, model_path)
     redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
     scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address)
     relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s, cfg.rollout.weight_plane)
@@ -48,7 +88,20 @@ def serve(cfg: RunConfig) -> None:
     worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
                            TrajectoryWriter(redis, RunKeys(cfg.run_id)),
                            make_task(cfg.task).reward_name)
+    generator = CustomGenerator(engine, lm, cfg.rollout)
     runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.address,
                            [(rollout_pb2_grpc.add_RolloutServicer_to_server,
-                             RolloutStatusServicer(worker))])
-    runner.run(worker.run)
+                             RolloutServicer(worker, generator))])
+    http = None
+    if cfg.rollout.http_base_port:
+        from rollout_svc.openai_api import OpenAIServer
+
+        http = OpenAIServer(generator, cfg.rollout.http_host,
+                            cfg.rollout.http_base_port + cfg.rollout.worker_index,
+                            model_name=cfg.rollout.served_model_name)
+        http.start()
+    try:
+        runner.run(worker.run)
+    finally:
+        if http is not None:
+            http.stop()

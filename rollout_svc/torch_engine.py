@@ -2,44 +2,62 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from relayrl.config import RolloutConfig
-from relayrl.generation import sample
+from relayrl.generation import Completion, sample
 from relayrl.models import LoadedModel
-from rollout_svc.engine import Engine, Generation
+from rollout_svc.engine import Engine, SamplingSpec
+
+
+def check_state_dict(current: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor],
+                     version: int) -> None:
+    """Refuse a version whose names, shapes or dtypes differ from the model's."""
+    missing, extra = set(current) - set(tensors), set(tensors) - set(current)
+    if missing or extra:
+        raise ValueError(f"version {version}: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(extra)[:5]}")
+    for name, t in tensors.items():
+        if current[name].shape != t.shape or current[name].dtype != t.dtype:
+            raise ValueError(f"version {version}: shard {name} is {t.dtype}{tuple(t.shape)}, "
+                             f"model has {current[name].dtype}{tuple(current[name].shape)}")
 
 
 class TorchEngine(Engine):
-    def __init__(self, lm: LoadedModel, cfg: RolloutConfig, version: int = 0):
+    name = "torch"
+
+    def __init__(self, lm: LoadedModel, seed: int = 0, version: int = 0):
+        super().__init__()
         self.lm = lm
-        self.cfg = cfg
         self._version = version
-        self.generator = torch.Generator().manual_seed(cfg.seed * 1000 + cfg.worker_index)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.tokens_generated = 0
+        self.busy_s = 0.0
 
     @property
     def version(self) -> int:
         return self._version
 
-    def generate(self, prompt_tokens: list[int], n: int) -> list[Generation]:
-        outs = sample(
-            self.lm.model, [prompt_tokens] * n, max_new_tokens=self.cfg.max_new_tokens,
-            eos_id=self.lm.eos_id, pad_id=self.lm.pad_id, temperature=self.cfg.temperature,
-            generator=self.generator,
-        )
-        return [Generation(o.tokens, o.logprobs, [self._version] * len(o.tokens), o.finish_reason)
-                for o in outs]
+    def generate(self, contexts: list[list[int]], spec: SamplingSpec) -> list[Completion]:
+        generator = self.generator
+        if spec.seed is not None:
+            generator = torch.Generator().manual_seed(spec.seed)
+        with self.lock:
+            t0 = time.monotonic()
+            outs = sample(self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
+                          eos_id=self.lm.eos_id, pad_id=self.lm.pad_id,
+                          temperature=spec.temperature, greedy=spec.greedy,
+                          generator=generator)
+            self.busy_s += time.monotonic() - t0
+        self.tokens_generated += sum(len(o.tokens) for o in outs)
+        return outs
 
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
-        current = self.lm.model.state_dict()
-        missing, extra = set(current) - set(tensors), set(tensors) - set(current)
-        if missing or extra:
-            raise ValueError(f"version {version}: missing {sorted(missing)[:5]}, "
-                             f"unexpected {sorted(extra)[:5]}")
-        for name, t in tensors.items():
-            if current[name].shape != t.shape or current[name].dtype != t.dtype:
-                raise ValueError(f"version {version}: shard {name} is {t.dtype}{tuple(t.shape)}, "
-                                 f"model has {current[name].dtype}{tuple(current[name].shape)}")
-        # every check passed before the first byte changes: the swap cannot stop half-way
-        self.lm.model.load_state_dict(tensors, strict=True)
-        self._version = version
+        with self.lock:
+            check_state_dict(self.lm.model.state_dict(), tensors, version)
+            self.lm.model.load_state_dict(tensors, strict=True)
+            self._version = version
+
+    def stats(self) -> dict[str, float]:
+        return {"tokens_generated": self.tokens_generated, "busy_s": self.busy_s}

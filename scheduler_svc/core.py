@@ -10,9 +10,11 @@ import logging
 import threading
 import time
 
+from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
 from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt
+from relayrl.partial import PartialGroup
 from relayrl.tasks import make_task
 from scheduler_svc.policy import LeasePolicy
 
@@ -32,13 +34,16 @@ class SchedulerCore(LeaseClient):
         self.task = make_task(cfg.task)
         self.clock = clock
         self.lock = threading.Lock()
+        # saved token state of prompts generated in segments, mirrored to Redis
+        self.partials: dict[int, bytes] = {
+            int(k): v for k, v in (redis.hgetall(self.keys.partials) or {}).items()}
 
     def refresh(self) -> None:
-        """Expire lapsed leases and learn how far the trainer has got: each of its steps
-        takes one batch of `groups_per_batch` prompts (trained or dropped as stale)."""
-        trainer_step = int(self.redis.get(self.keys.trainer_version) or 0)
+        """Expire lapsed leases and learn how many of its prompts the trainer has stepped past
+        (trained or dropped as stale)."""
+        finished = int(self.redis.get(self.keys.prompts_finished) or 0)
         with self.lock:
-            self.policy.set_finished(trainer_step * self.cfg.buffer.groups_per_batch)
+            self.policy.set_finished(finished)
             failed_before = set(self.policy.failed)
             lapsed = self.policy.expire(self.clock())
             newly_failed = self.policy.failed - failed_before
@@ -47,6 +52,7 @@ class SchedulerCore(LeaseClient):
                         lease.prompt_id, lease.worker_id, lease.attempt)
         if newly_failed:
             self.redis.sadd(self.keys.ledger("failed"), *sorted(newly_failed))
+            self._forget_partials(newly_failed)
 
     def register(self, worker_id: str, address: str) -> None:
         if not worker_id:
@@ -70,12 +76,71 @@ class SchedulerCore(LeaseClient):
         leases = []
         for g in grants:
             p = self.task.problem(g.prompt_id)
-            leases.append(LeasedPrompt(g.lease_id, p.prompt_id, p.text, p.reference, g.attempt))
+            leases.append(LeasedPrompt(g.lease_id, p.prompt_id, p.text, p.reference, g.attempt,
+                                       self.partials.get(g.prompt_id, b"")))
         return LeaseBatch(leases, done, 0.0 if leases else 0.05)
 
     def complete(self, worker_id: str, lease_id: str) -> bool:
         with self.lock:
-            return self.policy.complete(lease_id, worker_id)
+            prompt_id = self.policy.holder_prompt(lease_id, worker_id)
+            if prompt_id is None:  # a late delivery of a lapsed lease may still count
+                prompt_id = self.policy.expired.get(lease_id)
+            accepted = self.policy.complete(lease_id, worker_id)
+        if accepted and prompt_id is not None:
+            self._forget_partials([prompt_id])
+        return accepted
+
+    def _check_state(self, state: bytes, prompt_id: int, where: str) -> None:
+        limit = self.cfg.scheduler.max_partial_state_bytes
+        if len(state) > limit:
+            raise ValueError(f"{where}.state: {len(state)} bytes, more than "
+                             f"scheduler.max_partial_state_bytes ({limit})")
+        try:
+            PartialGroup.decode(state, prompt_id, self.cfg.rollout.samples_per_prompt)
+        except CodecError as err:
+            raise ValueError(f"{where}.state: {err}") from None
+
+    def _keep_partial(self, prompt_id: int, state: bytes) -> None:
+        self.redis.hset(self.keys.partials, str(prompt_id), state)
+        self.partials[prompt_id] = state
+
+    def _forget_partials(self, prompt_ids) -> None:
+        ids = [i for i in prompt_ids if i in self.partials]
+        if ids:
+            self.redis.hdel(self.keys.partials, *map(str, ids))
+            for i in ids:
+                self.partials.pop(i, None)
+
+    def _prompt_of(self, worker_id: str, lease_id: str) -> int | None:
+        with self.lock:
+            return self.policy.holder_prompt(lease_id, worker_id)
+
+    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> bool:
+        prompt_id = self._prompt_of(worker_id, lease_id)
+        if prompt_id is None:
+            return False
+        self._check_state(state, prompt_id, "SaveProgress")
+        with self.lock:  # the lease may have lapsed while the state was checked
+            if self.policy.holder_prompt(lease_id, worker_id) is None:
+                return False
+            self._keep_partial(prompt_id, state)
+        return True
+
+    def release(self, worker_id: str, lease_id: str, state: bytes = b"") -> bool:
+        prompt_id = self._prompt_of(worker_id, lease_id)
+        if prompt_id is None:
+            return False
+        if state:
+            self._check_state(state, prompt_id, "Release")
+        with self.lock:
+            if self.policy.holder_prompt(lease_id, worker_id) is None:
+                return False
+            if state:  # kept before the prompt can be leased again
+                self._keep_partial(prompt_id, state)
+            self.policy.release(lease_id, worker_id)
+        log.info("worker %s handed back prompt %d%s", worker_id, prompt_id,
+                 " with its token state" if state else "")
+        return True
 
     def heartbeat(self, worker_id: str, policy_version: int) -> bool:
         with self.lock:

@@ -40,6 +40,7 @@ class Counters:
     leases_granted: int = 0
     leases_completed: int = 0
     leases_expired: int = 0
+    leases_released: int = 0
 
 
 @dataclass
@@ -147,6 +148,24 @@ class LeasePolicy:
             self.counters.leases_completed += 1
             return True
         return False
+
+    def holder_prompt(self, lease_id: str, worker_id: str) -> int | None:
+        """The prompt of a lease the worker still holds, else None."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id:
+            return None
+        return lease.prompt_id
+
+    def release(self, lease_id: str, worker_id: str) -> bool:
+        """The worker hands an unfinished lease back: its prompt goes to the front of the
+        queue at once, and the hand-back does not count as a failed attempt."""
+        if self.holder_prompt(lease_id, worker_id) is None:
+            return False
+        lease = self.leases.pop(lease_id)
+        self.attempts[lease.prompt_id] = lease.attempt - 1
+        self.requeue.appendleft(lease.prompt_id)
+        self.counters.leases_released += 1
+        return True
 
     def expire(self, now: float) -> list[ActiveLease]:
         lapsed = [lease for lease in self.leases.values() if lease.deadline <= now]

@@ -40,7 +40,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         leases = [scheduler_pb2.Lease(
             lease_id=lp.lease_id, attempt=lp.attempt, ttl_s=ttl,
             prompt=scheduler_pb2.Prompt(prompt_id=lp.prompt_id, text=lp.text,
-                                        reference=lp.reference))
+                                        reference=lp.reference),
+            partial_state=lp.partial_state)
             for lp in batch.leases]
         return scheduler_pb2.LeaseResponse(leases=leases, done=batch.done,
                                            retry_after_s=batch.retry_after_s)
@@ -48,6 +49,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def Complete(self, request, context):
         return scheduler_pb2.CompleteResponse(
             accepted=self.core.complete(request.worker_id, request.lease_id))
+
+    def SaveProgress(self, request, context):
+        try:
+            accepted = self.core.save_progress(request.worker_id, request.lease_id, request.state)
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return scheduler_pb2.SaveProgressResponse(accepted=accepted)
+
+    def Release(self, request, context):
+        try:
+            accepted = self.core.release(request.worker_id, request.lease_id, request.state)
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return scheduler_pb2.ReleaseResponse(accepted=accepted)
 
     def Heartbeat(self, request, context):
         return scheduler_pb2.HeartbeatResponse(
@@ -60,6 +75,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 handed_out=p.handed_out, leases_granted=p.counters.leases_granted,
                 leases_completed=p.counters.leases_completed,
                 leases_expired=p.counters.leases_expired, active_leases=len(p.leases),
+                leases_released=p.counters.leases_released,
+                partial_groups=len(self.core.partials),
                 failed=len(p.failed), finished=p.finished, workers=len(p.workers), done=p.done,
                 worker_versions={w: s.policy_version for w, s in p.workers.items()})
 

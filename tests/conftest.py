@@ -49,7 +49,7 @@ def small_stack_config(tmp: Path, *, steps: int, groups_per_batch: int = 2,
         "trainer": {"endpoint": {"port": ports[3]}, "max_steps": steps, "max_staleness": 1,
                     "checkpoint_every": 4, "eval_every": 5, "progress": False},
         "rollout": {"base_port": ports[4], "num_workers": 2, "samples_per_prompt": group_size,
-                    "max_new_tokens": 3},
+                    "max_new_tokens": 3, "segment_tokens": 2},
     }
 
 

@@ -55,7 +55,7 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
         ids[i, p:p + r] = torch.from_numpy(s.response_tokens.astype("int64"))
         attn[i, :p + r] = 1
         # logits at position t predict token t+1: response token j sits at p+j, predicted at p+j-1
-        resp_mask[i, p - 1:p - 1 + r] = 1.0
+        resp_mask[i, p - 1:p - 1 + r] = torch.from_numpy(s.policy_token_mask.astype("float32"))
         behaviour[i, p - 1:p - 1 + r] = torch.from_numpy(s.logprobs.copy())
     return TrainBatch(
         input_ids=ids, attention_mask=attn, response_mask=resp_mask,

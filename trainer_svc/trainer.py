@@ -12,7 +12,7 @@ import torch
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.evaluation import evaluate
-from relayrl.keys import TRAINER_GROUP, RunKeys
+from relayrl.keys import TRAINER_GROUP, RunKeys, is_external
 from relayrl.messages import decode_batch
 from relayrl.metrics import MetricsWriter
 from relayrl.models import LoadedModel
@@ -45,7 +45,8 @@ class Trainer:
         self.step = 0
         self.ledger = checkpoint.Ledger()
         self.pending_cursor: bytes | None = b"0"
-        self.totals = {"samples_trained": 0, "samples_dropped_stale": 0, "groups_dropped_stale": 0}
+        self.totals = {"samples_trained": 0, "samples_dropped_stale": 0, "groups_dropped_stale": 0,
+                       "scheduler_prompts_finished": 0, "external_groups": 0}
         self.last_reward = 0.0
         self.finished = False
         self.started = time.monotonic()
@@ -64,7 +65,7 @@ class Trainer:
         self.lm.model.load_state_dict(restored.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
-        self.totals = state["extra"]["totals"]
+        self.totals.update(state["extra"]["totals"])
         self._acknowledge(state["ledger"])  # idempotent if it was already acknowledged
         log.info("resumed from %s at step %d", path, self.step)
 
@@ -119,6 +120,9 @@ class Trainer:
         self.ledger.entry_ids.append(entry_id)
         self.ledger.consumed.extend(g.prompt_id for g in split.kept)
         self.ledger.dropped.extend(g.prompt_id for g in split.stale)
+        external = sum(is_external(g.prompt_id) for g in batch.groups)
+        self.totals["external_groups"] += external
+        self.totals["scheduler_prompts_finished"] += len(batch.groups) - external
         dropped_samples = sum(len(g.samples) for g in split.stale)
         self.totals["samples_dropped_stale"] += dropped_samples
         self.totals["groups_dropped_stale"] += len(split.stale)
@@ -131,7 +135,11 @@ class Trainer:
         record["weights/publish_copy_s"] = self.publisher.last_copy_s
         record["weights/publish_send_s"] = self.publisher.last_send_s
         self.publisher.publish(self.step, self.step, self.lm.model.state_dict())
-        self.r.set(self.keys.trainer_version, self.step)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self.keys.trainer_version, self.step)
+        pipe.set(self.keys.prompts_finished, self.totals["scheduler_prompts_finished"])
+        pipe.execute()
+        record["train/external_groups"] = external
         record["weights/versions_published"] = self.publisher.versions_published
         record["weights/bytes_published"] = self.publisher.bytes_published
         record["weights/publish_failures"] = self.publisher.failures

@@ -60,6 +60,9 @@ class RunConfig(StrictModel):
         }
         for i in range(self.rollout.num_workers):
             ports[f"rollout worker {i} (rollout.base_port+{i})"] = self.rollout.base_port + i
+            if self.rollout.http_base_port:
+                ports[f"rollout worker {i} HTTP (rollout.http_base_port+{i})"] = (
+                    self.rollout.http_base_port + i)
         seen: dict[int, str] = {}
         for name, port in ports.items():
             if port in seen:

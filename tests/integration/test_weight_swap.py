@@ -71,7 +71,7 @@ def new_version(lm) -> dict[str, torch.Tensor]:
 
 def make_worker(tiny_lm, relays):
     lm = load_model(tiny_lm.path)
-    engine = TorchEngine(lm, RunConfig().rollout)
+    engine = TorchEngine(lm)
     return RolloutWorker(RunConfig(), engine, lm, scheduler=None, relays=relays,
                          writer=None, reward_name="exact_match"), lm
 

@@ -85,3 +85,28 @@ def test_group_with_foreign_sample_is_refused():
     b = Batch("b", [Group(3, [make_sample(prompt_id=4)])])
     with pytest.raises(CodecError, match=r"batch.groups\[0\].samples"):
         decode_batch(encode_batch(b))
+
+
+def multi_turn_sample(mask, versions=(4, 9, 9, 5)):
+    # policy tokens, then two tokens a tool inserted, then the policy again
+    return Sample(prompt_id=1, lease_id="ext", worker_id="agent", prompt_tokens=[1, 4],
+                  response_tokens=[6, 7, 8, 9], logprobs=[-0.1, 0.0, 0.0, -0.2],
+                  versions=list(versions), reward=1.0, loss_mask=mask)
+
+
+def test_loss_mask_round_trips_and_staleness_ignores_inserted_tokens():
+    s = multi_turn_sample([1, 0, 0, 1], versions=(4, 0, 0, 5))
+    back = decode_sample(encode_sample(s))
+    np.testing.assert_array_equal(back.loss_mask, [1, 0, 0, 1])
+    assert back.oldest_version == 4  # the tool tokens' 0 does not count
+    assert make_sample().loss_mask is None and make_sample().oldest_version == 5
+
+
+@pytest.mark.parametrize("mask,msg", [
+    ([1, 0, 1], "sample.loss_mask: 3 values for 4"),
+    ([1, 0, 2, 1], "sample.loss_mask: values must be 0 or 1"),
+    ([0, 0, 0, 0], "sample.loss_mask: no token is the policy's"),
+])
+def test_bad_loss_masks_are_refused_naming_the_field(mask, msg):
+    with pytest.raises(CodecError, match=msg):
+        multi_turn_sample(mask)

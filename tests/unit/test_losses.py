@@ -65,3 +65,16 @@ def test_masked_tokens_do_not_matter():
 def test_unknown_loss_is_named():
     with pytest.raises(ValueError, match="trainer.loss"):
         get_loss("nope")
+
+
+def test_tool_tokens_are_left_out_of_the_loss_mask():
+    from relayrl.messages import Group, Sample
+    from trainer_svc.batching import collate
+
+    s = Sample(prompt_id=1, lease_id="ext", worker_id="agent", prompt_tokens=[1, 4],
+               response_tokens=[6, 7, 8, 9], logprobs=[-0.1, 0.0, 0.0, -0.2],
+               versions=[3, 3, 3, 3], reward=1.0, loss_mask=[1, 0, 0, 1])
+    tb = collate([Group(1, [s])], version=3, pad_id=0, scale_rewards=False)
+    # logits at t predict token t+1: response tokens sit at 2..5, predicted from 1..4
+    assert tb.response_mask[0].tolist() == [0.0, 1.0, 0.0, 0.0, 1.0]
+    assert tb.behaviour_logprobs[0].tolist() == pytest.approx([0.0, -0.1, 0.0, 0.0, -0.2])

@@ -3,8 +3,10 @@
 isort:skip_file
 Experience buffer over Redis streams."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -15,6 +17,108 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class Trajectory(_message.Message):
+    """One trajectory produced outside the scheduler (a custom rollout: an agent's episode)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    RESPONSE_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    VERSIONS_FIELD_NUMBER: _builtins.int
+    LOSS_MASK_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    FINISH_REASON_FIELD_NUMBER: _builtins.int
+    reward: _builtins.float
+    """the environment's; empty means all the policy's"""
+    finish_reason: _builtins.str
+    """"stop" or "length" """
+    @_builtins.property
+    def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def response_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """every token after the prompt, all turns"""
+
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """per response token, under the sampling policy"""
+
+    @_builtins.property
+    def versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """per response token, the policy version that made it"""
+
+    @_builtins.property
+    def loss_mask(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """per response token: 1 the policy's, 0 a tool's or"""
+
+    def __init__(
+        self,
+        *,
+        prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        response_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        versions: _abc.Iterable[_builtins.int] | None = ...,
+        loss_mask: _abc.Iterable[_builtins.int] | None = ...,
+        reward: _builtins.float = ...,
+        finish_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "prompt_token_ids", b"prompt_token_ids", "response_token_ids", b"response_token_ids", "reward", b"reward", "versions", b"versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Trajectory: _TypeAlias = Trajectory  # noqa: Y015
+
+@_typing.final
+class SubmitRequest(_message.Message):
+    """A whole group: every trajectory of one task instance, as GRPO normalises over groups."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAJECTORIES_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """who produced it, for the logs"""
+    @_builtins.property
+    def trajectories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Trajectory]:
+        """exactly buffer.group_size of them"""
+
+    def __init__(
+        self,
+        *,
+        trajectories: _abc.Iterable[Global___Trajectory] | None = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["source", b"source", "trajectories", b"trajectories"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitRequest: _TypeAlias = SubmitRequest  # noqa: Y015
+
+@_typing.final
+class SubmitResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPT_ID_FIELD_NUMBER: _builtins.int
+    prompt_id: _builtins.int
+    """the id the group is trained and accounted under"""
+    def __init__(
+        self,
+        *,
+        prompt_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_id", b"prompt_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitResponse: _TypeAlias = SubmitResponse  # noqa: Y015
 
 @_typing.final
 class BufferStatsRequest(_message.Message):
@@ -44,6 +148,8 @@ class BufferStats(_message.Message):
     TRAJECTORY_STREAM_LEN_FIELD_NUMBER: _builtins.int
     BATCH_STREAM_LEN_FIELD_NUMBER: _builtins.int
     SAMPLES_REJECTED_FIELD_NUMBER: _builtins.int
+    GROUPS_SUBMITTED_FIELD_NUMBER: _builtins.int
+    SUBMITS_REFUSED_FIELD_NUMBER: _builtins.int
     samples_read: _builtins.int
     groups_assembled: _builtins.int
     groups_duplicate: _builtins.int
@@ -56,6 +162,10 @@ class BufferStats(_message.Message):
     batch_stream_len: _builtins.int
     samples_rejected: _builtins.int
     """malformed entries, acknowledged and counted"""
+    groups_submitted: _builtins.int
+    """external groups accepted through Submit"""
+    submits_refused: _builtins.int
+    """Submit calls refused as malformed"""
     def __init__(
         self,
         *,
@@ -68,10 +178,12 @@ class BufferStats(_message.Message):
         trajectory_stream_len: _builtins.int = ...,
         batch_stream_len: _builtins.int = ...,
         samples_rejected: _builtins.int = ...,
+        groups_submitted: _builtins.int = ...,
+        submits_refused: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_stream_len", b"batch_stream_len", "batches_emitted", b"batches_emitted", "groups_assembled", b"groups_assembled", "groups_duplicate", b"groups_duplicate", "partial_groups", b"partial_groups", "ready_groups", b"ready_groups", "samples_read", b"samples_read", "samples_rejected", b"samples_rejected", "trajectory_stream_len", b"trajectory_stream_len"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_stream_len", b"batch_stream_len", "batches_emitted", b"batches_emitted", "groups_assembled", b"groups_assembled", "groups_duplicate", b"groups_duplicate", "groups_submitted", b"groups_submitted", "partial_groups", b"partial_groups", "ready_groups", b"ready_groups", "samples_read", b"samples_read", "samples_rejected", b"samples_rejected", "submits_refused", b"submits_refused", "trajectory_stream_len", b"trajectory_stream_len"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

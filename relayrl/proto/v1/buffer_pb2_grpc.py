@@ -39,12 +39,23 @@ class BufferStub:
                 request_serializer=relayrl_dot_proto_dot_v1_dot_buffer__pb2.BufferStatsRequest.SerializeToString,
                 response_deserializer=relayrl_dot_proto_dot_v1_dot_buffer__pb2.BufferStats.FromString,
                 _registered_method=True)
+        self.Submit = channel.unary_unary(
+                '/relayrl.v1.Buffer/Submit',
+                request_serializer=relayrl_dot_proto_dot_v1_dot_buffer__pb2.SubmitRequest.SerializeToString,
+                response_deserializer=relayrl_dot_proto_dot_v1_dot_buffer__pb2.SubmitResponse.FromString,
+                _registered_method=True)
 
 
 class BufferServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Stats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Submit(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +68,11 @@ def add_BufferServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=relayrl_dot_proto_dot_v1_dot_buffer__pb2.BufferStatsRequest.FromString,
                     response_serializer=relayrl_dot_proto_dot_v1_dot_buffer__pb2.BufferStats.SerializeToString,
+            ),
+            'Submit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Submit,
+                    request_deserializer=relayrl_dot_proto_dot_v1_dot_buffer__pb2.SubmitRequest.FromString,
+                    response_serializer=relayrl_dot_proto_dot_v1_dot_buffer__pb2.SubmitResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +102,33 @@ class Buffer:
             '/relayrl.v1.Buffer/Stats',
             relayrl_dot_proto_dot_v1_dot_buffer__pb2.BufferStatsRequest.SerializeToString,
             relayrl_dot_proto_dot_v1_dot_buffer__pb2.BufferStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Submit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.Buffer/Submit',
+            relayrl_dot_proto_dot_v1_dot_buffer__pb2.SubmitRequest.SerializeToString,
+            relayrl_dot_proto_dot_v1_dot_buffer__pb2.SubmitResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,11 +32,13 @@ class BufferStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> BufferAsyncStub: ...
     Stats: _grpc.UnaryUnaryMultiCallable[_buffer_pb2.BufferStatsRequest, _buffer_pb2.BufferStats]
+    Submit: _grpc.UnaryUnaryMultiCallable[_buffer_pb2.SubmitRequest, _buffer_pb2.SubmitResponse]
 
 @_typing.type_check_only
 class BufferAsyncStub(BufferStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Stats: _aio.UnaryUnaryMultiCallable[_buffer_pb2.BufferStatsRequest, _buffer_pb2.BufferStats]  # type: ignore[assignment]
+    Submit: _aio.UnaryUnaryMultiCallable[_buffer_pb2.SubmitRequest, _buffer_pb2.SubmitResponse]  # type: ignore[assignment]
 
 class BufferServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -45,5 +47,12 @@ class BufferServicer(metaclass=_abc_1.ABCMeta):
         request: _buffer_pb2.BufferStatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_buffer_pb2.BufferStats, _abc.Awaitable[_buffer_pb2.BufferStats]]: ...
+
+    @_abc_1.abstractmethod
+    def Submit(
+        self,
+        request: _buffer_pb2.SubmitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_buffer_pb2.SubmitResponse, _abc.Awaitable[_buffer_pb2.SubmitResponse]]: ...
 
 def add_BufferServicer_to_server(servicer: BufferServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

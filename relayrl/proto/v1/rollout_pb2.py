@@ -24,17 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erelayrl/proto/v1/rollout.proto\x12\nrelayrl.v1\"\x16\n\x14RolloutStatusRequest\"\xcb\x01\n\rRolloutStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x19\n\x11samples_generated\x18\x03 \x01(\x03\x12\x14\n\x0cweight_swaps\x18\x04 \x01(\x03\x12\x15\n\rversions_used\x18\x05 \x03(\x03\x12\x1c\n\x14weight_pull_failures\x18\x06 \x01(\x03\x12\x14\n\x0c\x62ytes_pulled\x18\x07 \x01(\x03\x12\x13\n\x0blast_pull_s\x18\x08 \x01(\x01\x32P\n\x07Rollout\x12\x45\n\x06Status\x12 .relayrl.v1.RolloutStatusRequest\x1a\x19.relayrl.v1.RolloutStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erelayrl/proto/v1/rollout.proto\x12\nrelayrl.v1\"\x9e\x01\n\x0fGenerateRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12\t\n\x01n\x18\x05 \x01(\x05\x12\x0e\n\x06greedy\x18\x06 \x01(\x08\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x14\n\x0c\x63hunk_tokens\x18\x08 \x01(\x05\"o\n\x11GeneratedSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x10\n\x08versions\x18\x03 \x03(\x03\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\"v\n\x10GenerateResponse\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x30\n\tsequences\x18\x02 \x03(\x0b\x32\x1d.relayrl.v1.GeneratedSequence\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\"\x9a\x01\n\rGenerateChunk\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\"\x16\n\x14RolloutStatusRequest\"\xba\x02\n\rRolloutStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x19\n\x11samples_generated\x18\x03 \x01(\x03\x12\x14\n\x0cweight_swaps\x18\x04 \x01(\x03\x12\x15\n\rversions_used\x18\x05 \x03(\x03\x12\x1c\n\x14weight_pull_failures\x18\x06 \x01(\x03\x12\x14\n\x0c\x62ytes_pulled\x18\x07 \x01(\x03\x12\x13\n\x0blast_pull_s\x18\x08 \x01(\x01\x12\x10\n\x08segments\x18\t \x01(\x03\x12\x1a\n\x12mid_sequence_swaps\x18\n \x01(\x03\x12\x16\n\x0egroups_resumed\x18\x0b \x01(\x03\x12\x17\n\x0fleases_released\x18\x0c \x01(\x03\x12\x0e\n\x06\x65ngine\x18\r \x01(\t2\xe3\x01\n\x07Rollout\x12\x45\n\x06Status\x12 .relayrl.v1.RolloutStatusRequest\x1a\x19.relayrl.v1.RolloutStatus\x12\x45\n\x08Generate\x12\x1b.relayrl.v1.GenerateRequest\x1a\x1c.relayrl.v1.GenerateResponse\x12J\n\x0eGenerateStream\x12\x1b.relayrl.v1.GenerateRequest\x1a\x19.relayrl.v1.GenerateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relayrl.proto.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLLOUTSTATUSREQUEST']._serialized_start=46
-  _globals['_ROLLOUTSTATUSREQUEST']._serialized_end=68
-  _globals['_ROLLOUTSTATUS']._serialized_start=71
-  _globals['_ROLLOUTSTATUS']._serialized_end=274
-  _globals['_ROLLOUT']._serialized_start=276
-  _globals['_ROLLOUT']._serialized_end=356
+  _globals['_GENERATEREQUEST']._serialized_start=47
+  _globals['_GENERATEREQUEST']._serialized_end=205
+  _globals['_GENERATEDSEQUENCE']._serialized_start=207
+  _globals['_GENERATEDSEQUENCE']._serialized_end=318
+  _globals['_GENERATERESPONSE']._serialized_start=320
+  _globals['_GENERATERESPONSE']._serialized_end=438
+  _globals['_GENERATECHUNK']._serialized_start=441
+  _globals['_GENERATECHUNK']._serialized_end=595
+  _globals['_ROLLOUTSTATUSREQUEST']._serialized_start=597
+  _globals['_ROLLOUTSTATUSREQUEST']._serialized_end=619
+  _globals['_ROLLOUTSTATUS']._serialized_start=622
+  _globals['_ROLLOUTSTATUS']._serialized_end=936
+  _globals['_ROLLOUT']._serialized_start=939
+  _globals['_ROLLOUT']._serialized_end=1166
 # @@protoc_insertion_point(module_scope)

@@ -39,12 +39,34 @@ class RolloutStub:
                 request_serializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.RolloutStatusRequest.SerializeToString,
                 response_deserializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
                 _registered_method=True)
+        self.Generate = channel.unary_unary(
+                '/relayrl.v1.Rollout/Generate',
+                request_serializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
+                _registered_method=True)
+        self.GenerateStream = channel.unary_stream(
+                '/relayrl.v1.Rollout/GenerateStream',
+                request_serializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateChunk.FromString,
+                _registered_method=True)
 
 
 class RolloutServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Status(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Generate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateStream(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +79,16 @@ def add_RolloutServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.RolloutStatusRequest.FromString,
                     response_serializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.RolloutStatus.SerializeToString,
+            ),
+            'Generate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Generate,
+                    request_deserializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateRequest.FromString,
+                    response_serializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateRequest.FromString,
+                    response_serializer=relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +118,60 @@ class Rollout:
             '/relayrl.v1.Rollout/Status',
             relayrl_dot_proto_dot_v1_dot_rollout__pb2.RolloutStatusRequest.SerializeToString,
             relayrl_dot_proto_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Generate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.Rollout/Generate',
+            relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
+            relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/relayrl.v1.Rollout/GenerateStream',
+            relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
+            relayrl_dot_proto_dot_v1_dot_rollout__pb2.GenerateChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -99,9 +99,12 @@ class Lease(_message.Message):
     PROMPT_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     TTL_S_FIELD_NUMBER: _builtins.int
+    PARTIAL_STATE_FIELD_NUMBER: _builtins.int
     lease_id: _builtins.str
     attempt: _builtins.int
     ttl_s: _builtins.float
+    partial_state: _builtins.bytes
+    """a PartialGroup to resume (msgpack); empty for a fresh prompt"""
     @_builtins.property
     def prompt(self) -> Global___Prompt: ...
     def __init__(
@@ -111,10 +114,11 @@ class Lease(_message.Message):
         prompt: Global___Prompt | None = ...,
         attempt: _builtins.int = ...,
         ttl_s: _builtins.float = ...,
+        partial_state: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lease_id", b"lease_id", "prompt", b"prompt", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lease_id", b"lease_id", "partial_state", b"partial_state", "prompt", b"prompt", "ttl_s", b"ttl_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -213,6 +217,104 @@ class CompleteResponse(_message.Message):
 Global___CompleteResponse: _TypeAlias = CompleteResponse  # noqa: Y015
 
 @_typing.final
+class SaveProgressRequest(_message.Message):
+    """The token state of a lease's unfinished group, saved at a segment boundary so that the
+    prompt resumes from it if the worker dies.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    lease_id: _builtins.str
+    state: _builtins.bytes
+    """a PartialGroup (msgpack)"""
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        lease_id: _builtins.str = ...,
+        state: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SaveProgressRequest: _TypeAlias = SaveProgressRequest  # noqa: Y015
+
+@_typing.final
+class SaveProgressResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    accepted: _builtins.bool
+    """false when the worker no longer holds the lease"""
+    def __init__(
+        self,
+        *,
+        accepted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SaveProgressResponse: _TypeAlias = SaveProgressResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseRequest(_message.Message):
+    """Hand a lease back before it is done (the worker is stopping); the prompt is re-issued at
+    once, with `state` to resume from when it is set, and the hand-back is not a failed attempt.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    lease_id: _builtins.str
+    state: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        lease_id: _builtins.str = ...,
+        state: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseRequest: _TypeAlias = ReleaseRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    accepted: _builtins.bool
+    def __init__(
+        self,
+        *,
+        accepted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseResponse: _TypeAlias = ReleaseResponse  # noqa: Y015
+
+@_typing.final
 class HeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -303,6 +405,8 @@ class SchedulerStatus(_message.Message):
     WORKERS_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
     WORKER_VERSIONS_FIELD_NUMBER: _builtins.int
+    LEASES_RELEASED_FIELD_NUMBER: _builtins.int
+    PARTIAL_GROUPS_FIELD_NUMBER: _builtins.int
     handed_out: _builtins.int
     """distinct prompts ever leased"""
     leases_granted: _builtins.int
@@ -314,6 +418,9 @@ class SchedulerStatus(_message.Message):
     """consumed or dropped by the trainer"""
     workers: _builtins.int
     done: _builtins.bool
+    leases_released: _builtins.int
+    partial_groups: _builtins.int
+    """prompts waiting with saved token state"""
     @_builtins.property
     def worker_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
@@ -329,10 +436,12 @@ class SchedulerStatus(_message.Message):
         workers: _builtins.int = ...,
         done: _builtins.bool = ...,
         worker_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        leases_released: _builtins.int = ...,
+        partial_groups: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "done", b"done", "failed", b"failed", "finished", b"finished", "handed_out", b"handed_out", "leases_completed", b"leases_completed", "leases_expired", b"leases_expired", "leases_granted", b"leases_granted", "worker_versions", b"worker_versions", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "done", b"done", "failed", b"failed", "finished", b"finished", "handed_out", b"handed_out", "leases_completed", b"leases_completed", "leases_expired", b"leases_expired", "leases_granted", b"leases_granted", "leases_released", b"leases_released", "partial_groups", b"partial_groups", "worker_versions", b"worker_versions", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

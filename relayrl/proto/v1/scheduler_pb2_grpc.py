@@ -49,6 +49,16 @@ class SchedulerStub:
                 request_serializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.SaveProgress = channel.unary_unary(
+                '/relayrl.v1.Scheduler/SaveProgress',
+                request_serializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.SaveProgressRequest.SerializeToString,
+                response_deserializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.SaveProgressResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/relayrl.v1.Scheduler/Release',
+                request_serializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/relayrl.v1.Scheduler/Heartbeat',
                 request_serializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
@@ -77,6 +87,18 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Complete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SaveProgress(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,6 +133,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.CompleteRequest.FromString,
                     response_serializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.CompleteResponse.SerializeToString,
+            ),
+            'SaveProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveProgress,
+                    request_deserializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.SaveProgressRequest.FromString,
+                    response_serializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.SaveProgressResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.ReleaseRequest.FromString,
+                    response_serializer=relayrl_dot_proto_dot_v1_dot_scheduler__pb2.ReleaseResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -204,6 +236,60 @@ class Scheduler:
             '/relayrl.v1.Scheduler/Complete',
             relayrl_dot_proto_dot_v1_dot_scheduler__pb2.CompleteRequest.SerializeToString,
             relayrl_dot_proto_dot_v1_dot_scheduler__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.Scheduler/SaveProgress',
+            relayrl_dot_proto_dot_v1_dot_scheduler__pb2.SaveProgressRequest.SerializeToString,
+            relayrl_dot_proto_dot_v1_dot_scheduler__pb2.SaveProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.Scheduler/Release',
+            relayrl_dot_proto_dot_v1_dot_scheduler__pb2.ReleaseRequest.SerializeToString,
+            relayrl_dot_proto_dot_v1_dot_scheduler__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

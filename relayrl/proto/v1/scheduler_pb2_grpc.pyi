@@ -34,6 +34,8 @@ class SchedulerStub:
     Register: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterRequest, _scheduler_pb2.RegisterResponse]
     AcquireLeases: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.LeaseRequest, _scheduler_pb2.LeaseResponse]
     Complete: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRequest, _scheduler_pb2.CompleteResponse]
+    SaveProgress: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SaveProgressRequest, _scheduler_pb2.SaveProgressResponse]
+    Release: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReleaseRequest, _scheduler_pb2.ReleaseResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.HeartbeatRequest, _scheduler_pb2.HeartbeatResponse]
     Status: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SchedulerStatusRequest, _scheduler_pb2.SchedulerStatus]
 
@@ -43,6 +45,8 @@ class SchedulerAsyncStub(SchedulerStub):
     Register: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterRequest, _scheduler_pb2.RegisterResponse]  # type: ignore[assignment]
     AcquireLeases: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.LeaseRequest, _scheduler_pb2.LeaseResponse]  # type: ignore[assignment]
     Complete: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRequest, _scheduler_pb2.CompleteResponse]  # type: ignore[assignment]
+    SaveProgress: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SaveProgressRequest, _scheduler_pb2.SaveProgressResponse]  # type: ignore[assignment]
+    Release: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReleaseRequest, _scheduler_pb2.ReleaseResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.HeartbeatRequest, _scheduler_pb2.HeartbeatResponse]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SchedulerStatusRequest, _scheduler_pb2.SchedulerStatus]  # type: ignore[assignment]
 
@@ -67,6 +71,20 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.CompleteRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.CompleteResponse, _abc.Awaitable[_scheduler_pb2.CompleteResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SaveProgress(
+        self,
+        request: _scheduler_pb2.SaveProgressRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SaveProgressResponse, _abc.Awaitable[_scheduler_pb2.SaveProgressResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Release(
+        self,
+        request: _scheduler_pb2.ReleaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ReleaseResponse, _abc.Awaitable[_scheduler_pb2.ReleaseResponse]]: ...
 
     @_abc_1.abstractmethod
     def Heartbeat(

@@ -1,0 +1,119 @@
+"""Generation for custom rollouts, shared by the gRPC Generate API and the OpenAI-compatible
+HTTP server: validate a request against the worker's limits, run it on the worker's engine,
+and report every token's log-probability and policy version."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from relayrl.config import RolloutConfig
+from relayrl.generation import Completion
+from relayrl.models import LoadedModel
+from rollout_svc.engine import Engine, SamplingSpec
+
+MAX_N = 64
+
+
+@dataclass
+class Chunk:
+    index: int
+    tokens: list[int]
+    logprobs: list[float]
+    version: int
+    finish_reason: str  # "" until the sequence's last chunk
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    spec: SamplingSpec
+    n: int
+
+
+class CustomGenerator:
+    def __init__(self, engine: Engine, lm: LoadedModel, defaults: RolloutConfig):
+        self.engine = engine
+        self.lm = lm
+        self.defaults = defaults
+        self.vocab_size = len(lm.tokenizer)
+        self.requests = 0
+        self.tokens_out = 0
+
+    def request(self, *, text: str = "", token_ids: list[int] | None = None,
+                max_new_tokens: int = 0, temperature: float = 0.0, n: int = 0,
+                greedy: bool = False, seed: int = 0, where: str = "") -> Request:
+        """Check a request and fill in the worker's defaults; ValueError names the field."""
+        pre = f"{where}." if where else ""
+        if token_ids:
+            bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"{pre}token_ids: {bad[:3]} outside the vocabulary "
+                                 f"(0..{self.vocab_size - 1})")
+            prompt = list(token_ids)
+        elif text:
+            prompt = self.lm.encode_prompt(text)
+        else:
+            raise ValueError(f"{pre}prompt: give text or token_ids")
+        limit = self.defaults.max_new_tokens
+        max_new = max_new_tokens or limit
+        if not 1 <= max_new <= limit:
+            raise ValueError(f"{pre}max_new_tokens: must be in 1..{limit} "
+                             f"(rollout.max_new_tokens), got {max_new}")
+        if temperature < 0 or temperature > 10:
+            raise ValueError(f"{pre}temperature: must be in (0, 10], got {temperature}")
+        n = n or 1
+        if not 1 <= n <= MAX_N:
+            raise ValueError(f"{pre}n: must be in 1..{MAX_N}, got {n}")
+        if seed < 0:
+            raise ValueError(f"{pre}seed: must be >= 0, got {seed}")
+        spec = SamplingSpec(max_new_tokens=max_new,
+                            temperature=temperature or self.defaults.temperature,
+                            greedy=greedy, seed=seed or None)
+        return Request(prompt, spec, n)
+
+    def generate(self, req: Request) -> tuple[int, list[Completion]]:
+        """All n completions under one version: (version, completions)."""
+        with self.engine.lock:
+            version = self.engine.version
+            outs = self.engine.generate([req.prompt] * req.n, req.spec)
+        self._count(outs)
+        return version, outs
+
+    def stream(self, req: Request, chunk_tokens: int = 1) -> Iterator[Chunk]:
+        """Chunks of at most `chunk_tokens` tokens per sequence; the engine may move to newer
+        weights between chunks (each chunk names its version)."""
+        if not 1 <= chunk_tokens <= req.spec.max_new_tokens:
+            raise ValueError(f"chunk_tokens: must be in 1..{req.spec.max_new_tokens}, "
+                             f"got {chunk_tokens}")
+        made: list[list[int]] = [[] for _ in range(req.n)]
+        live = list(range(req.n))
+        step = 0
+        while live:
+            room = req.spec.max_new_tokens - len(made[live[0]])
+            spec = SamplingSpec(max_new_tokens=min(chunk_tokens, room),
+                                temperature=req.spec.temperature, greedy=req.spec.greedy,
+                                seed=None if req.spec.seed is None else req.spec.seed + step)
+            with self.engine.lock:
+                version = self.engine.version
+                outs = self.engine.generate([req.prompt + made[i] for i in live], spec)
+            self._count(outs)
+            still = []
+            for i, out in zip(live, outs, strict=True):
+                made[i].extend(out.tokens)
+                if out.finish_reason == "stop":
+                    finish = "stop"
+                elif len(made[i]) >= req.spec.max_new_tokens:
+                    finish = "length"
+                else:
+                    finish = ""
+                    still.append(i)
+                yield Chunk(i, out.tokens, out.logprobs, version, finish)
+            live, step = still, step + 1
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.lm.decode(tokens)
+
+    def _count(self, outs: list[Completion]) -> None:
+        self.requests += 1
+        self.tokens_out += sum(len(o.tokens) for o in outs)

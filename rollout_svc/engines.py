@@ -1,0 +1,26 @@
+"""Build the generation engine a run's config names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from relayrl.config import RunConfig
+from relayrl.models import LoadedModel
+from rollout_svc.engine import Engine
+from rollout_svc.torch_engine import TorchEngine
+
+
+def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engine:
+    """The torch engine over the loaded model, or a vLLM engine over the same directory
+    (imported only then: vLLM is an optional dependency)."""
+    r = cfg.rollout
+    seed = r.seed * 1000 + r.worker_index
+    if r.engine == "torch":
+        return TorchEngine(lm, seed=seed)
+    if r.engine == "vllm":
+        from rollout_svc.vllm_engine import VllmEngine
+
+        return VllmEngine(model_path, seed=seed, eos_id=lm.eos_id,
+                          kv_cache_gib=r.vllm_kv_cache_gib, max_model_len=r.vllm_max_model_len,
+                          dtype=r.vllm_dtype, enforce_eager=r.vllm_enforce_eager)
+    raise ValueError(f"rollout.engine: unknown engine {r.engine!r}")

@@ -1,0 +1,206 @@
+"""An OpenAI-compatible HTTP server on a rollout worker, for agents that run their own
+episodes: /v1/completions, /v1/chat/completions, /v1/models and /tokenize.
+
+Responses follow OpenAI's shapes, plus what RL needs and OpenAI does not give: each choice's
+`token_ids` and `policy_versions`, the response's `prompt_token_ids` and `policy_version`.
+Fields we do not implement are refused by name rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollout_svc.custom import CustomGenerator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CompletionRequest(_Strict):
+    model: str
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=10)
+    n: int = Field(1, ge=1, le=64)
+    logprobs: int | None = Field(None, ge=0, le=0, description="Only the sampled token's.")
+    seed: int | None = Field(None, ge=0)
+    stream: Literal[False] = False
+    echo: Literal[False] = False
+    user: str | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+class ChatRequest(_Strict):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=10)
+    n: int = Field(1, ge=1, le=64)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=0)
+    seed: int | None = Field(None, ge=0)
+    stream: Literal[False] = False
+    user: str | None = None
+
+
+class TokenizeRequest(_Strict):
+    prompt: str
+    add_special_tokens: bool = True
+
+
+def _sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, n, seed,
+              where: str):
+    # OpenAI's temperature 0 means greedy
+    greedy = temperature == 0
+    return gen.request(token_ids=prompt, max_new_tokens=max_tokens or 0,
+                       temperature=0.0 if greedy or temperature is None else temperature,
+                       n=n, greedy=greedy, seed=seed or 0, where=where)
+
+
+def _error(status: int, message: str, param: str | None = None):
+    from fastapi.responses import JSONResponse
+
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse(status_code=status, content={"error": {
+        "message": message, "type": kind, "param": param, "code": None}})
+
+
+def build_app(gen: CustomGenerator, model_name: str):
+    from fastapi import FastAPI, HTTPException
+    from fastapi.exceptions import RequestValidationError
+
+    app = FastAPI(title="RelayRL rollout worker (OpenAI-compatible)", version="1")
+
+    # errors in OpenAI's shape, so its clients show the message naming the field
+    @app.exception_handler(HTTPException)
+    def http_error(request, exc: HTTPException):
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or "body"
+        return _error(400, f"{param}: {first.get('msg', 'invalid')}", param)
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise HTTPException(404, f"model: {name!r} is not served here; use {model_name!r}")
+
+    def run(prompt: list[int], body, max_tokens, where: str):
+        try:
+            req = _sampling(gen, prompt, max_tokens, body.temperature, body.n, body.seed, where)
+        except ValueError as err:  # named as OpenAI names the field
+            raise HTTPException(400, str(err).replace("max_new_tokens", "max_tokens")) from None
+        version, outs = gen.generate(req)
+        return req, version, outs
+
+    def usage(prompt: list[int], outs) -> dict:
+        done = sum(len(o.tokens) for o in outs)
+        return {"prompt_tokens": len(prompt), "completion_tokens": done,
+                "total_tokens": len(prompt) + done}
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "relayrl", "policy_version": gen.engine.version}]}
+
+    @app.post("/tokenize")
+    def tokenize(body: TokenizeRequest) -> dict:
+        ids = (gen.lm.encode_prompt(body.prompt) if body.add_special_tokens
+               else gen.lm.tokenizer.encode(body.prompt, add_special_tokens=False))
+        return {"tokens": ids, "count": len(ids)}
+
+    @app.post("/v1/completions")
+    def completions(body: CompletionRequest) -> dict:
+        check_model(body.model)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise HTTPException(400, "prompt: one prompt per request (use n for several)")
+            prompt = prompt[0]
+        ids = gen.lm.encode_prompt(prompt) if isinstance(prompt, str) else list(prompt)
+        _, version, outs = run(ids, body, body.max_tokens, "completions")
+        choices = []
+        for i, o in enumerate(outs):
+            pieces = [gen.decode([t]) for t in o.tokens]
+            offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+            choices.append({
+                "index": i, "text": gen.decode(o.tokens), "finish_reason": o.finish_reason,
+                "logprobs": None if body.logprobs is None else {
+                    "tokens": pieces, "token_logprobs": o.logprobs, "top_logprobs": None,
+                    "text_offset": offsets},
+                "token_ids": o.tokens, "policy_versions": [version] * len(o.tokens)})
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": model_name, "choices": choices,
+                "usage": usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
+
+    @app.post("/v1/chat/completions")
+    def chat(body: ChatRequest) -> dict:
+        check_model(body.model)
+        ids = chat_prompt(gen, [m.model_dump(exclude_none=True) for m in body.messages])
+        _, version, outs = run(ids, body, body.max_completion_tokens or body.max_tokens,
+                               "chat.completions")
+        choices = []
+        for i, o in enumerate(outs):
+            content = [{"token": gen.decode([t]), "logprob": lp, "top_logprobs": []}
+                       for t, lp in zip(o.tokens, o.logprobs, strict=True)]
+            choices.append({
+                "index": i, "finish_reason": o.finish_reason,
+                "message": {"role": "assistant", "content": gen.decode(o.tokens)},
+                "logprobs": {"content": content} if body.logprobs else None,
+                "token_ids": o.tokens, "policy_versions": [version] * len(o.tokens)})
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "created": int(time.time()), "model": model_name, "choices": choices,
+                "usage": usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
+
+    return app
+
+
+def chat_prompt(gen: CustomGenerator, messages: list[dict]) -> list[int]:
+    """The tokenizer's chat template when it has one; otherwise the messages' contents in
+    order (the tiny task model has no template and no letters to spell roles with)."""
+    tok = gen.lm.tokenizer
+    if getattr(tok, "chat_template", None):
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True,
+                                            tokenize=True, return_dict=False))
+    return gen.lm.encode_prompt("".join(m["content"] for m in messages))
+
+
+class OpenAIServer:
+    """uvicorn in a background thread of the worker process."""
+
+    def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str):
+        import uvicorn
+
+        config = uvicorn.Config(build_app(gen, model_name), host=host, port=port,
+                                log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.server.install_signal_handlers = lambda: None  # the worker owns the signals
+        self.thread = threading.Thread(target=self.server.run, name="openai-http", daemon=True)
+        self.address = f"http://{host}:{port}"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"OpenAI-compatible server did not start on {self.address}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

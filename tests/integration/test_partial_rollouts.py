@@ -1,0 +1,148 @@
+"""Partial rollouts: responses generated in segments move to newer weights mid-sequence with
+every token tagged by the version that produced it, and an unfinished group survives its
+worker, handed back (graceful stop) or saved at a boundary (kill), and resumes elsewhere."""
+
+import threading
+
+import pytest
+
+from relayrl.config import RunConfig
+from relayrl.keys import RunKeys
+from relayrl.messages import Batch, Group, decode_sample
+from relayrl.models import load_model
+from relayrl.partial import PartialGroup
+from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.streams import TrajectoryWriter
+from relayrl.weights import VersionStore
+from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.worker import RolloutWorker
+from scheduler_svc.core import SchedulerCore
+from trainer_svc.batching import split_stale
+
+N, MAX_NEW = 4, 6
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class PublishingEngine(TorchEngine):
+    """After every segment the trainer 'publishes' a newer version to the relay."""
+
+    def __init__(self, lm, store, after_segment=None):
+        super().__init__(lm, seed=0)
+        self.store, self.after_segment, self.calls = store, after_segment, 0
+
+    def generate(self, contexts, spec):
+        out = super().generate(contexts, spec)
+        self.calls += 1
+        if self.store is not None:
+            state = {k: v + 0.001 * self.calls for k, v in self.lm.model.state_dict().items()}
+            self.store.publish(self.calls + 1, self.calls + 1, state)
+        if self.after_segment is not None:
+            self.after_segment(self.calls)
+        return out
+
+
+@pytest.fixture
+def stack(tmp_path, tiny_lm):
+    server = EmbeddedRedis(tmp_path)
+    r = connect(server.url)
+    cfg = RunConfig.model_validate({
+        "run_id": "partial", "task": {"digits": 1, "eval_size": 8},
+        "scheduler": {"lease_ttl_s": 10, "max_prompts": 4},
+        "buffer": {"group_size": N},
+        "rollout": {"samples_per_prompt": N, "max_new_tokens": MAX_NEW, "segment_tokens": 2,
+                    "temperature": 3.0}})  # hot sampling: eos rarely ends a response early
+    clock = Clock()
+    core = SchedulerCore(cfg, r, clock=clock)
+    yield cfg, r, core, clock, tiny_lm
+    server.shutdown()
+
+
+def make_worker(cfg, r, core, tiny_lm, index, store, after_segment=None):
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+        update={"worker_index": index})})
+    lm = load_model(tiny_lm.path)
+    engine = PublishingEngine(lm, store, after_segment)
+    return RolloutWorker(cfg, engine, lm, core, [store], TrajectoryWriter(r, RunKeys("partial")),
+                         "exact_match")
+
+
+def delivered(r) -> list:
+    entries = r.xrange(RunKeys("partial").trajectories)
+    return [decode_sample(fields[b"data"]) for _, fields in entries]
+
+
+def test_segments_move_to_newer_weights_and_tag_every_token(stack):
+    cfg, r, core, _, tiny_lm = stack
+    store = VersionStore(8)
+    store.publish(1, 1, load_model(tiny_lm.path).model.state_dict())
+    worker = make_worker(cfg, r, core, tiny_lm, 0, store)
+    worker.refresh_weights()
+    lease = core.acquire(worker.worker_id, 1).leases[0]
+    assert worker.run_lease(lease)
+    samples = delivered(r)
+    assert len(samples) == N
+    for s in samples:
+        v = list(s.versions)
+        assert v == sorted(v) and len(v) == len(s.logprobs) == len(s.response_tokens)
+        assert len(v) <= MAX_NEW
+        # two tokens per segment, and a new version before each segment
+        assert v == [1 + i // 2 for i in range(len(v))]
+    assert worker.mid_sequence_swaps > 0 and worker.segments == 3
+    # the staleness rule looks at the oldest token of the group
+    group = Group(prompt_id=lease.prompt_id, samples=samples)
+    assert group.oldest_version == 1
+    split = split_stale(Batch("b", [group]), version=4, max_staleness=2)
+    assert split.stale == [group]
+
+
+def test_a_stopping_worker_hands_its_tokens_back_and_another_resumes(stack):
+    cfg, r, core, _, tiny_lm = stack
+    stop = threading.Event()
+    a = make_worker(cfg, r, core, tiny_lm, 0, VersionStore(4), lambda calls: stop.set())
+    lease = core.acquire(a.worker_id, 1).leases[0]
+    assert not a.run_lease(lease, stop)
+    assert a.leases_released == 1 and delivered(r) == []
+    saved = PartialGroup.decode(core.partials[lease.prompt_id], lease.prompt_id, N)
+    assert all(len(s.tokens) == 2 or s.finish_reason == "stop" for s in saved.sequences)
+
+    b = make_worker(cfg, r, core, tiny_lm, 1, VersionStore(4))
+    again = core.acquire(b.worker_id, 1).leases[0]
+    assert (again.prompt_id, again.attempt) == (lease.prompt_id, 1)  # not a failure
+    assert b.run_lease(again) and b.groups_resumed == 1
+    samples = delivered(r)
+    assert sorted(s.response_tokens[:2].tolist() for s in samples) == sorted(
+        s.tokens[:2] for s in saved.sequences)
+    assert core.partials == {}
+
+
+def test_a_killed_worker_loses_at_most_its_current_segment(stack):
+    cfg, r, core, clock, tiny_lm = stack
+
+    class Killed(Exception):
+        pass
+
+    def die(calls):
+        if calls == 2:
+            raise Killed  # dies inside its second segment, after saving the first
+
+    a = make_worker(cfg, r, core, tiny_lm, 0, VersionStore(4), die)
+    lease = core.acquire(a.worker_id, 1).leases[0]
+    with pytest.raises(Killed):
+        a.run_lease(lease)
+    clock.now = 11.0  # its lease lapses without a heartbeat
+    core.refresh()
+    b = make_worker(cfg, r, core, tiny_lm, 1, VersionStore(4))
+    again = core.acquire(b.worker_id, 1).leases[0]
+    assert (again.prompt_id, again.attempt) == (lease.prompt_id, 2)
+    saved = PartialGroup.decode(again.partial_state, lease.prompt_id, N)
+    assert b.run_lease(again) and b.groups_resumed == 1
+    samples = delivered(r)
+    assert len(samples) == N
+    assert sorted(s.response_tokens[:2].tolist() for s in samples) == sorted(
+        s.tokens[:2] for s in saved.sequences)

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from relayrl.grpc_util import wait_healthy  # noqa: E402
+from relayrl.weights import nixl_plane  # noqa: E402
 from relayrl.weights.client import RelayClient  # noqa: E402
 from relayrl.weights.layout import flat_size  # noqa: E402
 from trainer_svc.publisher import AsyncPublisher  # noqa: E402
@@ -238,12 +239,9 @@ def main() -> None:
                     "memory fans out (8 x 2 GB would not fit beside the relays here)")
     args = ap.parse_args()
     planes = [p for p in args.planes.split(",") if p]
-    if "nixl" in planes:
-        try:
-            import nixl  # noqa: F401
-        except ImportError:
-            print("nixl is not installed; skipping the nixl plane", flush=True)
-            planes.remove("nixl")
+    if "nixl" in planes and not nixl_plane.available():
+        print("nixl-cu12 is not installed; skipping the nixl plane", flush=True)
+        planes.remove("nixl")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for mb in (int(s) for s in args.sizes_mb.split(",")):

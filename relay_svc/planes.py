@@ -45,7 +45,7 @@ class RelayPlanes:
 
     def close(self, request: relay_pb2.ClosePullRequest) -> None:
         if request.plane == Plane.DATA_PLANE_NIXL and self._nixl is not None:
-            self._nixl.forget(request.agent_name)
+            self._nixl.forget(request.version)
 
     def _shm(self, stored: StoredVersion, caller_host: str) -> relay_pb2.ShmTicket:
         if stored.shm_path is None:
@@ -80,5 +80,9 @@ class RelayPlanes:
         if self._nixl is None:
             from relayrl.weights.nixl_plane import NixlServer
 
-            self._nixl = NixlServer()
+            self._nixl = NixlServer(lease_s=self.timeout.total_seconds())
         return self._nixl
+
+    def shutdown(self) -> None:
+        if self._nixl is not None:
+            self._nixl.close()

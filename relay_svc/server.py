@@ -137,4 +137,5 @@ def serve(cfg: RunConfig) -> None:
     try:
         runner.run()
     finally:
+        planes.shutdown()
         store.close()

@@ -76,7 +76,7 @@ class RelayClient(WeightPlane):
     def pull(self, version: int, staging: torch.Tensor | None = None
              ) -> dict[str, torch.Tensor]:
         """Every shard of `version` (0: the latest), verified. With `staging` (a uint8 buffer
-        the caller reuses), the gRPC and torch.distributed planes receive into it and the
+        the caller reuses), the gRPC, torch.distributed and NIXL planes receive into it and the
         tensors view it: fresh memory costs a page fault per 4 KiB, a large share of a
         loopback transfer."""
         try:
@@ -125,7 +125,8 @@ class RelayClient(WeightPlane):
         if self._nixl is None:
             self._nixl = fetchers.NixlFetcher()
         try:
-            return manifest, self._nixl.fetch(ticket.nixl, ticket.flat_size, self.timeout_s)
+            return manifest, self._nixl.fetch(ticket.nixl, ticket.flat_size, self.timeout_s,
+                                              staging)
         finally:
             self._stub.ClosePull(relay_pb2.ClosePullRequest(
                 version=manifest.version, plane=plane, agent_name=self._nixl.name),

@@ -56,5 +56,6 @@ class NixlFetcher:
         self._client = NixlClient()
         self.name = self._client.name
 
-    def fetch(self, ticket: relay_pb2.NixlTicket, size: int, timeout_s: float) -> torch.Tensor:
-        return self._client.read(ticket, size, timeout_s)
+    def fetch(self, ticket: relay_pb2.NixlTicket, size: int, timeout_s: float,
+              staging: torch.Tensor | None = None) -> torch.Tensor:
+        return self._client.read(ticket, size, timeout_s, staging)

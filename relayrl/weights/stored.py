@@ -37,6 +37,7 @@ class StoredVersion:
         self.filled = 0
         self.state = State.PENDING
         self.error = ""
+        self.released = False  # dropped by its store; readers may still hold the buffer
         self._cond = threading.Condition()
 
     @property
@@ -56,6 +57,7 @@ class StoredVersion:
 
     def release(self) -> None:
         """Drop the shared-memory name; readers that mapped it keep their mapping."""
+        self.released = True
         if self.shm_path is not None:
             try:
                 os.unlink(self.shm_path)

@@ -1,5 +1,5 @@
 """One contract for every implementation: the in-process VersionStore and a relay reached
-over gRPC with each data plane (gRPC stream, shared memory, torch.distributed)."""
+over gRPC with each data plane (gRPC stream, shared memory, torch.distributed, NIXL)."""
 
 import os
 
@@ -18,22 +18,32 @@ from tests.conftest import free_ports
 KEEP = 2
 
 
-PLANES = ["grpc", "shm", "torch_dist"]
+PLANES = ["grpc", "shm", "torch_dist", "nixl"]
 
 
-@pytest.fixture
-def relay_server(tmp_path):
+def start_relay(tmp_path, planes: list[str]):
     shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
     store = VersionStore(KEEP, shm_dir=shm_dir, wait_timeout_s=10)
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
-    planes = RelayPlanes(PLANES, "127.0.0.1", transfer_timeout_s=10)
+    relay_planes = RelayPlanes(planes, "127.0.0.1", transfer_timeout_s=10)
     server, _ = make_server(address, [(add_relay_servicer,
-                                       RelayServicer(store, 1024, planes, 10))])
+                                       RelayServicer(store, 1024, relay_planes, 10))])
     server.start()
+
+    def stop():
+        server.stop(0)
+        relay_planes.shutdown()
+        store.close()
+
+    return address, store, stop
+
+
+@pytest.fixture
+def relay_server(tmp_path):
+    address, store, stop = start_relay(tmp_path, PLANES)
     yield address, store
-    server.stop(0)
-    store.close()
+    stop()
 
 
 @pytest.fixture(params=["in_process", *PLANES])
@@ -146,12 +156,15 @@ def test_shared_memory_needs_the_same_host(relay_server):
     assert "host_id" in info.value.details()
 
 
-def test_a_plane_the_relay_does_not_serve_is_refused(relay_server):
-    address, _ = relay_server
-    client = RelayClient(address, plane="nixl")
-    client.publish(1, 1, weights(1))
-    with pytest.raises(WeightError, match="'nixl' is not enabled"):
-        client.pull(1)
+def test_a_plane_the_relay_does_not_serve_is_refused(tmp_path):
+    address, _, stop = start_relay(tmp_path, ["grpc", "shm"])
+    try:
+        client = RelayClient(address, plane="torch_dist")
+        client.publish(1, 1, weights(1))
+        with pytest.raises(WeightError, match="'torch_dist' is not enabled"):
+            client.pull(1)
+    finally:
+        stop()
 
 
 def test_a_pulled_tensor_does_not_alias_the_relay(plane):

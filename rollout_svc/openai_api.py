@@ -151,7 +151,7 @@ def build_app(gen: CustomGenerator, model_name: str):
     @app.post("/v1/chat/completions")
     def chat(body: ChatRequest) -> dict:
         check_model(body.model)
-        ids = chat_prompt(gen, [m.model_dump(exclude_none=True) for m in body.messages])
+        ids = gen.lm.encode_chat([m.model_dump(exclude_none=True) for m in body.messages])
         _, version, outs = run(ids, body, body.max_completion_tokens or body.max_tokens,
                                "chat.completions")
         choices = []
@@ -168,16 +168,6 @@ def build_app(gen: CustomGenerator, model_name: str):
                 "usage": usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
 
     return app
-
-
-def chat_prompt(gen: CustomGenerator, messages: list[dict]) -> list[int]:
-    """The tokenizer's chat template when it has one; otherwise the messages' contents in
-    order (the tiny task model has no template and no letters to spell roles with)."""
-    tok = gen.lm.tokenizer
-    if getattr(tok, "chat_template", None):
-        return list(tok.apply_chat_template(messages, add_generation_prompt=True,
-                                            tokenize=True, return_dict=False))
-    return gen.lm.encode_prompt("".join(m["content"] for m in messages))
 
 
 class OpenAIServer:

@@ -39,6 +39,7 @@ class RolloutWorker:
         self.relays = relays
         self.writer = writer
         self.reward_fn = get_reward(reward_name)
+        self.prompt_format = cfg.task.prompt_format
         self.samples_generated = 0
         self.weight_swaps = 0
         self.pull_failures = 0
@@ -128,7 +129,7 @@ class RolloutWorker:
         """Generate, score and deliver one prompt's group, segment by segment, moving to newer
         weights and saving the token state at each boundary. Returns False if it stopped
         first, having handed the lease back with the state so far."""
-        prompt_tokens = self.lm.encode_prompt(lease.text)
+        prompt_tokens = self.lm.encode_task(lease.text, self.prompt_format)
         group = self._start_group(lease, prompt_tokens)
         first = True
         while not group.finished:

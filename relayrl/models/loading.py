@@ -31,6 +31,21 @@ class LoadedModel:
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + list(ids)
 
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A conversation as the model's chat template lays it out, ending with the assistant's
+        turn; a model with no template gets the contents joined."""
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False)
+            return [int(i) for i in ids]
+        return self.encode_prompt("".join(m["content"] for m in messages))
+
+    def encode_task(self, text: str, prompt_format: str) -> list[int]:
+        """A task prompt: as raw text ("raw"), or as one user message ("chat")."""
+        if prompt_format == "chat":
+            return self.encode_chat([{"role": "user", "content": text}])
+        return self.encode_prompt(text)
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -48,9 +63,14 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMo
 
 
 def resolve_model_path(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
-    """The configured model directory, or the cached tiny model (built if missing)."""
+    """The configured model directory, a converted pretrained model, or the cached tiny model
+    (each built if missing)."""
     if model_cfg.path:
         return Path(model_cfg.path)
+    if model_cfg.pretrained == "smollm2-135m-instruct":
+        from relayrl.models.smollm2 import ensure_smollm2
+
+        return ensure_smollm2(model_cfg.cache_dir)
     from relayrl.models.tiny import ensure_tiny_model
 
     return ensure_tiny_model(model_cfg, task_cfg)

@@ -15,11 +15,14 @@ class Problem:
     reference: str
 
 
+CHAT_QUESTION = "What is {a}+{b}? Reply with the number only."
+
+
 class AdditionTask:
-    reward_name = "exact_match"
     alphabet = "0123456789+="
 
-    def __init__(self, digits: int, seed: int, eval_size: int):
+    def __init__(self, digits: int, seed: int, eval_size: int, prompt_format: str = "raw",
+                 reward: str | None = None):
         if digits < 1:
             raise ValueError(f"task.digits must be >= 1, got {digits}")
         space = (10**digits) ** 2
@@ -29,6 +32,8 @@ class AdditionTask:
         self.digits = digits
         self.seed = seed
         self.eval_size = eval_size
+        self.prompt_format = prompt_format
+        self.reward_name = reward or ("exact_match" if prompt_format == "raw" else "math_verify")
 
     @property
     def max_answer_tokens(self) -> int:
@@ -40,9 +45,9 @@ class AdditionTask:
         a, b = rng.integers(0, hi, size=2)
         return int(a), int(b)
 
-    @staticmethod
-    def _problem(prompt_id: int, a: int, b: int) -> Problem:
-        return Problem(prompt_id=prompt_id, text=f"{a}+{b}=", reference=str(a + b))
+    def _problem(self, prompt_id: int, a: int, b: int) -> Problem:
+        text = f"{a}+{b}=" if self.prompt_format == "raw" else CHAT_QUESTION.format(a=a, b=b)
+        return Problem(prompt_id=prompt_id, text=text, reference=str(a + b))
 
     @cached_property
     def _held_out(self) -> list[tuple[int, int]]:

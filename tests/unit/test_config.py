@@ -37,6 +37,9 @@ def write(tmp_path, data):
     ({"scheduler": {"endpoint": {"port": 50551}}}, "port 50551"),
     ({"run_id": "has space"}, "run_id"),
     ({"task": {"name": "chess"}}, "task.name"),
+    ({"task": {"prompt_format": "chat"}}, "task.prompt_format"),
+    ({"model": {"path": "/m", "pretrained": "smollm2-135m-instruct"}}, "model.path"),
+    ({"model": {"pretrained": "gpt-5"}}, "model.pretrained"),
 ])
 def test_bad_configs_name_the_field(tmp_path, data, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

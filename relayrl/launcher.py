@@ -65,7 +65,8 @@ class Launcher:
             self.embedded = EmbeddedRedis(self.run_dir, die_with_launcher=True)
             updates["redis"] = self.cfg.redis.model_copy(update={"url": self.embedded.url})
         path = resolve_model_path(self.cfg.model, self.cfg.task)
-        updates["model"] = self.cfg.model.model_copy(update={"path": str(path.resolve())})
+        updates["model"] = self.cfg.model.model_copy(
+            update={"path": str(path.resolve()), "pretrained": None})  # services load, not build
         self.cfg = self.cfg.model_copy(update=updates)
         self.config_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"),
                                                    sort_keys=False))

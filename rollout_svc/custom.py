@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from relayrl.config import RolloutConfig
 from relayrl.generation import Completion
 from relayrl.models import LoadedModel
+from rollout_svc.batcher import RequestBatcher
 from rollout_svc.engine import Engine, SamplingSpec
 
 MAX_N = 64
@@ -37,6 +38,7 @@ class CustomGenerator:
         self.lm = lm
         self.defaults = defaults
         self.vocab_size = len(lm.tokenizer)
+        self.batcher = RequestBatcher(engine, defaults.max_batch_seqs)
         self.requests = 0
         self.tokens_out = 0
 
@@ -73,10 +75,9 @@ class CustomGenerator:
         return Request(prompt, spec, n)
 
     def generate(self, req: Request) -> tuple[int, list[Completion]]:
-        """All n completions under one version: (version, completions)."""
-        with self.engine.lock:
-            version = self.engine.version
-            outs = self.engine.generate([req.prompt] * req.n, req.spec)
+        """All n completions under one version: (version, completions). Concurrent requests
+        share engine calls (see RequestBatcher)."""
+        version, outs = self.batcher.generate([req.prompt] * req.n, req.spec)
         self._count(outs)
         return version, outs
 

@@ -36,6 +36,7 @@ from rollout_svc.engine import Engine, SamplingSpec
 from rollout_svc.torch_engine import check_state_dict
 
 GREEDY_TEMPERATURE_KEY = "relayrl_greedy_temperature"
+MIN_BATCHED_TOKENS = 8192
 
 # Read by vLLM when it is imported. The caller's own values win, except multiprocessing:
 # the engine core must live in this process for the in-place weight swap.
@@ -102,6 +103,16 @@ def _reload(worker, items: list[tuple[str, torch.Tensor]]) -> None:
     worker.model_runner.reload_weights(weights_iterator=iter(items))
 
 
+def _config_max_len(path: Path) -> int:
+    from transformers import AutoConfig
+
+    length = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    if not length:
+        raise ValueError(f"model.path: {path} gives no max_position_embeddings; set "
+                         "rollout.vllm_max_model_len")
+    return int(length)
+
+
 def expected_state(model_path: str | Path, dtype: torch.dtype = torch.float32
                    ) -> dict[str, torch.Tensor]:
     """The Hugging Face state dict (names, shapes, dtypes) of the model in `model_path`, on
@@ -126,6 +137,7 @@ class VllmEngine(Engine):
             raise ValueError(f"model.path: {path} holds no config.json")
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib: must be > 0, got {kv_cache_gib}")
+        max_len = max_model_len or _config_max_len(path)
         vllm = _import_vllm()
         self._SamplingParams = vllm.SamplingParams
         self._expected = expected_state(path)
@@ -137,8 +149,12 @@ class VllmEngine(Engine):
                 warnings.simplefilter("ignore", DeprecationWarning)
                 self.llm = vllm.LLM(
                     model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
-                    enforce_eager=enforce_eager, max_model_len=max_model_len or None,
+                    enforce_eager=enforce_eager, max_model_len=max_len,
                     kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
+                    # whole prompts per step: seeded requests' generators cannot rewind on
+                    # CPU after a prompt is cut part way (vLLM 0.32)
+                    enable_chunked_prefill=False,
+                    max_num_batched_tokens=max(MIN_BATCHED_TOKENS, max_len),
                     logprobs_mode="processed_logprobs",
                     logits_processors=[_greedy_temperature_processor()],
                     generation_config="vllm",  # no sampling defaults from the model directory
@@ -157,7 +173,6 @@ class VllmEngine(Engine):
             raise ValueError(f"model.path: {path} names no eos_token_id; pass eos_id")
         self.eos_id = int(eos_id)
         self._version = version
-        self._rng = np.random.default_rng(seed)
         self._broken: str | None = None
         self.tokens_generated = 0
         self.busy_s = 0.0
@@ -169,10 +184,13 @@ class VllmEngine(Engine):
         return self._version
 
     def _params(self, spec: SamplingSpec, contexts: list[list[int]]) -> list[Any]:
-        if spec.greedy:
+        # Unseeded requests draw from the engine's own stream (seeded at start): a per-request
+        # seed gives each request a generator of its own, slower, and on CPU it fails when a
+        # batch is split part way through a prompt.
+        if spec.greedy or spec.seed is None:
             seeds: list[int | None] = [None] * len(contexts)
         else:
-            rng = self._rng if spec.seed is None else np.random.default_rng(spec.seed)
+            rng = np.random.default_rng(spec.seed)
             seeds = [int(s) for s in rng.integers(0, 1 << 62, size=len(contexts))]
         params = []
         for ctx, seed in zip(contexts, seeds, strict=True):

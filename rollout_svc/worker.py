@@ -23,6 +23,7 @@ from relayrl.weights.layout import flat_size
 from rollout_svc.engine import Engine, SamplingSpec
 
 log = logging.getLogger(__name__)
+SERVE_ONLY_POLL_S = 1.0
 
 
 class RolloutWorker:
@@ -164,6 +165,11 @@ class RolloutWorker:
         self.scheduler.complete(self.worker_id, lease.lease_id)
 
     def run(self, stop: threading.Event) -> None:
+        if not self.cfg.rollout.train_loop:  # custom rollouts only: just follow the weights
+            while not stop.is_set():
+                self.refresh_weights()
+                stop.wait(SERVE_ONLY_POLL_S)
+            return
         self.register()
         beats = threading.Thread(target=self.heartbeat_loop, args=(stop,), daemon=True)
         beats.start()

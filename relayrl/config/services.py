@@ -164,6 +164,16 @@ class RolloutConfig(StrictModel):
     )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
     prompts_per_lease: int = Field(1, ge=1, le=256, description="Prompts asked for at once.")
+    max_batch_seqs: int = Field(
+        256, ge=1, le=65_536,
+        description="Most sequences one engine call takes when concurrent custom-rollout "
+        "requests (gRPC Generate, HTTP) are batched together.",
+    )
+    train_loop: bool = Field(
+        True, description="Take prompts from the scheduler and write groups for training; "
+        "False serves custom rollouts only (Generate, HTTP), still following the relay's "
+        "newest weights.",
+    )
     torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the engine.")
     seed: int = Field(0, ge=0, description="Sampling seed (offset by worker index).")
     engine: Literal["torch", "vllm"] = Field(

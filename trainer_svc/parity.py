@@ -1,8 +1,11 @@
 """How far the sampling engine's log-probabilities sit from the trainer's, every step.
 
-Two views of the same tokens. Tokens sampled by the version the trainer holds now measure the
-engine itself (kernels, dtype, sampler): on identical weights the gap should be ~0, and a
-growing one means the engine and trainer disagree about the policy. All policy tokens
+Two views of the same tokens. Tokens scored by the trainer under the very version that
+sampled them measure the engine itself (kernels, dtype, sampler): the gap should be ~0, and a
+growing one means the engine and trainer disagree about the policy. In an asynchronous run
+most tokens come from a version or two back, so the trainer keeps the last few versions'
+parameters and re-scores a handful of such sequences under their own version each step
+(`trainer.engine_check_versions`, `trainer.engine_check_seqs`). All policy tokens
 together measure what the importance-sampling correction has to undo (engine gap plus
 staleness). The KL estimate is k3 = r - 1 - log r with r = pi/mu, unbiased for KL(mu || pi)
 on tokens sampled from mu, and never negative.
@@ -22,9 +25,12 @@ def _gap(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tens
 
 @torch.no_grad()
 def logprob_gaps(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
-                 token_versions: torch.Tensor, version: int) -> dict[str, float]:
+                 token_versions: torch.Tensor, version: int,
+                 rescored: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
     """All [B, T] tensors aligned on next-token positions; `mask` 1.0 on policy tokens;
-    `token_versions` the version that sampled each token. Keys with no tokens are left out."""
+    `token_versions` the version that sampled each token; `trainer_logp` under `version`.
+    `rescored` (logp, 1.0 where valid): older tokens re-scored under their own version (see
+    rescore_older_tokens), which join the engine check. Keys with no tokens are left out."""
     out: dict[str, float] = {}
     mask = mask.float()
     if mask.sum() == 0:
@@ -33,9 +39,72 @@ def logprob_gaps(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: to
     out["rollout/offpolicy_logp_absdiff"] = absdiff
     out["rollout/offpolicy_kl"] = kl
     same = mask * (token_versions == version).float()
+    reference = trainer_logp
+    if rescored is not None:
+        logp, valid = rescored
+        valid = valid * mask * (1.0 - same)
+        reference = torch.where(valid > 0, logp, trainer_logp)
+        same = same + valid
     out["rollout/engine_tokens_frac"] = (same.sum() / mask.sum()).item()
     if same.sum() > 0:
-        absdiff, kl, _ = _gap(trainer_logp, engine_logp, same)
+        absdiff, kl, _ = _gap(reference, engine_logp, same)
         out["rollout/engine_logp_absdiff"] = absdiff
         out["rollout/engine_kl"] = kl
     return out
+
+
+class VersionHistory:
+    """The parameters of the last few versions the trainer held, so tokens sampled by an
+    older version can be re-scored under exactly that version. Buffers are allocated once
+    and reused; memory is `keep` copies of the parameters."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self._slots: list[tuple[int, dict[str, torch.Tensor]]] = []
+
+    @torch.no_grad()
+    def remember(self, version: int, model: torch.nn.Module) -> None:
+        if self.keep == 0:
+            return
+        params = dict(model.named_parameters())
+        if len(self._slots) < self.keep:
+            slot = {k: torch.empty_like(v) for k, v in params.items()}
+        else:
+            slot = self._slots.pop(0)[1]
+        for name, value in params.items():
+            slot[name].copy_(value)
+        self._slots.append((version, slot))
+
+    def get(self, version: int) -> dict[str, torch.Tensor] | None:
+        return next((p for v, p in self._slots if v == version), None)
+
+    @property
+    def versions(self) -> list[int]:
+        return [v for v, _ in self._slots]
+
+
+@torch.no_grad()
+def rescore_older_tokens(model: torch.nn.Module, history: VersionHistory, input_ids, attention_mask,
+                         mask: torch.Tensor, token_versions: torch.Tensor, temperature: float,
+                         max_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of up to `max_seqs` sequences' older-version tokens under the very
+    version that sampled each, newest versions first: (logp [B, T], 1.0 where re-scored)."""
+    logp = torch.zeros_like(mask, dtype=torch.float32)
+    scored = torch.zeros_like(mask, dtype=torch.float32)
+    budget = max_seqs
+    for version in sorted(history.versions, reverse=True):
+        if budget <= 0:
+            break
+        tokens = (token_versions == version) & (mask > 0)
+        rows = tokens.any(-1).nonzero().flatten()[:budget]
+        if len(rows) == 0:
+            continue
+        budget -= len(rows)
+        logits = torch.func.functional_call(
+            model, history.get(version),
+            kwargs={"input_ids": input_ids[rows], "attention_mask": attention_mask[rows]}).logits
+        lp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+        lp = lp.gather(-1, input_ids[rows, 1:, None]).squeeze(-1)
+        logp[rows] = torch.where(tokens[rows], lp, logp[rows])
+        scored[rows] = tokens[rows].float()
+    return logp, scored

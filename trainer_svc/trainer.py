@@ -21,7 +21,7 @@ from relayrl.tasks import make_task
 from trainer_svc import checkpoint
 from trainer_svc.batching import collate, split_stale, token_logprobs
 from trainer_svc.losses import LossInputs, get_loss
-from trainer_svc.parity import logprob_gaps
+from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
 from trainer_svc.publisher import AsyncPublisher
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ class Trainer:
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
         self.optimizer = torch.optim.AdamW(lm.model.parameters(), lr=self.tc.lr,
                                            weight_decay=self.tc.weight_decay)
+        self.history = VersionHistory(self.tc.engine_check_versions if self.tc.engine_check_seqs
+                                      else 0)
         self.step = 0
         self.ledger = checkpoint.Ledger()
         self.pending_cursor: bytes | None = b"0"
@@ -154,6 +156,12 @@ class Trainer:
         model.train()
         logp = token_logprobs(model, tb, self.cfg.rollout.temperature)
         old = logp.detach()
+        rescored = None
+        if self.tc.engine_check_seqs:
+            rescored = rescore_older_tokens(model, self.history, tb.input_ids, tb.attention_mask,
+                                            tb.response_mask, tb.token_versions,
+                                            self.cfg.rollout.temperature,
+                                            self.tc.engine_check_seqs)
         loss, stats = self.loss_fn(
             LossInputs(logp, old, tb.behaviour_logprobs, tb.advantages, tb.response_mask),
             clip_eps=self.tc.clip_eps, tis_cap=self.tc.tis_cap)
@@ -161,6 +169,7 @@ class Trainer:
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.tc.grad_clip)
         self.publisher.fence()  # the last published snapshot must be taken first
+        self.history.remember(version, model)
         self.optimizer.step()
         model.eval()
         n = tb.rewards.numel()
@@ -174,9 +183,9 @@ class Trainer:
             "staleness/lag_mean": tb.lags.float().mean().item(),
             "staleness/lag_max": int(tb.lags.max()),
             **{f"train/{k}": v for k, v in stats.items()},
+            **logprob_gaps(old, tb.behaviour_logprobs, tb.response_mask, tb.token_versions,
+                           version, rescored),
         }
-        record.update(logprob_gaps(old, tb.behaviour_logprobs, tb.response_mask,
-                                   tb.token_versions, version))
         return record
 
     def run_eval(self) -> dict:

@@ -220,6 +220,16 @@ class TrainerConfig(StrictModel):
     clip_eps: float = Field(0.2, gt=0, le=10, description="PPO-style ratio clip.")
     tis_cap: float = Field(2.0, ge=1.0, le=1e6, description="Truncated importance-weight cap.")
     scale_rewards: bool = Field(True, description="Divide group advantages by the group std.")
+    engine_check_versions: int = Field(
+        2, ge=0, le=64,
+        description="Past versions' parameters kept to re-score tokens under the version that "
+        "sampled them (the engine-vs-trainer check); each costs one copy of the parameters.",
+    )
+    engine_check_seqs: int = Field(
+        4, ge=0, le=4096,
+        description="Sequences of older versions re-scored per step for that check (one "
+        "no-grad forward over them); 0 turns it off and keeps no past versions.",
+    )
     checkpoint_every: int = Field(10, ge=1, le=1_000_000, description="Steps per checkpoint.")
     keep_checkpoints: int = Field(2, ge=1, le=1000, description="Checkpoints kept on disk.")
     eval_every: int = Field(10, ge=0, le=1_000_000, description="Steps per eval; 0 disables.")

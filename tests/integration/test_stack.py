@@ -76,6 +76,18 @@ def test_trainer_reached_its_target(finished_run):
     assert any(p.name.startswith("step_") for p in (cfg.run_path / "checkpoints").iterdir())
 
 
+def test_engine_and_trainer_agree_on_every_step(finished_run):
+    """The engine's recorded log-probabilities, re-scored by the trainer under the version
+    that sampled them: the same torch kernels, so the gap is rounding only."""
+    cfg, _, _, _, _ = finished_run
+    trained = [r for r in read_metrics(f"{cfg.run_dir}/metrics.jsonl") if "train/loss" in r]
+    assert trained
+    for r in trained:
+        assert r["rollout/engine_tokens_frac"] > 0, r["step"]
+        assert r["rollout/engine_logp_absdiff"] < 1e-4 and r["rollout/engine_kl"] < 1e-6
+        assert r["rollout/offpolicy_kl"] >= 0
+
+
 def test_versions_advanced_and_workers_moved_between_them(finished_run):
     _, _, state, _, _ = finished_run
     assert state["versions"][-1] == STEPS

@@ -1,4 +1,5 @@
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -42,3 +43,59 @@ def test_no_current_version_tokens_reports_only_the_offpolicy_gap():
 def test_no_policy_tokens_reports_nothing():
     logp = torch.zeros((1, 2))
     assert logprob_gaps(logp, logp, torch.zeros((1, 2)), torch.zeros((1, 2)), version=0) == {}
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=1, num_attention_heads=2,
+                                        tie_word_embeddings=True))
+
+
+def test_older_tokens_are_rescored_under_their_own_version():
+    import copy
+
+    from trainer_svc.batching import token_logprobs
+    from trainer_svc.parity import VersionHistory, rescore_older_tokens
+
+    model = tiny_llama()
+    v5 = copy.deepcopy(model)
+    history = VersionHistory(keep=2)
+    history.remember(5, model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1)  # version 6
+    ids = torch.randint(0, 16, (3, 6))
+    batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
+    mask = torch.ones((3, 5))
+    versions = torch.tensor([[5] * 5, [6] * 5, [5, 5, 6, 6, 6]])
+    logp, scored = rescore_older_tokens(model, history, ids, batch.attention_mask, mask,
+                                        versions, temperature=1.0, max_seqs=8)
+    expected = token_logprobs(v5, batch, 1.0).detach()
+    assert torch.equal(scored, (versions == 5).float())
+    assert torch.allclose(logp[scored > 0], expected[scored > 0], atol=1e-5)
+    assert not torch.allclose(expected, token_logprobs(model, batch, 1.0).detach(), atol=1e-3)
+
+    _, scored = rescore_older_tokens(model, history, ids, batch.attention_mask, mask,
+                                     versions, temperature=1.0, max_seqs=1)
+    assert scored.any(-1).sum() == 1  # the budget is in sequences
+
+    current = token_logprobs(model, batch, 1.0).detach()
+    engine = torch.where(versions == 5, expected, current)  # a perfect engine
+    out = logprob_gaps(current, engine, mask, versions, 6, (logp, (versions == 5).float()))
+    assert out["rollout/engine_tokens_frac"] == 1.0
+    assert out["rollout/engine_logp_absdiff"] < 1e-5
+    assert out["rollout/offpolicy_logp_absdiff"] > 1e-3
+
+
+def test_history_keeps_the_newest_versions_in_reused_buffers():
+    from trainer_svc.parity import VersionHistory
+
+    model = tiny_llama()
+    history = VersionHistory(keep=2)
+    for v in (1, 2, 3):
+        history.remember(v, model)
+    assert history.versions == [2, 3] and history.get(1) is None
+    assert VersionHistory(keep=0).versions == []

@@ -30,7 +30,7 @@ class CompletionRequest(_Strict):
     n: int = Field(1, ge=1, le=64)
     logprobs: int | None = Field(None, ge=0, le=0, description="Only the sampled token's.")
     seed: int | None = Field(None, ge=0)
-    stream: Literal[False] = False
+    stream: bool = False
     echo: Literal[False] = False
     user: str | None = None
 
@@ -52,7 +52,7 @@ class ChatRequest(_Strict):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=0)
     seed: int | None = Field(None, ge=0)
-    stream: Literal[False] = False
+    stream: bool = False
     user: str | None = None
 
 
@@ -70,6 +70,34 @@ def _sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, 
                        n=n, greedy=greedy, seed=seed or 0, where=where)
 
 
+STREAM_CHUNK_TOKENS = 8  # tokens per streamed event; the worker may change version between them
+
+
+class _TextDiff:
+    """Text of a growing token sequence, handed out as the part not yet sent: decoding
+    tokens one chunk at a time would split characters and merges."""
+
+    def __init__(self, gen: CustomGenerator):
+        self.gen, self.tokens, self.sent = gen, [], ""
+
+    def add(self, tokens: list[int]) -> str:
+        self.tokens.extend(tokens)
+        text = self.gen.decode(self.tokens)
+        if text.endswith("\ufffd"):  # a character still incomplete: wait for its next token
+            return ""
+        new = text[len(self.sent):] if text.startswith(self.sent) else text
+        self.sent = text
+        return new
+
+
+def _sse(events):
+    import json
+
+    for event in events:
+        yield f"data: {json.dumps(event)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 def _error(status: int, message: str, param: str | None = None):
     from fastapi.responses import JSONResponse
 
@@ -78,7 +106,8 @@ def _error(status: int, message: str, param: str | None = None):
         "message": message, "type": kind, "param": param, "code": None}})
 
 
-def build_app(gen: CustomGenerator, model_name: str):
+def build_app(gen: CustomGenerator, model_name: str,
+              stream_chunk_tokens: int = STREAM_CHUNK_TOKENS):
     from fastapi import FastAPI, HTTPException
     from fastapi.exceptions import RequestValidationError
 
@@ -99,13 +128,32 @@ def build_app(gen: CustomGenerator, model_name: str):
         if name != model_name:
             raise HTTPException(404, f"model: {name!r} is not served here; use {model_name!r}")
 
-    def run(prompt: list[int], body, max_tokens, where: str):
+    def check(prompt: list[int], body, max_tokens, where: str):
         try:
-            req = _sampling(gen, prompt, max_tokens, body.temperature, body.n, body.seed, where)
+            return _sampling(gen, prompt, max_tokens, body.temperature, body.n, body.seed, where)
         except ValueError as err:  # named as OpenAI names the field
             raise HTTPException(400, str(err).replace("max_new_tokens", "max_tokens")) from None
+
+    def run(prompt: list[int], body, max_tokens, where: str):
+        req = check(prompt, body, max_tokens, where)
         version, outs = gen.generate(req)
         return req, version, outs
+
+    def stream(req, head: dict, choice):
+        """Server-sent events, one per chunk of one choice; `choice(chunk, text, first)`
+        shapes the choice of each event."""
+        from fastapi.responses import StreamingResponse
+
+        def events():
+            texts = [_TextDiff(gen) for _ in range(req.n)]
+            started = [False] * req.n
+            for c in gen.stream(req, min(stream_chunk_tokens, req.spec.max_new_tokens)):
+                text = texts[c.index].add(c.tokens)
+                yield {**head, "choices": [choice(c, text, not started[c.index])],
+                       "policy_version": c.version}
+                started[c.index] = True
+
+        return StreamingResponse(_sse(events()), media_type="text/event-stream")
 
     def usage(prompt: list[int], outs) -> dict:
         done = sum(len(o.tokens) for o in outs)
@@ -125,7 +173,7 @@ def build_app(gen: CustomGenerator, model_name: str):
         return {"tokens": ids, "count": len(ids)}
 
     @app.post("/v1/completions")
-    def completions(body: CompletionRequest) -> dict:
+    def completions(body: CompletionRequest):
         check_model(body.model)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
@@ -133,6 +181,18 @@ def build_app(gen: CustomGenerator, model_name: str):
                 raise HTTPException(400, "prompt: one prompt per request (use n for several)")
             prompt = prompt[0]
         ids = gen.lm.encode_prompt(prompt) if isinstance(prompt, str) else list(prompt)
+        if body.stream:
+            head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                    "created": int(time.time()), "model": model_name}
+            return stream(check(ids, body, body.max_tokens, "completions"), head,
+                          lambda c, text, first: {
+                              "index": c.index, "text": text,
+                              "finish_reason": c.finish_reason or None,
+                              "logprobs": None if body.logprobs is None else {
+                                  "tokens": [gen.decode([t]) for t in c.tokens],
+                                  "token_logprobs": c.logprobs, "top_logprobs": None},
+                              "token_ids": c.tokens,
+                              "policy_versions": [c.version] * len(c.tokens)})
         _, version, outs = run(ids, body, body.max_tokens, "completions")
         choices = []
         for i, o in enumerate(outs):
@@ -149,9 +209,24 @@ def build_app(gen: CustomGenerator, model_name: str):
                 "usage": usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
 
     @app.post("/v1/chat/completions")
-    def chat(body: ChatRequest) -> dict:
+    def chat(body: ChatRequest):
         check_model(body.model)
         ids = gen.lm.encode_chat([m.model_dump(exclude_none=True) for m in body.messages])
+        if body.stream:
+            head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+                    "created": int(time.time()), "model": model_name}
+            return stream(
+                check(ids, body, body.max_completion_tokens or body.max_tokens,
+                      "chat.completions"), head,
+                lambda c, text, first: {
+                    "index": c.index, "finish_reason": c.finish_reason or None,
+                    "delta": {"role": "assistant", "content": text} if first
+                    else {"content": text},
+                    "logprobs": {"content": [
+                        {"token": gen.decode([t]), "logprob": lp, "top_logprobs": []}
+                        for t, lp in zip(c.tokens, c.logprobs, strict=True)]}
+                    if body.logprobs else None,
+                    "token_ids": c.tokens, "policy_versions": [c.version] * len(c.tokens)})
         _, version, outs = run(ids, body, body.max_completion_tokens or body.max_tokens,
                                "chat.completions")
         choices = []
@@ -173,11 +248,13 @@ def build_app(gen: CustomGenerator, model_name: str):
 class OpenAIServer:
     """uvicorn in a background thread of the worker process."""
 
-    def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str):
+    def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str,
+                 stream_chunk_tokens: int = STREAM_CHUNK_TOKENS):
         import uvicorn
 
-        config = uvicorn.Config(build_app(gen, model_name), host=host, port=port,
-                                log_level="warning", access_log=False)
+        app = build_app(gen, model_name, stream_chunk_tokens)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                access_log=False)
         self.server = uvicorn.Server(config)
         self.server.install_signal_handlers = lambda: None  # the worker owns the signals
         self.thread = threading.Thread(target=self.server.run, name="openai-http", daemon=True)

@@ -48,7 +48,7 @@ def grpc_stub(generator):
 @pytest.fixture(scope="module")
 def http(generator):
     (port,) = free_ports(1)
-    server = OpenAIServer(generator, "127.0.0.1", port, MODEL)
+    server = OpenAIServer(generator, "127.0.0.1", port, MODEL, stream_chunk_tokens=2)
     server.start()
     yield openai.OpenAI(base_url=f"{server.address}/v1", api_key="unused", max_retries=0)
     server.stop()
@@ -116,6 +116,28 @@ def test_openai_client_completions_chat_and_models(http, tiny_lm):
     choice = chat.choices[0]
     assert choice.message.role == "assistant"
     assert len(choice.logprobs.content) == len(choice.model_extra["token_ids"])
+
+
+def test_openai_streams_chunks_that_add_up(http, tiny_lm):
+    events = list(http.completions.create(model=MODEL, prompt="12+34=", max_tokens=5, n=2,
+                                          logprobs=0, stream=True))
+    prompt = tiny_lm.encode_prompt("12+34=")
+    for i in range(2):
+        mine = [e.choices[0] for e in events if e.choices[0].index == i]
+        ids = [t for c in mine for t in c.model_extra["token_ids"]]
+        assert 1 <= len(ids) <= 5 and len(mine) == (len(ids) + 1) // 2  # 2 tokens per event
+        assert "".join(c.text for c in mine) == tiny_lm.decode(ids)
+        assert [c.finish_reason for c in mine[:-1]] == [None] * (len(mine) - 1)
+        assert mine[-1].finish_reason in ("stop", "length")
+        logprobs = [lp for c in mine for lp in c.logprobs.token_logprobs]
+        assert np.allclose(logprobs, recompute(tiny_lm, prompt, ids).numpy(), atol=1e-4)
+    chat = list(http.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "3+4="}], max_tokens=5, stream=True))
+    assert chat[0].choices[0].delta.role == "assistant"
+    text = "".join(e.choices[0].delta.content for e in chat)
+    ids = [t for e in chat for t in e.choices[0].model_extra["token_ids"]]
+    assert text == tiny_lm.decode(ids) and chat[-1].choices[0].finish_reason is not None
+    assert all(e.model_extra["policy_version"] == 7 for e in chat)
 
 
 def test_openai_bad_requests_are_refused_by_name(http):

@@ -30,6 +30,8 @@ class Child:
     address: str
     overrides: list[str]
     proc: subprocess.Popen | None = None
+    restartable: bool = False  # a rollout worker: the run goes on without it meanwhile
+    restarts: int = 0
 
 
 class Launcher:
@@ -45,7 +47,7 @@ class Launcher:
         c = self.cfg
         workers = [Child(f"rollout-{i}", "rollout_svc",
                          f"{c.rollout.host}:{c.rollout.base_port + i}",
-                         [f"rollout.worker_index={i}"])
+                         [f"rollout.worker_index={i}"], restartable=True)
                    for i in range(c.rollout.num_workers)]
         return [
             [Child("relay", "relay_svc", c.relay.endpoint.address, []),
@@ -82,7 +84,8 @@ class Launcher:
         child.proc = subprocess.Popen(cmd, env=env, stdout=out,
                                       stderr=None if to_terminal else subprocess.STDOUT)
         out.close()
-        self.children.append(child)
+        if child not in self.children:
+            self.children.append(child)
 
     def start(self) -> None:
         self.prepare()
@@ -96,7 +99,8 @@ class Launcher:
                 log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
 
     def wait(self) -> int:
-        """Until the trainer exits (0 when it reached max_steps) or another service dies."""
+        """Until the trainer exits (0 when it reached max_steps) or another service dies; a
+    rollout worker that fails is restarted up to rollout.max_restarts times."""
         while True:
             for c in self.children:
                 code = c.proc.poll()
@@ -104,6 +108,13 @@ class Launcher:
                     continue
                 if c.name == "trainer":
                     return code
+                if c.restartable and code != 0 and c.restarts < self.cfg.rollout.max_restarts:
+                    # its leases lapse and are re-issued; the new process registers afresh
+                    c.restarts += 1
+                    log.warning("%s exited with %s; restarting it (%d of %d)", c.name, code,
+                                c.restarts, self.cfg.rollout.max_restarts)
+                    self._spawn(c)
+                    continue
                 level = logging.INFO if code == 0 else logging.ERROR
                 log.log(level, "%s exited with %s; stopping the run (see %s)", c.name, code,
                         self.run_dir / "logs" / f"{c.name}.log")

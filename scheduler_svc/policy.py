@@ -76,7 +76,19 @@ class LeasePolicy:
         return (self.max_prompts > 0 and self.cursor >= self.max_prompts
                 and not self.requeue and not self.leases)
 
+    def leases_by_worker(self) -> dict[str, int]:
+        counts = dict.fromkeys(self.workers, 0)
+        for lease in self.leases.values():
+            counts[lease.worker_id] = counts.get(lease.worker_id, 0) + 1
+        return counts
+
     def register(self, worker_id: str, now: float) -> None:
+        """A worker (re)starts: leases an earlier process under its name held lapse now,
+        since the new process knows nothing of them and its heartbeats would keep them."""
+        for lease in self.leases.values():
+            if lease.worker_id == worker_id:
+                lease.deadline = now
+        self.expire(now)
         self.workers[worker_id] = WorkerState(last_seen=now)
 
     def heartbeat(self, worker_id: str, policy_version: int, now: float) -> bool:

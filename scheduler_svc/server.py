@@ -78,7 +78,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 leases_released=p.counters.leases_released,
                 partial_groups=len(self.core.partials),
                 failed=len(p.failed), finished=p.finished, workers=len(p.workers), done=p.done,
-                worker_versions={w: s.policy_version for w, s in p.workers.items()})
+                worker_versions={w: s.policy_version for w, s in p.workers.items()},
+                worker_leases=p.leases_by_worker())
 
 
 def serve(cfg: RunConfig) -> None:

@@ -169,6 +169,11 @@ class RolloutConfig(StrictModel):
         description="Most sequences one engine call takes when concurrent custom-rollout "
         "requests (gRPC Generate, HTTP) are batched together.",
     )
+    max_restarts: int = Field(
+        3, ge=0, le=1000,
+        description="Times `relayrl up` restarts a worker that dies; its leases lapse and are "
+        "re-issued meanwhile, and the new process registers afresh.",
+    )
     train_loop: bool = Field(
         True, description="Take prompts from the scheduler and write groups for training; "
         "False serves custom rollouts only (Generate, HTTP), still following the relay's "

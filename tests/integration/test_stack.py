@@ -5,24 +5,11 @@ import os
 import time
 
 import pytest
-import redis as redis_lib
 
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel
-from relayrl.keys import RunKeys
 from relayrl.launcher import Launcher
 from relayrl.metrics import read_metrics
-from relayrl.proto.v1 import (
-    buffer_pb2,
-    buffer_pb2_grpc,
-    relay_pb2,
-    relay_pb2_grpc,
-    rollout_pb2,
-    rollout_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-)
-from tests.conftest import small_stack_config
+from tests.conftest import small_stack_config, snapshot
 
 STEPS, GROUPS, GROUP_SIZE = 10, 2, 4
 
@@ -42,28 +29,6 @@ def finished_run(tmp_path_factory):
         launcher.shutdown()
     exit_codes = {c.name: c.proc.returncode for c in launcher.children}
     return launcher.cfg, code, state, pids, exit_codes
-
-
-def snapshot(cfg: RunConfig) -> dict:
-    sched = scheduler_pb2_grpc.SchedulerStub(channel(cfg.scheduler.endpoint.address))
-    buf = buffer_pb2_grpc.BufferStub(channel(cfg.buffer.endpoint.address))
-    relay = relay_pb2_grpc.RelayStub(channel(cfg.relay.endpoint.address))
-    workers = []
-    for i in range(cfg.rollout.num_workers):
-        stub = rollout_pb2_grpc.RolloutStub(channel(f"127.0.0.1:{cfg.rollout.base_port + i}"))
-        workers.append(stub.Status(rollout_pb2.RolloutStatusRequest(), timeout=5))
-    r = redis_lib.Redis.from_url(cfg.redis.url)
-    keys = RunKeys(cfg.run_id)
-    ledger = {name: {int(x) for x in r.smembers(keys.ledger(name))}
-              for name in ("leased", "batched", "consumed", "dropped", "failed")}
-    return {
-        "scheduler": sched.Status(scheduler_pb2.SchedulerStatusRequest(), timeout=5),
-        "buffer": buf.Stats(buffer_pb2.BufferStatsRequest(), timeout=5),
-        "versions": list(relay.ListVersions(relay_pb2.ListVersionsRequest(), timeout=5).versions),
-        "workers": workers,
-        "ledger": ledger,
-        "pending_batches": r.xpending(keys.batches, "trainer")["pending"],
-    }
 
 
 def test_trainer_reached_its_target(finished_run):

@@ -110,3 +110,16 @@ def test_released_lease_goes_back_at_once_without_costing_an_attempt():
     assert (again.prompt_id, again.attempt) == (lease.prompt_id, 1)
     assert not p.complete(lease.lease_id, "w0")  # the handed-back lease is gone
     assert p.complete(again.lease_id, "w1") and p.failed == set()
+
+
+def test_a_restarted_worker_registering_again_lapses_its_old_leases():
+    p = policy(max_attempts=3)
+    old = p.acquire("w0", 2, now=0.0)
+    other = p.acquire("w1", 1, now=0.0)[0]
+    p.register("w0", now=1.0)  # the process died and came back under the same name
+    assert set(p.leases) == {other.lease_id}
+    again = p.acquire("w0", 2, now=1.0)
+    assert sorted(g.prompt_id for g in again) == sorted(g.prompt_id for g in old)
+    assert all(g.attempt == 2 for g in again)
+    assert p.heartbeat("w0", 0, now=2.0)
+    assert not {g.lease_id for g in old} & set(p.leases)

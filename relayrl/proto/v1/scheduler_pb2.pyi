@@ -395,6 +395,26 @@ class SchedulerStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class WorkerLeasesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     HANDED_OUT_FIELD_NUMBER: _builtins.int
     LEASES_GRANTED_FIELD_NUMBER: _builtins.int
     LEASES_COMPLETED_FIELD_NUMBER: _builtins.int
@@ -407,6 +427,7 @@ class SchedulerStatus(_message.Message):
     WORKER_VERSIONS_FIELD_NUMBER: _builtins.int
     LEASES_RELEASED_FIELD_NUMBER: _builtins.int
     PARTIAL_GROUPS_FIELD_NUMBER: _builtins.int
+    WORKER_LEASES_FIELD_NUMBER: _builtins.int
     handed_out: _builtins.int
     """distinct prompts ever leased"""
     leases_granted: _builtins.int
@@ -423,6 +444,10 @@ class SchedulerStatus(_message.Message):
     """prompts waiting with saved token state"""
     @_builtins.property
     def worker_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def worker_leases(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """active leases per registered worker"""
+
     def __init__(
         self,
         *,
@@ -438,10 +463,11 @@ class SchedulerStatus(_message.Message):
         worker_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         leases_released: _builtins.int = ...,
         partial_groups: _builtins.int = ...,
+        worker_leases: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "done", b"done", "failed", b"failed", "finished", b"finished", "handed_out", b"handed_out", "leases_completed", b"leases_completed", "leases_expired", b"leases_expired", "leases_granted", b"leases_granted", "leases_released", b"leases_released", "partial_groups", b"partial_groups", "worker_versions", b"worker_versions", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "done", b"done", "failed", b"failed", "finished", b"finished", "handed_out", b"handed_out", "leases_completed", b"leases_completed", "leases_expired", b"leases_expired", "leases_granted", b"leases_granted", "leases_released", b"leases_released", "partial_groups", b"partial_groups", "worker_leases", b"worker_leases", "worker_versions", b"worker_versions", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,13 +3,15 @@
 Agents send one prompt per request, often from many threads at once; run one by one, each
 engine call would see a handful of sequences. Here a request waits in a queue while the
 engine is busy, and the next call takes every queued request with the same sampling settings
-(up to a sequence budget), so batches grow with load and an idle engine adds no delay.
+(up to a sequence budget), so batches grow with load. A short wait before each call (a
+few milliseconds) lets callers that were just answered send their next requests in time.
 Seeded requests run alone: their seed fixes the randomness of their own sequences only.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -28,11 +30,14 @@ class _Pending:
 
 
 class RequestBatcher:
-    def __init__(self, engine: Engine, max_batch_seqs: int = 256):
+    def __init__(self, engine: Engine, max_batch_seqs: int = 256, wait_s: float = 0.0):
         if max_batch_seqs < 1:
             raise ValueError(f"max_batch_seqs: must be >= 1, got {max_batch_seqs}")
+        if wait_s < 0:
+            raise ValueError(f"batch_wait_ms: must be >= 0, got {wait_s * 1e3}")
         self.engine = engine
         self.max_batch_seqs = max_batch_seqs
+        self.wait_s = wait_s
         self._queue: deque[_Pending] = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -56,11 +61,22 @@ class RequestBatcher:
         assert item.outs is not None
         return item.version, item.outs
 
+    def _queued_seqs(self) -> int:
+        return sum(len(item.contexts) for item in self._queue)
+
     def _take(self) -> list[_Pending]:
-        """The oldest request, and every later one that can share its engine call."""
+        """The oldest request, and every later one that can share its engine call, after
+        waiting up to `wait_s` for the batch to fill (callers whose last answers just went out
+        are about to send their next requests)."""
         with self._cv:
             while not self._queue:
                 self._cv.wait()
+            deadline = time.monotonic() + self.wait_s
+            while self._queued_seqs() < self.max_batch_seqs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
             first = self._queue.popleft()
             batch, seqs = [first], len(first.contexts)
             if first.spec.seed is not None:

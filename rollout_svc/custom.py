@@ -38,7 +38,8 @@ class CustomGenerator:
         self.lm = lm
         self.defaults = defaults
         self.vocab_size = len(lm.tokenizer)
-        self.batcher = RequestBatcher(engine, defaults.max_batch_seqs)
+        self.batcher = RequestBatcher(engine, defaults.max_batch_seqs,
+                                      defaults.batch_wait_ms / 1e3)
         self.requests = 0
         self.tokens_out = 0
 

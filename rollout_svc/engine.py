@@ -41,6 +41,14 @@ class Engine(ABC):
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
+        self.threads = torch.get_num_threads()
+
+    def use_threads(self) -> None:
+        """Compute with the intra-op thread count the engine was built with, from whichever
+        thread calls (gRPC handlers, the request batcher): torch's count is per thread, and
+        vLLM's CPU attention refuses to run with another count than it planned for."""
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
 
     @property
     @abstractmethod

@@ -44,6 +44,7 @@ class TorchEngine(Engine):
         if spec.seed is not None:
             generator = torch.Generator().manual_seed(spec.seed)
         with self.lock:
+            self.use_threads()
             t0 = time.monotonic()
             outs = sample(self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
                           eos_id=self.lm.eos_id, pad_id=self.lm.pad_id,
@@ -55,6 +56,7 @@ class TorchEngine(Engine):
 
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         with self.lock:
+            self.use_threads()
             check_state_dict(self.lm.model.state_dict(), tensors, version)
             self.lm.model.load_state_dict(tensors, strict=True)
             self._version = version

@@ -210,6 +210,7 @@ class VllmEngine(Engine):
                 raise ValueError(f"context of {len(c)} tokens leaves no room to generate: "
                                  f"max_model_len is {self.max_model_len}")
         with self.lock:
+            self.use_threads()
             self._check_usable()
             params = self._params(spec, contexts)
             t0 = time.monotonic()
@@ -233,6 +234,7 @@ class VllmEngine(Engine):
 
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         with self.lock:
+            self.use_threads()
             self._check_usable()
             check_state_dict(self._expected, tensors, version)
             empty = sorted(name for name, t in tensors.items() if t.is_meta)

@@ -169,6 +169,11 @@ class RolloutConfig(StrictModel):
         description="Most sequences one engine call takes when concurrent custom-rollout "
         "requests (gRPC Generate, HTTP) are batched together.",
     )
+    batch_wait_ms: float = Field(
+        5.0, ge=0, le=10_000,
+        description="How long the request batcher waits for a batch to fill before an engine "
+        "call; 0 runs whatever is waiting at once.",
+    )
     max_restarts: int = Field(
         3, ge=0, le=1000,
         description="Times `relayrl up` restarts a worker that dies; its leases lapse and are "

@@ -19,7 +19,7 @@ import torch
 def _gap(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor):
     n = mask.sum()
     log_ratio = (trainer_logp - engine_logp) * mask
-    k3 = (torch.exp(log_ratio) - 1.0 - log_ratio) * mask
+    k3 = (torch.exp(log_ratio) - 1.0 - log_ratio).clamp(min=0.0) * mask  # >= 0 but for rounding
     return (log_ratio.abs().sum() / n).item(), (k3.sum() / n).item(), int(n.item())
 
 

@@ -25,6 +25,7 @@ class SamplingSpec:
     temperature: float = 1.0
     greedy: bool = False
     seed: int | None = None  # per-call seed; None continues the engine's own stream
+    ignore_eos: bool = False  # generate max_new_tokens whatever is sampled (benchmarks)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -47,7 +47,8 @@ class TorchEngine(Engine):
             self.use_threads()
             t0 = time.monotonic()
             outs = sample(self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
-                          eos_id=self.lm.eos_id, pad_id=self.lm.pad_id,
+                          eos_id=-1 if spec.ignore_eos else self.lm.eos_id,
+                          pad_id=self.lm.pad_id,
                           temperature=spec.temperature, greedy=spec.greedy,
                           generator=generator)
             self.busy_s += time.monotonic() - t0

@@ -197,7 +197,8 @@ class VllmEngine(Engine):
             params.append(self._SamplingParams(
                 max_tokens=min(spec.max_new_tokens, self.max_model_len - len(ctx)),
                 temperature=0.0 if spec.greedy else spec.temperature,
-                seed=seed, logprobs=0, stop_token_ids=[self.eos_id], detokenize=False,
+                seed=seed, logprobs=0, detokenize=False, ignore_eos=spec.ignore_eos,
+                stop_token_ids=[] if spec.ignore_eos else [self.eos_id],
                 extra_args={GREEDY_TEMPERATURE_KEY: spec.temperature} if spec.greedy else None,
             ))
         return params

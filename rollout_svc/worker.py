@@ -1,10 +1,16 @@
-"""The rollout loop: refresh weights between sequences, lease, generate, score, append."""
+"""The rollout loop: refresh weights between segments, lease, generate, score, append.
+
+A worker holds up to `rollout.max_active_groups` prompts at once. Their unfinished sequences
+share each engine call; with `rollout.segment_tokens` set, a call generates one segment, so
+finished groups leave and newly leased ones join at every boundary (continuous batching at
+segment granularity) and no group waits for another's longest sample."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import grpc
 import redis
@@ -21,9 +27,16 @@ from relayrl.streams import TrajectoryWriter
 from relayrl.weights import WeightError, WeightPlane
 from relayrl.weights.layout import flat_size
 from rollout_svc.engine import Engine, SamplingSpec
+from rollout_svc.lengths import target_length
 
 log = logging.getLogger(__name__)
 SERVE_ONLY_POLL_S = 1.0
+
+
+@dataclass
+class ActiveGroup:
+    lease: LeasedPrompt
+    group: PartialGroup
 
 
 class RolloutWorker:
@@ -104,51 +117,79 @@ class RolloutWorker:
                             lease.lease_id, err)
         return PartialGroup.fresh(lease.prompt_id, prompt_tokens, n)
 
-    def generate_segment(self, group: PartialGroup) -> None:
-        """Extend every unfinished sequence by at most one segment under the engine's
-        current weights; every new token is tagged with that version."""
+    def _limit(self, group: PartialGroup, index: int) -> int:
         rc = self.cfg.rollout
-        todo = group.unfinished()
-        # unfinished sequences of a group advance in lockstep, so they share a budget
-        room = rc.max_new_tokens - max(len(s.tokens) for s in todo)
-        budget = min(room, rc.segment_tokens) if rc.segment_tokens else room
-        spec = SamplingSpec(max_new_tokens=budget, temperature=rc.temperature)
+        if not rc.synthetic_length_median:
+            return rc.max_new_tokens
+        return target_length(group.prompt_id, index, rc.synthetic_length_median,
+                             rc.synthetic_length_p99_ratio, rc.max_new_tokens)
+
+    def generate_segment(self, groups: list[PartialGroup]) -> None:
+        """Extend every unfinished sequence of `groups` by at most one segment, in one engine
+        call under the engine's current weights; every new token is tagged with that
+        version. A sequence that passes its length limit is cut there."""
+        rc = self.cfg.rollout
+        todo = [(g, s, self._limit(g, i)) for g in groups
+                for i, s in enumerate(g.sequences) if not s.finished]
+        budget = max(limit - len(s.tokens) for _, s, limit in todo)
+        if rc.segment_tokens:
+            budget = min(budget, rc.segment_tokens)
+        spec = SamplingSpec(max_new_tokens=budget, temperature=rc.temperature,
+                            ignore_eos=bool(rc.synthetic_length_median))
         with self.engine.lock:  # no swap between reading the version and sampling with it
             version = self.engine.version
-            outs = self.engine.generate([group.prompt_tokens + s.tokens for s in todo], spec)
-        for seq, out in zip(todo, outs, strict=True):
+            outs = self.engine.generate([g.prompt_tokens + s.tokens for g, s, _ in todo], spec)
+        for (_, seq, limit), out in zip(todo, outs, strict=True):
             if seq.versions and seq.versions[-1] != version:
                 self.mid_sequence_swaps += 1
-            seq.extend(out.tokens, out.logprobs, version)
-            if out.finish_reason == "stop":
+            keep = limit - len(seq.tokens)
+            seq.extend(out.tokens[:keep], out.logprobs[:keep], version)
+            if out.finish_reason == "stop" and len(out.tokens) <= keep:
                 seq.finish_reason = "stop"
-            elif len(seq.tokens) >= rc.max_new_tokens:
+            elif len(seq.tokens) >= limit:
                 seq.finish_reason = "length"
         self.segments += 1
+
+    def activate(self, lease: LeasedPrompt) -> ActiveGroup:
+        prompt_tokens = self.lm.encode_task(lease.text, self.prompt_format)
+        return ActiveGroup(lease, self._start_group(lease, prompt_tokens))
+
+    def advance(self, active: list[ActiveGroup]) -> tuple[list[ActiveGroup], int]:
+        """One segment for every active group: finished groups are scored and delivered, the
+        others' token state is saved with the scheduler. Returns (the groups still held,
+        how many were delivered)."""
+        self.generate_segment([a.group for a in active])
+        still, delivered = [], 0
+        for a in active:
+            if a.group.finished:
+                self.deliver(a.lease, a.group)
+                delivered += 1
+            elif self.cfg.rollout.segment_tokens and not self.scheduler.save_progress(
+                    self.worker_id, a.lease.lease_id, a.group.encode()):
+                log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
+            else:
+                still.append(a)
+        return still, delivered
+
+    def release_all(self, active: list[ActiveGroup]) -> None:
+        """Hand unfinished groups back with their token state, for another worker."""
+        for a in active:
+            self.scheduler.release(self.worker_id, a.lease.lease_id, a.group.encode())
+            self.leases_released += 1
 
     def run_lease(self, lease: LeasedPrompt, stop: threading.Event | None = None) -> bool:
         """Generate, score and deliver one prompt's group, segment by segment, moving to newer
         weights and saving the token state at each boundary. Returns False if it stopped
         first, having handed the lease back with the state so far."""
-        prompt_tokens = self.lm.encode_task(lease.text, self.prompt_format)
-        group = self._start_group(lease, prompt_tokens)
-        first = True
-        while not group.finished:
-            if not first:
-                if stop is not None and stop.is_set():
-                    self.scheduler.release(self.worker_id, lease.lease_id, group.encode())
-                    self.leases_released += 1
-                    return False
+        active, delivered = [self.activate(lease)], 0
+        while active:
+            active, delivered = self.advance(active)
+            if active and stop is not None and stop.is_set():
+                self.release_all(active)
+                return False
+            if active:
                 self.refresh_weights()
-            self.generate_segment(group)
-            if not group.finished and self.cfg.rollout.segment_tokens:
-                if not self.scheduler.save_progress(self.worker_id, lease.lease_id,
-                                                    group.encode()):
-                    log.warning("lease %s lapsed mid-generation; dropping it", lease.lease_id)
-                    return False
-            first = False
-        self.deliver(lease, group)
-        return True
+        return delivered == 1
 
     def deliver(self, lease: LeasedPrompt, group: PartialGroup) -> None:
         samples = []
@@ -173,30 +214,44 @@ class RolloutWorker:
         self.register()
         beats = threading.Thread(target=self.heartbeat_loop, args=(stop,), daemon=True)
         beats.start()
+        active: list[ActiveGroup] = []
         while not stop.is_set():
             self.refresh_weights()
+            wait_s = self._refill(active, stop)
+            if not active:
+                stop.wait(wait_s)
+                continue
             try:
-                resp = self.scheduler.acquire(self.worker_id, self.cfg.rollout.prompts_per_lease)
-            except grpc.RpcError as err:
-                log.warning("scheduler unavailable (%s); retrying", err.code())
+                active, _ = self.advance(active)
+            except (grpc.RpcError, redis.RedisError) as err:
+                # the leases lapse and are re-issued; anything already appended is
+                # de-duplicated by the buffer
+                log.warning("%d leases abandoned: %s", len(active), err)
+                active = []
                 stop.wait(1.0)
+        try:
+            self.release_all(active)
+        except grpc.RpcError as err:  # they lapse instead
+            log.warning("could not hand back %d leases: %s", len(active), err)
+
+    def _refill(self, active: list[ActiveGroup], stop: threading.Event) -> float:
+        """Lease prompts up to rollout.max_active_groups; new groups join at the next
+        segment. Returns how long to wait if there is nothing to generate."""
+        want = self.cfg.rollout.max_active_groups - len(active)
+        if want <= 0:
+            return 0.0
+        try:
+            resp = self.scheduler.acquire(self.worker_id, want)
+        except grpc.RpcError as err:
+            log.warning("scheduler unavailable (%s); retrying", err.code())
+            return 1.0
+        if resp.done and not active:
+            log.info("scheduler has no more prompts; idling")
+            return 1.0
+        for lease in resp.leases:
+            if stop.is_set():  # not started: hand it back for re-issue now
+                self.scheduler.release(self.worker_id, lease.lease_id)
+                self.leases_released += 1
                 continue
-            if resp.done:
-                log.info("scheduler has no more prompts; idling")
-                stop.wait(1.0)
-                continue
-            if not resp.leases:
-                stop.wait(resp.retry_after_s or 0.05)
-                continue
-            for lease in resp.leases:
-                try:
-                    if stop.is_set():  # not started: hand it back for re-issue now
-                        self.scheduler.release(self.worker_id, lease.lease_id)
-                        self.leases_released += 1
-                        continue
-                    self.run_lease(lease, stop)
-                except (grpc.RpcError, redis.RedisError) as err:
-                    # the lease lapses and is re-issued; anything already appended is
-                    # de-duplicated by the buffer
-                    log.warning("lease %s abandoned: %s", lease.lease_id, err)
-                    stop.wait(1.0)
+            active.append(self.activate(lease))
+        return resp.retry_after_s or 0.05

@@ -163,7 +163,21 @@ class RolloutConfig(StrictModel):
         "going on; 0 generates each response in one segment.",
     )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
-    prompts_per_lease: int = Field(1, ge=1, le=256, description="Prompts asked for at once.")
+    synthetic_length_median: int = Field(
+        0, ge=0, le=65_536,
+        description="Benchmarks: give each response a length drawn from a lognormal with this "
+        "median (seeded by prompt and sample, capped by max_new_tokens), ignoring "
+        "end-of-sequence; 0 lets the model decide.",
+    )
+    synthetic_length_p99_ratio: float = Field(
+        10.0, ge=1.0, le=1000.0,
+        description="p99 / median of the synthetic lengths: 10 is a heavy tail.",
+    )
+    max_active_groups: int = Field(
+        4, ge=1, le=4096,
+        description="Prompts a worker generates at once: their unfinished sequences share each "
+        "engine call, and with segment_tokens set new prompts join at every segment boundary.",
+    )
     max_batch_seqs: int = Field(
         256, ge=1, le=65_536,
         description="Most sequences one engine call takes when concurrent custom-rollout "

@@ -1,0 +1,138 @@
+"""The real stack on heavy-tailed generation: synchronous against asynchronous, in one run.
+
+    python bench/longtail.py [--steps 30] [--median 16] [--p99-ratio 10] [--workers 2]
+
+Every service runs as its own process (relayrl up's launcher) on the tiny CPU example, with
+response lengths drawn from a lognormal whose p99 is `p99-ratio` times its median (the
+engines ignore end-of-sequence). Three modes on the same prompts and lengths:
+
+- sync: one batch of prompts in flight; the next is handed out only once the trainer has
+  stepped past it, so generation and training alternate and each batch waits for its longest
+  response.
+- async: trajectory-level asynchrony (staleness bound 2, so up to three batches of prompts in
+  flight): workers keep generating, in larger batches, while the trainer trains; each engine
+  call still runs until its longest response ends.
+- async_segments: as async, with responses generated in segments: finished prompts leave
+  and new ones join every `--segment` tokens, so a long response never holds a batch.
+
+Reports trained samples/s after a warm-up, and ends with one JSON line of the ratios
+(target: async >= 2x sync).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from relayrl.config import RunConfig, load_run_config  # noqa: E402
+from relayrl.launcher import Launcher  # noqa: E402
+from relayrl.metrics import read_metrics  # noqa: E402
+
+MODES = ("sync", "async", "async_segments")
+STALENESS = 2
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
+    data = base.model_dump(mode="json")
+    relay, sched, buf, trainer, rollout = free_ports(5)
+    # sync generates one training batch at a time; async may keep up to (staleness + 1)
+    # batches in flight, so its workers run larger batches
+    groups = args.groups
+    in_flight = groups if mode == "sync" else groups * (STALENESS + 1)
+    active = max(1, -(-in_flight // args.workers))
+    data.update(run_id=f"longtail-{mode}", run_dir=str(run_dir))
+    data["relay"]["endpoint"]["port"] = relay
+    data["scheduler"].update(endpoint={"port": sched}, start_after_workers=args.workers,
+                             max_inflight_prompts=groups if mode == "sync" else 0)
+    data["buffer"].update(endpoint={"port": buf}, groups_per_batch=groups)
+    data["trainer"].update(endpoint={"port": trainer}, max_steps=args.steps,
+                           max_staleness=STALENESS, eval_every=0, checkpoint_every=args.steps,
+                           plot_every=args.steps, progress=False)
+    data["rollout"].update(base_port=rollout, num_workers=args.workers,
+                           max_active_groups=active, max_new_tokens=args.max_tokens,
+                           synthetic_length_median=args.median,
+                           synthetic_length_p99_ratio=args.p99_ratio,
+                           segment_tokens=args.segment if mode == "async_segments" else 0)
+    return RunConfig.model_validate(data)
+
+
+def run_mode(cfg: RunConfig, warmup: int) -> dict:
+    launcher = Launcher(cfg, show_trainer_output=False)
+    try:
+        launcher.start()
+        if launcher.wait() != 0:
+            raise RuntimeError(f"{cfg.run_id} failed; see {cfg.run_dir}/logs")
+    finally:
+        launcher.shutdown()
+    rows = [r for r in read_metrics(Path(cfg.run_dir) / "metrics.jsonl") if "train/samples" in r]
+    start, end = rows[warmup - 1], rows[-1]
+    samples = sum(r["train/samples"] for r in rows[warmup:])
+    tokens = sum(r["train/samples"] * r["train/response_len_mean"] for r in rows[warmup:])
+    elapsed = end["time/elapsed_s"] - start["time/elapsed_s"]
+    return {"samples_per_s": round(samples / elapsed, 2),
+            "tokens_per_s": round(tokens / elapsed, 1),
+            "lag_mean": round(sum(r["staleness/lag_mean"] for r in rows) / len(rows), 2),
+            "groups_dropped_stale": sum(r["train/groups_dropped_stale"] for r in rows),
+            "response_len_mean": round(sum(r["train/response_len_mean"] for r in rows)
+                                       / len(rows), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(ROOT / "examples/tiny_cpu.yaml"))
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5, help="steps left out of the rates")
+    parser.add_argument("--groups", type=int, default=4, help="prompts per trainer batch")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--median", type=int, default=16)
+    parser.add_argument("--p99-ratio", type=float, default=10.0)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--segment", type=int, default=16)
+    args = parser.parse_args()
+    if not 1 <= args.warmup < args.steps:
+        raise ValueError("--warmup: must be in 1..steps-1")
+
+    base = load_run_config(args.config)
+    result: dict = {"bench": "longtail", "steps": args.steps, "groups": args.groups,
+                    "group_size": base.buffer.group_size, "workers": args.workers,
+                    "median": args.median, "p99_ratio": args.p99_ratio}
+    with tempfile.TemporaryDirectory(prefix="relayrl-longtail-") as tmp:
+        for mode in args.modes.split(","):
+            if mode not in MODES:
+                raise ValueError(f"--modes: unknown mode {mode!r}; known: {MODES}")
+            t0 = time.monotonic()
+            stats = run_mode(mode_config(base, mode, Path(tmp) / mode, args), args.warmup)
+            print(f"{mode:>15}: {stats['samples_per_s']:7.2f} samples/s  "
+                  f"{stats['tokens_per_s']:8.1f} tokens/s  lag {stats['lag_mean']:.2f}  "
+                  f"({time.monotonic() - t0:.0f} s)", flush=True)
+            result[mode] = stats
+    if "sync" in result:
+        for mode in MODES[1:]:
+            if mode in result:
+                result[f"{mode}_over_sync"] = round(
+                    result[mode]["samples_per_s"] / result["sync"]["samples_per_s"], 2)
+    result["target_async_over_sync"] = 2.0
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,13 +8,13 @@ Fields we do not implement are refused by name rather than silently ignored.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from relayrl.http_server import BackgroundHTTPServer
 from rollout_svc.custom import CustomGenerator
 
 
@@ -245,29 +245,8 @@ def build_app(gen: CustomGenerator, model_name: str,
     return app
 
 
-class OpenAIServer:
-    """uvicorn in a background thread of the worker process."""
-
+class OpenAIServer(BackgroundHTTPServer):
     def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str,
                  stream_chunk_tokens: int = STREAM_CHUNK_TOKENS):
-        import uvicorn
-
-        app = build_app(gen, model_name, stream_chunk_tokens)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                access_log=False)
-        self.server = uvicorn.Server(config)
-        self.server.install_signal_handlers = lambda: None  # the worker owns the signals
-        self.thread = threading.Thread(target=self.server.run, name="openai-http", daemon=True)
-        self.address = f"http://{host}:{port}"
-
-    def start(self, timeout_s: float = 30.0) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"OpenAI-compatible server did not start on {self.address}")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        super().__init__(build_app(gen, model_name, stream_chunk_tokens), host, port,
+                         "openai-http")

@@ -60,6 +60,7 @@ class LeasePolicy:
     delivered: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     workers: dict[str, WorkerState] = field(default_factory=dict)
+    draining: set[str] = field(default_factory=set)  # workers that get no new leases
     counters: Counters = field(default_factory=Counters)
     _next_lease: int = 0
 
@@ -91,6 +92,23 @@ class LeasePolicy:
         self.expire(now)
         self.workers[worker_id] = WorkerState(last_seen=now)
 
+    def drain(self, worker_id: str, lapse_leases: bool, now: float) -> None:
+        """No new leases for the worker; its current ones finish, or lapse now (re-issued
+        like expired ones) with `lapse_leases`."""
+        if worker_id not in self.workers:
+            raise KeyError(worker_id)
+        self.draining.add(worker_id)
+        if lapse_leases:
+            for lease in self.leases.values():
+                if lease.worker_id == worker_id:
+                    lease.deadline = now
+            self.expire(now)
+
+    def undrain(self, worker_id: str) -> None:
+        if worker_id not in self.workers:
+            raise KeyError(worker_id)
+        self.draining.discard(worker_id)
+
     def heartbeat(self, worker_id: str, policy_version: int, now: float) -> bool:
         """Renews the worker's leases. False means the worker is unknown and must register."""
         state = self.workers.get(worker_id)
@@ -113,6 +131,8 @@ class LeasePolicy:
         if worker_id not in self.workers:
             self.register(worker_id, now)
         self.workers[worker_id].last_seen = now
+        if worker_id in self.draining:
+            return []
         if not self.started:
             if len(self.workers) < self.start_after_workers:
                 return []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import grpc
@@ -90,8 +91,26 @@ def serve(cfg: RunConfig) -> None:
                            [(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                              SchedulerServicer(core))])
 
+    rest = None
+    sc = cfg.scheduler
+    if sc.rest_port:
+        token = os.environ.get(sc.rest_token_env, "")
+        if not token:
+            raise ValueError(f"scheduler.rest_port is set but ${sc.rest_token_env} is empty: "
+                             "the control API needs a bearer token")
+        from relayrl.http_server import BackgroundHTTPServer
+        from scheduler_svc.rest import build_rest_app
+
+        rest = BackgroundHTTPServer(build_rest_app(core, token), sc.rest_host, sc.rest_port,
+                                    "scheduler-rest")
+        rest.start()
+
     def loop(stop: threading.Event) -> None:
         while not stop.wait(0.2):
             core.refresh()
 
-    runner.run(loop)
+    try:
+        runner.run(loop)
+    finally:
+        if rest is not None:
+            rest.stop()

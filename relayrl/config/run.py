@@ -61,6 +61,8 @@ class RunConfig(StrictModel):
             "buffer.endpoint.port": self.buffer.endpoint.port,
             "trainer.endpoint.port": self.trainer.endpoint.port,
         }
+        if self.scheduler.rest_port:
+            ports["scheduler.rest_port"] = self.scheduler.rest_port
         for i in range(self.rollout.num_workers):
             ports[f"rollout worker {i} (rollout.base_port+{i})"] = self.rollout.base_port + i
             if self.rollout.http_base_port:

@@ -117,6 +117,16 @@ class SchedulerConfig(StrictModel):
         64 << 20, ge=1024, le=1 << 30,
         description="Largest saved token state of a partially generated prompt accepted.",
     )
+    rest_port: int = Field(
+        0, ge=0, le=65535,
+        description="Port of the REST control API (workers, leases, drain; OpenAPI at "
+        "/docs); 0 serves none. It needs a bearer token in the rest_token_env variable.",
+    )
+    rest_host: str = Field("127.0.0.1", description="Interface the REST API binds.")
+    rest_token_env: str = Field(
+        "RELAYRL_API_TOKEN", min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the REST API's bearer token.",
+    )
     start_after_workers: int = Field(
         0, ge=0, le=100_000,
         description="Hand out the first lease only once this many workers have registered, "

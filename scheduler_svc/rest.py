@@ -1,0 +1,134 @@
+"""The scheduler's REST control API: see workers and leases, drain a worker and bring it
+back. Every /v1 route needs `Authorization: Bearer <token>`; the schema is at /openapi.json
+and the interactive docs at /docs."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+from scheduler_svc.core import SchedulerCore
+
+_BEARER = HTTPBearer(auto_error=False)
+
+
+class WorkerView(BaseModel):
+    worker_id: str
+    policy_version: int = Field(description="Version the worker last reported running.")
+    last_seen_s_ago: float = Field(description="Seconds since its last heartbeat or request.")
+    active_leases: int
+    draining: bool = Field(description="True: it is given no new leases.")
+
+
+class LeaseView(BaseModel):
+    lease_id: str
+    prompt_id: int
+    worker_id: str
+    attempt: int = Field(description="1 for the prompt's first lease, 2 for its first re-issue...")
+    expires_in_s: float = Field(description="Seconds until it lapses unless renewed.")
+    has_saved_tokens: bool = Field(description="Partial rollout state is held for its prompt.")
+
+
+class DrainRequest(BaseModel):
+    lapse_leases: bool = Field(
+        False, description="Also take the worker's current leases back now (they are re-issued "
+        "to others, with any saved token state); otherwise they finish where they are.")
+
+
+class StatusView(BaseModel):
+    handed_out: int
+    inflight: int
+    finished: int
+    failed: int
+    leases_granted: int
+    leases_completed: int
+    leases_expired: int
+    leases_released: int
+    done: bool
+
+
+def build_rest_app(core: SchedulerCore, token: str):
+    if not token:
+        raise ValueError("scheduler REST API: an empty token would let anyone in")
+
+    def authorized(creds: Annotated[HTTPAuthorizationCredentials | None,
+                                    Depends(_BEARER)]) -> None:
+        given = b"" if creds is None else creds.credentials.encode()
+        if not hmac.compare_digest(given, token.encode()):
+            raise HTTPException(401, "missing or wrong bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    app = FastAPI(title="RelayRL scheduler control", version="1")
+    api = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
+    policy = core.policy
+
+    def worker_view(worker_id: str, counts: dict[str, int], now: float) -> WorkerView:
+        w = policy.workers[worker_id]
+        return WorkerView(worker_id=worker_id, policy_version=w.policy_version,
+                          last_seen_s_ago=round(now - w.last_seen, 3),
+                          active_leases=counts.get(worker_id, 0),
+                          draining=worker_id in policy.draining)
+
+    def one_worker(worker_id: str) -> WorkerView:
+        with core.lock:
+            if worker_id not in policy.workers:
+                raise HTTPException(404, f"worker_id: no worker {worker_id!r} has registered")
+            return worker_view(worker_id, policy.leases_by_worker(), core.clock())
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict:
+        return {"ok": True}
+
+    @api.get("/workers", response_model=list[WorkerView])
+    def workers():
+        with core.lock:
+            counts, now = policy.leases_by_worker(), core.clock()
+            return [worker_view(w, counts, now) for w in sorted(policy.workers)]
+
+    @api.get("/leases", response_model=list[LeaseView])
+    def leases():
+        with core.lock:
+            now = core.clock()
+            return [LeaseView(lease_id=lease.lease_id, prompt_id=lease.prompt_id,
+                              worker_id=lease.worker_id, attempt=lease.attempt,
+                              expires_in_s=round(lease.deadline - now, 3),
+                              has_saved_tokens=lease.prompt_id in core.partials)
+                    for lease in policy.leases.values()]
+
+    @api.post("/workers/{worker_id}/drain", response_model=WorkerView)
+    def drain(worker_id: str, body: DrainRequest | None = None):
+        with core.lock:
+            try:
+                policy.drain(worker_id, body is not None and body.lapse_leases, core.clock())
+            except KeyError:
+                raise HTTPException(404, f"worker_id: no worker {worker_id!r} has registered"
+                                    ) from None
+        return one_worker(worker_id)
+
+    @api.post("/workers/{worker_id}/resume", response_model=WorkerView)
+    def resume(worker_id: str):
+        with core.lock:
+            try:
+                policy.undrain(worker_id)
+            except KeyError:
+                raise HTTPException(404, f"worker_id: no worker {worker_id!r} has registered"
+                                    ) from None
+        return one_worker(worker_id)
+
+    @api.get("/status", response_model=StatusView)
+    def status():
+        with core.lock:
+            c = policy.counters
+            return StatusView(handed_out=policy.handed_out, inflight=policy.inflight,
+                              finished=policy.finished, failed=len(policy.failed),
+                              leases_granted=c.leases_granted,
+                              leases_completed=c.leases_completed,
+                              leases_expired=c.leases_expired,
+                              leases_released=c.leases_released, done=policy.done)
+
+    app.include_router(api)
+    return app

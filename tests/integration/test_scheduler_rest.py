@@ -1,0 +1,86 @@
+"""The scheduler's REST control API on a real HTTP server in front of a real scheduler core:
+token required, workers and leases listed, drain and resume change what a worker is given."""
+
+import httpx
+import pytest
+
+from relayrl.config import RunConfig
+from relayrl.http_server import BackgroundHTTPServer
+from relayrl.redis_conn import EmbeddedRedis, connect
+from scheduler_svc.core import SchedulerCore
+from scheduler_svc.rest import build_rest_app
+from tests.conftest import free_ports
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+def stack(tmp_path):
+    server = EmbeddedRedis(tmp_path)
+    cfg = RunConfig.model_validate({"run_id": "rest", "scheduler": {"lease_ttl_s": 30}})
+    core = SchedulerCore(cfg, connect(server.url))
+    (port,) = free_ports(1)
+    http = BackgroundHTTPServer(build_rest_app(core, TOKEN), "127.0.0.1", port, "rest")
+    http.start()
+    client = httpx.Client(base_url=http.address, headers={"Authorization": f"Bearer {TOKEN}"})
+    yield core, client, http.address
+    client.close()
+    http.stop()
+    server.shutdown()
+
+
+def test_every_route_needs_the_token(stack):
+    _, _, address = stack
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        for method, path in (("GET", "/v1/workers"), ("GET", "/v1/leases"),
+                             ("POST", "/v1/workers/w0/drain"), ("GET", "/v1/status")):
+            resp = httpx.request(method, address + path, headers=headers)
+            assert resp.status_code == 401, (method, path, headers)
+
+
+def test_workers_and_leases_are_listed(stack):
+    core, client, _ = stack
+    core.register("w0", "here")
+    core.register("w1", "there")
+    batch = core.acquire("w0", 2)
+    workers = {w["worker_id"]: w for w in client.get("/v1/workers").json()}
+    assert workers["w0"]["active_leases"] == 2 and workers["w1"]["active_leases"] == 0
+    assert not workers["w0"]["draining"]
+    leases = client.get("/v1/leases").json()
+    assert sorted(le["lease_id"] for le in leases) == sorted(lp.lease_id for lp in batch.leases)
+    assert all(le["worker_id"] == "w0" and 0 < le["expires_in_s"] <= 30 for le in leases)
+    assert client.get("/v1/status").json()["handed_out"] == 2
+
+
+def test_a_drained_worker_gets_nothing_new_until_resumed(stack):
+    core, client, _ = stack
+    core.register("w0", "here")
+    core.register("w1", "there")
+    held = core.acquire("w0", 1).leases
+    resp = client.post("/v1/workers/w0/drain")
+    assert resp.status_code == 200 and resp.json()["draining"]
+    assert core.acquire("w0", 2).leases == []
+    assert core.complete("w0", held[0].lease_id)  # what it holds still finishes
+    assert len(core.acquire("w1", 1).leases) == 1
+    assert client.post("/v1/workers/w0/resume").json()["draining"] is False
+    assert len(core.acquire("w0", 1).leases) == 1
+
+
+def test_draining_with_lapse_hands_the_leases_to_others(stack):
+    core, client, _ = stack
+    core.register("w0", "here")
+    core.register("w1", "there")
+    taken = [lp.prompt_id for lp in core.acquire("w0", 2).leases]
+    body = client.post("/v1/workers/w0/drain", json={"lapse_leases": True}).json()
+    assert body["active_leases"] == 0
+    again = core.acquire("w1", 2).leases
+    assert sorted(lp.prompt_id for lp in again) == sorted(taken)
+
+
+def test_unknown_workers_are_named_and_the_schema_documents_the_routes(stack):
+    _, client, address = stack
+    resp = client.post("/v1/workers/nobody/drain")
+    assert resp.status_code == 404 and "nobody" in resp.json()["detail"]
+    paths = httpx.get(address + "/openapi.json").json()["paths"]
+    assert {"/v1/workers", "/v1/leases", "/v1/workers/{worker_id}/drain",
+            "/v1/workers/{worker_id}/resume", "/v1/status"} <= set(paths)

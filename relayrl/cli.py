@@ -1,4 +1,5 @@
-"""The `relayrl` command: up (run every service locally), prepare (build the model), status."""
+"""The `relayrl` command: up (run every service locally), prepare (build the model), status,
+simulate (a large cluster, as discrete events)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,20 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_simulate(args) -> int:
+    from relayrl.sim import sweep
+
+    try:
+        cfg = sweep.build_config(args.config, args.costs, args.dist, args.seed, args.steps,
+                                 args.warmup)
+        workers = sweep.parse_list(args.workers, "workers", int)
+        modes = sweep.parse_list(args.modes, "modes", str)
+        return sweep.main(cfg, workers, modes, args.out, args.jobs)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s relayrl %(message)s")
     parser = argparse.ArgumentParser(prog="relayrl")
@@ -105,6 +120,21 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="SECTION.FIELD=VALUE", help="override a config field")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("simulate", help="discrete-event simulation of a large cluster")
+    p.add_argument("--workers", default="8,16,32,64,128,256,512,1024",
+                   help="comma-separated fleet sizes")
+    p.add_argument("--modes", default="sync,one_step_off,async,async_repack")
+    p.add_argument("--dist", default=None,
+                   help="response lengths: fixed, uniform, lognormal, heavy_tail (default)")
+    p.add_argument("--steps", type=int, default=None, help="trainer steps per run")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="steps left out of the rates (default: half of --steps)")
+    p.add_argument("--config", default=None, help="YAML with workload/costs/sim sections")
+    p.add_argument("--costs", default=None, help="JSON or YAML cost parameters")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--jobs", type=int, default=None, help="processes (default: CPU count)")
+    p.add_argument("--out", default="runs/sim", help="writes sim.json and sim.png here")
+    p.set_defaults(fn=cmd_simulate)
     args = parser.parse_args(argv)
     return args.fn(args)
 

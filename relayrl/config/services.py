@@ -184,7 +184,7 @@ class RolloutConfig(StrictModel):
         description="p99 / median of the synthetic lengths: 10 is a heavy tail.",
     )
     max_active_groups: int = Field(
-        4, ge=1, le=4096,
+        1, ge=1, le=4096,
         description="Prompts a worker generates at once: their unfinished sequences share each "
         "engine call, and with segment_tokens set new prompts join at every segment boundary.",
     )

@@ -1,0 +1,11 @@
+"""A discrete-event simulator of an RL post-training cluster: N generation workers and one
+trainer, in four modes (sync, one_step_off, async, async_repack) on the same seeded
+workload. `relayrl simulate` sweeps fleet sizes; `simulate()` runs one mode."""
+
+from relayrl.sim.costs import CostParams, fit_decode_cost, load_costs
+from relayrl.sim.engine import MODES, ModeResult, SimConfig, config_from_mapping, simulate
+from relayrl.sim.workload import RESPONSE_DISTS, LengthDist, Workload, heavy_tail
+
+__all__ = ["MODES", "RESPONSE_DISTS", "CostParams", "LengthDist", "ModeResult", "SimConfig",
+           "Workload", "config_from_mapping", "fit_decode_cost", "heavy_tail", "load_costs",
+           "simulate"]

@@ -1,0 +1,204 @@
+"""The two asynchronous modes: `async` and `async_repack`, as one discrete-event loop.
+
+Each worker leases prompts whenever it has a free slot and the staleness rule allows it,
+and a finished group goes to the buffer; the trainer steps whenever the buffer holds a
+batch. An engine holds one version at a time and its KV cache belongs to that version, so
+a worker moves to new weights only once its batch is empty. Workers refresh lazily: they
+keep starting prompts on their version until the trainer is `max_staleness` versions ahead,
+then drain. Draining is where the heavy tail hurts: the last few long sequences keep a
+worker at a tiny batch. `async_repack` migrates them (KV cache and all) onto the fullest
+other worker of the same version with room, so the drained worker reloads at once.
+
+A worker whose course nothing can change until its next decision (its queue refills every
+slot that frees, or it can only drain) runs ahead of the clock to that decision in one go:
+the same results as event by event (`run_ahead=False`), at a fraction of the cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict, deque
+from heapq import heappop, heappush
+from itertools import repeat
+from typing import Any
+
+from relayrl.sim.engine import START, SimConfig, StepRecord
+from relayrl.sim.worker import Worker
+from relayrl.sim.workload import Lengths
+
+DECODE, TRAINED, LOADED, ARRIVE, COMPLETE = range(5)
+
+
+class Streaming:
+    def __init__(self, cfg: SimConfig, workers: int, repack: bool, run_ahead: bool = True):
+        self.cfg, self.costs, self.repack, self.run_ahead = cfg, cfg.costs, repack, run_ahead
+        self.n = workers
+        self.group = cfg.workload.group_size
+        self.lengths = Lengths(cfg.workload)
+        self.workers = [Worker(i, cfg.costs, self.lengths.prompt, self.lengths.response,
+                               self.group) for i in range(workers)]
+        self.batch = workers * cfg.workload.groups_per_worker  # groups per trainer step
+        self.max_staleness = cfg.max_staleness
+        self.max_out = (cfg.max_staleness + 1) * self.batch  # prompts out at once
+        self.repack_at = int(cfg.repack_below * cfg.costs.max_batch)
+        self.events: list[tuple[float, int, int, Any, Any]] = []
+        self.order = itertools.count()
+        self.version = 0  # the trainer's: steps taken
+        self.leased = 0  # prompts handed out; also the next prompt id
+        self.consumed = 0  # prompts trained on
+        self.prompt_version: dict[int, int] = {}  # leased under; migration keeps a version
+        self.finished: dict[int, tuple[int, float]] = {}  # by prompt: samples done, when last
+        self.ready: deque[int] = deque()  # complete groups, in order of completion
+        self.training = False
+        self.idle: set[Worker] = set()
+        self.holders: defaultdict[int, set[Worker]] = defaultdict(set)  # version -> workers
+        self.migrations = 0
+        self.records = [START]
+
+    def push(self, at: float, kind: int, obj: Any, payload: Any) -> None:
+        heappush(self.events, (at, next(self.order), kind, obj, payload))
+
+    def run(self) -> list[StepRecord]:
+        for w in self.workers:
+            self.holders[0].add(w)
+            self.decide(w, 0.0)
+        while self.version < self.cfg.steps:
+            now, _, kind, obj, payload = heappop(self.events)
+            if kind == DECODE:
+                if payload == obj.stamp:
+                    if obj.plan:  # planned, not run ahead: decode up to now
+                        self.finish([(now, sid) for sid in obj.advance(obj.plan)])
+                    if obj.ctx + len(obj.active) > self.costs.kv_budget_tokens:
+                        obj.settle()
+                    self.decide(obj, now)
+            elif kind == COMPLETE:
+                self.ready.append(payload)
+                if not self.training and len(self.ready) >= self.batch:
+                    self.train(now)
+            elif kind == TRAINED:
+                self.trained(now, payload)
+            elif kind == LOADED:
+                obj.version, obj.t = payload, now
+                self.holders[payload].add(obj)
+                self.decide(obj, now)
+            else:
+                self.arrive(obj, payload, now)
+        return self.records
+
+    def decide(self, w: Worker, now: float) -> None:
+        """What a worker does at a step boundary: refresh, take prompts, or hand off its tail."""
+        if w.t < now:
+            w.t = now
+        active, queue = w.active, w.queue
+        if not active and not queue and not w.incoming and w.version < self.version:
+            self.holders[w.version].discard(w)
+            self.push(now + self.costs.weight_sync_s, LOADED, w, self.version)
+            return
+        fresh = self.version - w.version < self.max_staleness
+        if fresh:
+            free = self.costs.max_batch - len(active) - w.incoming - len(queue)
+            while free > 0 and self.leased - self.consumed < self.max_out:
+                self.lease(w)
+                free -= self.group
+        if queue:
+            w.fill()
+        elif (self.repack and not fresh and active and len(active) <= self.repack_at
+              and not w.incoming):
+            self.hand_off(w, now)
+            if not active:
+                self.decide(w, now)  # now empty: reload
+                return
+        if not active:
+            if not w.incoming:
+                self.idle.add(w)
+            return
+        drain = not fresh and not self.repack  # no prompt, no migration can reach it
+        if self.run_ahead and not w.incoming and (queue or drain):
+            self.finish(w.run_ahead(drain))
+            at = w.t
+        else:
+            at = w.plan_next()
+        heappush(self.events, (at, next(self.order), DECODE, w, w.stamp))
+
+    def lease(self, w: Worker) -> None:
+        prompt = self.leased
+        self.leased += 1
+        if self.leased > len(self.lengths.prompt):
+            self.lengths.ensure(self.leased)
+        self.prompt_version[prompt] = w.version
+        w.queue.extend(zip(range(prompt * self.group, (prompt + 1) * self.group),
+                           repeat(0, self.group), strict=True))
+
+    def hand_off(self, w: Worker, now: float) -> None:
+        """Move w's sequences to the fullest workers of its version that have room; a target
+        must be fuller than w (ties by id), so sequences only ever consolidate."""
+        key = (len(w.active), w.wid)
+        targets = [d for d in self.holders[w.version]  # not one that has run ahead of now
+                   if d.room() > 0 and d.t <= now and (len(d.active) + d.incoming, d.wid) > key]
+        targets.sort(key=lambda d: (-(len(d.active) + d.incoming), d.wid))
+        for d in targets:
+            moved, tokens, room, kv = [], 0, d.room(), d.kv_room()
+            while w.active and room > 0 and w.last_context() <= kv:
+                sid, generated, ctx = w.take_last()
+                moved.append((sid, generated))
+                tokens, room, kv = tokens + ctx, room - 1, kv - ctx
+            if moved:
+                d.incoming += len(moved)
+                d.incoming_ctx += tokens
+                self.migrations += len(moved)
+                self.push(now + self.costs.migrate_s(tokens), ARRIVE, d, (moved, tokens))
+            if not w.active:
+                break
+        w.stamp += 1  # its planned decode is void: the batch changed
+
+    def arrive(self, d: Worker, payload: tuple[list[tuple[int, int]], int], now: float) -> None:
+        moved, tokens = payload
+        self.finish([(d.t, sid) for sid in d.advance_to(now)])  # join at the step boundary
+        d.incoming -= len(moved)
+        d.incoming_ctx -= tokens
+        for sid, generated in moved:
+            d.join(sid, generated)
+        d.settle()
+        self.decide(d, now)
+
+    def finish(self, samples: list[tuple[float, int]]) -> None:
+        """Count finished samples; a group completes with its last one, at that one's time
+        (which a worker that ran ahead reports before the clock gets there)."""
+        for at, sid in samples:
+            prompt = sid // self.group
+            done, last = self.finished.pop(prompt, (0, 0.0))
+            if done + 1 == self.group:
+                self.push(max(last, at), COMPLETE, None, prompt)
+            else:
+                self.finished[prompt] = (done + 1, max(last, at))
+
+    def train(self, now: float) -> None:
+        g, lengths = self.group, self.lengths
+        prompts = [self.ready.popleft() for _ in range(self.batch)]
+        response = sum(sum(lengths.response[p * g:(p + 1) * g]) for p in prompts)
+        tokens = response + g * sum(lengths.prompt[p] for p in prompts)
+        stale = [self.version - self.prompt_version.pop(p) for p in prompts]
+        train_s = self.costs.train_step_s(tokens, self.n)
+        self.training = True
+        self.consumed += len(prompts)
+        self.push(now + train_s, TRAINED, None,
+                  (len(prompts) * g, response, g * sum(stale), max(stale), train_s))
+        self.wake(now)  # the cap on prompts out has room again
+
+    def trained(self, now: float, step: tuple[int, int, int, int, float]) -> None:
+        samples, response, stale_sum, stale_max, train_s = step
+        self.version += 1
+        self.training = False
+        self.records.append(StepRecord(
+            time=now, samples=samples, tokens=response, stale_sum=stale_sum,
+            stale_max=stale_max, train_s=train_s,
+            busy=sum(w.busy_at(now) for w in self.workers), migrations=self.migrations,
+            preemptions=sum(w.preemptions for w in self.workers)))
+        if len(self.ready) >= self.batch:
+            self.train(now)
+        self.wake(now)
+
+    def wake(self, now: float) -> None:
+        idle, self.idle = self.idle, set()
+        for w in sorted(idle, key=lambda w: w.wid):
+            self.decide(w, now)

@@ -1,14 +1,16 @@
 """Rollout throughput through the service against the raw engine, measured in one run.
 
-    python bench/rollout.py [--engines torch,vllm] [--prompts 64] [--n 8] [--concurrency 8]
-                            [--max-new-tokens 32] [--config examples/tiny_cpu.yaml]
+    python bench/rollout.py [--engines torch,vllm] [--prompts 64] [--n 8] [--batch-prompts 8]
+                            [--concurrency 16] [--max-new-tokens 32]
 
 For each engine: the raw engine in this process generates the workload (P prompts, n
-completions each, `concurrency` prompts per engine call): that is the ceiling. Then a real
-rollout service process (custom rollouts only, same engine, same threads) serves the same
-workload over gRPC `Generate` to `concurrency` client threads, one prompt per request; its
-batcher merges the requests that wait. tokens/s counts generated tokens. Ends with one JSON
-line holding service/raw per engine (target >= 0.9).
+completions each, `batch-prompts` prompts per engine call, back to back): that is the
+ceiling. Then a real rollout service process (custom rollouts only, same engine, same
+threads, at most `batch-prompts` x n sequences per engine call) serves the same workload over
+gRPC `Generate` to `concurrency` client threads, one prompt per request; its batcher merges
+the requests that wait. With more clients than one batch holds, the next batch is queued
+while answers go out, as under real load. tokens/s counts generated tokens. Ends with one
+JSON line holding service/raw per engine (target >= 0.9).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def free_port() -> int:
 def raw_tokens_per_s(cfg, lm, path, prompts, args) -> float:
     engine = make_engine(cfg, lm, path)
     spec = SamplingSpec(max_new_tokens=args.max_new_tokens, temperature=cfg.rollout.temperature)
-    per_call = args.concurrency
+    per_call = args.batch_prompts
     engine.generate([p for p in prompts[:per_call] for _ in range(args.n)], spec)  # warm up
     tokens, t0 = 0, time.perf_counter()
     for start in range(0, len(prompts), per_call):
@@ -65,7 +67,7 @@ def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, 
     data["run_dir"] = str(tmp)
     data["rollout"].update(engine=engine, train_loop=False, base_port=port, worker_index=0,
                            max_new_tokens=args.max_new_tokens, http_base_port=0,
-                           max_batch_seqs=args.concurrency * args.n)
+                           max_batch_seqs=args.batch_prompts * args.n)
     if args.batch_wait_ms is not None:
         data["rollout"]["batch_wait_ms"] = args.batch_wait_ms
     data["relay"]["endpoint"]["port"] = free_port()  # no relay: the weights stay as loaded
@@ -118,7 +120,9 @@ def main() -> None:
     parser.add_argument("--engines", default="torch,vllm")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--batch-prompts", type=int, default=8,
+                        help="prompts per engine call, raw and served")
+    parser.add_argument("--concurrency", type=int, default=16, help="client threads")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each engine")
     parser.add_argument("--batch-wait-ms", type=float, default=None,
@@ -134,7 +138,8 @@ def main() -> None:
     prompts = [lm.encode_task(task.problem(i).text, task.prompt_format)
                for i in range(args.prompts)]
     result: dict = {"bench": "rollout", "model": str(path.name), "prompts": args.prompts,
-                    "n": args.n, "concurrency": args.concurrency,
+                    "n": args.n, "batch_prompts": args.batch_prompts,
+                    "concurrency": args.concurrency,
                     "max_new_tokens": args.max_new_tokens, "threads": args.threads}
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-") as tmp:
         for engine in args.engines.split(","):

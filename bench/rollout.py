@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from relayrl.config import load_run_config  # noqa: E402
 from relayrl.grpc_util import channel, wait_healthy  # noqa: E402
 from relayrl.models import load_model, resolve_model_path  # noqa: E402
+from relayrl.procs import child_env  # noqa: E402
 from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc  # noqa: E402
 from relayrl.tasks import make_task  # noqa: E402
 from rollout_svc.engine import SamplingSpec  # noqa: E402
@@ -75,7 +76,8 @@ def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, 
     path.write_text(yaml.safe_dump(data))
     log = open(tmp / f"rollout-{engine}.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "rollout_svc", "--config", str(path)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env=child_env())  # it dies with this script, even on a crash
     address = f"127.0.0.1:{port}"
     wait_healthy(address, 300, alive=lambda: proc.poll() is None)
     return proc, address

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from relayrl.grpc_util import wait_healthy  # noqa: E402
+from relayrl.procs import child_env  # noqa: E402
 from relayrl.weights import nixl_plane  # noqa: E402
 from relayrl.weights.client import RelayClient  # noqa: E402
 from relayrl.weights.layout import flat_size  # noqa: E402
@@ -89,7 +90,8 @@ def start_relay(tmp: Path, planes: list[str], upstream: list[str] | None = None
     path.write_text(yaml.safe_dump(cfg))
     log = open(tmp / f"relay-{port}.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "relay_svc", "--config", str(path)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env=child_env())  # it dies with this script, even on a crash
     address = f"127.0.0.1:{port}"
     wait_healthy(address, 60, alive=lambda: proc.poll() is None)
     return proc, address

@@ -12,6 +12,7 @@ with a two-level tree (root -> 2 followers). Ends with one JSON line.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -155,6 +156,8 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
     try:
         publisher = AsyncPublisher(RelayClient(address, timeout_s=300))
         out.update(publish_stall(publisher, payload))
+        publisher.close()
+        del publisher  # its snapshot buffers: at 2 GB, memory the fan-out below needs
         for plane in planes:
             client = RelayClient(address, timeout_s=300, plane=plane)
             staging = torch.zeros(flat_size(client.manifest(0)), dtype=torch.uint8)
@@ -168,6 +171,8 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
             print(f"[{mb} MB] pull via {plane}: {out[f'{plane}_pull_gbps']} GB/s "
                   f"({out[f'{plane}_ratio']} of TCP)", flush=True)
             client.close()
+            del staging
+        gc.collect()
         version = [RelayClient(address).manifest(0).version + 1]
 
         def publish():

@@ -24,6 +24,9 @@ from relayrl.config.services import (
     TrainerConfig,
 )
 
+# vLLM 0.32's CPU attention kernels (CPUAttentionBackend.get_supported_head_sizes)
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
 
 class RunConfig(StrictModel):
     run_id: str = Field(
@@ -53,6 +56,12 @@ class RunConfig(StrictModel):
         if self.task.prompt_format == "chat" and not (self.model.path or self.model.pretrained):
             raise ValueError("task.prompt_format 'chat' needs model.path or model.pretrained: "
                              "the tiny model's tokenizer knows only digits, '+' and '='")
+        if (self.rollout.engine == "vllm" and not (self.model.path or self.model.pretrained)
+                and self.model.hidden_size // self.model.num_heads not in VLLM_CPU_HEAD_SIZES):
+            raise ValueError(
+                f"rollout.engine 'vllm' cannot run the tiny model's head size "
+                f"{self.model.hidden_size // self.model.num_heads} (model.hidden_size / "
+                f"model.num_heads); vLLM's CPU attention supports {list(VLLM_CPU_HEAD_SIZES)}")
         if "shm" in self.relay.data_planes and not self.relay.shm_dir:
             raise ValueError("relay.data_planes has 'shm' but relay.shm_dir is unset")
         ports = {

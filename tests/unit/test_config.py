@@ -40,6 +40,8 @@ def write(tmp_path, data):
     ({"task": {"prompt_format": "chat"}}, "task.prompt_format"),
     ({"model": {"path": "/m", "pretrained": "smollm2-135m-instruct"}}, "model.path"),
     ({"model": {"pretrained": "gpt-5"}}, "model.pretrained"),
+    ({"rollout": {"engine": "vllm"}, "model": {"hidden_size": 64, "num_heads": 4}},
+     "rollout.engine 'vllm' cannot run the tiny model's head size 16"),
 ])
 def test_bad_configs_name_the_field(tmp_path, data, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import tempfile
 import time
@@ -33,21 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
+from relayrl.grpc_util import free_ports  # noqa: E402
 from relayrl.launcher import Launcher  # noqa: E402
 from relayrl.metrics import read_metrics  # noqa: E402
 
 MODES = ("sync", "async", "async_segments")
 STALENESS = 2
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,25 +25,18 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import spawn_service  # noqa: E402
 from relayrl.config import load_run_config  # noqa: E402
-from relayrl.grpc_util import channel, wait_healthy  # noqa: E402
+from relayrl.grpc_util import channel, free_ports  # noqa: E402
 from relayrl.models import load_model, resolve_model_path  # noqa: E402
-from relayrl.procs import child_env  # noqa: E402
 from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc  # noqa: E402
 from relayrl.tasks import make_task  # noqa: E402
 from rollout_svc.engine import SamplingSpec  # noqa: E402
 from rollout_svc.engines import make_engine  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def raw_tokens_per_s(cfg, lm, path, prompts, args) -> float:
@@ -63,7 +55,7 @@ def raw_tokens_per_s(cfg, lm, path, prompts, args) -> float:
 
 
 def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    port, relay_port = free_ports(2)
     data = cfg.model_dump(mode="json")
     data["run_dir"] = str(tmp)
     data["rollout"].update(engine=engine, train_loop=False, base_port=port, worker_index=0,
@@ -71,16 +63,9 @@ def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, 
                            max_batch_seqs=args.batch_prompts * args.n)
     if args.batch_wait_ms is not None:
         data["rollout"]["batch_wait_ms"] = args.batch_wait_ms
-    data["relay"]["endpoint"]["port"] = free_port()  # no relay: the weights stay as loaded
-    path = tmp / f"rollout-{engine}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    log = open(tmp / f"rollout-{engine}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "rollout_svc", "--config", str(path)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env=child_env())  # it dies with this script, even on a crash
+    data["relay"]["endpoint"]["port"] = relay_port  # no relay: the weights stay as loaded
     address = f"127.0.0.1:{port}"
-    wait_healthy(address, 300, alive=lambda: proc.poll() is None)
-    return proc, address
+    return spawn_service("rollout_svc", data, tmp, f"rollout-{engine}", address), address
 
 
 def service_tokens_per_s(address: str, prompts, args) -> float:

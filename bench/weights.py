@@ -24,25 +24,18 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from relayrl.grpc_util import wait_healthy  # noqa: E402
-from relayrl.procs import child_env  # noqa: E402
+from bench.common import spawn_service  # noqa: E402
+from relayrl.grpc_util import free_ports  # noqa: E402
 from relayrl.weights import nixl_plane  # noqa: E402
 from relayrl.weights.client import RelayClient  # noqa: E402
 from relayrl.weights.layout import flat_size  # noqa: E402
 from trainer_svc.publisher import AsyncPublisher  # noqa: E402
 
 SHM_DIR = "/dev/shm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the ceiling -----------------------------------------------------------------------------
@@ -83,19 +76,12 @@ def tcp_ceiling_s(nbytes: int, buf: torch.Tensor) -> float:
 
 def start_relay(tmp: Path, planes: list[str], upstream: list[str] | None = None
                 ) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    (port,) = free_ports(1)
     cfg = {"run_dir": str(tmp), "relay": {
         "endpoint": {"port": port}, "keep_versions": 1, "data_planes": planes,
         "shm_dir": SHM_DIR, "upstream": upstream or [], "timeout_s": 300, "follow_poll_s": 0.005}}
-    path = tmp / f"relay-{port}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    log = open(tmp / f"relay-{port}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "relay_svc", "--config", str(path)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env=child_env())  # it dies with this script, even on a crash
     address = f"127.0.0.1:{port}"
-    wait_healthy(address, 60, alive=lambda: proc.poll() is None)
-    return proc, address
+    return spawn_service("relay_svc", cfg, tmp, f"relay-{port}", address, 60), address
 
 
 def _worker(address: str, plane: str, have: int, ready, done) -> None:

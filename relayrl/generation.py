@@ -19,6 +19,17 @@ class Completion:
 
 
 @torch.no_grad()
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids right-aligned in one [B, width] tensor, and the mask of real tokens."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
 def sample(
     model,
     prompts: list[list[int]],
@@ -33,12 +44,7 @@ def sample(
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts: every prompt needs at least one token")
     batch = len(prompts)
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        input_ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+    input_ids, mask = left_pad(prompts, pad_id)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
 
     out_tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)

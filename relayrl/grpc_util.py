@@ -56,3 +56,16 @@ def wait_healthy(address: str, timeout_s: float = 60.0, alive: Callable[[], bool
         time.sleep(0.1)
     raise TimeoutError(f"{address} did not become healthy within {timeout_s:.0f}s")
 
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct ports free on `host` now (held together while picked, so never repeated)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()

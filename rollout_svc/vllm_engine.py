@@ -103,23 +103,12 @@ def _reload(worker, items: list[tuple[str, torch.Tensor]]) -> None:
     worker.model_runner.reload_weights(weights_iterator=iter(items))
 
 
-def _config_max_len(path: Path) -> int:
-    from transformers import AutoConfig
-
-    length = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
-    if not length:
-        raise ValueError(f"model.path: {path} gives no max_position_embeddings; set "
-                         "rollout.vllm_max_model_len")
-    return int(length)
-
-
-def expected_state(model_path: str | Path, dtype: torch.dtype = torch.float32
+def expected_state(config: Any, dtype: torch.dtype = torch.float32
                    ) -> dict[str, torch.Tensor]:
-    """The Hugging Face state dict (names, shapes, dtypes) of the model in `model_path`, on
+    """The Hugging Face state dict (names, shapes, dtypes) of a model with this config, on
     the meta device: what the trainer publishes and a version must match."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return dict(model.state_dict())
@@ -137,10 +126,16 @@ class VllmEngine(Engine):
             raise ValueError(f"model.path: {path} holds no config.json")
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib: must be > 0, got {kv_cache_gib}")
-        max_len = max_model_len or _config_max_len(path)
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path)
+        max_len = max_model_len or getattr(config, "max_position_embeddings", 0)
+        if not max_len:
+            raise ValueError(f"model.path: {path} gives no max_position_embeddings; set "
+                             "rollout.vllm_max_model_len")
         vllm = _import_vllm()
         self._SamplingParams = vllm.SamplingParams
-        self._expected = expected_state(path)
+        self._expected = expected_state(config)
         set_num_threads = torch.set_num_threads
         try:
             with warnings.catch_warnings():

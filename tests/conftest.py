@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import redis as redis_lib
 
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel
+from relayrl.grpc_util import channel, free_ports  # noqa: F401 (tests import it from here)
 from relayrl.keys import RunKeys
 from relayrl.proto.v1 import (
     buffer_pb2,
@@ -31,18 +30,6 @@ def pytest_collection_modifyitems(config, items):
         for tier in TIERS:
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def small_stack_config(tmp: Path, *, steps: int, groups_per_batch: int = 2,

@@ -77,16 +77,10 @@ def costs_from_mapping(data: Mapping[str, Any]) -> CostParams:
 
 
 def load_costs(path: str | Path) -> CostParams:
-    """Cost parameters from a JSON or YAML file."""
-    import yaml  # JSON is YAML too; import here so a JSON-only caller needs nothing extra
+    """Cost parameters from a JSON or YAML file (JSON is YAML too)."""
+    from relayrl.config.base import read_yaml
 
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"costs file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, Mapping):
-        raise ValueError(f"costs file {path} must hold a mapping")
-    return costs_from_mapping(data)
+    return costs_from_mapping(read_yaml(path))
 
 
 def save_costs(params: CostParams, path: str | Path) -> None:

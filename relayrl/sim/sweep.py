@@ -10,6 +10,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from relayrl.config.base import read_yaml
 from relayrl.sim.costs import load_costs
 from relayrl.sim.engine import MODES, ModeResult, SimConfig, config_from_mapping, simulate
 from relayrl.sim.report import format_table, plot, summary, write_json
@@ -32,17 +33,7 @@ def build_config(config: str | None = None, costs: str | None = None, dist: str 
                  seed: int | None = None, steps: int | None = None,
                  warmup: int | None = None) -> SimConfig:
     """Defaults, then the config file, then the costs file, then the flags."""
-    data: dict[str, Any] = {}
-    if config:
-        import yaml
-
-        path = Path(config)
-        if not path.is_file():
-            raise ValueError(f"--config {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"--config {path} must hold a mapping")
-    cfg = config_from_mapping(data)
+    cfg = config_from_mapping(read_yaml(config) if config else {})
     if costs:
         cfg = dataclasses.replace(cfg, costs=load_costs(costs))
     if dist is not None:

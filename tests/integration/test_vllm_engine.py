@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from relayrl.config import RunConfig
-from relayrl.generation import Completion
+from relayrl.generation import Completion, left_pad
 from relayrl.messages import Group, Sample
 from rollout_svc.engine import SamplingSpec
 from rollout_svc.engines import make_engine
@@ -103,13 +103,9 @@ def contexts(lm, n: int) -> list[list[int]]:
 def torch_engine_logprobs(model, ctxs, responses, temperature, pad_id) -> list[list[float]]:
     """The torch engine's log-probabilities of given responses: its own path (left-padded
     prefill with explicit positions, then one cached step per token) with the tokens forced."""
-    batch, width = len(ctxs), max(len(c) for c in ctxs)
+    batch = len(ctxs)
     steps = max(len(r) for r in responses)
-    ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, width), dtype=torch.long)
-    for i, c in enumerate(ctxs):
-        ids[i, width - len(c):] = torch.tensor(c)
-        mask[i, width - len(c):] = 1
+    ids, mask = left_pad(ctxs, pad_id)
     forced = torch.full((batch, steps), pad_id, dtype=torch.long)
     for i, r in enumerate(responses):
         forced[i, :len(r)] = torch.tensor(r)

@@ -24,6 +24,12 @@ class LeasedPrompt:
 
 
 @dataclass(frozen=True)
+class ProgressReply:
+    accepted: bool  # False: the worker no longer holds the lease
+    release: bool = False  # a repack moves the lease: hand it back now, with its state
+
+
+@dataclass(frozen=True)
 class LeaseBatch:
     leases: list[LeasedPrompt]
     done: bool  # no prompt will ever be handed out again
@@ -42,8 +48,9 @@ class LeaseClient(ABC):
         """True if the delivery counted; False if the lease had lapsed and was re-issued."""
 
     @abstractmethod
-    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> bool:
-        """Keep the lease's unfinished token state; False if the worker lost the lease."""
+    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> ProgressReply:
+        """Keep the lease's unfinished token state; says whether the worker still holds the
+        lease, and whether a repack wants it handed back."""
 
     @abstractmethod
     def release(self, worker_id: str, lease_id: str, state: bytes = b"") -> bool:
@@ -81,9 +88,10 @@ class GrpcLeaseClient(LeaseClient):
             scheduler_pb2.CompleteRequest(worker_id=worker_id, lease_id=lease_id),
             timeout=self.timeout_s).accepted
 
-    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> bool:
-        return self._stub.SaveProgress(scheduler_pb2.SaveProgressRequest(
-            worker_id=worker_id, lease_id=lease_id, state=state), timeout=self.timeout_s).accepted
+    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> ProgressReply:
+        resp = self._stub.SaveProgress(scheduler_pb2.SaveProgressRequest(
+            worker_id=worker_id, lease_id=lease_id, state=state), timeout=self.timeout_s)
+        return ProgressReply(resp.accepted, resp.release)
 
     def release(self, worker_id: str, lease_id: str, state: bytes = b"") -> bool:
         return self._stub.Release(scheduler_pb2.ReleaseRequest(

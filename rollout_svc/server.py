@@ -39,7 +39,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             versions_used=sorted(w.versions_used), weight_pull_failures=w.pull_failures,
             bytes_pulled=w.bytes_pulled, last_pull_s=w.last_pull_s, segments=w.segments,
             mid_sequence_swaps=w.mid_sequence_swaps, groups_resumed=w.groups_resumed,
-            leases_released=w.leases_released, engine=w.engine.name,
+            leases_released=w.leases_released, groups_moved_out=w.groups_moved_out,
+            engine=w.engine.name,
             custom_requests=self.gen.batcher.requests,
             custom_engine_calls=self.gen.batcher.batches)
 

@@ -1,9 +1,11 @@
 """The rollout loop: refresh weights between segments, lease, generate, score, append.
 
-A worker holds up to `rollout.max_active_groups` prompts at once. Their unfinished sequences
-share each engine call; with `rollout.segment_tokens` set, a call generates one segment, so
-finished groups leave and newly leased ones join at every boundary (continuous batching at
-segment granularity) and no group waits for another's longest sample."""
+A worker runs up to `rollout.max_active_groups` x `samples_per_prompt` unfinished sequences
+at once, in shared engine calls. With `rollout.segment_tokens` set, a call generates one
+segment, so finished groups leave and newly leased ones join at every boundary (continuous
+batching at segment granularity) and no group waits for another's longest sample. At a
+boundary the scheduler may also recall a group for a repack: it is handed back, with its
+token state, for a fuller worker to continue."""
 
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class RolloutWorker:
         self.mid_sequence_swaps = 0  # sequences that continued under a newer version
         self.groups_resumed = 0  # leases that came with another worker's token state
         self.leases_released = 0
+        self.groups_moved_out = 0  # handed over to another worker by a repack
         self._staging: torch.Tensor | None = None  # receive buffer reused across pulls
 
     def refresh_weights(self) -> bool:
@@ -164,12 +167,25 @@ class RolloutWorker:
             if a.group.finished:
                 self.deliver(a.lease, a.group)
                 delivered += 1
-            elif self.cfg.rollout.segment_tokens and not self.scheduler.save_progress(
-                    self.worker_id, a.lease.lease_id, a.group.encode()):
-                log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
+            elif self.cfg.rollout.segment_tokens:
+                reply = self.scheduler.save_progress(self.worker_id, a.lease.lease_id,
+                                                     a.group.encode())
+                if not reply.accepted:
+                    log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
+                elif not (reply.release and self.hand_over(a)):
+                    still.append(a)
             else:
                 still.append(a)
         return still, delivered
+
+    def hand_over(self, a: ActiveGroup) -> bool:
+        """A repack recalled the group: hand it back (its token state was just saved) for
+        the worker the scheduler chose. If the scheduler refuses, keep generating it."""
+        if not self.scheduler.release(self.worker_id, a.lease.lease_id):
+            return False
+        self.leases_released += 1
+        self.groups_moved_out += 1
+        return True
 
     def release_all(self, active: list[ActiveGroup]) -> None:
         """Hand unfinished groups back with their token state, for another worker."""
@@ -235,9 +251,12 @@ class RolloutWorker:
             log.warning("could not hand back %d leases: %s", len(active), err)
 
     def _refill(self, active: list[ActiveGroup], stop: threading.Event) -> float:
-        """Lease prompts up to rollout.max_active_groups; new groups join at the next
+        """Lease as many prompts as there are free seats for whole groups (capacity:
+        rollout.max_active_groups groups' worth of sequences); new groups join at the next
         segment. Returns how long to wait if there is nothing to generate."""
-        want = self.cfg.rollout.max_active_groups - len(active)
+        n = self.cfg.rollout.samples_per_prompt
+        running = sum(len(a.group.unfinished()) for a in active)
+        want = (self.cfg.rollout.max_active_groups * n - running) // n
         if want <= 0:
             return 0.0
         try:

@@ -13,8 +13,9 @@ import time
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
-from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt
+from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt, ProgressReply
 from relayrl.partial import PartialGroup
+from relayrl.repack import Move
 from relayrl.tasks import make_task
 from scheduler_svc.policy import LeasePolicy
 
@@ -28,7 +29,11 @@ class SchedulerCore(LeaseClient):
                                   max_attempts=cfg.scheduler.max_attempts,
                                   max_inflight=cfg.inflight_limit,
                                   max_prompts=cfg.scheduler.max_prompts,
-                                  start_after_workers=cfg.scheduler.start_after_workers)
+                                  start_after_workers=cfg.scheduler.start_after_workers,
+                                  group_size=cfg.rollout.samples_per_prompt,
+                                  worker_capacity=cfg.repack_capacity,
+                                  repack_below=cfg.scheduler.repack_below)
+        self.last_repack = 0.0
         self.redis = redis
         self.keys = RunKeys(cfg.run_id)
         self.task = make_task(cfg.task)
@@ -53,6 +58,20 @@ class SchedulerCore(LeaseClient):
         if newly_failed:
             self.redis.sadd(self.keys.ledger("failed"), *sorted(newly_failed))
             self._forget_partials(newly_failed)
+        interval = self.cfg.scheduler.repack_interval_s
+        if interval and self.clock() - self.last_repack >= interval:
+            self.repack()
+
+    def repack(self, force: bool = False) -> list[Move]:
+        """Recall tail workers' leases for fuller workers (relayrl.repack's rule); the holders
+        hand them back at their next segment boundary."""
+        with self.lock:
+            self.last_repack = self.clock()
+            moves = self.policy.plan_repack(self.last_repack, force)
+        for m in moves:
+            log.info("repack: lease %s (%d sequences) from %s to %s", m.item, m.size,
+                     m.source, m.target)
+        return moves
 
     def register(self, worker_id: str, address: str) -> None:
         if not worker_id:
@@ -90,13 +109,13 @@ class SchedulerCore(LeaseClient):
             self._forget_partials([prompt_id])
         return accepted
 
-    def _check_state(self, state: bytes, prompt_id: int, where: str) -> None:
+    def _check_state(self, state: bytes, prompt_id: int, where: str) -> PartialGroup:
         limit = self.cfg.scheduler.max_partial_state_bytes
         if len(state) > limit:
             raise ValueError(f"{where}.state: {len(state)} bytes, more than "
                              f"scheduler.max_partial_state_bytes ({limit})")
         try:
-            PartialGroup.decode(state, prompt_id, self.cfg.rollout.samples_per_prompt)
+            return PartialGroup.decode(state, prompt_id, self.cfg.rollout.samples_per_prompt)
         except CodecError as err:
             raise ValueError(f"{where}.state: {err}") from None
 
@@ -115,16 +134,17 @@ class SchedulerCore(LeaseClient):
         with self.lock:
             return self.policy.holder_prompt(lease_id, worker_id)
 
-    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> bool:
+    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> ProgressReply:
         prompt_id = self._prompt_of(worker_id, lease_id)
         if prompt_id is None:
-            return False
-        self._check_state(state, prompt_id, "SaveProgress")
+            return ProgressReply(False)
+        group = self._check_state(state, prompt_id, "SaveProgress")
         with self.lock:  # the lease may have lapsed while the state was checked
-            if self.policy.holder_prompt(lease_id, worker_id) is None:
-                return False
+            recalled = self.policy.note_progress(lease_id, worker_id, len(group.unfinished()))
+            if recalled is None:
+                return ProgressReply(False)
             self._keep_partial(prompt_id, state)
-        return True
+        return ProgressReply(True, recalled)
 
     def release(self, worker_id: str, lease_id: str, state: bytes = b"") -> bool:
         prompt_id = self._prompt_of(worker_id, lease_id)
@@ -137,7 +157,7 @@ class SchedulerCore(LeaseClient):
                 return False
             if state:  # kept before the prompt can be leased again
                 self._keep_partial(prompt_id, state)
-            self.policy.release(lease_id, worker_id)
+            self.policy.release(lease_id, worker_id, self.clock())
         log.info("worker %s handed back prompt %d%s", worker_id, prompt_id,
                  " with its token state" if state else "")
         return True

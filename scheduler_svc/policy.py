@@ -5,12 +5,18 @@ A prompt is handed out by lease; a lease is renewed by its worker's heartbeats a
 lapses, the prompt goes back to the front of the queue until `max_attempts` leases have
 failed, after which the prompt is reported failed. The number of prompts out at once
 (handed out but not yet finished by the trainer) is capped, which bounds staleness.
+
+Repacking (relayrl.repack's rule): a lease can be recalled from a worker stuck on a few long
+sequences; the worker hands it back with its token state at its next segment boundary, and
+the prompt is reserved for the fuller worker chosen to continue it, for one lease TTL.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+from relayrl.repack import Move, plan_moves
 
 
 @dataclass
@@ -20,6 +26,8 @@ class ActiveLease:
     worker_id: str
     attempt: int
     deadline: float
+    unfinished: int = -1  # sequences still generating, as last reported; -1: not yet
+    recall_to: str = ""  # a repack chose this worker to continue it; the holder hands it back
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class Counters:
     leases_completed: int = 0
     leases_expired: int = 0
     leases_released: int = 0
+    leases_recalled: int = 0
+    leases_moved: int = 0  # recalled, handed back, and taken by the chosen worker
 
 
 @dataclass
@@ -50,6 +60,9 @@ class LeasePolicy:
     max_inflight: int
     max_prompts: int = 0  # 0 = unlimited
     start_after_workers: int = 0  # a gate that opens once, when this many have registered
+    group_size: int = 1  # sequences per prompt
+    worker_capacity: int = 0  # sequences a worker runs at once; 0 turns repacking off
+    repack_below: float = 0.25  # a worker holding at most this share of capacity is a tail
     started: bool = False
     cursor: int = 0  # next never-handed-out prompt id
     finished: int = 0  # prompts the trainer has stepped past (trained or dropped as stale)
@@ -61,6 +74,7 @@ class LeasePolicy:
     failed: set[int] = field(default_factory=set)
     workers: dict[str, WorkerState] = field(default_factory=dict)
     draining: set[str] = field(default_factory=set)  # workers that get no new leases
+    reserved: dict[int, tuple[str, float]] = field(default_factory=dict)  # prompt -> (to, until)
     counters: Counters = field(default_factory=Counters)
     _next_lease: int = 0
 
@@ -139,15 +153,33 @@ class LeasePolicy:
             self.started = True
         grants = []
         while len(grants) < max_prompts:
-            if self.requeue:
-                prompt_id = self.requeue.popleft()
-            elif self._may_hand_out_new():
+            prompt_id = self._next_queued(worker_id, now)
+            if prompt_id is None:
+                if not self._may_hand_out_new():
+                    break
                 prompt_id = self.cursor
                 self.cursor += 1
-            else:
-                break
             grants.append(self._lease(prompt_id, worker_id, now))
         return grants
+
+    def _next_queued(self, worker_id: str, now: float) -> int | None:
+        """A re-queued prompt for this worker: one reserved for it first, else the first one
+        not reserved for another worker that can still take it."""
+        pick = None
+        for prompt_id in self.requeue:
+            to, until = self.reserved.get(prompt_id, ("", 0.0))
+            if to == worker_id:
+                pick = prompt_id
+                break
+            if pick is None and (not to or until <= now or to not in self.workers
+                                 or to in self.draining):
+                pick = prompt_id
+        if pick is None:
+            return None
+        self.requeue.remove(pick)
+        if self.reserved.pop(pick, ("", 0.0))[0] == worker_id:
+            self.counters.leases_moved += 1
+        return pick
 
     def _may_hand_out_new(self) -> bool:
         if self.max_prompts and self.cursor >= self.max_prompts:
@@ -188,16 +220,55 @@ class LeasePolicy:
             return None
         return lease.prompt_id
 
-    def release(self, lease_id: str, worker_id: str) -> bool:
+    def release(self, lease_id: str, worker_id: str, now: float) -> bool:
         """The worker hands an unfinished lease back: its prompt goes to the front of the
-        queue at once, and the hand-back does not count as a failed attempt."""
+        queue at once (reserved for the worker a repack chose, if it was recalled), and the
+        hand-back does not count as a failed attempt."""
         if self.holder_prompt(lease_id, worker_id) is None:
             return False
         lease = self.leases.pop(lease_id)
         self.attempts[lease.prompt_id] = lease.attempt - 1
         self.requeue.appendleft(lease.prompt_id)
+        if lease.recall_to:
+            self.reserved[lease.prompt_id] = (lease.recall_to, now + self.lease_ttl_s)
         self.counters.leases_released += 1
         return True
+
+    def note_progress(self, lease_id: str, worker_id: str, unfinished: int) -> bool | None:
+        """The holder saved the lease's token state with `unfinished` sequences left. Returns
+        None if it does not hold the lease, else whether a repack recalled it."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id:
+            return None
+        lease.unfinished = unfinished
+        return bool(lease.recall_to)
+
+    def plan_repack(self, now: float, force: bool = False) -> list[Move]:
+        """Recall the leases of workers left with a tail, for the fullest workers with room.
+        Unless forced, only when no prompt waits to be handed out (idle room is then filled
+        by new prompts instead). Workers with a move under way sit this round out."""
+        if not self.worker_capacity:
+            return []
+        if not force and (self.requeue or self._may_hand_out_new()):
+            return []
+        self.expire(now)
+        busy = {lease.worker_id for lease in self.leases.values() if lease.recall_to}
+        busy |= {lease.recall_to for lease in self.leases.values() if lease.recall_to}
+        holdings: dict[str, list[tuple[str, int]]] = {
+            w: [] for w in self.workers if w not in busy}
+        for lease in self.leases.values():
+            if lease.worker_id in holdings:
+                holdings[lease.worker_id].append(
+                    (lease.lease_id,
+                     self.group_size if lease.unfinished < 0 else lease.unfinished))
+        alive = [w for w, state in self.workers.items()
+                 if w in holdings and w not in self.draining
+                 and now - state.last_seen < self.lease_ttl_s]
+        moves = plan_moves(holdings, self.worker_capacity, self.repack_below, alive)
+        for move in moves:
+            self.leases[move.item].recall_to = move.target
+        self.counters.leases_recalled += len(moves)
+        return moves
 
     def expire(self, now: float) -> list[ActiveLease]:
         lapsed = [lease for lease in self.leases.values() if lease.deadline <= now]

@@ -1,6 +1,6 @@
 """The scheduler's REST control API: see workers and leases, drain a worker and bring it
-back. Every /v1 route needs `Authorization: Bearer <token>`; the schema is at /openapi.json
-and the interactive docs at /docs."""
+back, trigger a repack of long-tail sequences. Every /v1 route needs `Authorization: Bearer
+<token>`; the schema is at /openapi.json and the interactive docs at /docs."""
 
 from __future__ import annotations
 
@@ -31,6 +31,23 @@ class LeaseView(BaseModel):
     attempt: int = Field(description="1 for the prompt's first lease, 2 for its first re-issue...")
     expires_in_s: float = Field(description="Seconds until it lapses unless renewed.")
     has_saved_tokens: bool = Field(description="Partial rollout state is held for its prompt.")
+    unfinished_sequences: int | None = Field(
+        description="Sequences still generating at the last saved segment; null before one.")
+    recalled_to: str | None = Field(
+        description="A repack moves it to this worker at the holder's next segment boundary.")
+
+
+class RepackRequest(BaseModel):
+    force: bool = Field(
+        True, description="Plan even while new prompts wait to be handed out (the automatic "
+        "repack waits until none do, since idle seats then fill with new prompts).")
+
+
+class MoveView(BaseModel):
+    lease_id: str
+    sequences: int = Field(description="Unfinished sequences it carries.")
+    from_worker: str
+    to_worker: str
 
 
 class DrainRequest(BaseModel):
@@ -48,6 +65,8 @@ class StatusView(BaseModel):
     leases_completed: int
     leases_expired: int
     leases_released: int
+    leases_recalled: int
+    leases_moved: int
     done: bool
 
 
@@ -96,7 +115,10 @@ def build_rest_app(core: SchedulerCore, token: str):
             return [LeaseView(lease_id=lease.lease_id, prompt_id=lease.prompt_id,
                               worker_id=lease.worker_id, attempt=lease.attempt,
                               expires_in_s=round(lease.deadline - now, 3),
-                              has_saved_tokens=lease.prompt_id in core.partials)
+                              has_saved_tokens=lease.prompt_id in core.partials,
+                              unfinished_sequences=(
+                                  None if lease.unfinished < 0 else lease.unfinished),
+                              recalled_to=lease.recall_to or None)
                     for lease in policy.leases.values()]
 
     @api.post("/workers/{worker_id}/drain", response_model=WorkerView)
@@ -128,7 +150,19 @@ def build_rest_app(core: SchedulerCore, token: str):
                               leases_granted=c.leases_granted,
                               leases_completed=c.leases_completed,
                               leases_expired=c.leases_expired,
-                              leases_released=c.leases_released, done=policy.done)
+                              leases_released=c.leases_released,
+                              leases_recalled=c.leases_recalled, leases_moved=c.leases_moved,
+                              done=policy.done)
+
+    @api.post("/repack", response_model=list[MoveView])
+    def repack(body: RepackRequest | None = None):
+        """Plan a repack now: workers left with a few long sequences hand them, with their
+        token state, to the fullest workers with room. Needs scheduler.repack."""
+        if not policy.worker_capacity:
+            raise HTTPException(409, "scheduler.repack is off in this run's config")
+        moves = core.repack(force=body is None or body.force)
+        return [MoveView(lease_id=m.item, sequences=m.size, from_worker=m.source,
+                         to_worker=m.target) for m in moves]
 
     app.include_router(api)
     return app

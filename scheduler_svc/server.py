@@ -53,10 +53,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def SaveProgress(self, request, context):
         try:
-            accepted = self.core.save_progress(request.worker_id, request.lease_id, request.state)
+            reply = self.core.save_progress(request.worker_id, request.lease_id, request.state)
         except ValueError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        return scheduler_pb2.SaveProgressResponse(accepted=accepted)
+        return scheduler_pb2.SaveProgressResponse(accepted=reply.accepted, release=reply.release)
 
     def Release(self, request, context):
         try:
@@ -77,6 +77,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 leases_completed=p.counters.leases_completed,
                 leases_expired=p.counters.leases_expired, active_leases=len(p.leases),
                 leases_released=p.counters.leases_released,
+                leases_recalled=p.counters.leases_recalled,
+                leases_moved=p.counters.leases_moved,
                 partial_groups=len(self.core.partials),
                 failed=len(p.failed), finished=p.finished, workers=len(p.workers), done=p.done,
                 worker_versions={w: s.policy_version for w, s in p.workers.items()},

@@ -62,6 +62,9 @@ class RunConfig(StrictModel):
                 f"rollout.engine 'vllm' cannot run the tiny model's head size "
                 f"{self.model.hidden_size // self.model.num_heads} (model.hidden_size / "
                 f"model.num_heads); vLLM's CPU attention supports {list(VLLM_CPU_HEAD_SIZES)}")
+        if self.scheduler.repack and not self.rollout.segment_tokens:
+            raise ValueError("scheduler.repack needs rollout.segment_tokens > 0: workers hand "
+                             "recalled sequences back at segment boundaries")
         if "shm" in self.relay.data_planes and not self.relay.shm_dir:
             raise ValueError("relay.data_planes has 'shm' but relay.shm_dir is unset")
         ports = {
@@ -94,6 +97,13 @@ class RunConfig(StrictModel):
         if self.scheduler.max_inflight_prompts:
             return self.scheduler.max_inflight_prompts
         return self.buffer.groups_per_batch * (self.trainer.max_staleness + 1)
+
+    @property
+    def repack_capacity(self) -> int:
+        """Sequences a worker runs at once, for repacking; 0 when repacking is off."""
+        if not self.scheduler.repack:
+            return 0
+        return self.rollout.max_active_groups * self.rollout.samples_per_prompt
 
     @property
     def run_path(self) -> Path:

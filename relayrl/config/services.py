@@ -127,6 +127,22 @@ class SchedulerConfig(StrictModel):
         "RELAYRL_API_TOKEN", min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Environment variable holding the REST API's bearer token.",
     )
+    repack: bool = Field(
+        False,
+        description="Move a worker's last few long sequences (with their token state) onto "
+        "the fullest worker with room, when no new prompt can be handed out; needs "
+        "rollout.segment_tokens.",
+    )
+    repack_below: float = Field(
+        0.25, gt=0, le=1,
+        description="A worker holding at most this share of its capacity (rollout."
+        "max_active_groups x samples_per_prompt sequences) has its sequences repacked.",
+    )
+    repack_interval_s: float = Field(
+        0.5, ge=0, le=3600,
+        description="Seconds between automatic repack plans; 0 plans only when asked "
+        "(POST /v1/repack).",
+    )
     start_after_workers: int = Field(
         0, ge=0, le=100_000,
         description="Hand out the first lease only once this many workers have registered, "
@@ -185,8 +201,9 @@ class RolloutConfig(StrictModel):
     )
     max_active_groups: int = Field(
         1, ge=1, le=4096,
-        description="Prompts a worker generates at once: their unfinished sequences share each "
-        "engine call, and with segment_tokens set new prompts join at every segment boundary.",
+        description="A worker runs up to this many prompts' worth of sequences (x "
+        "samples_per_prompt) at once, in shared engine calls; with segment_tokens set it leases "
+        "another prompt at a segment boundary whenever a prompt's worth of seats is free.",
     )
     max_batch_seqs: int = Field(
         256, ge=1, le=65_536,
@@ -242,7 +259,14 @@ class RolloutConfig(StrictModel):
 
 class TrainerConfig(StrictModel):
     endpoint: Endpoint = Field(default_factory=lambda: Endpoint(port=50554))
-    loss: Literal["grpo"] = Field("grpo", description="Policy loss from the loss registry.")
+    loss: Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "ppo"] = Field(
+        "grpo", description="Policy loss from the registry in trainer_svc/losses (README: "
+        "Algorithms).",
+    )
+    correction: Literal["none", "tis_token", "tis_seq", "aipo", "decoupled"] = Field(
+        "tis_token", description="Off-policy correction against the behaviour policy that "
+        "sampled the tokens (trainer_svc/losses/corrections.py).",
+    )
     lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, le=1.0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Gradient-norm clip.")
@@ -251,9 +275,56 @@ class TrainerConfig(StrictModel):
         4, ge=0, le=1_000_000,
         description="Drop samples whose oldest token version lags the trainer by more.",
     )
-    clip_eps: float = Field(0.2, gt=0, le=10, description="PPO-style ratio clip.")
-    tis_cap: float = Field(2.0, ge=1.0, le=1e6, description="Truncated importance-weight cap.")
-    scale_rewards: bool = Field(True, description="Divide group advantages by the group std.")
+    clip_eps: float = Field(
+        0.2, gt=0, lt=1, description="Ratio clip [1 - eps, 1 + eps] of every loss but dapo and "
+        "gspo.",
+    )
+    clip_eps_low: float = Field(0.2, gt=0, lt=1, description="dapo: ratio clip below, 1 - eps.")
+    clip_eps_high: float = Field(
+        0.28, gt=0, le=10, description="dapo: ratio clip above, 1 + eps (clip-higher)."
+    )
+    gspo_clip_eps: float = Field(
+        4e-4, gt=0, lt=1, description="gspo: clip of the sequence-level ratio, which sits "
+        "much closer to 1 than token ratios.",
+    )
+    tis_cap: float = Field(
+        2.0, ge=1.0, le=1e6, description="Importance-weight cap: pi_old/mu above it is capped "
+        "(tis_token, tis_seq) or dropped (decoupled); aipo truncates pi/mu at it.",
+    )
+    updates_per_batch: int = Field(
+        1, ge=1, le=64, description="Optimizer steps on each batch (PPO epochs); above 1 the "
+        "policy moves away from pi_old within a batch and the ratio clip takes effect.",
+    )
+    scale_rewards: bool = Field(
+        True, description="Divide group advantages by the group std (grpo, dapo, gspo).",
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, le=100, description="Weight of the KL penalty to the frozen initial "
+        "policy; 0 keeps no reference copy and reports no train/kl_ref.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Per-token KL estimator (Schulman): k1 = log pi/ref, k2 = half its "
+        "square, k3 = ref/pi - 1 - log ref/pi.",
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0, le=10, description="Weight of the entropy bonus; the entropy is reported "
+        "as train/entropy either way.",
+    )
+    overlong_buffer: int = Field(
+        0, ge=0, le=1_048_576, description="Overlong reward shaping (DAPO): the last this many "
+        "tokens before rollout.max_new_tokens ramp a penalty up to overlong_penalty; 0 is off.",
+    )
+    overlong_penalty: float = Field(
+        1.0, ge=0, le=1000, description="Reward subtracted from a response of full length "
+        "when overlong_buffer is set.",
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="ppo: discount per token in GAE.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="ppo: GAE lambda.")
+    value_coef: float = Field(0.5, ge=0, le=100, description="ppo: weight of the value loss.")
+    value_clip: float = Field(
+        0.2, gt=0, le=1e6, description="ppo: a value moves at most this far from its value "
+        "before the batch's first update in the clipped value loss.",
+    )
     engine_check_versions: int = Field(
         2, ge=0, le=64,
         description="Past versions' parameters kept to re-score tokens under the version that "

@@ -7,7 +7,8 @@ a worker moves to new weights only once its batch is empty. Workers refresh lazi
 keep starting prompts on their version until the trainer is `max_staleness` versions ahead,
 then drain. Draining is where the heavy tail hurts: the last few long sequences keep a
 worker at a tiny batch. `async_repack` migrates them (KV cache and all) onto the fullest
-other worker of the same version with room, so the drained worker reloads at once.
+other worker of the same version with room (relayrl.repack's rule, as the live scheduler),
+so the drained worker reloads at once.
 
 A worker whose course nothing can change until its next decision (its queue refills every
 slot that frees, or it can only drain) runs ahead of the clock to that decision in one go:
@@ -22,6 +23,7 @@ from heapq import heappop, heappush
 from itertools import repeat
 from typing import Any
 
+from relayrl.repack import is_tail, rank_targets
 from relayrl.sim.engine import START, SimConfig, StepRecord
 from relayrl.sim.worker import Worker
 from relayrl.sim.workload import Lengths
@@ -40,7 +42,6 @@ class Streaming:
         self.batch = workers * cfg.workload.groups_per_worker  # groups per trainer step
         self.max_staleness = cfg.max_staleness
         self.max_out = (cfg.max_staleness + 1) * self.batch  # prompts out at once
-        self.repack_at = int(cfg.repack_below * cfg.costs.max_batch)
         self.events: list[tuple[float, int, int, Any, Any]] = []
         self.order = itertools.count()
         self.version = 0  # the trainer's: steps taken
@@ -102,8 +103,8 @@ class Streaming:
                 free -= self.group
         if queue:
             w.fill()
-        elif (self.repack and not fresh and active and len(active) <= self.repack_at
-              and not w.incoming):
+        elif (self.repack and not fresh and not w.incoming
+              and is_tail(len(active), self.costs.max_batch, self.cfg.repack_below)):
             self.hand_off(w, now)
             if not active:
                 self.decide(w, now)  # now empty: reload
@@ -132,11 +133,10 @@ class Streaming:
     def hand_off(self, w: Worker, now: float) -> None:
         """Move w's sequences to the fullest workers of its version that have room; a target
         must be fuller than w (ties by id), so sequences only ever consolidate."""
-        key = (len(w.active), w.wid)
-        targets = [d for d in self.holders[w.version]  # not one that has run ahead of now
-                   if d.room() > 0 and d.t <= now and (len(d.active) + d.incoming, d.wid) > key]
-        targets.sort(key=lambda d: (-(len(d.active) + d.incoming), d.wid))
-        for d in targets:
+        peers = {d.wid: d for d in self.holders[w.version] if d.t <= now}  # not run ahead
+        loads = {wid: d.cap - d.room() for wid, d in peers.items()}
+        for wid in rank_targets(w.wid, len(w.active), loads, w.cap):
+            d = peers[wid]
             moved, tokens, room, kv = [], 0, d.room(), d.kv_room()
             while w.active and room > 0 and w.last_context() <= kv:
                 sid, generated, ctx = w.take_last()

@@ -7,7 +7,7 @@ import pytest
 from relayrl.config import RunConfig
 from relayrl.grpc_util import make_server
 from relayrl.keys import RunKeys
-from relayrl.leases import GrpcLeaseClient
+from relayrl.leases import GrpcLeaseClient, ProgressReply
 from relayrl.proto.v1 import scheduler_pb2_grpc
 from relayrl.redis_conn import EmbeddedRedis, connect
 from scheduler_svc.core import SchedulerCore
@@ -33,8 +33,10 @@ def redis(tmp_path):
 @pytest.fixture(params=["in_process", "grpc"])
 def setup(request, redis):
     cfg = RunConfig.model_validate({
-        "run_id": "leases", "scheduler": {"lease_ttl_s": 10, "max_attempts": 2,
-                                          "max_inflight_prompts": 3, "max_prompts": 5}})
+        "run_id": "leases",
+        "scheduler": {"lease_ttl_s": 10, "max_attempts": 2, "max_inflight_prompts": 3,
+                      "max_prompts": 5, "repack": True, "repack_interval_s": 0},
+        "rollout": {"segment_tokens": 4, "max_active_groups": 2}})
     clock = FakeClock()
     core = SchedulerCore(cfg, redis, clock=clock)
     if request.param == "in_process":
@@ -131,8 +133,8 @@ def test_saved_progress_travels_with_the_reissued_lease(setup):
     lease = client.acquire("w0", 1).leases[0]
     assert lease.partial_state == b""
     state = _state(core, lease.prompt_id, 2)
-    assert client.save_progress("w0", lease.lease_id, state)
-    assert not client.save_progress("w1", lease.lease_id, state)  # not the holder
+    assert client.save_progress("w0", lease.lease_id, state).accepted
+    assert not client.save_progress("w1", lease.lease_id, state).accepted  # not the holder
     clock.now = 11.0  # w0 dies: its lease lapses
     core.refresh()
     again = client.acquire("w1", 1).leases[0]
@@ -162,3 +164,57 @@ def test_malformed_progress_is_refused_naming_the_field_and_nothing_changes(setu
         assert "SaveProgress.state" in msg
     assert core.partials == {}
     assert client.complete("w0", lease.lease_id)
+
+
+def _tail_state(core, prompt_id: int, unfinished: int) -> bytes:
+    from relayrl.partial import PartialGroup
+
+    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.rollout.samples_per_prompt)
+    for i, s in enumerate(group.sequences):
+        s.extend([7, 8], [-0.5, -0.25], version=2)
+        s.finish_reason = "" if i < unfinished else "stop"
+    return group.encode()
+
+
+def test_a_repack_moves_a_tail_lease_with_its_state_to_the_fuller_worker(setup):
+    client, core, clock, _ = setup
+    for w in ("w0", "w1"):
+        client.register(w, "here")
+    full = client.acquire("w0", 2).leases  # capacity 2 groups x 8 = 16 sequences
+    tail = client.acquire("w1", 1).leases[0]  # the cap of 3 prompts out is reached
+    for lease in full:
+        assert client.save_progress("w0", lease.lease_id, _tail_state(core, lease.prompt_id, 4))
+    state = _tail_state(core, tail.prompt_id, 2)  # 2 of 16 seats used: a tail
+    assert client.save_progress("w1", tail.lease_id, state) == ProgressReply(True, False)
+
+    moves = core.repack()
+    assert [(m.item, m.size, m.source, m.target) for m in moves] == [
+        (tail.lease_id, 2, "w1", "w0")]
+    assert core.repack() == []  # a move under way is not planned twice
+    assert client.save_progress("w1", tail.lease_id, state) == ProgressReply(True, True)
+    assert client.release("w1", tail.lease_id)
+    assert client.acquire("w1", 1).leases == []  # reserved for w0
+    moved = client.acquire("w0", 1).leases[0]
+    assert (moved.prompt_id, moved.attempt, moved.partial_state) == (tail.prompt_id, 1, state)
+    c = core.policy.counters
+    assert (c.leases_recalled, c.leases_moved) == (1, 1)
+
+
+def test_a_recalled_lease_whose_target_does_not_come_goes_to_anyone(setup):
+    client, core, clock, _ = setup
+    for w in ("w0", "w1", "w2"):
+        client.register(w, "here")
+    full = client.acquire("w0", 2).leases
+    tail = client.acquire("w1", 1).leases[0]
+    for lease in full:
+        client.save_progress("w0", lease.lease_id, _tail_state(core, lease.prompt_id, 4))
+    client.save_progress("w1", tail.lease_id, _tail_state(core, tail.prompt_id, 1))
+    assert [m.target for m in core.repack()] == ["w0"]
+    assert client.release("w1", tail.lease_id)
+    assert client.acquire("w2", 1).leases == []
+    clock.now = 10.5  # one lease TTL later the reservation has lapsed (w0's heartbeats
+    client.heartbeat("w0", 0)  # keep its own leases)
+    client.heartbeat("w2", 0)
+    again = client.acquire("w2", 1).leases[0]
+    assert (again.prompt_id, again.attempt) == (tail.prompt_id, 1)
+    assert core.policy.counters.leases_moved == 0

@@ -17,7 +17,10 @@ TOKEN = "s3cret-token"
 @pytest.fixture
 def stack(tmp_path):
     server = EmbeddedRedis(tmp_path)
-    cfg = RunConfig.model_validate({"run_id": "rest", "scheduler": {"lease_ttl_s": 30}})
+    cfg = RunConfig.model_validate({
+        "run_id": "rest", "scheduler": {"lease_ttl_s": 30, "repack": True, "repack_below": 0.34},
+        "rollout": {"segment_tokens": 4, "samples_per_prompt": 2, "max_active_groups": 3},
+        "buffer": {"group_size": 2}})
     core = SchedulerCore(cfg, connect(server.url))
     (port,) = free_ports(1)
     http = BackgroundHTTPServer(build_rest_app(core, TOKEN), "127.0.0.1", port, "rest")
@@ -33,9 +36,13 @@ def test_every_route_needs_the_token(stack):
     _, _, address = stack
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         for method, path in (("GET", "/v1/workers"), ("GET", "/v1/leases"),
-                             ("POST", "/v1/workers/w0/drain"), ("GET", "/v1/status")):
+                             ("POST", "/v1/workers/w0/drain"), ("GET", "/v1/status"),
+                             ("POST", "/v1/repack")):
             resp = httpx.request(method, address + path, headers=headers)
             assert resp.status_code == 401, (method, path, headers)
+    stack[0].register("w0", "here")
+    httpx.post(address + "/v1/repack", headers={"Authorization": "Bearer wrong"})
+    assert stack[0].policy.counters.leases_recalled == 0 and not stack[0].policy.draining
 
 
 def test_workers_and_leases_are_listed(stack):
@@ -83,4 +90,31 @@ def test_unknown_workers_are_named_and_the_schema_documents_the_routes(stack):
     assert resp.status_code == 404 and "nobody" in resp.json()["detail"]
     paths = httpx.get(address + "/openapi.json").json()["paths"]
     assert {"/v1/workers", "/v1/leases", "/v1/workers/{worker_id}/drain",
-            "/v1/workers/{worker_id}/resume", "/v1/status"} <= set(paths)
+            "/v1/workers/{worker_id}/resume", "/v1/status", "/v1/repack"} <= set(paths)
+
+
+def test_a_triggered_repack_recalls_the_tail_for_the_fuller_worker(stack):
+    from relayrl.partial import PartialGroup
+
+    core, client, _ = stack
+    core.register("w0", "here")
+    core.register("w1", "there")
+    held = core.acquire("w0", 2).leases + core.acquire("w1", 1).leases
+    # 6 seats a worker, a tail is 2 or fewer: w0 runs 3 sequences, w1 none
+    for lp, done in zip(held, ([], [0], [0, 1]), strict=True):
+        group = PartialGroup.fresh(lp.prompt_id, [1, 2], 2)
+        for i, seq in enumerate(group.sequences):
+            seq.extend([5], [-0.1], version=0)
+            seq.finish_reason = "stop" if i in done else ""
+        assert core.save_progress("w1" if lp is held[2] else "w0", lp.lease_id, group.encode())
+    moves = client.post("/v1/repack", json={"force": True}).json()
+    assert moves == []  # w1 holds no unfinished sequence: nothing to move
+    group = PartialGroup.fresh(held[2].prompt_id, [1, 2], 2)
+    group.sequences[0].extend([5], [-0.1], version=0)
+    core.save_progress("w1", held[2].lease_id, group.encode())  # 2 of 6 seats: a tail
+    moves = client.post("/v1/repack").json()
+    assert moves == [{"lease_id": held[2].lease_id, "sequences": 2, "from_worker": "w1",
+                      "to_worker": "w0"}]
+    leases = {le["lease_id"]: le for le in client.get("/v1/leases").json()}
+    assert leases[held[2].lease_id]["recalled_to"] == "w0"
+    assert client.get("/v1/status").json()["leases_recalled"] == 1

@@ -104,8 +104,8 @@ def test_first_lease_waits_for_enough_workers_then_the_gate_stays_open():
 def test_released_lease_goes_back_at_once_without_costing_an_attempt():
     p = policy(max_attempts=1)
     lease = p.acquire("w0", 1, now=0.0)[0]
-    assert not p.release(lease.lease_id, "w1")  # only the holder may hand it back
-    assert p.release(lease.lease_id, "w0")
+    assert not p.release(lease.lease_id, "w1", now=0.0)  # only the holder may hand it back
+    assert p.release(lease.lease_id, "w0", now=0.0)
     again = p.acquire("w1", 1, now=1.0)[0]
     assert (again.prompt_id, again.attempt) == (lease.prompt_id, 1)
     assert not p.complete(lease.lease_id, "w0")  # the handed-back lease is gone

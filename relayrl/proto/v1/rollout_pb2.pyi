@@ -218,6 +218,7 @@ class RolloutStatus(_message.Message):
     ENGINE_FIELD_NUMBER: _builtins.int
     CUSTOM_REQUESTS_FIELD_NUMBER: _builtins.int
     CUSTOM_ENGINE_CALLS_FIELD_NUMBER: _builtins.int
+    GROUPS_MOVED_OUT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     policy_version: _builtins.int
     samples_generated: _builtins.int
@@ -233,12 +234,14 @@ class RolloutStatus(_message.Message):
     groups_resumed: _builtins.int
     """leases resumed from another worker's token state"""
     leases_released: _builtins.int
-    """leases handed back unfinished (on stop)"""
+    """leases handed back unfinished (on stop or for a repack)"""
     engine: _builtins.str
     custom_requests: _builtins.int
     """Generate / HTTP requests served"""
     custom_engine_calls: _builtins.int
     """engine calls they took (concurrent requests share calls)"""
+    groups_moved_out: _builtins.int
+    """recalled by a repack and handed to a fuller worker"""
     @_builtins.property
     def versions_used(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -259,10 +262,11 @@ class RolloutStatus(_message.Message):
         engine: _builtins.str = ...,
         custom_requests: _builtins.int = ...,
         custom_engine_calls: _builtins.int = ...,
+        groups_moved_out: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "custom_engine_calls", b"custom_engine_calls", "custom_requests", b"custom_requests", "engine", b"engine", "groups_resumed", b"groups_resumed", "last_pull_s", b"last_pull_s", "leases_released", b"leases_released", "mid_sequence_swaps", b"mid_sequence_swaps", "policy_version", b"policy_version", "samples_generated", b"samples_generated", "segments", b"segments", "versions_used", b"versions_used", "weight_pull_failures", b"weight_pull_failures", "weight_swaps", b"weight_swaps", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "custom_engine_calls", b"custom_engine_calls", "custom_requests", b"custom_requests", "engine", b"engine", "groups_moved_out", b"groups_moved_out", "groups_resumed", b"groups_resumed", "last_pull_s", b"last_pull_s", "leases_released", b"leases_released", "mid_sequence_swaps", b"mid_sequence_swaps", "policy_version", b"policy_version", "samples_generated", b"samples_generated", "segments", b"segments", "versions_used", b"versions_used", "weight_pull_failures", b"weight_pull_failures", "weight_swaps", b"weight_swaps", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

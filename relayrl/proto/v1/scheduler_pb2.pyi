@@ -251,16 +251,20 @@ class SaveProgressResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ACCEPTED_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
     accepted: _builtins.bool
     """false when the worker no longer holds the lease"""
+    release: _builtins.bool
+    """a repack moves the lease: hand it back now (Release, with state)"""
     def __init__(
         self,
         *,
         accepted: _builtins.bool = ...,
+        release: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -428,6 +432,8 @@ class SchedulerStatus(_message.Message):
     LEASES_RELEASED_FIELD_NUMBER: _builtins.int
     PARTIAL_GROUPS_FIELD_NUMBER: _builtins.int
     WORKER_LEASES_FIELD_NUMBER: _builtins.int
+    LEASES_RECALLED_FIELD_NUMBER: _builtins.int
+    LEASES_MOVED_FIELD_NUMBER: _builtins.int
     handed_out: _builtins.int
     """distinct prompts ever leased"""
     leases_granted: _builtins.int
@@ -442,6 +448,10 @@ class SchedulerStatus(_message.Message):
     leases_released: _builtins.int
     partial_groups: _builtins.int
     """prompts waiting with saved token state"""
+    leases_recalled: _builtins.int
+    """chosen by a repack to move to a fuller worker"""
+    leases_moved: _builtins.int
+    """of those, taken up by the chosen worker"""
     @_builtins.property
     def worker_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
@@ -464,10 +474,12 @@ class SchedulerStatus(_message.Message):
         leases_released: _builtins.int = ...,
         partial_groups: _builtins.int = ...,
         worker_leases: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        leases_recalled: _builtins.int = ...,
+        leases_moved: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "done", b"done", "failed", b"failed", "finished", b"finished", "handed_out", b"handed_out", "leases_completed", b"leases_completed", "leases_expired", b"leases_expired", "leases_granted", b"leases_granted", "leases_released", b"leases_released", "partial_groups", b"partial_groups", "worker_leases", b"worker_leases", "worker_versions", b"worker_versions", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "done", b"done", "failed", b"failed", "finished", b"finished", "handed_out", b"handed_out", "leases_completed", b"leases_completed", "leases_expired", b"leases_expired", "leases_granted", b"leases_granted", "leases_moved", b"leases_moved", "leases_recalled", b"leases_recalled", "leases_released", b"leases_released", "partial_groups", b"partial_groups", "worker_leases", b"worker_leases", "worker_versions", b"worker_versions", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -146,3 +146,42 @@ def test_a_killed_worker_loses_at_most_its_current_segment(stack):
     assert len(samples) == N
     assert sorted(s.response_tokens[:2].tolist() for s in samples) == sorted(
         s.tokens[:2] for s in saved.sequences)
+
+
+def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stack):
+    cfg, r, _, _, tiny_lm = stack
+    data = cfg.model_dump()
+    data["scheduler"].update(repack=True, repack_below=0.5, repack_interval_s=0,
+                             max_inflight_prompts=3)
+    data["rollout"].update(max_active_groups=3, temperature=1e-3)  # 12 seats; eos-free-ish
+    cfg = RunConfig.model_validate(data)
+    core = SchedulerCore(cfg, r, clock=Clock())
+    a = make_worker(cfg, r, core, tiny_lm, 0, VersionStore(4))
+    b = make_worker(cfg, r, core, tiny_lm, 1, VersionStore(4))
+    for w in (a, b):
+        w.register()
+    held_a = [a.activate(lease) for lease in core.acquire(a.worker_id, 2).leases]
+    held_b = [b.activate(lease) for lease in core.acquire(b.worker_id, 1).leases]
+    held_a, _ = a.advance(held_a)
+    held_b, _ = b.advance(held_b)  # 4 of 12 seats: a tail; a runs 8 with room for 4 more
+    tail = held_b[0].lease
+    moves = core.repack()
+    assert [(m.item, m.source, m.target) for m in moves] == [
+        (tail.lease_id, b.worker_id, a.worker_id)]
+
+    held_b, _ = b.advance(held_b)  # one more segment, saved, then handed over
+    assert held_b == [] and b.groups_moved_out == 1
+    saved = PartialGroup.decode(core.partials[tail.prompt_id], tail.prompt_id, N)
+    assert core.acquire(b.worker_id, 1).leases == []  # reserved for a
+    a._refill(held_a, threading.Event())
+    assert a.groups_resumed == 1 and len(held_a) == 3
+    while held_a:
+        held_a, _ = a.advance(held_a)
+
+    samples = delivered(r)
+    assert sorted(s.prompt_id for s in samples) == sorted([0, 1, 2] * N)  # each group once
+    moved = [s for s in samples if s.prompt_id == tail.prompt_id]
+    assert {s.worker_id for s in moved} == {a.worker_id}
+    assert sorted(s.response_tokens[:4].tolist() for s in moved) == sorted(
+        seq.tokens[:4] for seq in saved.sequences)  # b's two segments, continued by a
+    assert (core.policy.counters.leases_recalled, core.policy.counters.leases_moved) == (1, 1)

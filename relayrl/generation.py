@@ -2,6 +2,8 @@
 
 Prompts are left-padded and given explicit position ids, so a sequence's positions do not
 depend on what it is batched with; the trainer's recomputation sees the same positions.
+`sample_with_kv` can also start a sequence from a KV state kept from an earlier call (see
+relayrl/kv_state.py) and hand back each sequence's final state.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from relayrl import kv_state
+from relayrl.kv_state import ModelFingerprint, SequenceKV
 
 
 @dataclass
@@ -41,18 +46,44 @@ def sample(
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> list[Completion]:
-    if not prompts or any(len(p) == 0 for p in prompts):
+    completions, _ = sample_with_kv(
+        model, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+        temperature=temperature, greedy=greedy, generator=generator)
+    return completions
+
+
+@torch.no_grad()
+def sample_with_kv(
+    model,
+    contexts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    states: list[SequenceKV | None] | None = None,
+    return_states: bool = False,
+    version: int = 0,
+) -> tuple[list[Completion], list[SequenceKV] | None]:
+    """`sample`, resuming each context from its KV state where one is given (it must cover a
+    prefix of the context; the rest is fed with the first step) and, with return_states,
+    returning every sequence's final state (tagged `version`): it covers the context and all
+    generated tokens but the last, which was sampled but never fed."""
+    if not contexts or any(len(c) == 0 for c in contexts):
         raise ValueError("prompts: every prompt needs at least one token")
-    batch = len(prompts)
-    input_ids, mask = left_pad(prompts, pad_id)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    if states is not None and len(states) != len(contexts):
+        raise ValueError(f"states: {len(states)} for {len(contexts)} contexts")
+    batch = len(contexts)
+    fingerprint = (ModelFingerprint.of(model)
+                   if return_states or any(s is not None for s in states or []) else None)
+    past, mask, step_ids, step_pos = _first_step(contexts, states, pad_id, fingerprint)
 
     out_tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
     out_logprobs = torch.zeros((batch, max_new_tokens))
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long)
     finished = torch.zeros(batch, dtype=torch.bool)
-    past = None
-    step_ids, step_pos = input_ids, positions
     for t in range(max_new_tokens):
         out = model(
             input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
@@ -70,11 +101,12 @@ def sample(
         newly_done = (~finished) & (tok == eos_id)
         lengths[newly_done] = t + 1
         finished |= newly_done
-        if bool(finished.all()):
+        if bool(finished.all()) or t == max_new_tokens - 1:
             break
         step_ids = tok[:, None]
         step_pos = step_pos[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=-1)
+        # A finished row's padding is masked out, so its cache stays exactly its real tokens.
+        mask = torch.cat([mask, (~finished).long()[:, None]], dim=-1)
 
     results = []
     for i in range(batch):
@@ -86,4 +118,36 @@ def sample(
                 finish_reason="stop" if bool(finished[i]) and n <= max_new_tokens else "length",
             )
         )
-    return results
+    if not return_states:
+        return results, None
+    covered = [list(c) + r.tokens[:-1] for c, r in zip(contexts, results, strict=True)]
+    return results, kv_state.split(past, mask, covered, version, fingerprint)
+
+
+def _first_step(contexts: list[list[int]], states: list[SequenceKV | None] | None, pad_id: int,
+                fingerprint: ModelFingerprint | None):
+    """The cache, mask, ids and positions of the first forward: each context's state as the
+    cache and the tokens it does not cover as input. Rows are right-aligned in both, so a row
+    with a short suffix has a masked gap between its cached and its new tokens."""
+    prefixes = [_usable_prefix(i, c, s) for i, (c, s) in
+                enumerate(zip(contexts, states or [None] * len(contexts), strict=True))]
+    batched = kv_state.assemble(prefixes, fingerprint) if fingerprint is not None else None
+    suffixes = [c[len(s):] if s is not None else c for c, s in zip(contexts, prefixes, strict=True)]
+    ids, suffix_mask = left_pad(suffixes, pad_id)
+    if batched is None:
+        return None, suffix_mask, ids, (suffix_mask.cumsum(-1) - 1).clamp(min=0)
+    positions = (batched.next_positions[:, None] + suffix_mask.cumsum(-1) - 1).clamp(min=0)
+    return batched.cache, torch.cat([batched.mask, suffix_mask], dim=-1), ids, positions
+
+
+def _usable_prefix(i: int, context: list[int], state: SequenceKV | None) -> SequenceKV | None:
+    """The state cut to leave at least the last context token to feed (its logits give the
+    next token)."""
+    if state is None:
+        return None
+    if len(state) > len(context) or state.tokens != tuple(context[:len(state)]):
+        raise ValueError(f"states[{i}]: its {len(state)} tokens are not a prefix of "
+                         f"contexts[{i}] ({len(context)} tokens)")
+    if len(state) < len(context):
+        return state
+    return state.prefix(len(context) - 1) if len(context) > 1 else None

@@ -1,0 +1,263 @@
+"""One sequence's attention keys and values, detached from the batch that computed them.
+
+A continuation that starts from a sequence's KV state skips re-prefilling its context, on the
+engine that computed it (the next segment) or on another worker it migrates to. A state is
+only valid for the model shape and the policy version that produced it, so both travel with
+it and every import checks them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from relayrl.codec import CodecError, decode_array, encode_array, pack, unpack
+
+KIND = "sequence_kv"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelFingerprint:
+    """What a KV state must agree on with the model that resumes from it."""
+
+    model_type: str
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    dtype: str
+
+    @classmethod
+    def of(cls, model: Any) -> ModelFingerprint:
+        cfg = model.config.get_text_config(decoder=True)
+        layer_types = getattr(cfg, "layer_types", None)
+        windowed = (any(t != "full_attention" for t in layer_types) if layer_types
+                    else getattr(cfg, "sliding_window", None) is not None)
+        if windowed:
+            raise ValueError(f"kv state: {cfg.model_type} uses sliding-window attention, whose "
+                             "cache cannot be cut per sequence")
+        dtype = next((n for n, d in DTYPES.items() if d == model.dtype), None)
+        if dtype is None:
+            raise ValueError(f"kv state: model dtype {model.dtype} is not one of {list(DTYPES)}")
+        heads = cfg.num_attention_heads
+        return cls(
+            model_type=cfg.model_type, num_layers=cfg.num_hidden_layers,
+            kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, dtype=dtype)
+
+    def differences(self, other: ModelFingerprint) -> list[str]:
+        return [f"{f.name} {getattr(self, f.name)!r} != {getattr(other, f.name)!r}"
+                for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+@dataclass(frozen=True)
+class SequenceKV:
+    """Keys and values, [num_layers, kv_heads, len(tokens), head_dim] each, of exactly
+    `tokens` (no padding), computed by weights of policy `version`."""
+
+    tokens: tuple[int, ...]
+    version: int
+    fingerprint: ModelFingerprint
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            raise ValueError("kv state: covers no tokens")
+        fp = self.fingerprint
+        shape = (fp.num_layers, fp.kv_heads, len(self.tokens), fp.head_dim)
+        for name in ("keys", "values"):
+            t = getattr(self, name)
+            if tuple(t.shape) != shape or t.dtype != DTYPES[fp.dtype]:
+                raise ValueError(f"kv state: {name} is {t.dtype}{tuple(t.shape)}, expected "
+                                 f"{DTYPES[fp.dtype]}{shape}")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def check_fits(self, fingerprint: ModelFingerprint, version: int) -> None:
+        """Refuse a state another model shape or another policy version computed."""
+        differences = self.fingerprint.differences(fingerprint)
+        if differences:
+            raise ValueError(f"kv state: computed by another model ({'; '.join(differences)})")
+        if self.version != version:
+            raise ValueError(f"kv state: computed by version {self.version}, "
+                             f"the model holds {version}")
+
+    def prefix(self, n: int) -> SequenceKV:
+        return SequenceKV(self.tokens[:n], self.version, self.fingerprint,
+                          self.keys[:, :, :n].clone(), self.values[:, :, :n].clone())
+
+    def encode(self) -> bytes:
+        # Raw bytes on the wire: numpy, and so the array codec, has no bfloat16.
+        def raw(t: torch.Tensor) -> dict[str, Any]:
+            return encode_array(t.detach().cpu().contiguous().view(torch.uint8).numpy())
+
+        arrays = {"tokens": encode_array(np.asarray(self.tokens, dtype=np.int64)),
+                  "keys": raw(self.keys), "values": raw(self.values)}
+        return pack(KIND, {**arrays, "version": self.version,
+                           "fingerprint": asdict(self.fingerprint),
+                           "checksum": checksum_of(arrays)})
+
+    @classmethod
+    def decode(cls, payload: bytes) -> SequenceKV:
+        obj = unpack(payload, KIND)
+        arrays = {name: obj.get(name) for name in ("tokens", "keys", "values")}
+        # A flipped bit in the floats would decode fine and silently change the continuation.
+        if all(isinstance(a, dict) and isinstance(a.get("data"), bytes) for a in arrays.values()) \
+                and obj.get("checksum") != checksum_of(arrays):
+            raise CodecError(f"{KIND}.checksum: the arrays' bytes do not match it")
+        fingerprint = _decode_fingerprint(obj.get("fingerprint"))
+        tokens = decode_array(obj.get("tokens"), f"{KIND}.tokens")
+        if tokens.dtype != np.int64 or tokens.ndim != 1 or len(tokens) == 0:
+            raise CodecError(f"{KIND}.tokens: expected a non-empty int64 vector")
+        version = obj.get("version")
+        if not isinstance(version, int) or version < 0:
+            raise CodecError(f"{KIND}.version: expected a non-negative int, got {version!r}")
+        dtype = DTYPES[fingerprint.dtype]
+        shape = [fingerprint.num_layers, fingerprint.kv_heads, len(tokens),
+                 fingerprint.head_dim * dtype.itemsize]
+        tensors = {}
+        for name in ("keys", "values"):
+            arr = decode_array(obj.get(name), f"{KIND}.{name}")
+            if arr.dtype != np.uint8 or list(arr.shape) != shape:
+                raise CodecError(f"{KIND}.{name}: {arr.dtype}{list(arr.shape)} does not fit the "
+                                 f"fingerprint and {len(tokens)} tokens (uint8{shape})")
+            tensors[name] = torch.from_numpy(arr.copy()).view(dtype)
+        return cls(tuple(tokens.tolist()), version, fingerprint, tensors["keys"],
+                   tensors["values"])
+
+
+def checksum_of(arrays: dict[str, dict[str, Any]]) -> int:
+    crc = 0
+    for name in ("tokens", "keys", "values"):
+        crc = zlib.crc32(arrays[name]["data"], crc)
+    return crc
+
+
+def _decode_fingerprint(obj: Any) -> ModelFingerprint:
+    where = f"{KIND}.fingerprint"
+    if not isinstance(obj, dict):
+        raise CodecError(f"{where}: expected a map")
+    values = {}
+    for f in fields(ModelFingerprint):
+        v = obj.get(f.name)
+        ok = (isinstance(v, str) if f.type == "str"
+              else isinstance(v, int) and not isinstance(v, bool) and v > 0)
+        if not ok:
+            raise CodecError(f"{where}.{f.name}: bad value {v!r}")
+        values[f.name] = v
+    if values["dtype"] not in DTYPES:
+        raise CodecError(f"{where}.dtype: {values['dtype']!r} is not one of {list(DTYPES)}")
+    return ModelFingerprint(**values)
+
+
+@dataclass
+class BatchedKV:
+    """A left-padded batched cache: mask [B, width] marks real columns; next_positions [B]
+    is each sequence's token count, the position of the token that follows."""
+
+    cache: Any  # transformers DynamicCache
+    mask: torch.Tensor
+    next_positions: torch.Tensor
+
+
+def assemble(states: list[SequenceKV | None], fingerprint: ModelFingerprint) -> BatchedKV | None:
+    """One cache for a batch, each state right-aligned; a None row is all padding. None when
+    no row has a state."""
+    from transformers import DynamicCache
+
+    width = max((len(s) for s in states if s is not None), default=0)
+    if width == 0:
+        return None
+    fp, batch = fingerprint, len(states)
+    shape = (fp.num_layers, batch, fp.kv_heads, width, fp.head_dim)
+    keys = torch.zeros(shape, dtype=DTYPES[fp.dtype])
+    values = torch.zeros_like(keys)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    lengths = torch.zeros(batch, dtype=torch.long)
+    for i, s in enumerate(states):
+        if s is None:
+            continue
+        differences = s.fingerprint.differences(fp)
+        if differences:
+            raise ValueError(f"states[{i}]: computed by another model ({'; '.join(differences)})")
+        keys[:, i, :, width - len(s):] = s.keys
+        values[:, i, :, width - len(s):] = s.values
+        mask[i, width - len(s):] = 1
+        lengths[i] = len(s)
+    cache = DynamicCache(ddp_cache_data=list(zip(keys, values, strict=True)))
+    return BatchedKV(cache, mask, lengths)
+
+
+def split(cache: Any, mask: torch.Tensor, covered: list[list[int]], version: int,
+          fingerprint: ModelFingerprint) -> list[SequenceKV]:
+    """Each row's real columns (mask == 1) of a batched cache, copied out; covered[i] are
+    the tokens those columns hold, in order."""
+    from transformers.cache_utils import DynamicLayer
+
+    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        raise ValueError("kv state: only full-attention dynamic caches can be split")
+    out = []
+    for i, tokens in enumerate(covered):
+        cols = mask[i].nonzero().squeeze(-1)
+        assert len(cols) == len(tokens), (i, len(cols), len(tokens))
+        keys = torch.stack([layer.keys[i].index_select(-2, cols) for layer in cache.layers])
+        values = torch.stack([layer.values[i].index_select(-2, cols) for layer in cache.layers])
+        out.append(SequenceKV(tuple(tokens), version, fingerprint, keys, values))
+    return out
+
+
+class StateCache:
+    """Sequence states keyed by the tokens they cover, least recently used evicted first,
+    bounded in tokens held. A capacity of 0 keeps nothing."""
+
+    def __init__(self, capacity_tokens: int):
+        if capacity_tokens < 0:
+            raise ValueError(f"kv_cache_tokens: must be >= 0, got {capacity_tokens}")
+        self.capacity_tokens = capacity_tokens
+        self.tokens_held = 0
+        self._states: OrderedDict[tuple[int, ...], SequenceKV] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def put(self, state: SequenceKV) -> bool:
+        """False when the state alone exceeds the capacity (it is not kept)."""
+        if len(state) > self.capacity_tokens:
+            return False
+        self.pop(state.tokens)
+        self._states[state.tokens] = state
+        self.tokens_held += len(state)
+        while self.tokens_held > self.capacity_tokens:
+            _, evicted = self._states.popitem(last=False)
+            self.tokens_held -= len(evicted)
+        return True
+
+    def pop(self, tokens: tuple[int, ...]) -> SequenceKV | None:
+        state = self._states.pop(tokens, None)
+        if state is not None:
+            self.tokens_held -= len(state)
+        return state
+
+    def longest_prefix(self, context: list[int]) -> SequenceKV | None:
+        """The state covering the whole context or all but its last token (what the previous
+        segment left), refreshed as recently used."""
+        for n in (len(context), len(context) - 1):
+            state = self._states.get(tuple(context[:n])) if n > 0 else None
+            if state is not None:
+                self._states.move_to_end(state.tokens)
+                return state
+        return None
+
+    def clear(self) -> None:
+        self._states.clear()
+        self.tokens_held = 0

@@ -4,6 +4,14 @@ An engine turns contexts into completions under the weights it currently holds. 
 a prompt plus whatever was already generated for it, so continuing a sequence after a weight
 swap (a partial rollout's next segment) is just another call: the engine re-prefills it under
 the new version. The caller tags each token with the version the engine held.
+
+An engine may also keep sequences' KV states (the torch engine does, when asked to): a
+continuation whose context extends a state it holds resumes from it instead of re-prefilling,
+and a state can be exported to move a sequence to another worker with its cache. The default
+keeps none: `export_state` gives None and `import_state` refuses, so a sequence migrates by its
+tokens and the destination re-prefills them (the vLLM engine works this way). Either way the
+tokens are the sequence; a state is only a shortcut that is refused (ValueError) when it does
+not fit the importing engine's model or version.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.generation import Completion
+from relayrl.kv_state import SequenceKV
 
 __all__ = ["Completion", "Engine", "SamplingSpec"]
 
@@ -67,6 +76,16 @@ class Engine(ABC):
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         """Swap in a whole, verified version; never leaves a half-loaded model behind: every
         name, shape and dtype is checked before the first byte changes."""
+
+    def export_state(self, context: list[int]) -> SequenceKV | None:
+        """The KV state this engine holds for `context` (covering all of it or all but its
+        last token), or None."""
+        return None
+
+    def import_state(self, state: SequenceKV) -> None:
+        """Keep `state` so that a context extending its tokens resumes from it; ValueError
+        when refused, which leaves the engine as it was."""
+        raise ValueError(f"kv state: the {self.name} engine keeps none; continue from tokens")
 
     def stats(self) -> dict[str, float]:
         return {}

@@ -1,4 +1,11 @@
-"""The compact torch engine: a Hugging Face causal LM sampled with a KV cache."""
+"""The compact torch engine: a Hugging Face causal LM sampled with a KV cache.
+
+With kv_cache_tokens > 0 it also keeps the final KV state of every sequence that ran out of
+budget (least recently used evicted first, up to that many tokens), so the sequence's next
+segment resumes instead of re-prefilling, and states can be exported to and imported from
+another worker. States are valid for the version that computed them only: loading weights
+drops them all.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,8 @@ import time
 
 import torch
 
-from relayrl.generation import Completion, sample
+from relayrl.generation import Completion, sample_with_kv
+from relayrl.kv_state import ModelFingerprint, SequenceKV, StateCache
 from relayrl.models import LoadedModel
 from rollout_svc.engine import Engine, SamplingSpec
 
@@ -27,12 +35,16 @@ def check_state_dict(current: dict[str, torch.Tensor], tensors: dict[str, torch.
 class TorchEngine(Engine):
     name = "torch"
 
-    def __init__(self, lm: LoadedModel, seed: int = 0, version: int = 0):
+    def __init__(self, lm: LoadedModel, seed: int = 0, version: int = 0,
+                 kv_cache_tokens: int = 0):
         super().__init__()
         self.lm = lm
         self._version = version
         self.generator = torch.Generator().manual_seed(seed)
+        self.states = StateCache(kv_cache_tokens)
+        self.fingerprint = ModelFingerprint.of(lm.model) if kv_cache_tokens else None
         self.tokens_generated = 0
+        self.tokens_resumed = 0  # context tokens not re-prefilled thanks to a kept state
         self.busy_s = 0.0
 
     @property
@@ -46,11 +58,15 @@ class TorchEngine(Engine):
         with self.lock:
             self.use_threads()
             t0 = time.monotonic()
-            outs = sample(self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
-                          eos_id=-1 if spec.ignore_eos else self.lm.eos_id,
-                          pad_id=self.lm.pad_id,
-                          temperature=spec.temperature, greedy=spec.greedy,
-                          generator=generator)
+            keeping = self.states.capacity_tokens > 0
+            prior = [self.states.longest_prefix(c) for c in contexts] if keeping else None
+            outs, finals = sample_with_kv(
+                self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
+                eos_id=-1 if spec.ignore_eos else self.lm.eos_id, pad_id=self.lm.pad_id,
+                temperature=spec.temperature, greedy=spec.greedy, generator=generator,
+                states=prior, return_states=keeping, version=self._version)
+            if keeping:
+                self._keep(prior, outs, finals)
             self.busy_s += time.monotonic() - t0
         self.tokens_generated += sum(len(o.tokens) for o in outs)
         return outs
@@ -61,6 +77,33 @@ class TorchEngine(Engine):
             check_state_dict(self.lm.model.state_dict(), tensors, version)
             self.lm.model.load_state_dict(tensors, strict=True)
             self._version = version
+            self.states.clear()
+
+    def export_state(self, context: list[int]) -> SequenceKV | None:
+        with self.lock:
+            return self.states.longest_prefix(context) if self.states.capacity_tokens else None
+
+    def import_state(self, state: SequenceKV) -> None:
+        with self.lock:
+            if self.fingerprint is None:
+                raise ValueError("kv state: this engine keeps none (kv_cache_tokens=0)")
+            state.check_fits(self.fingerprint, self._version)
+            if not self.states.put(state):
+                raise ValueError(f"kv state: {len(state)} tokens exceed kv_cache_tokens="
+                                 f"{self.states.capacity_tokens}")
+
+    def _keep(self, prior: list[SequenceKV | None], outs: list[Completion],
+              finals: list[SequenceKV]) -> None:
+        """Replace each used state by its extension; only a sequence that ran out of budget
+        will be continued, so only its state is worth the room."""
+        for used in prior:
+            if used is not None:
+                self.tokens_resumed += len(used)
+                self.states.pop(used.tokens)
+        for out, final in zip(outs, finals, strict=True):
+            if out.finish_reason == "length":
+                self.states.put(final)
 
     def stats(self) -> dict[str, float]:
-        return {"tokens_generated": self.tokens_generated, "busy_s": self.busy_s}
+        return {"tokens_generated": self.tokens_generated, "busy_s": self.busy_s,
+                "tokens_resumed": self.tokens_resumed}

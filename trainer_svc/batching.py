@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.messages import Batch, Group
-from trainer_svc.losses import group_advantages
+from trainer_svc.losses.advantages import group_advantages
+from trainer_svc.losses.regularizers import entropy_from_logprobs
 
 
 @dataclass
@@ -17,8 +18,9 @@ class TrainBatch:
     response_mask: torch.Tensor  # [B, L-1] float, aligned with next-token predictions
     behaviour_logprobs: torch.Tensor  # [B, L-1]
     token_versions: torch.Tensor  # [B, L-1] version that sampled each response token, else -1
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B] GRPO group advantages; the trainer uses its loss's estimator
     rewards: torch.Tensor  # [B]
+    group_ids: torch.Tensor  # [B] position of the sample's group in the batch
     lags: torch.Tensor  # [B] trainer version minus the sample's oldest token version
     response_lengths: torch.Tensor  # [B]
 
@@ -35,6 +37,16 @@ def split_stale(batch: Batch, version: int, max_staleness: int) -> Split:
     for g in batch.groups:
         (stale if version - g.oldest_version > max_staleness else kept).append(g)
     return Split(kept, stale)
+
+
+def split_uniform(groups: list[Group]) -> tuple[list[Group], list[Group]]:
+    """(groups whose rewards differ, groups whose rewards all agree): the latter carry no
+    group-relative signal, and DAPO's dynamic sampling leaves them out of the step."""
+    varied, uniform = [], []
+    for g in groups:
+        rewards = [s.reward for s in g.samples]
+        (uniform if max(rewards) == min(rewards) else varied).append(g)
+    return varied, uniform
 
 
 def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool) -> TrainBatch:
@@ -64,13 +76,36 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
         input_ids=ids, attention_mask=attn, response_mask=resp_mask,
         behaviour_logprobs=behaviour, token_versions=versions, advantages=advantages,
         rewards=torch.tensor([s.reward for s in samples]),
+        group_ids=torch.tensor([i for i, g in enumerate(groups) for _ in g.samples]),
         lags=torch.tensor([version - s.oldest_version for s in samples]),
         response_lengths=torch.tensor([len(s.response_tokens) for s in samples]),
     )
 
 
+@dataclass
+class PolicyOutputs:
+    logprobs: torch.Tensor  # [B, L-1] log pi of each next token
+    entropy: torch.Tensor  # [B, L-1] entropy of each next-token distribution
+    hidden: torch.Tensor | None  # [B, L-1, H] last hidden state, when asked for
+
+
+def policy_outputs(model, batch: TrainBatch, temperature: float, *, entropy_grad: bool = False,
+                   hidden: bool = False) -> PolicyOutputs:
+    """One forward pass: next-token log-probabilities, the entropy of each next-token
+    distribution (from the same log-softmax; with a gradient only if `entropy_grad`), and
+    optionally the last hidden state on the same positions."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                output_hidden_states=hidden)
+    logp = torch.log_softmax(out.logits[:, :-1].float() / temperature, dim=-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy_from_logprobs(logp)
+    return PolicyOutputs(
+        logprobs=logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1),
+        entropy=entropy,
+        hidden=out.hidden_states[-1][:, :-1] if hidden else None,
+    )
+
+
 def token_logprobs(model, batch: TrainBatch, temperature: float) -> torch.Tensor:
     """log pi(token_{t+1} | tokens_<=t) for every position, [B, L-1]."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    return logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return policy_outputs(model, batch, temperature).logprobs

@@ -19,8 +19,8 @@ from relayrl.models import LoadedModel
 from relayrl.streams import ensure_group, read_group
 from relayrl.tasks import make_task
 from trainer_svc import checkpoint
-from trainer_svc.batching import collate, split_stale, token_logprobs
-from trainer_svc.losses import LossInputs, get_loss
+from trainer_svc.batching import collate, split_stale, split_uniform
+from trainer_svc.objective import Objective
 from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
 from trainer_svc.publisher import AsyncPublisher
 
@@ -36,19 +36,22 @@ class Trainer:
         self.r = redis
         self.keys = RunKeys(cfg.run_id)
         self.publisher = publisher
-        self.loss_fn = get_loss(self.tc.loss)
+        self.objective = Objective(self.tc, lm.model, cfg.rollout.max_new_tokens,
+                                   cfg.rollout.temperature)
         self.task = make_task(cfg.task)
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
-        self.optimizer = torch.optim.AdamW(lm.model.parameters(), lr=self.tc.lr,
-                                           weight_decay=self.tc.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            [*lm.model.parameters(), *self.objective.parameters()], lr=self.tc.lr,
+            weight_decay=self.tc.weight_decay)
         self.history = VersionHistory(self.tc.engine_check_versions if self.tc.engine_check_seqs
                                       else 0)
         self.step = 0
         self.ledger = checkpoint.Ledger()
         self.pending_cursor: bytes | None = b"0"
         self.totals = {"samples_trained": 0, "samples_dropped_stale": 0, "groups_dropped_stale": 0,
+                       "samples_filtered_uniform": 0, "groups_filtered_uniform": 0,
                        "scheduler_prompts_finished": 0, "external_groups": 0}
         self.last_reward = 0.0
         self.finished = False
@@ -66,6 +69,7 @@ class Trainer:
         state = checkpoint.load_state(path)
         restored = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         self.lm.model.load_state_dict(restored.state_dict())
+        self.objective.load_state_dict(state["extra"].get("objective", {}))
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
         self.totals.update(state["extra"]["totals"])
@@ -84,7 +88,7 @@ class Trainer:
         pipe.execute()
 
     def save_checkpoint(self) -> None:
-        extra = {"totals": self.totals}
+        extra = {"totals": self.totals, "objective": self.objective.state_dict()}
         checkpoint.save(self.ckpt_dir, self.step, self.lm.model, self.optimizer, self.ledger,
                         extra, self.tc.keep_checkpoints)
         self._acknowledge(self.ledger)
@@ -120,19 +124,28 @@ class Trainer:
         t0 = time.monotonic()
         version = self.step  # the weights about to be updated are version `step`
         split = split_stale(batch, version, self.tc.max_staleness)
+        kept, uniform = split.kept, []
+        if self.objective.loss.filters_uniform_groups:
+            kept, uniform = split_uniform(split.kept)
+        # A filtered group is finished like a stale one: not trained on, never re-issued.
         self.ledger.entry_ids.append(entry_id)
-        self.ledger.consumed.extend(g.prompt_id for g in split.kept)
-        self.ledger.dropped.extend(g.prompt_id for g in split.stale)
+        self.ledger.consumed.extend(g.prompt_id for g in kept)
+        self.ledger.dropped.extend(g.prompt_id for g in [*split.stale, *uniform])
         external = sum(is_external(g.prompt_id) for g in batch.groups)
         self.totals["external_groups"] += external
         self.totals["scheduler_prompts_finished"] += len(batch.groups) - external
         dropped_samples = sum(len(g.samples) for g in split.stale)
         self.totals["samples_dropped_stale"] += dropped_samples
         self.totals["groups_dropped_stale"] += len(split.stale)
+        filtered_samples = sum(len(g.samples) for g in uniform)
+        self.totals["samples_filtered_uniform"] += filtered_samples
+        self.totals["groups_filtered_uniform"] += len(uniform)
         record: dict = {"step": self.step + 1, "train/groups_dropped_stale": len(split.stale),
-                        "train/samples_dropped_stale": dropped_samples}
-        if split.kept:
-            record.update(self._optimize(split.kept, version))
+                        "train/samples_dropped_stale": dropped_samples,
+                        "train/groups_filtered_uniform": len(uniform),
+                        "train/samples_filtered_uniform": filtered_samples}
+        if kept:
+            record.update(self._optimize(kept, version))
         self.step += 1
         record["weights/publish_stall_s"] = self.publisher.last_stall_s  # previous version's
         record["weights/publish_copy_s"] = self.publisher.last_copy_s
@@ -154,37 +167,31 @@ class Trainer:
         tb = collate(groups, version, self.lm.pad_id, self.tc.scale_rewards)
         model = self.lm.model
         model.train()
-        logp = token_logprobs(model, tb, self.cfg.rollout.temperature)
-        old = logp.detach()
         rescored = None
         if self.tc.engine_check_seqs:
             rescored = rescore_older_tokens(model, self.history, tb.input_ids, tb.attention_mask,
                                             tb.response_mask, tb.token_versions,
                                             self.cfg.rollout.temperature,
                                             self.tc.engine_check_seqs)
-        loss, stats = self.loss_fn(
-            LossInputs(logp, old, tb.behaviour_logprobs, tb.advantages, tb.response_mask),
-            clip_eps=self.tc.clip_eps, tis_cap=self.tc.tis_cap)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.tc.grad_clip)
-        self.publisher.fence()  # the last published snapshot must be taken first
-        self.history.remember(version, model)
-        self.optimizer.step()
+
+        def before_first_step() -> None:
+            self.publisher.fence()  # the last published snapshot must be taken first
+            self.history.remember(version, model)
+
+        result = self.objective.update(model, self.optimizer, tb, before_first_step)
         model.eval()
         n = tb.rewards.numel()
         self.totals["samples_trained"] += n
         self.last_reward = tb.rewards.mean().item()
         record = {
-            "train/loss": loss.item(), "train/grad_norm": grad_norm.item(),
             "train/reward_mean": self.last_reward, "train/reward_std": tb.rewards.std().item(),
             "train/samples": n, "train/groups": len(groups),
             "train/response_len_mean": tb.response_lengths.float().mean().item(),
             "staleness/lag_mean": tb.lags.float().mean().item(),
             "staleness/lag_max": int(tb.lags.max()),
-            **{f"train/{k}": v for k, v in stats.items()},
-            **logprob_gaps(old, tb.behaviour_logprobs, tb.response_mask, tb.token_versions,
-                           version, rescored),
+            **{f"train/{k}": v for k, v in result.stats.items()},
+            **logprob_gaps(result.old_logprobs, tb.behaviour_logprobs, tb.response_mask,
+                           tb.token_versions, version, rescored),
         }
         return record
 

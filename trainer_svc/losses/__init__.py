@@ -24,6 +24,7 @@ from trainer_svc.losses.policy import (
     RatioLevel,
     aggregate,
     clipped_surrogate,
+    masked,
     masked_mean,
     per_token_advantages,
     ratio_at_level,
@@ -135,8 +136,9 @@ class PolicyLoss:
         if self.uses_value_model:
             if inp.values is None or inp.old_values is None or inp.returns is None:
                 raise ValueError(f"loss {self.name!r} needs values, old_values and returns")
-            per_token_v, v_clipped = clipped_value_loss(inp.values, inp.old_values,
-                                                        inp.returns, s.value_clip)
+            per_token_v, v_clipped = clipped_value_loss(
+                masked(inp.values, mask), masked(inp.old_values, mask),
+                masked(inp.returns, mask), s.value_clip)
             value_loss = masked_mean(per_token_v, mask)
             loss = loss + s.value_coef * value_loss
             stats["value_loss"] = value_loss.item()

@@ -7,7 +7,7 @@ from typing import get_args
 import pytest
 import torch
 
-from relayrl.config import TrainerConfig
+from relayrl.config import ConfigError, TrainerConfig, load_run_config
 from relayrl.messages import Group, Sample
 from trainer_svc.batching import collate, split_uniform
 from trainer_svc.losses import LOSSES, LossInputs, LossSettings
@@ -305,3 +305,39 @@ def test_collate_records_each_samples_group():
 
     tb = collate([Group(7, [sample(7)] * 2), Group(3, [sample(3)] * 3)], 0, 0, True)
     assert tb.group_ids.tolist() == [0, 0, 1, 1, 1]
+
+
+# Config
+
+LOSS_FIELDS = ["loss", "correction", "clip_eps", "clip_eps_low", "clip_eps_high",
+               "gspo_clip_eps", "tis_cap", "updates_per_batch", "scale_rewards", "kl_coef",
+               "kl_estimator", "entropy_coef", "overlong_buffer", "overlong_penalty", "gamma",
+               "gae_lambda", "value_coef", "value_clip"]
+
+
+def test_every_loss_field_is_described_and_feeds_the_settings():
+    for name in LOSS_FIELDS:
+        assert TrainerConfig.model_fields[name].description, name
+    settings = LossSettings.from_config(TrainerConfig(), max_response_len=8)
+    assert settings == LossSettings(max_response_len=8)  # one set of defaults
+
+
+@pytest.mark.parametrize("override,field", [
+    ("trainer.loss=trpo", "trainer.loss"),
+    ("trainer.correction=vtrace", "trainer.correction"),
+    ("trainer.kl_estimator=k4", "trainer.kl_estimator"),
+    ("trainer.kl_coef=-0.1", "trainer.kl_coef"),
+    ("trainer.entropy_coef=-1", "trainer.entropy_coef"),
+    ("trainer.clip_eps_low=1.0", "trainer.clip_eps_low"),
+    ("trainer.clip_eps=1.5", "trainer.clip_eps"),
+    ("trainer.gae_lambda=1.5", "trainer.gae_lambda"),
+    ("trainer.gamma=-0.1", "trainer.gamma"),
+    ("trainer.overlong_buffer=-1", "trainer.overlong_buffer"),
+    ("trainer.updates_per_batch=0", "trainer.updates_per_batch"),
+    ("trainer.value_clip=0", "trainer.value_clip"),
+])
+def test_bad_loss_settings_name_the_field(tmp_path, override, field):
+    path = tmp_path / "c.yaml"
+    path.write_text("{}\n")
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_run_config(path, [override])

@@ -14,6 +14,9 @@ engines ignore end-of-sequence). Three modes on the same prompts and lengths:
   call still runs until its longest response ends.
 - async_segments: as async, with responses generated in segments: finished prompts leave
   and new ones join every `--segment` tokens, so a long response never holds a batch.
+- async_repack: as async_segments, with the scheduler repacking: when no new prompt can be
+  handed out, a worker left with a few long sequences hands them (token state and all) to
+  the fullest worker with room, so they decode in one batch there.
 
 Reports trained samples/s after a warm-up, and ends with one JSON line of the ratios
 (target: async >= 2x sync).
@@ -36,7 +39,7 @@ from relayrl.grpc_util import free_ports  # noqa: E402
 from relayrl.launcher import Launcher  # noqa: E402
 from relayrl.metrics import read_metrics  # noqa: E402
 
-MODES = ("sync", "async", "async_segments")
+MODES = ("sync", "async", "async_segments", "async_repack")
 STALENESS = 2
 
 
@@ -51,7 +54,8 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
     data.update(run_id=f"longtail-{mode}", run_dir=str(run_dir))
     data["relay"]["endpoint"]["port"] = relay
     data["scheduler"].update(endpoint={"port": sched}, start_after_workers=args.workers,
-                             max_inflight_prompts=groups if mode == "sync" else 0)
+                             max_inflight_prompts=groups if mode == "sync" else 0,
+                             repack=mode == "async_repack")
     data["buffer"].update(endpoint={"port": buf}, groups_per_batch=groups)
     data["trainer"].update(endpoint={"port": trainer}, max_steps=args.steps,
                            max_staleness=STALENESS, eval_every=0, checkpoint_every=args.steps,
@@ -60,7 +64,7 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
                            max_active_groups=active, max_new_tokens=args.max_tokens,
                            synthetic_length_median=args.median,
                            synthetic_length_p99_ratio=args.p99_ratio,
-                           segment_tokens=args.segment if mode == "async_segments" else 0)
+                           segment_tokens=args.segment if mode.startswith("async_") else 0)
     return RunConfig.model_validate(data)
 
 
@@ -77,7 +81,10 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
     samples = sum(r["train/samples"] for r in rows[warmup:])
     tokens = sum(r["train/samples"] * r["train/response_len_mean"] for r in rows[warmup:])
     elapsed = end["time/elapsed_s"] - start["time/elapsed_s"]
+    sched_log = Path(cfg.run_dir) / "logs" / "scheduler.log"
+    recalls = sched_log.read_text().count("repack: lease") if sched_log.is_file() else 0
     return {"samples_per_s": round(samples / elapsed, 2),
+            "repack_recalls": recalls,
             "tokens_per_s": round(tokens / elapsed, 1),
             "lag_mean": round(sum(r["staleness/lag_mean"] for r in rows) / len(rows), 2),
             "groups_dropped_stale": sum(r["train/groups_dropped_stale"] for r in rows),

@@ -21,6 +21,7 @@ class LeasedPrompt:
     reference: str
     attempt: int
     partial_state: bytes = b""  # a PartialGroup to resume; empty for a fresh prompt
+    kv_states: tuple[bytes, ...] = ()  # its sequences' KV states, when a repack moved it
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,10 @@ class LeaseClient(ABC):
         lease, and whether a repack wants it handed back."""
 
     @abstractmethod
-    def release(self, worker_id: str, lease_id: str, state: bytes = b"") -> bool:
-        """Hand an unfinished lease back for re-issue now, with state to resume from."""
+    def release(self, worker_id: str, lease_id: str, state: bytes = b"",
+                kv_states: tuple[bytes, ...] = ()) -> bool:
+        """Hand an unfinished lease back for re-issue now, with state to resume from, and
+        optionally its sequences' KV states for the next holder."""
 
     @abstractmethod
     def heartbeat(self, worker_id: str, policy_version: int) -> bool:
@@ -79,7 +82,8 @@ class GrpcLeaseClient(LeaseClient):
             scheduler_pb2.LeaseRequest(worker_id=worker_id, max_prompts=max_prompts),
             timeout=self.timeout_s)
         leases = [LeasedPrompt(lease.lease_id, lease.prompt.prompt_id, lease.prompt.text,
-                               lease.prompt.reference, lease.attempt, lease.partial_state)
+                               lease.prompt.reference, lease.attempt, lease.partial_state,
+                               tuple(lease.kv_states))
                   for lease in resp.leases]
         return LeaseBatch(leases, resp.done, resp.retry_after_s)
 
@@ -93,9 +97,11 @@ class GrpcLeaseClient(LeaseClient):
             worker_id=worker_id, lease_id=lease_id, state=state), timeout=self.timeout_s)
         return ProgressReply(resp.accepted, resp.release)
 
-    def release(self, worker_id: str, lease_id: str, state: bytes = b"") -> bool:
+    def release(self, worker_id: str, lease_id: str, state: bytes = b"",
+                kv_states: tuple[bytes, ...] = ()) -> bool:
         return self._stub.Release(scheduler_pb2.ReleaseRequest(
-            worker_id=worker_id, lease_id=lease_id, state=state), timeout=self.timeout_s).accepted
+            worker_id=worker_id, lease_id=lease_id, state=state, kv_states=kv_states),
+            timeout=self.timeout_s).accepted
 
     def heartbeat(self, worker_id: str, policy_version: int) -> bool:
         return self._stub.Heartbeat(

@@ -16,7 +16,7 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
     r = cfg.rollout
     seed = r.seed * 1000 + r.worker_index
     if r.engine == "torch":
-        return TorchEngine(lm, seed=seed)
+        return TorchEngine(lm, seed=seed, kv_cache_tokens=r.kv_cache_tokens)
     if r.engine == "vllm":
         from rollout_svc.vllm_engine import VllmEngine
 

@@ -40,6 +40,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             bytes_pulled=w.bytes_pulled, last_pull_s=w.last_pull_s, segments=w.segments,
             mid_sequence_swaps=w.mid_sequence_swaps, groups_resumed=w.groups_resumed,
             leases_released=w.leases_released, groups_moved_out=w.groups_moved_out,
+            kv_imported=w.kv_imported, kv_refused=w.kv_refused,
+            tokens_resumed=int(w.engine.stats().get("tokens_resumed", 0)),
             engine=w.engine.name,
             custom_requests=self.gen.batcher.requests,
             custom_engine_calls=self.gen.batcher.batches)

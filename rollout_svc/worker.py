@@ -20,6 +20,7 @@ import torch
 
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
+from relayrl.kv_state import SequenceKV
 from relayrl.leases import LeaseClient, LeasedPrompt
 from relayrl.messages import Sample
 from relayrl.models import LoadedModel
@@ -67,6 +68,8 @@ class RolloutWorker:
         self.groups_resumed = 0  # leases that came with another worker's token state
         self.leases_released = 0
         self.groups_moved_out = 0  # handed over to another worker by a repack
+        self.kv_imported = 0  # KV states taken over with a moved group (no re-prefill)
+        self.kv_refused = 0  # ... that this engine could not use (another version, ...)
         self._staging: torch.Tensor | None = None  # receive buffer reused across pulls
 
     def refresh_weights(self) -> bool:
@@ -155,7 +158,19 @@ class RolloutWorker:
 
     def activate(self, lease: LeasedPrompt) -> ActiveGroup:
         prompt_tokens = self.lm.encode_task(lease.text, self.prompt_format)
+        self._import_kv(lease)
         return ActiveGroup(lease, self._start_group(lease, prompt_tokens))
+
+    def _import_kv(self, lease: LeasedPrompt) -> None:
+        """Take over the KV states a moved group came with; one the engine cannot use (another
+        version, another model, damaged) only costs its re-prefill."""
+        for payload in lease.kv_states:
+            try:
+                self.engine.import_state(SequenceKV.decode(payload))
+                self.kv_imported += 1
+            except (CodecError, ValueError) as err:
+                self.kv_refused += 1
+                log.info("lease %s: KV state not used (%s); re-prefilling", lease.lease_id, err)
 
     def advance(self, active: list[ActiveGroup]) -> tuple[list[ActiveGroup], int]:
         """One segment for every active group: finished groups are scored and delivered, the
@@ -181,7 +196,10 @@ class RolloutWorker:
     def hand_over(self, a: ActiveGroup) -> bool:
         """A repack recalled the group: hand it back (its token state was just saved) for
         the worker the scheduler chose. If the scheduler refuses, keep generating it."""
-        if not self.scheduler.release(self.worker_id, a.lease.lease_id):
+        kv = [self.engine.export_state(a.group.prompt_tokens + s.tokens)
+              for s in a.group.unfinished()]
+        kv_states = tuple(state.encode() for state in kv if state is not None)
+        if not self.scheduler.release(self.worker_id, a.lease.lease_id, b"", kv_states):
             return False
         self.leases_released += 1
         self.groups_moved_out += 1
@@ -251,14 +269,17 @@ class RolloutWorker:
             log.warning("could not hand back %d leases: %s", len(active), err)
 
     def _refill(self, active: list[ActiveGroup], stop: threading.Event) -> float:
-        """Lease as many prompts as there are free seats for whole groups (capacity:
+        """Lease about as many prompts as there are free seats for (capacity:
         rollout.max_active_groups groups' worth of sequences); new groups join at the next
         segment. Returns how long to wait if there is nothing to generate."""
         n = self.cfg.rollout.samples_per_prompt
-        running = sum(len(a.group.unfinished()) for a in active)
-        want = (self.cfg.rollout.max_active_groups * n - running) // n
-        if want <= 0:
+        free = self.cfg.rollout.max_active_groups * n - sum(
+            len(a.group.unfinished()) for a in active)
+        if free <= 0:
             return 0.0
+        # a seat short of a whole group still asks for one: a repacked tail reserved for this
+        # worker may need only that seat (a fresh group may then overfill by < n sequences)
+        want = max(1, free // n)
         try:
             resp = self.scheduler.acquire(self.worker_id, want)
         except grpc.RpcError as err:

@@ -32,7 +32,8 @@ class SchedulerCore(LeaseClient):
                                   start_after_workers=cfg.scheduler.start_after_workers,
                                   group_size=cfg.rollout.samples_per_prompt,
                                   worker_capacity=cfg.repack_capacity,
-                                  repack_below=cfg.scheduler.repack_below)
+                                  repack_below=cfg.scheduler.repack_below,
+                                  reservation_s=cfg.scheduler.repack_reservation_s)
         self.last_repack = 0.0
         self.redis = redis
         self.keys = RunKeys(cfg.run_id)
@@ -42,6 +43,9 @@ class SchedulerCore(LeaseClient):
         # saved token state of prompts generated in segments, mirrored to Redis
         self.partials: dict[int, bytes] = {
             int(k): v for k, v in (redis.hgetall(self.keys.partials) or {}).items()}
+        # KV states of repacked prompts' sequences, for their next holder: memory only, since
+        # losing them costs a re-prefill, not a token
+        self.kv_handoffs: dict[int, tuple[bytes, ...]] = {}
 
     def refresh(self) -> None:
         """Expire lapsed leases and learn how many of its prompts the trainer has stepped past
@@ -96,7 +100,8 @@ class SchedulerCore(LeaseClient):
         for g in grants:
             p = self.task.problem(g.prompt_id)
             leases.append(LeasedPrompt(g.lease_id, p.prompt_id, p.text, p.reference, g.attempt,
-                                       self.partials.get(g.prompt_id, b"")))
+                                       self.partials.get(g.prompt_id, b""),
+                                       self.kv_handoffs.pop(g.prompt_id, ())))
         return LeaseBatch(leases, done, 0.0 if leases else 0.05)
 
     def complete(self, worker_id: str, lease_id: str) -> bool:
@@ -129,6 +134,7 @@ class SchedulerCore(LeaseClient):
             self.redis.hdel(self.keys.partials, *map(str, ids))
             for i in ids:
                 self.partials.pop(i, None)
+                self.kv_handoffs.pop(i, None)
 
     def _prompt_of(self, worker_id: str, lease_id: str) -> int | None:
         with self.lock:
@@ -146,17 +152,25 @@ class SchedulerCore(LeaseClient):
             self._keep_partial(prompt_id, state)
         return ProgressReply(True, recalled)
 
-    def release(self, worker_id: str, lease_id: str, state: bytes = b"") -> bool:
+    def release(self, worker_id: str, lease_id: str, state: bytes = b"",
+                kv_states: tuple[bytes, ...] = ()) -> bool:
         prompt_id = self._prompt_of(worker_id, lease_id)
         if prompt_id is None:
             return False
         if state:
             self._check_state(state, prompt_id, "Release")
+        kv_bytes, limit = sum(map(len, kv_states)), self.cfg.scheduler.max_partial_state_bytes
+        if kv_bytes > limit:
+            log.warning("Release.kv_states: %d bytes, more than scheduler."
+                        "max_partial_state_bytes (%d); the taker re-prefills", kv_bytes, limit)
+            kv_states = ()
         with self.lock:
             if self.policy.holder_prompt(lease_id, worker_id) is None:
                 return False
             if state:  # kept before the prompt can be leased again
                 self._keep_partial(prompt_id, state)
+            if kv_states:
+                self.kv_handoffs[prompt_id] = tuple(kv_states)
             self.policy.release(lease_id, worker_id, self.clock())
         log.info("worker %s handed back prompt %d%s", worker_id, prompt_id,
                  " with its token state" if state else "")

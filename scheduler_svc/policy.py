@@ -8,7 +8,7 @@ failed, after which the prompt is reported failed. The number of prompts out at 
 
 Repacking (relayrl.repack's rule): a lease can be recalled from a worker stuck on a few long
 sequences; the worker hands it back with its token state at its next segment boundary, and
-the prompt is reserved for the fuller worker chosen to continue it, for one lease TTL.
+the prompt is reserved for the fuller worker chosen to continue it, for `reservation_s`.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class LeasePolicy:
     group_size: int = 1  # sequences per prompt
     worker_capacity: int = 0  # sequences a worker runs at once; 0 turns repacking off
     repack_below: float = 0.25  # a worker holding at most this share of capacity is a tail
+    reservation_s: float = 5.0  # how long a handed-back prompt waits for the chosen worker
     started: bool = False
     cursor: int = 0  # next never-handed-out prompt id
     finished: int = 0  # prompts the trainer has stepped past (trained or dropped as stale)
@@ -230,7 +231,7 @@ class LeasePolicy:
         self.attempts[lease.prompt_id] = lease.attempt - 1
         self.requeue.appendleft(lease.prompt_id)
         if lease.recall_to:
-            self.reserved[lease.prompt_id] = (lease.recall_to, now + self.lease_ttl_s)
+            self.reserved[lease.prompt_id] = (lease.recall_to, now + self.reservation_s)
         self.counters.leases_released += 1
         return True
 

@@ -42,7 +42,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             lease_id=lp.lease_id, attempt=lp.attempt, ttl_s=ttl,
             prompt=scheduler_pb2.Prompt(prompt_id=lp.prompt_id, text=lp.text,
                                         reference=lp.reference),
-            partial_state=lp.partial_state)
+            partial_state=lp.partial_state, kv_states=lp.kv_states)
             for lp in batch.leases]
         return scheduler_pb2.LeaseResponse(leases=leases, done=batch.done,
                                            retry_after_s=batch.retry_after_s)
@@ -60,7 +60,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def Release(self, request, context):
         try:
-            accepted = self.core.release(request.worker_id, request.lease_id, request.state)
+            accepted = self.core.release(request.worker_id, request.lease_id, request.state,
+                                         tuple(request.kv_states))
         except ValueError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return scheduler_pb2.ReleaseResponse(accepted=accepted)

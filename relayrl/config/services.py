@@ -138,6 +138,11 @@ class SchedulerConfig(StrictModel):
         description="A worker holding at most this share of its capacity (rollout."
         "max_active_groups x samples_per_prompt sequences) has its sequences repacked.",
     )
+    repack_reservation_s: float = Field(
+        5.0, gt=0, le=3600,
+        description="How long a repacked prompt waits for the worker chosen to continue it "
+        "before any worker may take it.",
+    )
     repack_interval_s: float = Field(
         0.5, ge=0, le=3600,
         description="Seconds between automatic repack plans; 0 plans only when asked "
@@ -204,6 +209,12 @@ class RolloutConfig(StrictModel):
         description="A worker runs up to this many prompts' worth of sequences (x "
         "samples_per_prompt) at once, in shared engine calls; with segment_tokens set it leases "
         "another prompt at a segment boundary whenever a prompt's worth of seats is free.",
+    )
+    kv_cache_tokens: int = Field(
+        8192, ge=0, le=1 << 24,
+        description="Torch engine: tokens of per-sequence KV cache kept between segments (a "
+        "sequence cut at a segment boundary resumes without re-prefilling under the same "
+        "version, and a repacked one moves with its cache); 0 keeps none. vLLM manages its own.",
     )
     max_batch_seqs: int = Field(
         256, ge=1, le=65_536,

@@ -32,8 +32,8 @@ class Clock:
 class PublishingEngine(TorchEngine):
     """After every segment the trainer 'publishes' a newer version to the relay."""
 
-    def __init__(self, lm, store, after_segment=None):
-        super().__init__(lm, seed=0)
+    def __init__(self, lm, store, after_segment=None, kv_cache_tokens=0):
+        super().__init__(lm, seed=0, kv_cache_tokens=kv_cache_tokens)
         self.store, self.after_segment, self.calls = store, after_segment, 0
 
     def generate(self, contexts, spec):
@@ -63,11 +63,11 @@ def stack(tmp_path, tiny_lm):
     server.shutdown()
 
 
-def make_worker(cfg, r, core, tiny_lm, index, store, after_segment=None):
+def make_worker(cfg, r, core, tiny_lm, index, store, after_segment=None, kv_cache_tokens=0):
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"worker_index": index})})
     lm = load_model(tiny_lm.path)
-    engine = PublishingEngine(lm, store, after_segment)
+    engine = PublishingEngine(lm, store, after_segment, kv_cache_tokens)
     return RolloutWorker(cfg, engine, lm, core, [store], TrajectoryWriter(r, RunKeys("partial")),
                          "exact_match")
 
@@ -156,8 +156,8 @@ def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stac
     data["rollout"].update(max_active_groups=3, temperature=1e-3)  # 12 seats; eos-free-ish
     cfg = RunConfig.model_validate(data)
     core = SchedulerCore(cfg, r, clock=Clock())
-    a = make_worker(cfg, r, core, tiny_lm, 0, VersionStore(4))
-    b = make_worker(cfg, r, core, tiny_lm, 1, VersionStore(4))
+    a = make_worker(cfg, r, core, tiny_lm, 0, None, kv_cache_tokens=4096)
+    b = make_worker(cfg, r, core, tiny_lm, 1, None, kv_cache_tokens=4096)
     for w in (a, b):
         w.register()
     held_a = [a.activate(lease) for lease in core.acquire(a.worker_id, 2).leases]
@@ -172,9 +172,16 @@ def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stac
     held_b, _ = b.advance(held_b)  # one more segment, saved, then handed over
     assert held_b == [] and b.groups_moved_out == 1
     saved = PartialGroup.decode(core.partials[tail.prompt_id], tail.prompt_id, N)
+    unfinished = len(saved.unfinished())
     assert core.acquire(b.worker_id, 1).leases == []  # reserved for a
     a._refill(held_a, threading.Event())
     assert a.groups_resumed == 1 and len(held_a) == 3
+    # both engines hold version 0: the moved sequences' KV caches come along and are used
+    assert (a.kv_imported, a.kv_refused) == (unfinished, 0)
+    resumed_before = a.engine.tokens_resumed
+    held_a, _ = a.advance(held_a)
+    assert a.engine.tokens_resumed - resumed_before >= sum(
+        len(saved.prompt_tokens) + len(s.tokens) - 1 for s in saved.unfinished())
     while held_a:
         held_a, _ = a.advance(held_a)
 

@@ -219,6 +219,9 @@ class RolloutStatus(_message.Message):
     CUSTOM_REQUESTS_FIELD_NUMBER: _builtins.int
     CUSTOM_ENGINE_CALLS_FIELD_NUMBER: _builtins.int
     GROUPS_MOVED_OUT_FIELD_NUMBER: _builtins.int
+    KV_IMPORTED_FIELD_NUMBER: _builtins.int
+    KV_REFUSED_FIELD_NUMBER: _builtins.int
+    TOKENS_RESUMED_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     policy_version: _builtins.int
     samples_generated: _builtins.int
@@ -242,6 +245,12 @@ class RolloutStatus(_message.Message):
     """engine calls they took (concurrent requests share calls)"""
     groups_moved_out: _builtins.int
     """recalled by a repack and handed to a fuller worker"""
+    kv_imported: _builtins.int
+    """KV states taken over with moved groups"""
+    kv_refused: _builtins.int
+    """... that the engine could not use (re-prefilled instead)"""
+    tokens_resumed: _builtins.int
+    """context tokens not re-prefilled thanks to kept KV states"""
     @_builtins.property
     def versions_used(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -263,10 +272,13 @@ class RolloutStatus(_message.Message):
         custom_requests: _builtins.int = ...,
         custom_engine_calls: _builtins.int = ...,
         groups_moved_out: _builtins.int = ...,
+        kv_imported: _builtins.int = ...,
+        kv_refused: _builtins.int = ...,
+        tokens_resumed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "custom_engine_calls", b"custom_engine_calls", "custom_requests", b"custom_requests", "engine", b"engine", "groups_moved_out", b"groups_moved_out", "groups_resumed", b"groups_resumed", "last_pull_s", b"last_pull_s", "leases_released", b"leases_released", "mid_sequence_swaps", b"mid_sequence_swaps", "policy_version", b"policy_version", "samples_generated", b"samples_generated", "segments", b"segments", "versions_used", b"versions_used", "weight_pull_failures", b"weight_pull_failures", "weight_swaps", b"weight_swaps", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pulled", b"bytes_pulled", "custom_engine_calls", b"custom_engine_calls", "custom_requests", b"custom_requests", "engine", b"engine", "groups_moved_out", b"groups_moved_out", "groups_resumed", b"groups_resumed", "kv_imported", b"kv_imported", "kv_refused", b"kv_refused", "last_pull_s", b"last_pull_s", "leases_released", b"leases_released", "mid_sequence_swaps", b"mid_sequence_swaps", "policy_version", b"policy_version", "samples_generated", b"samples_generated", "segments", b"segments", "tokens_resumed", b"tokens_resumed", "versions_used", b"versions_used", "weight_pull_failures", b"weight_pull_failures", "weight_swaps", b"weight_swaps", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

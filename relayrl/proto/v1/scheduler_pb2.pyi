@@ -100,6 +100,7 @@ class Lease(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     TTL_S_FIELD_NUMBER: _builtins.int
     PARTIAL_STATE_FIELD_NUMBER: _builtins.int
+    KV_STATES_FIELD_NUMBER: _builtins.int
     lease_id: _builtins.str
     attempt: _builtins.int
     ttl_s: _builtins.float
@@ -107,6 +108,12 @@ class Lease(_message.Message):
     """a PartialGroup to resume (msgpack); empty for a fresh prompt"""
     @_builtins.property
     def prompt(self) -> Global___Prompt: ...
+    @_builtins.property
+    def kv_states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """KV states (relayrl.kv_state) of its unfinished sequences, from the worker a repack took
+        it from: a taker whose engine holds the same version skips re-prefilling them
+        """
+
     def __init__(
         self,
         *,
@@ -115,10 +122,11 @@ class Lease(_message.Message):
         attempt: _builtins.int = ...,
         ttl_s: _builtins.float = ...,
         partial_state: _builtins.bytes = ...,
+        kv_states: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lease_id", b"lease_id", "partial_state", b"partial_state", "prompt", b"prompt", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "kv_states", b"kv_states", "lease_id", b"lease_id", "partial_state", b"partial_state", "prompt", b"prompt", "ttl_s", b"ttl_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -281,19 +289,25 @@ class ReleaseRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     LEASE_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    KV_STATES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     lease_id: _builtins.str
     state: _builtins.bytes
+    @_builtins.property
+    def kv_states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """optional, passed on to the next holder (never durable)"""
+
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         lease_id: _builtins.str = ...,
         state: _builtins.bytes = ...,
+        kv_states: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kv_states", b"kv_states", "lease_id", b"lease_id", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

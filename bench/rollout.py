@@ -1,22 +1,24 @@
 """Rollout throughput through the service against the raw engine, measured in one run.
 
     python bench/rollout.py [--engines torch,vllm] [--prompts 64] [--n 8] [--batch-prompts 8]
-                            [--concurrency 16] [--max-new-tokens 32]
+                            [--concurrency 16] [--max-new-tokens 32] [--rounds 3]
 
 For each engine: the raw engine in this process generates the workload (P prompts, n
 completions each, `batch-prompts` prompts per engine call, back to back): that is the
-ceiling. Then a real rollout service process (custom rollouts only, same engine, same
-threads, at most `batch-prompts` x n sequences per engine call) serves the same workload over
-gRPC `Generate` to `concurrency` client threads, one prompt per request; its batcher merges
-the requests that wait. With more clients than one batch holds, the next batch is queued
-while answers go out, as under real load. tokens/s counts generated tokens. Ends with one
-JSON line holding service/raw per engine (target >= 0.9).
+ceiling. A real rollout service process (custom rollouts only, same engine, same threads, at
+most `batch-prompts` x n sequences per engine call) serves the same workload over gRPC
+`Generate` to `concurrency` client threads, one prompt per request; its batcher merges the
+requests that wait. With more clients than one batch holds, the next batch is queued while
+answers go out, as under real load. tokens/s counts generated tokens. Raw and served passes
+alternate for `rounds` rounds, so a machine whose load drifts weighs on both alike; the ratio
+is the median of the rounds' service/raw. Ends with one JSON line (target >= 0.9).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,19 +41,14 @@ from rollout_svc.engine import SamplingSpec  # noqa: E402
 from rollout_svc.engines import make_engine  # noqa: E402
 
 
-def raw_tokens_per_s(cfg, lm, path, prompts, args) -> float:
-    engine = make_engine(cfg, lm, path)
+def raw_tokens_per_s(engine, cfg, prompts, args) -> float:
     spec = SamplingSpec(max_new_tokens=args.max_new_tokens, temperature=cfg.rollout.temperature)
     per_call = args.batch_prompts
-    engine.generate([p for p in prompts[:per_call] for _ in range(args.n)], spec)  # warm up
     tokens, t0 = 0, time.perf_counter()
     for start in range(0, len(prompts), per_call):
         contexts = [p for p in prompts[start:start + per_call] for _ in range(args.n)]
         tokens += sum(len(c.tokens) for c in engine.generate(contexts, spec))
-    elapsed = time.perf_counter() - t0
-    if hasattr(engine, "close"):
-        engine.close()
-    return tokens / elapsed
+    return tokens / (time.perf_counter() - t0)
 
 
 def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, str]:
@@ -75,6 +72,7 @@ def service_tokens_per_s(address: str, prompts, args) -> float:
 
     warm = rollout_pb2_grpc.RolloutStub(channel(address))
     warm.Generate(request(prompts[0]), timeout=600)
+    before = warm.Status(rollout_pb2.RolloutStatusRequest(), timeout=10)
     todo = list(reversed(prompts))
     lock = threading.Lock()
     counts = [0] * args.concurrency
@@ -97,7 +95,8 @@ def service_tokens_per_s(address: str, prompts, args) -> float:
         t.join()
     elapsed = time.perf_counter() - t0
     status = warm.Status(rollout_pb2.RolloutStatusRequest(), timeout=10)
-    per_call = (status.custom_requests - 1) / max(1, status.custom_engine_calls - 1)
+    per_call = ((status.custom_requests - before.custom_requests)
+                / max(1, status.custom_engine_calls - before.custom_engine_calls))
     return sum(counts) / elapsed, per_call
 
 
@@ -112,6 +111,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="client threads")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each engine")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating raw/served passes")
     parser.add_argument("--batch-wait-ms", type=float, default=None,
                         help="the service batcher's wait (default: the config's)")
     args = parser.parse_args()
@@ -132,20 +132,33 @@ def main() -> None:
         for engine in args.engines.split(","):
             ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
                 update={"engine": engine})})
-            raw = raw_tokens_per_s(ecfg, lm, path, prompts, args)
-            print(f"{engine}: raw engine {raw:,.0f} tokens/s", flush=True)
+            raw_engine = make_engine(ecfg, lm, path)
+            spec = SamplingSpec(max_new_tokens=args.max_new_tokens,
+                                temperature=ecfg.rollout.temperature)
+            raw_engine.generate(prompts[:args.batch_prompts], spec)  # warm up
             proc, address = start_service(ecfg, engine, Path(tmp), args)
+            rounds = []
             try:
-                served, per_call = service_tokens_per_s(address, prompts, args)
+                for i in range(args.rounds):
+                    raw = raw_tokens_per_s(raw_engine, ecfg, prompts, args)
+                    served, per_call = service_tokens_per_s(address, prompts, args)
+                    rounds.append((raw, served, per_call))
+                    print(f"{engine} round {i + 1}: raw engine {raw:,.0f} tokens/s, service "
+                          f"over gRPC {served:,.0f} ({served / raw:.2f}; {per_call:.1f} "
+                          "requests per engine call)", flush=True)
             finally:
                 proc.terminate()
                 proc.wait(30)
-            print(f"{engine}: service over gRPC {served:,.0f} tokens/s "
-                  f"({served / raw:.2f} of raw; {per_call:.1f} requests per engine call)",
-                  flush=True)
-            result[engine] = {"raw_tok_s": round(raw, 1), "service_tok_s": round(served, 1),
-                              "ratio": round(served / raw, 3),
-                              "requests_per_engine_call": round(per_call, 2)}
+                if hasattr(raw_engine, "close"):
+                    raw_engine.close()
+            ratios = sorted(s / r for r, s, _ in rounds)
+            result[engine] = {
+                "raw_tok_s": round(statistics.median(r for r, _, _ in rounds), 1),
+                "service_tok_s": round(statistics.median(s for _, s, _ in rounds), 1),
+                "ratio": round(statistics.median(ratios), 3),
+                "round_ratios": [round(x, 3) for x in ratios],
+                "requests_per_engine_call": round(
+                    statistics.mean(c for _, _, c in rounds), 2)}
     result["min_ratio"] = min(v["ratio"] for v in result.values() if isinstance(v, dict))
     result["target"] = 0.9
     print(json.dumps(result))

@@ -1,14 +1,19 @@
-"""What the benchmarks share: starting one service process from a config dict."""
+"""What the benchmarks share: starting one service process from a config dict, or a whole
+stack on free ports."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from relayrl.grpc_util import wait_healthy
+from relayrl.config import RunConfig
+from relayrl.grpc_util import free_ports, wait_healthy
+from relayrl.launcher import Launcher
+from relayrl.metrics import read_metrics
 from relayrl.procs import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,3 +30,52 @@ def spawn_service(module: str, config: dict, workdir: Path, name: str, address: 
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=child_env())
     wait_healthy(address, timeout_s, alive=lambda: proc.poll() is None)
     return proc
+
+
+def assign_free_ports(data: dict) -> None:
+    """Point every endpoint of a run config (as a dict) at ports free now, so a bench run
+    never collides with another stack on this machine. Rollout workers need consecutive
+    ports (base_port + i), found as a free block."""
+    relay, scheduler, buffer, trainer = free_ports(4)
+    data["relay"]["endpoint"] = {**data["relay"].get("endpoint", {}), "port": relay}
+    data["scheduler"]["endpoint"] = {**data["scheduler"].get("endpoint", {}), "port": scheduler}
+    data["buffer"]["endpoint"] = {**data["buffer"].get("endpoint", {}), "port": buffer}
+    data["trainer"]["endpoint"] = {**data["trainer"].get("endpoint", {}), "port": trainer}
+    workers = data["rollout"].get("num_workers", 1)
+    data["rollout"]["base_port"] = free_port_block(workers)
+    if data["rollout"].get("http_base_port"):
+        data["rollout"]["http_base_port"] = free_port_block(workers)
+    if data["scheduler"].get("rest_port"):
+        data["scheduler"]["rest_port"] = free_ports(1)[0]
+
+
+def free_port_block(n: int, host: str = "127.0.0.1", tries: int = 50) -> int:
+    """The first of n consecutive ports that are all free now."""
+    for _ in range(tries):
+        first = free_ports(1, host)[0]
+        if first + n > 65000:
+            continue
+        socks = [socket.socket() for _ in range(n)]
+        try:
+            for offset, sock in enumerate(socks):
+                sock.bind((host, first + offset))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no block of {n} free ports on {host} after {tries} tries")
+
+
+def run_stack(cfg: RunConfig) -> list[dict]:
+    """Every service of `cfg` as its own process (relayrl up's launcher) until the trainer
+    stops; the run's metrics rows. Raises if the run did not finish."""
+    launcher = Launcher(cfg, show_trainer_output=False)
+    try:
+        launcher.start()
+        if launcher.wait() != 0:
+            raise RuntimeError(f"{cfg.run_id} failed; see {cfg.run_dir}/logs")
+    finally:
+        launcher.shutdown()
+    return read_metrics(Path(cfg.run_dir) / "metrics.jsonl")

@@ -1,0 +1,229 @@
+"""Learning quality: synchronous training against asynchronous training at several staleness
+bounds, with and without off-policy correction, over several seeds.
+
+    python bench/convergence.py [--steps N] [--seeds 3] [--staleness 1,2,4,8]
+        [--corrections tis_token,none] [--config examples/tiny_cpu.yaml] [--modes GLOBS]
+        [--out docs/] [--smoke]
+    python bench/convergence.py --config examples/smollm2_cpu.yaml --staleness 2 --seeds 1 \
+        --modes sync,async_2_tis_token     # the headline pair on SmolLM2-135M
+
+Every run is the real stack (relayrl up's launcher, each service its own process) on the
+config, with one mode's edits:
+
+- sync: trainer.max_staleness 0 and one batch of prompts in flight
+  (scheduler.max_inflight_prompts = buffer.groups_per_batch): generation and training
+  alternate, every sample is on-policy.
+- async_<k>_<correction>: trainer.max_staleness k and the default in-flight limit (k + 1
+  batches), trained with trainer.correction <correction> (tis_token: truncated importance
+  sampling, the default; none: stale samples trained as if on-policy).
+
+Writes <out>/<name>.md (the table, with its definitions) and <out>/<name>.png (reward
+against steps and against wall time; name: convergence for the tiny example, else
+convergence_<config>), keeps each run's directory (metrics, logs) under runs/<name>/ and
+reuses a finished run with the same settings when run again (--fresh reruns it), and ends
+with one JSON line: for each asynchronous mode its final reward minus sync's in points and
+its wall-time ratio to sync, and whether the target is met (a corrected asynchronous mode
+within 2 points of sync's final reward in at most half sync's wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import assign_free_ports, run_stack  # noqa: E402
+from bench.convergence_curves import (  # noqa: E402
+    RunCurve,
+    compare,
+    final_mean,
+    final_reward,
+    points_scale,
+    reach_level,
+    run_curve,
+    seed_mean,
+    summarize,
+)
+from bench.convergence_report import StudySettings, plot_curves, render_markdown  # noqa: E402
+from relayrl.config import RunConfig, load_run_config  # noqa: E402
+from relayrl.metrics import read_metrics  # noqa: E402
+
+SMOKE = {"steps": 8, "seeds": 1, "staleness": "1", "eval_every": 4}
+SEED_STRIDE = 1000  # rollout.seed is offset by worker index: keep seeds' workers apart
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    staleness: int
+    correction: str
+
+
+def study_modes(staleness: list[int], corrections: list[str], sync_correction: str,
+                patterns: list[str]) -> list[Mode]:
+    modes = [Mode("sync", 0, sync_correction)]
+    modes += [Mode(f"async_{k}_{c}", k, c) for k in staleness for c in corrections]
+    chosen = [m for m in modes if any(fnmatch.fnmatchcase(m.name, p) for p in patterns)]
+    if not chosen:
+        raise ValueError(f"--modes: {patterns} match none of {[m.name for m in modes]}")
+    return chosen
+
+
+def mode_config(base: RunConfig, mode: Mode, seed: int, steps: int, eval_every: int | None,
+                run_dir: Path) -> RunConfig:
+    """The base config with one mode's and one seed's edits (ports are assigned at launch)."""
+    data = base.model_dump(mode="json")
+    groups = data["buffer"]["groups_per_batch"]
+    data.update(run_id=f"convergence-{mode.name}-s{seed}", run_dir=str(run_dir))
+    data["scheduler"]["max_inflight_prompts"] = groups if mode.staleness == 0 else 0
+    data["trainer"].update(
+        max_staleness=mode.staleness, correction=mode.correction, max_steps=steps,
+        seed=data["trainer"]["seed"] + seed, checkpoint_every=steps, keep_checkpoints=1,
+        plot_every=steps, progress=False,
+        eval_every=data["trainer"]["eval_every"] if eval_every is None else eval_every)
+    data["rollout"]["seed"] = data["rollout"]["seed"] + SEED_STRIDE * seed
+    return RunConfig.model_validate(data)
+
+
+def run_once(cfg: RunConfig, fresh: bool) -> tuple[RunCurve, bool]:
+    """One run's curves, from a finished earlier run with the same settings unless `fresh`;
+    True when it was reused."""
+    run_dir = Path(cfg.run_dir)
+    spec = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+    spec_path = run_dir / "bench_spec.json"
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    finished = sum("time/elapsed_s" in r for r in rows) >= cfg.trainer.max_steps
+    if not fresh and finished and spec_path.is_file() and spec_path.read_text() == spec:
+        return run_curve(rows), True
+    # a leftover run directory holds a Redis and checkpoints that the trainer would resume
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    data = cfg.model_dump(mode="json")
+    assign_free_ports(data)
+    rows = run_stack(RunConfig.model_validate(data))
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # GBs for a real model
+    spec_path.write_text(spec)
+    return run_curve(rows), False
+
+
+def study_result(args, summaries, comparisons, scale) -> dict:
+    result: dict = {"bench": "convergence", "config": args.config, "steps": args.steps,
+                    "seeds": args.seeds, "points_per_reward": scale}
+    for s in summaries:
+        entry = {"final_reward": round(s.final_reward, 4),
+                 "reach_s": None if s.reach_s is None else round(s.reach_s, 1),
+                 "wall_s": round(s.wall_s, 1), "lag_mean": round(s.lag_mean, 2),
+                 "groups_dropped_stale": round(s.groups_dropped_stale, 1)}
+        cmp = comparisons.get(s.mode)
+        if cmp:
+            entry.update(delta_points=round(cmp.delta_points, 2),
+                         wall_ratio=None if cmp.wall_ratio is None else round(cmp.wall_ratio, 3),
+                         meets_target=cmp.meets_target)
+        result[s.mode] = entry
+    met = [mode for mode, c in comparisons.items() if c.meets_target]
+    result["target_met"] = bool(met)
+    result["target_met_by"] = met
+    return result
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="examples/tiny_cpu.yaml")
+    parser.add_argument("--steps", type=int, help="trainer steps per run (default: the "
+                        "config's trainer.max_steps)")
+    parser.add_argument("--seeds", type=int, help="runs per mode (default 3)")
+    parser.add_argument("--staleness", help="asynchronous staleness bounds (default 1,2,4,8)")
+    parser.add_argument("--corrections", default="tis_token,none",
+                        help="corrections of the asynchronous modes")
+    parser.add_argument("--modes", default="*", help="comma-separated names or globs, e.g. "
+                        "'sync,async_2_*' (default: all)")
+    parser.add_argument("--eval-every", type=int, help="default: the config's")
+    parser.add_argument("--smooth", type=float, default=0.05,
+                        help="trailing-mean window as a share of the steps")
+    parser.add_argument("--out", help="where the table and PNG go (default docs/)")
+    parser.add_argument("--name", help="file name of the table (.md) and PNG; default "
+                        "convergence for examples/tiny_cpu.yaml, else convergence_<config>, "
+                        "so another config's study leaves this one's alone")
+    parser.add_argument("--runs-dir", help="run directories (default runs/<name>/)")
+    parser.add_argument("--fresh", action="store_true", help="rerun finished runs too")
+    parser.add_argument("--smoke", action="store_true", help=f"a tiny schedule: {SMOKE}, "
+                        "output under runs/convergence_smoke/ unless --out is given")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for key, value in SMOKE.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    args.seeds = args.seeds or 3
+    args.staleness = [int(k) for k in (args.staleness or "1,2,4,8").split(",")]
+    stem = Path(args.config).stem
+    args.name = args.name or ("convergence" if stem == "tiny_cpu" else f"convergence_{stem}")
+    smoke_root = Path("runs/convergence_smoke")
+    args.out = Path(args.out or (smoke_root if args.smoke else "docs"))
+    args.runs_dir = Path(args.runs_dir or (smoke_root / "runs" if args.smoke
+                                           else Path("runs") / args.name)).resolve()
+    if args.seeds < 1:
+        raise ValueError("--seeds: must be >= 1")
+    if min(args.staleness) < 1:
+        raise ValueError("--staleness: asynchronous bounds must be >= 1 (sync is staleness 0)")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    base = load_run_config(args.config)
+    args.steps = args.steps or base.trainer.max_steps
+    modes = study_modes(args.staleness, args.corrections.split(","), base.trainer.correction,
+                        args.modes.split(","))
+    window = max(1, round(args.smooth * args.steps))
+    curves_by_mode: dict[Mode, list[RunCurve]] = {}
+    for mode in modes:
+        for seed in range(args.seeds):
+            cfg = mode_config(base, mode, seed, args.steps, args.eval_every,
+                              args.runs_dir / f"{mode.name}-s{seed}")
+            t0 = time.monotonic()
+            run, reused = run_once(cfg, args.fresh)
+            curves_by_mode.setdefault(mode, []).append(run)
+            print(f"{mode.name:>18} seed {seed}: reward {run.reward[0]:.3f} -> final "
+                  f"{final_mean(run.reward):.3f}  lag {run.lag_mean:.2f}  "
+                  f"dropped {run.groups_dropped_stale}  {run.samples_per_s:.0f} samples/s  "
+                  f"{run.wall_s[-1]:.0f} s trained  "
+                  f"({'reused' if reused else f'{time.monotonic() - t0:.0f} s'})", flush=True)
+
+    scale = points_scale([v for runs in curves_by_mode.values() for r in runs for v in r.reward])
+    mean_curves = {m: seed_mean(runs, window) for m, runs in curves_by_mode.items()}
+    sync = next((m for m in modes if m.staleness == 0), None)
+    level = reach_level(final_reward(curves_by_mode[sync])[0], scale) if sync else None
+    summaries = [summarize(m.name, m.staleness, m.correction, curves_by_mode[m],
+                           mean_curves[m], level) for m in modes]
+    comparisons = {}
+    if sync is not None:
+        sync_summary = summaries[modes.index(sync)]
+        comparisons = {s.mode: compare(s, sync_summary, scale) for s in summaries
+                       if s.mode != sync.name}
+
+    command = "python bench/convergence.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    settings = StudySettings(command=command.strip(), config=args.config, steps=args.steps,
+                             groups_per_batch=base.buffer.groups_per_batch,
+                             group_size=base.buffer.group_size, seeds=args.seeds,
+                             smooth_window=window, points_scale=scale)
+    table, png = args.out / f"{args.name}.md", args.out / f"{args.name}.png"
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.write_text(render_markdown(settings, summaries, comparisons, png.name))
+    plot_curves(png, {m.name: c for m, c in mean_curves.items()},
+                {m.name: (m.staleness, m.correction) for m in modes}, level,
+                f"{args.config}: {args.steps} steps, {args.seeds} seed(s)")
+    print(f"wrote {table} and {png}")
+    print(json.dumps(study_result(args, summaries, comparisons, scale)))
+
+
+if __name__ == "__main__":
+    main()

@@ -31,6 +31,20 @@ def holds_a_lease(cfg: RunConfig, worker_id: str) -> bool:
     return status.worker_leases.get(worker_id, 0) > 0
 
 
+def freeze_holding_a_lease(cfg: RunConfig, worker_id: str, pid: int, timeout_s: float) -> None:
+    """SIGSTOP the worker at a moment it holds a lease: stop first, then look, so it cannot
+    finish its lease between the look and the signal."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        if holds_a_lease(cfg, worker_id):
+            return
+        os.kill(pid, signal.SIGCONT)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{worker_id} never held a lease")
+        time.sleep(0.02)
+
+
 def wait_for(cond, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -54,12 +68,12 @@ def survived_run(tmp_path_factory):
     def chaos():
         by_name = {c.name: c for c in launcher.children}
         cfg = launcher.cfg
-        wait_for(lambda: trainer_version(cfg) >= 3 and holds_a_lease(cfg, "rollout-0"), 120)
+        wait_for(lambda: trainer_version(cfg) >= 3, 120)
         events["killed_pid"] = by_name["rollout-0"].proc.pid
+        freeze_holding_a_lease(cfg, "rollout-0", events["killed_pid"], 60)
         os.kill(events["killed_pid"], signal.SIGKILL)
         frozen = by_name["rollout-1"].proc.pid
-        wait_for(lambda: holds_a_lease(cfg, "rollout-1"), 60)
-        os.kill(frozen, signal.SIGSTOP)
+        freeze_holding_a_lease(cfg, "rollout-1", frozen, 60)
         events["frozen_at"] = trainer_version(launcher.cfg)
         time.sleep(2.5 * TTL_S)  # its leases lapse and are handed to the others
         os.kill(frozen, signal.SIGCONT)

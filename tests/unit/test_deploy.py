@@ -1,0 +1,325 @@
+"""The deployment files agree with the package and with the run configs they mount.
+
+No Docker engine or cluster here: docker-compose.yml is rendered in Python (YAML merge keys,
+${VAR} interpolation) and deploy/k8s is validated offline against the Kubernetes schemas that
+kubernetes-validate bundles. Either way, every command must name a module of the package and
+every port a probe, Service or peer uses must be the one the mounted run config gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+from importlib.metadata import entry_points
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from relayrl.config import RunConfig, load_run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+K8S = ROOT / "deploy" / "k8s"
+K8S_VERSION = "1.30"  # the oldest cluster the manifests target (gRPC probes: 1.27+)
+SERVICES = ("relay_svc", "scheduler_svc", "buffer_svc", "trainer_svc", "rollout_svc")
+
+
+def own_endpoint(module: str, cfg: RunConfig):
+    return {"relay_svc": cfg.relay.endpoint, "scheduler_svc": cfg.scheduler.endpoint,
+            "buffer_svc": cfg.buffer.endpoint, "trainer_svc": cfg.trainer.endpoint,
+            "rollout_svc": cfg.rollout.endpoint}[module]
+
+
+def dials(module: str, cfg: RunConfig) -> list[tuple[str, int, str]]:
+    """(host, port, module serving it) of every peer a service connects to."""
+    redis = urlparse(cfg.redis.url or "")
+    out = [(redis.hostname, redis.port or 6379, "redis")]
+    addrs = {"trainer_svc": [(cfg.relay.endpoint.address, "relay_svc")],
+             "relay_svc": [(a, "relay_svc") for a in cfg.relay.upstream],
+             "rollout_svc": [(a, "relay_svc") for a in cfg.relay_addresses]
+             + [(cfg.scheduler.endpoint.address, "scheduler_svc")]}.get(module, [])
+    for addr, peer in addrs:
+        host, port = addr.rsplit(":", 1)
+        out.append((host, int(port), peer))
+    return out
+
+
+def service_args(argv: list[str]) -> tuple[str, argparse.Namespace]:
+    """The module that `python -m` or `torchrun ... -m` runs, and its parsed arguments."""
+    if argv[0] == "python":
+        assert argv[1] == "-m", argv
+        i = 1
+    else:
+        assert argv[0] == "torchrun", f"unknown command {argv}"
+        assert entry_points(group="console_scripts", name="torchrun"), "torch has no torchrun"
+        i = argv.index("-m")
+    module = argv[i + 1]
+    assert module in SERVICES, argv
+    assert importlib.util.find_spec(f"{module}.__main__"), f"python -m {module} cannot run"
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    return module, parser.parse_args(argv[i + 2:])
+
+
+# --- docker-compose.yml -------------------------------------------------------------------
+
+def interpolate(value, env: dict[str, str]):
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}, $$."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        unset = name not in env or (op.startswith(":") and not env[name])
+        if op.endswith("?") and unset:
+            raise KeyError(f"{name}: {arg}")
+        return arg if op.endswith("-") and unset else env.get(name, "")
+
+    return re.sub(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}", sub, value)
+
+
+def render_compose(env: dict[str, str]) -> dict:
+    return interpolate(yaml.safe_load(COMPOSE.read_text()), env)  # safe_load merges <<
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return render_compose({"RELAYRL_API_TOKEN": "test-token"})
+
+
+def compose_config(svc: dict) -> tuple[str, RunConfig]:
+    module, args = service_args(svc["command"])
+    mounts = dict(reversed(v.split(":")[:2]) for v in svc["volumes"])
+    assert args.config in mounts, f"--config {args.config} is not mounted"
+    host = COMPOSE.parent / mounts[args.config]
+    assert host.is_file(), f"mounted config {host} does not exist"
+    return module, load_run_config(host, args.overrides)
+
+
+def test_compose_token_is_required():
+    with pytest.raises(KeyError, match="RELAYRL_API_TOKEN"):
+        render_compose({})
+
+
+def test_compose_services_have_healthchecks_and_restart_policies(compose):
+    for name, svc in compose["services"].items():
+        assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+        assert not svc["healthcheck"].get("disable"), name
+        restart = svc.get("restart", "no")
+        assert restart in ("always", "unless-stopped") or restart.startswith("on-failure"), name
+        for dep in svc.get("depends_on", {}):
+            assert dep in compose["services"], f"{name} depends on unknown {dep}"
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            assert src.startswith((".", "/")) or src in compose["volumes"], f"{name}: {vol}"
+
+
+def test_compose_redis_persists(compose):
+    redis = compose["services"]["redis"]
+    assert "--appendonly yes" in " ".join(redis["command"])
+    assert any(v.split(":")[0] in compose["volumes"] and v.split(":")[1] == "/data"
+               for v in redis["volumes"]), "redis keeps /data in no named volume"
+
+
+def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
+    services = compose["services"]
+    runs = {n: compose_config(s) for n, s in services.items() if "build" in s}
+    assert {m for m, _ in runs.values()} == set(SERVICES)
+    for name, (module, cfg) in runs.items():
+        svc = services[name]
+        assert (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
+        ep = own_endpoint(module, cfg)
+        assert ep.host == "0.0.0.0", f"{name} binds {ep.host}: unreachable from other containers"
+        probe = re.search(r"'127\.0\.0\.1', (\d+)\)", " ".join(svc["healthcheck"]["test"]))
+        assert probe and int(probe.group(1)) == ep.port, f"{name} probes another port"
+        for host, port, peer in dials(module, cfg):
+            assert host in services, f"{name} dials {host}, which is no compose service"
+            if peer == "redis":
+                assert services[host]["image"].startswith("redis") and port == 6379
+            else:
+                peer_module, peer_cfg = runs[host]
+                assert (peer_module, own_endpoint(peer, peer_cfg).port) == (peer, port), name
+    workers = sorted(cfg.rollout.worker_index for m, cfg in runs.values() if m == "rollout_svc")
+    cfg = runs["scheduler"][1]
+    assert workers == list(range(cfg.rollout.num_workers))
+    assert cfg.scheduler.rest_token_env in services["scheduler"]["environment"]
+    assert cfg.scheduler.rest_host == "0.0.0.0"
+    assert [p.rsplit(":", 1)[1] for p in services["scheduler"]["ports"]] == [
+        str(cfg.scheduler.rest_port)]
+
+
+def test_dockerfile_is_multistage_nonroot_cpu_torch():
+    text = DOCKERFILE.read_text()
+    assert len(re.findall(r"^FROM ", text, re.M)) >= 2
+    user = re.findall(r"^USER (\S+)", text, re.M)
+    assert user and user[-1].split(":")[0] not in ("root", "0")
+    pyproject = (ROOT / "pyproject.toml").read_text()  # no tomllib on Python 3.10
+    torch_pin = re.search(r'^    "torch==([^"]+)",$', pyproject, re.M).group(1)
+    assert f"ARG TORCH_VERSION={torch_pin}\n" in text
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu\n" in text
+    copied = set(re.findall(r"^COPY (?!--)(\S+) ", text, re.M))
+    include = re.search(r"^\[tool.setuptools.packages.find\]\ninclude = (\[.*\])$", pyproject,
+                        re.M).group(1)
+    for pattern in yaml.safe_load(include):
+        assert pattern.rstrip("*") in copied, f"the image lacks {pattern}"
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert not copied & ignored and {".venv", "runs", ".cache"} <= ignored
+
+
+# --- deploy/k8s ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def manifests() -> list[dict]:
+    docs = [d for f in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
+    return [d for d in docs if d]
+
+
+def by_kind(manifests, kind: str) -> dict[str, dict]:
+    return {m["metadata"]["name"]: m for m in manifests if m["kind"] == kind}
+
+
+@pytest.fixture(scope="module")
+def k8s_run_config(manifests, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("k8s") / "run.yaml"
+    path.write_text(by_kind(manifests, "ConfigMap")["relayrl-run"]["data"]["run.yaml"])
+    return path
+
+
+def test_k8s_manifests_match_the_kubernetes_schemas(manifests):
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.fail("kubernetes-validate is not installed; it is in the dev extra: "
+                    "`make install` (or pip install -e '.[dev]')", pytrace=False)
+    for m in manifests:
+        try:
+            kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{m['kind']}/{m['metadata']['name']}: {err.message} at "
+                        f"{'.'.join(map(str, err.path))}")
+
+
+def workloads(manifests) -> dict[str, dict]:
+    return {**by_kind(manifests, "Deployment"), **by_kind(manifests, "StatefulSet"),
+            **by_kind(manifests, "Job")}
+
+
+def k8s_argv(container: dict, pod_name: str, tmp_path: Path) -> list[str]:
+    """What the container executes: $(VAR) expanded as Kubernetes does, then any `sh -c`
+    script run with stand-ins for python and torchrun that print their argv."""
+    env = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif e["valueFrom"].get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[e["name"]] = pod_name
+    expand = lambda s: re.sub(r"\$\$|\$\(([A-Za-z_]\w*)\)",  # noqa: E731
+                              lambda m: env.get(m.group(1), m.group(0)) if m.group(1) else "$", s)
+    argv = [expand(a) for a in container["command"] + container.get("args", [])]
+    if argv[:2] != ["sh", "-c"]:
+        return argv
+    for exe in ("python", "torchrun"):
+        (tmp_path / exe).write_text(f"#!/bin/sh\nprintf '%s\\n' {exe} \"$@\"\n")
+        (tmp_path / exe).chmod(0o755)
+    out = subprocess.run(["sh", "-c", argv[2]], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    return out.stdout.splitlines()
+
+
+def k8s_runs(manifests, run_config: Path, tmp_path: Path, ordinals=(0, 1, 255)):
+    """(workload, container, module, config) of each RelayRL container; a StatefulSet's once
+    per pod ordinal, since its pods may differ by ordinal."""
+    for name, w in workloads(manifests).items():
+        spec = w["spec"]["template"]["spec"]
+        configmaps = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes", [])
+                      if "configMap" in v}
+        for c in spec["containers"]:
+            if not c["image"].startswith("relayrl"):
+                continue
+            for i in ordinals if w["kind"] == "StatefulSet" else (0,):
+                module, args = service_args(k8s_argv(c, f"{name}-{i}", tmp_path))
+                mounts = {m["mountPath"]: configmaps.get(m["name"]) for m in c["volumeMounts"]}
+                assert mounts.get(str(Path(args.config).parent)) == "relayrl-run", name
+                assert Path(args.config).name == "run.yaml"
+                yield w, c, module, load_run_config(run_config, args.overrides)
+
+
+def test_k8s_workloads_ports_and_peers_agree_with_the_run_config(manifests, k8s_run_config,
+                                                                 tmp_path):
+    services = by_kind(manifests, "Service")
+    loads = workloads(manifests)
+    runs = list(k8s_runs(manifests, k8s_run_config, tmp_path))
+    assert {m for _, _, m, _ in runs} == set(SERVICES)
+
+    def serving(svc_name: str, port: int):
+        """The workloads behind a Service port, and the container port it targets."""
+        svc = services[svc_name]
+        target = next((p.get("targetPort", port) for p in svc["spec"]["ports"]
+                       if p["port"] == port), None)
+        assert target is not None, f"Service {svc_name} exposes no port {port}"
+        picked = [w for w in loads.values() if svc["spec"]["selector"].items()
+                  <= w["spec"]["template"]["metadata"]["labels"].items()]
+        return picked, target
+
+    for w, c, module, cfg in runs:
+        ep = own_endpoint(module, cfg)
+        assert ep.host == "0.0.0.0", f"{w['metadata']['name']} binds {ep.host}"
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert c[probe]["grpc"]["port"] == ep.port, f"{w['metadata']['name']} {probe}"
+        assert ep.port in [p["containerPort"] for p in c["ports"]]
+        for host, port, peer in dials(module, cfg):
+            assert host in services, f"{w['metadata']['name']} dials {host}: no such Service"
+            picked, target = serving(host, port)
+            assert picked, f"Service {host} selects no workload"
+            for p in picked:
+                ports = {q["name"]: q["containerPort"] for q in
+                         p["spec"]["template"]["spec"]["containers"][0]["ports"]}
+                assert ports.get(target, target) == port, f"Service {host}:{port} -> {target}"
+                if peer != "redis":
+                    peers = [r for r in runs if r[0] is p]
+                    assert peers and all(r[2] == peer for r in peers), f"{host} runs no {peer}"
+
+
+def test_k8s_shape(manifests, k8s_run_config, tmp_path):
+    cfg = load_run_config(k8s_run_config)
+    kinds = {(m["kind"], m["metadata"]["name"]) for m in manifests}
+    assert {("StatefulSet", "redis"), ("Deployment", "relay-root"), ("Deployment", "relay"),
+            ("StatefulSet", "rollout"), ("Deployment", "scheduler"), ("Job", "trainer"),
+            ("ConfigMap", "relayrl-run")} <= kinds
+    redis = by_kind(manifests, "StatefulSet")["redis"]["spec"]
+    assert "--appendonly yes" in " ".join(redis["template"]["spec"]["containers"][0]["args"])
+    claim = redis["volumeClaimTemplates"][0]["metadata"]["name"]
+    assert {"name": claim, "mountPath": "/data"} in redis["template"]["spec"]["containers"][0][
+        "volumeMounts"]
+    trainer = by_kind(manifests, "Job")["trainer"]["spec"]["template"]["spec"]
+    assert trainer["restartPolicy"] == "OnFailure"
+    assert shlex.join(trainer["containers"][0]["command"]).startswith("torchrun ")
+    scheduler = by_kind(manifests, "Deployment")["scheduler"]["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in scheduler["containers"][0]["env"]}
+    assert cfg.scheduler.rest_token_env in env, "the scheduler gets no REST API token"
+    assert env[cfg.scheduler.rest_token_env]["valueFrom"]["secretKeyRef"]["key"] == "token"
+    assert cfg.scheduler.rest_port in [
+        p["port"] for p in by_kind(manifests, "Service")["scheduler"]["spec"]["ports"]]
+    claims = set(by_kind(manifests, "PersistentVolumeClaim"))
+    for name, w in workloads(manifests).items():
+        spec = w["spec"]["template"]["spec"]
+        assert spec.get("restartPolicy", "Always") in ("Always", "OnFailure"), name
+        for v in spec.get("volumes", []):
+            if "persistentVolumeClaim" in v:
+                assert v["persistentVolumeClaim"]["claimName"] in claims, name
+        for c in spec["containers"]:
+            assert c.get("readinessProbe") and c.get("livenessProbe"), f"{name}/{c['name']}"

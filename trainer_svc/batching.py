@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -109,3 +109,8 @@ def policy_outputs(model, batch: TrainBatch, temperature: float, *, entropy_grad
 def token_logprobs(model, batch: TrainBatch, temperature: float) -> torch.Tensor:
     """log pi(token_{t+1} | tokens_<=t) for every position, [B, L-1]."""
     return policy_outputs(model, batch, temperature).logprobs
+
+
+def select_rows(tb: TrainBatch, rows: torch.Tensor, device: torch.device) -> TrainBatch:
+    """The batch's rows `rows` (every field is per row), on `device`."""
+    return TrainBatch(**{f.name: getattr(tb, f.name)[rows].to(device) for f in fields(tb)})

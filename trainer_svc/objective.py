@@ -1,6 +1,8 @@
 """One batch's policy update: reward shaping, advantages, the configured loss, and the
 models the loss needs beside the policy (a value head for PPO, a frozen reference for the
-KL penalty), then `updates_per_batch` optimizer steps."""
+KL penalty), then `updates_per_batch` optimizer steps. Under torchrun every rank runs it on
+the same whole batch and passes forward and backward over its own share of the groups
+(trainer_svc.distributed explains the loss scaling)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.config import TrainerConfig
-from trainer_svc.batching import PolicyOutputs, TrainBatch, policy_outputs
+from trainer_svc.batching import PolicyOutputs, TrainBatch, policy_outputs, select_rows
+from trainer_svc.distributed import Parallel, normaliser, shard_rows
 from trainer_svc.losses import LossInputs, LossSettings, get_loss
 from trainer_svc.losses.advantages import overlong_penalty
 from trainer_svc.losses.ppo import ValueHead
@@ -23,9 +26,22 @@ class UpdateResult:
     stats: dict[str, float]  # loss, grad_norm and the loss's own stats, of the last step
 
 
+@dataclass
+class RankShare:
+    """The rows of the batch one rank passes forward and backward, and its part of the
+    loss's normaliser. A rank left without groups runs row 0 with a weight of 0, so that it
+    still joins every collective."""
+
+    rows: torch.Tensor
+    weight: float
+    owns_rows: bool
+
+
 class Objective:
     def __init__(self, tc: TrainerConfig, model: torch.nn.Module, max_response_len: int,
-                 temperature: float):
+                 temperature: float, parallel: Parallel | None = None):
+        """`model` not yet sharded: the reference is a copy of it, sharded on its own."""
+        self.parallel = parallel or Parallel()
         self.loss = get_loss(tc.loss)
         self.settings = LossSettings.from_config(tc, max_response_len)
         self.updates = tc.updates_per_batch
@@ -42,20 +58,31 @@ class Objective:
         # The reference is the policy as the trainer first holds it: built before resume()
         # loads a checkpoint, it stays the initial weights across restarts.
         self.reference = _frozen_copy(model) if tc.kl_coef > 0 else None
+        if self.parallel.active and self.loss.uses_value_model \
+                and self.loss.aggregation != "token_mean":
+            # the value loss is a token mean: one scale fits both terms only then
+            raise ValueError(f"loss {self.loss.name!r}: a value model with aggregation "
+                             f"{self.loss.aggregation!r} cannot be split over ranks")
+        for module in (self.value_head, self.reference):
+            if module is not None:
+                self.parallel.shard(module)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """Trainable parameters beside the policy's, for the same optimizer."""
         return list(self.value_head.parameters()) if self.value_head is not None else []
 
     def state_dict(self) -> dict:
-        return {"value_head": self.value_head.state_dict()} if self.value_head else {}
+        """Whole on rank 0; every rank must call it."""
+        if self.value_head is None:
+            return {}
+        return {"value_head": self.parallel.full_state_dict(self.value_head)}
 
     def load_state_dict(self, state: dict) -> None:
         if self.value_head is not None:
             if "value_head" not in state:
                 raise ValueError(f"trainer.loss {self.loss.name!r} needs a value head, and the "
                                  "checkpoint holds none (it was trained with another loss)")
-            self.value_head.load_state_dict(state["value_head"])
+            self.parallel.load_full_state_dict(self.value_head, state["value_head"])
 
     def shaped_rewards(self, tb: TrainBatch) -> torch.Tensor:
         return tb.rewards.float() + overlong_penalty(
@@ -69,38 +96,88 @@ class Objective:
         values = self.value_head(out.hidden) if self.value_head is not None else None
         return out, values
 
+    def rank_share(self, tb: TrainBatch) -> RankShare:
+        world = self.parallel.world
+        rows = shard_rows(tb.group_ids, world.rank, world.size)
+        if len(rows) == 0:
+            return RankShare(torch.zeros(1, dtype=torch.long), 0.0, False)
+        agg = self.loss.aggregation
+        whole = normaliser(agg, tb.response_mask).clamp(min=1.0)
+        return RankShare(rows, (normaliser(agg, tb.response_mask[rows]) / whole).item(), True)
+
+    def _whole_batch(self, local: torch.Tensor, share: RankShare, size: int) -> torch.Tensor:
+        """Every rank's rows of a per-row tensor, assembled on every rank (on the CPU)."""
+        if not self.parallel.active:
+            return local
+        out = torch.zeros((size, *local.shape[1:]), dtype=local.dtype)
+        if share.owns_rows:
+            out[share.rows] = local.detach().cpu()
+        return self.parallel.sum(out)
+
     def update(self, model, optimizer: torch.optim.Optimizer, tb: TrainBatch,
                before_first_step: Callable[[], None] = lambda: None) -> UpdateResult:
         """Take `updates_per_batch` optimizer steps on `tb`; `before_first_step` runs after
-        the first backward pass, while the parameters are still the old ones."""
+        the first backward pass, while the parameters are still the old ones. Under torchrun
+        every rank passes the same whole `tb`, and the result is the whole batch's."""
         rewards = self.shaped_rewards(tb)
+        size = tb.rewards.shape[0]
+        share, local = RankShare(torch.arange(size), 1.0, True), tb
+        if self.parallel.active:
+            share = self.rank_share(tb)
+            local = select_rows(tb, share.rows, self.parallel.device)
         ref_logprobs = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logprobs = policy_outputs(self.reference, tb, self.temperature).logprobs
-        out, values = self._forward(model, tb)
+                ref_logprobs = policy_outputs(self.reference, local, self.temperature).logprobs
+        out, values = self._forward(model, local)
         old_logprobs = out.logprobs.detach()
         old_values = values.detach() if values is not None else None
-        advantages, returns = self.loss.advantages(rewards, tb.group_ids, tb.response_mask,
-                                                   self.settings, old_values)
+        # on the whole batch, as one process would: some estimators normalise over it
+        advantages, returns = self.loss.advantages(
+            rewards, tb.group_ids, tb.response_mask, self.settings,
+            None if old_values is None else self._whole_batch(old_values, share, size))
+        if self.parallel.active:
+            advantages = advantages[share.rows].to(self.parallel.device)
+            returns = None if returns is None else returns[share.rows].to(self.parallel.device)
+        # gradients are averaged over the ranks: see trainer_svc.distributed
+        scale = self.parallel.world.size * share.weight
         params = [p for group in optimizer.param_groups for p in group["params"]]
         for i in range(self.updates):
             if i > 0:
-                out, values = self._forward(model, tb)
+                out, values = self._forward(model, local)
             loss, stats = self.loss(LossInputs(
-                out.logprobs, old_logprobs, tb.behaviour_logprobs, advantages,
-                tb.response_mask, entropy=out.entropy, ref_logprobs=ref_logprobs,
+                out.logprobs, old_logprobs, local.behaviour_logprobs, advantages,
+                local.response_mask, entropy=out.entropy, ref_logprobs=ref_logprobs,
                 values=values, old_values=old_values, returns=returns), self.settings)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss * scale if self.parallel.active else loss).backward()
+            self.parallel.sync_gradients(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
             if i == 0:
                 before_first_step()
             optimizer.step()
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+            grad_norm = grad_norm.full_tensor()
         stats = {"loss": loss.item(), "grad_norm": grad_norm.item(), **stats}
+        if self.parallel.active:
+            stats = self._whole_batch_stats(stats, share.weight)
         if self.overlong_buffer:
             stats["reward_shaped_mean"] = rewards.mean().item()
-        return UpdateResult(old_logprobs, stats)
+        return UpdateResult(self._whole_batch(old_logprobs, share, size), stats)
+
+    def _whole_batch_stats(self, stats: dict[str, float], weight: float) -> dict[str, float]:
+        """Maxima over the ranks; other stats weighted by the ranks' shares of the
+        normaliser: exactly the whole batch's loss terms, closely means over other units
+        (clip_frac, entropy under a sequence-mean loss). grad_norm is already the whole
+        model's."""
+        maxima = [k for k in stats if k.endswith("_max")]
+        means = [k for k in stats if k != "grad_norm" and k not in maxima]
+        top = (self.parallel.max(torch.tensor([stats[k] for k in maxima], dtype=torch.float64))
+               if maxima else torch.zeros(0))
+        mean = self.parallel.sum(torch.tensor([stats[k] * weight for k in means],
+                                              dtype=torch.float64))
+        return {**stats, **dict(zip(maxima, top.tolist(), strict=True)),
+                **dict(zip(means, mean.tolist(), strict=True))}
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

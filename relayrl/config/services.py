@@ -351,5 +351,10 @@ class TrainerConfig(StrictModel):
     eval_every: int = Field(10, ge=0, le=1_000_000, description="Steps per eval; 0 disables.")
     plot_every: int = Field(10, ge=1, le=1_000_000, description="Steps per reward.png redraw.")
     torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads.")
+    fsdp: bool = Field(
+        True, description="Under torchrun with more than one process: shard parameters, "
+        "gradients and optimizer state with FSDP2; false keeps the whole model on every rank "
+        "and all-reduces gradients. One process ignores it.",
+    )
     seed: int = Field(0, ge=0, description="Trainer RNG seed.")
     progress: bool = Field(True, description="Show a progress bar on stderr.")

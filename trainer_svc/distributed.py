@@ -1,0 +1,220 @@
+"""The trainer on several processes under torchrun: one per GPU (NCCL), or per CPU slot (gloo).
+
+Launched with `torchrun --nproc-per-node N -m trainer_svc ...`; a plain `python -m trainer_svc`
+is a world of one and none of this is active.
+
+Rank 0 leads, the others follow. Rank 0 is the trainer the single-process service is: it
+alone reads Redis, publishes weights, writes checkpoints and metrics, and serves the status
+endpoint. The other ranks hold the same modules and run only the operations that need every
+rank (a policy update, gathering the weights or the training state, a restore). Before rank 0
+runs one, it broadcasts the operation's name and small arguments (`Parallel.lead`); followers
+loop on those broadcasts (`Parallel.receive`), so the ranks' collectives line up by
+construction, and a follower needs no Redis, relay or disk of its own.
+
+Every rank receives the whole collated batch and computes rewards and advantages on all of
+it, so estimators that normalise over the batch (REINFORCE++, PPO's whitening) see the same
+numbers as one process. Forward and backward passes then run on the rank's own contiguous
+share of the groups (`shard_rows`). Each loss is a mean over the batch's sequences or its
+response tokens (`normaliser`): on its share, rank r computes that mean over its own n_r
+items, S_r / n_r, and gradients are averaged over the W ranks, so rank r scales its loss by
+W * n_r / n. The averaged gradient is then sum_r grad S_r / n: one process's on the batch.
+
+Weights: FSDP2 (`fully_shard` on each decoder layer, then on the root) shards parameters,
+gradients and optimizer state; with trainer.fsdp false every rank holds the whole model and
+gradients are all-reduced. Full weights, for publishing and checkpoints, are gathered onto
+rank 0's CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_world() -> World:
+    """The world torchrun describes in the environment, with its process group started
+    (NCCL on GPUs, gloo on CPUs); a world of one when WORLD_SIZE is unset or 1."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return World()
+    missing = [v for v in TORCHRUN_VARS if v not in os.environ]
+    if missing:
+        raise ValueError(f"WORLD_SIZE={size} but {', '.join(missing)} unset: launch with "
+                         "torchrun (python -m torch.distributed.run)")
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return World(int(os.environ["RANK"]), size, device)
+
+
+def close_world(world: World) -> None:
+    if world.size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard_rows(group_ids: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """The batch rows of rank `rank`: its contiguous share of whole groups, the groups split
+    as evenly by count as they divide. `group_ids` [B] are the rows' group positions."""
+    groups = torch.unique_consecutive(group_ids)
+    mine = torch.tensor_split(groups, size)[rank]
+    return torch.isin(group_ids, mine).nonzero().flatten()
+
+
+def normaliser(aggregation: str, mask: torch.Tensor) -> torch.Tensor:
+    """What a loss of this aggregation divides by: response tokens (token_mean) or
+    sequences (the seq_mean_* aggregations)."""
+    if aggregation == "token_mean":
+        return mask.sum()
+    return torch.tensor(float(mask.shape[0]))
+
+
+class Parallel:
+    """How the trainer's modules and batches are spread over a World; with a world of one,
+    every method is the plain single-process operation."""
+
+    def __init__(self, world: World | None = None, fsdp: bool = True):
+        self.world = world or World()
+        self.fsdp = fsdp
+        self._mesh = None
+
+    @property
+    def active(self) -> bool:
+        return self.world.size > 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.world.device
+
+    # -- rank 0 leads -----------------------------------------------------------------------
+
+    def lead(self, op: str, *args: Any) -> None:
+        """On rank 0: tell the followers to run `op(*args)` too. Elsewhere: nothing."""
+        if self.active and self.world.is_main:
+            dist.broadcast_object_list([(op, args)], src=0)
+
+    def receive(self) -> tuple[str, tuple]:
+        """On a follower: the next operation rank 0 leads."""
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if not self.active:
+            return obj
+        box = [obj if self.world.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum of `t` over the ranks."""
+        return self._all_reduce(t, dist.ReduceOp.SUM)
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        """The elementwise maximum of `t` over the ranks."""
+        return self._all_reduce(t, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+        if not self.active:
+            return t
+        out = t.detach().to(self.device, copy=True)
+        dist.all_reduce(out, op=op)
+        return out.to(t.device)
+
+    # -- weights ----------------------------------------------------------------------------
+
+    def shard(self, module: nn.Module) -> None:
+        """In place, before an optimizer is built on it: FSDP2 units on each decoder layer
+        and on the root, or (fsdp off) rank 0's weights on every rank."""
+        if not self.active:
+            return
+        module.to(self.device)
+        if not self.fsdp:
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t.data, src=0)
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.device.type, (self.world.size,))
+        for layer in decoder_layers(module):
+            fully_shard(layer, mesh=self._mesh)
+        fully_shard(module, mesh=self._mesh)
+
+    def sync_gradients(self, params: list[nn.Parameter]) -> None:
+        """After backward: replicated weights average their gradients over the ranks (under
+        FSDP2 the reduce-scatter in backward already has)."""
+        if not self.active or self.fsdp:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)  # gloo has no AVG
+            p.grad /= self.world.size
+
+    def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole module's weights: on rank 0 on the CPU, {} on the others. Every rank
+        must call it. In one process, the live tensors."""
+        if not self.active:
+            return module.state_dict()
+        return get_model_state_dict(module, options=_FULL_TO_CPU)
+
+    def load_full_state_dict(self, module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Rank 0's `state` (the whole module's) into every rank's module."""
+        if not self.active:
+            module.load_state_dict(state)
+            return
+        set_model_state_dict(module, state, options=_FULL_FROM_RANK0)
+
+    def full_optimizer_state(self, modules: nn.Module, optimizer) -> dict:
+        """`optimizer`'s state over the parameters of `modules`, whole, on rank 0 (keyed by
+        parameter name; {} on the others). In one process, `optimizer.state_dict()`."""
+        if not self.active:
+            return optimizer.state_dict()
+        return get_optimizer_state_dict(modules, optimizer, options=_FULL_TO_CPU)
+
+    def load_optimizer_state(self, modules: nn.Module, optimizer, state: dict) -> None:
+        if not self.active:
+            optimizer.load_state_dict(state)
+            return
+        set_optimizer_state_dict(modules, optimizer, state, options=_FULL_FROM_RANK0)
+
+
+_FULL_TO_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_FULL_FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+
+
+def decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The repeated blocks FSDP2 shards one by one: the classes a Hugging Face model names in
+    `_no_split_modules`; none for anything else (a value head is sharded whole)."""
+    names = set(getattr(module, "_no_split_modules", None) or ())
+    return [m for m in module.modules() if type(m).__name__ in names]

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer_svc.learner import TrainingState
+
 
 @dataclass
 class Ledger:
@@ -22,22 +24,24 @@ class Ledger:
     dropped: list[int] = field(default_factory=list)
 
 
-def save(ckpt_dir: Path, step: int, model, optimizer, ledger: Ledger, extra: dict[str, Any],
-         keep: int) -> Path:
+def save(ckpt_dir: Path, step: int, model, state: TrainingState, ledger: Ledger,
+         extra: dict[str, Any], keep: int) -> Path:
+    """`model` gives the directory its config; `state` holds the whole weights."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step:08d}"
     tmp = ckpt_dir / f".tmp_step_{step:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)  # a loadable Hugging Face model directory
-    state = {
+    model.save_pretrained(tmp, state_dict=state.model)  # a loadable Hugging Face directory
+    trainer_state = {
         "step": step,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": state.optimizer,
+        "optimizer_by_name": state.optimizer_by_name,
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                 "python": random.getstate()},
         "ledger": ledger,
         "extra": extra,
     }
-    torch.save(state, tmp / "trainer_state.pt")
+    torch.save(trainer_state, tmp / "trainer_state.pt")
     with open(tmp / "trainer_state.pt", "rb") as f:
         os.fsync(f.fileno())
     shutil.rmtree(final, ignore_errors=True)

@@ -1,8 +1,10 @@
-"""Trainer process: the loop, a progress bar, and a gRPC status endpoint."""
+"""Trainer process: the loop, a progress bar, and a gRPC status endpoint. Under torchrun,
+rank 0 is that process and the other ranks follow it (trainer_svc.distributed)."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 
@@ -16,6 +18,8 @@ from relayrl.proto.v1 import trainer_pb2, trainer_pb2_grpc
 from relayrl.redis_conn import open_redis
 from relayrl.service import ServiceRunner
 from relayrl.weights.client import RelayClient
+from trainer_svc.distributed import Parallel, close_world, init_world
+from trainer_svc.learner import Learner
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.trainer import Trainer
 
@@ -45,10 +49,10 @@ def _progress(trainer: Trainer, enabled: bool):
 def run_loop(trainer: Trainer, stop: threading.Event) -> None:
     tc = trainer.tc
     png = trainer.run_dir / "reward.png"
-    if trainer.step == 0 and tc.eval_every:
+    if trainer.step == 0 and tc.eval_every and trainer.evaluates:
         trainer.metrics.write({"step": 0, **trainer.run_eval()})
     if trainer.step > 0:  # resumed: make sure the relay serves what the trainer holds
-        trainer.publisher.publish(trainer.step, trainer.step, trainer.lm.model.state_dict())
+        trainer.publisher.publish(trainer.step, trainer.step, trainer.learner.weights())
     bar = _progress(trainer, tc.progress)
     window: list[tuple[float, int]] = []
     acc = float("nan")
@@ -57,7 +61,8 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         if got is None:
             break
         record = trainer.train_step(*got)
-        if tc.eval_every and trainer.step % tc.eval_every == 0 or trainer.step == tc.max_steps:
+        if trainer.evaluates and (tc.eval_every and trainer.step % tc.eval_every == 0
+                                  or trainer.step == tc.max_steps):
             record.update(trainer.run_eval())
             acc = record["eval/accuracy_sampled"]
         now = time.monotonic()
@@ -83,16 +88,37 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
 
 def serve(cfg: RunConfig) -> None:
     setup_logging("trainer")
+    world = init_world()
+    parallel = Parallel(world, cfg.trainer.fsdp)
     torch.set_num_threads(cfg.trainer.torch_threads)
     torch.manual_seed(cfg.trainer.seed)
     lm = load_model(resolve_model_path(cfg.model, cfg.task))
+    if not world.is_main:
+        follow(cfg, lm, parallel)
+        return
     redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
     publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes,
                                            cfg.relay.timeout_s))
-    trainer = Trainer(cfg, lm, redis, publisher)
+    trainer = Trainer(cfg, lm, redis, publisher, parallel)
     trainer.resume()
     runner = ServiceRunner("trainer", cfg.trainer.endpoint.address,
                            [(trainer_pb2_grpc.add_TrainerServicer_to_server,
                              TrainerStatusServicer(trainer))])
     runner.run(lambda stop: run_loop(trainer, stop))
+    # Only after a clean stop: on an error the followers may be inside a collective, and
+    # torchrun ends them when rank 0 exits.
+    trainer.learner.stop_followers()
     publisher.close()
+    close_world(world)
+
+
+def follow(cfg: RunConfig, lm, parallel: Parallel) -> None:
+    """A rank other than 0: the same modules, running what rank 0 leads until it stops."""
+    learner = Learner(cfg, lm, parallel)
+    # Rank 0 turns a signal into a clean stop that still needs this rank (a last step, a
+    # checkpoint), and then tells it to stop; torchrun sends the same signal to every rank.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    learner.follow()
+    log.info("rank %d stopped with rank 0", parallel.world.rank)
+    close_world(parallel.world)

@@ -1,4 +1,7 @@
-"""The training loop: read a batch, drop stale groups, step, publish, checkpoint, ack."""
+"""The training loop: read a batch, drop stale groups, step, publish, checkpoint, ack.
+
+Under torchrun this is rank 0; the other ranks run a Learner that follows it (see
+trainer_svc.distributed)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from relayrl.streams import ensure_group, read_group
 from relayrl.tasks import make_task
 from trainer_svc import checkpoint
 from trainer_svc.batching import collate, split_stale, split_uniform
-from trainer_svc.objective import Objective
+from trainer_svc.distributed import Parallel
+from trainer_svc.learner import Learner
 from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
 from trainer_svc.publisher import AsyncPublisher
 
@@ -29,23 +33,29 @@ CONSUMER = "trainer-0"
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, lm: LoadedModel, redis, publisher: AsyncPublisher):
+    def __init__(self, cfg: RunConfig, lm: LoadedModel, redis, publisher: AsyncPublisher,
+                 parallel: Parallel | None = None):
         self.cfg = cfg
         self.tc = cfg.trainer
         self.lm = lm
         self.r = redis
         self.keys = RunKeys(cfg.run_id)
         self.publisher = publisher
-        self.objective = Objective(self.tc, lm.model, cfg.rollout.max_new_tokens,
-                                   cfg.rollout.temperature)
+        self.learner = Learner(cfg, lm, parallel)
+        self.objective = self.learner.objective
+        self.optimizer = self.learner.optimizer
+        # Eval and the engine check run the model on rank 0 alone, which a model split over
+        # ranks cannot do: off under torchrun for now.
+        self.evaluates = not self.learner.parallel.active
+        self.engine_check_seqs = self.tc.engine_check_seqs if self.evaluates else 0
+        if not self.evaluates:
+            log.warning("under torchrun the trainer runs no eval and no engine check "
+                        "(trainer.eval_every, trainer.engine_check_seqs)")
         self.task = make_task(cfg.task)
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
-        self.optimizer = torch.optim.AdamW(
-            [*lm.model.parameters(), *self.objective.parameters()], lr=self.tc.lr,
-            weight_decay=self.tc.weight_decay)
-        self.history = VersionHistory(self.tc.engine_check_versions if self.tc.engine_check_seqs
+        self.history = VersionHistory(self.tc.engine_check_versions if self.engine_check_seqs
                                       else 0)
         self.step = 0
         self.ledger = checkpoint.Ledger()
@@ -68,9 +78,8 @@ class Trainer:
 
         state = checkpoint.load_state(path)
         restored = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.lm.model.load_state_dict(restored.state_dict())
-        self.objective.load_state_dict(state["extra"].get("objective", {}))
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.learner.restore(state["extra"].get("objective", {}), restored.state_dict(),
+                             state["optimizer"], state.get("optimizer_by_name", False))
         self.step = state["step"]
         self.totals.update(state["extra"]["totals"])
         self._acknowledge(state["ledger"])  # idempotent if it was already acknowledged
@@ -88,9 +97,10 @@ class Trainer:
         pipe.execute()
 
     def save_checkpoint(self) -> None:
-        extra = {"totals": self.totals, "objective": self.objective.state_dict()}
-        checkpoint.save(self.ckpt_dir, self.step, self.lm.model, self.optimizer, self.ledger,
-                        extra, self.tc.keep_checkpoints)
+        state = self.learner.training_state()
+        extra = {"totals": self.totals, "objective": state.objective}
+        checkpoint.save(self.ckpt_dir, self.step, self.lm.model, state, self.ledger, extra,
+                        self.tc.keep_checkpoints)
         self._acknowledge(self.ledger)
         self.ledger = checkpoint.Ledger()
 
@@ -150,7 +160,7 @@ class Trainer:
         record["weights/publish_stall_s"] = self.publisher.last_stall_s  # previous version's
         record["weights/publish_copy_s"] = self.publisher.last_copy_s
         record["weights/publish_send_s"] = self.publisher.last_send_s
-        self.publisher.publish(self.step, self.step, self.lm.model.state_dict())
+        self.publisher.publish(self.step, self.step, self.learner.weights())
         pipe = self.r.pipeline(transaction=True)
         pipe.set(self.keys.trainer_version, self.step)
         pipe.set(self.keys.prompts_finished, self.totals["scheduler_prompts_finished"])
@@ -166,20 +176,19 @@ class Trainer:
     def _optimize(self, groups, version: int) -> dict:
         tb = collate(groups, version, self.lm.pad_id, self.tc.scale_rewards)
         model = self.lm.model
-        model.train()
         rescored = None
-        if self.tc.engine_check_seqs:
+        if self.engine_check_seqs:
+            model.train()
             rescored = rescore_older_tokens(model, self.history, tb.input_ids, tb.attention_mask,
                                             tb.response_mask, tb.token_versions,
                                             self.cfg.rollout.temperature,
-                                            self.tc.engine_check_seqs)
+                                            self.engine_check_seqs)
 
         def before_first_step() -> None:
             self.publisher.fence()  # the last published snapshot must be taken first
             self.history.remember(version, model)
 
-        result = self.objective.update(model, self.optimizer, tb, before_first_step)
-        model.eval()
+        result = self.learner.update(tb, before_first_step)
         n = tb.rewards.numel()
         self.totals["samples_trained"] += n
         self.last_reward = tb.rewards.mean().item()

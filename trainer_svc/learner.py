@@ -1,0 +1,94 @@
+"""What every rank of the trainer holds and does: the policy, the loss's own models and the
+optimizer; a policy update on a batch, the whole weights, the whole training state, a restore.
+On rank 0 each operation first has the followers run it too (see trainer_svc.distributed);
+in one process it is just the operation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from relayrl.config import RunConfig
+from relayrl.models import LoadedModel
+from trainer_svc.batching import TrainBatch
+from trainer_svc.distributed import Parallel
+from trainer_svc.objective import Objective, UpdateResult
+
+
+@dataclass
+class TrainingState:
+    """Whole on rank 0, empty on the others; in one process it holds the live tensors."""
+
+    model: dict[str, torch.Tensor]
+    objective: dict
+    optimizer: dict
+    optimizer_by_name: bool  # keyed by parameter name (torchrun) or by position (one process)
+
+
+class Learner:
+    FOLLOWED = ("update", "weights", "training_state", "restore")
+
+    def __init__(self, cfg: RunConfig, lm: LoadedModel, parallel: Parallel | None = None):
+        tc = cfg.trainer
+        self.lm = lm
+        self.parallel = parallel or Parallel()
+        # before the policy is sharded: the reference is copied from it whole
+        self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,
+                                   cfg.rollout.temperature, self.parallel)
+        self.parallel.shard(lm.model)
+        self.optimizer = torch.optim.AdamW(
+            [*lm.model.parameters(), *self.objective.parameters()], lr=tc.lr,
+            weight_decay=tc.weight_decay)
+        # the optimizer's modules by name, which key its whole state under torchrun
+        heads = {"value_head": self.objective.value_head} if self.objective.value_head else {}
+        self.trainable = nn.ModuleDict({"policy": lm.model, **heads})
+
+    def update(self, tb: TrainBatch,
+               before_first_step: Callable[[], None] = lambda: None) -> UpdateResult:
+        self.parallel.lead("update", tb)
+        model = self.lm.model
+        model.train()
+        try:
+            return self.objective.update(model, self.optimizer, tb, before_first_step)
+        finally:
+            model.eval()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's whole weights; in one process the live tensors."""
+        self.parallel.lead("weights")
+        return self.parallel.full_state_dict(self.lm.model)
+
+    def training_state(self) -> TrainingState:
+        self.parallel.lead("training_state")
+        return TrainingState(
+            self.parallel.full_state_dict(self.lm.model), self.objective.state_dict(),
+            self.parallel.full_optimizer_state(self.trainable, self.optimizer),
+            self.parallel.active)
+
+    def restore(self, objective: dict, model: dict | None = None,
+                optimizer: dict | None = None, optimizer_by_name: bool = False) -> None:
+        """Rank 0 passes the whole state; the followers get only `objective` (it is small)."""
+        if self.parallel.world.is_main and optimizer_by_name != self.parallel.active:
+            raise ValueError("the checkpoint's optimizer state was written by a "
+                             f"{'torchrun' if optimizer_by_name else 'one-process'} trainer; "
+                             "resume it the same way")
+        self.parallel.lead("restore", objective)
+        self.parallel.load_full_state_dict(self.lm.model, model or {})
+        self.objective.load_state_dict(objective)
+        self.parallel.load_optimizer_state(self.trainable, self.optimizer, optimizer or {})
+
+    def follow(self) -> None:
+        """On a follower: run what rank 0 leads until it stops."""
+        while True:
+            op, args = self.parallel.receive()
+            if op == "stop":
+                return
+            if op not in self.FOLLOWED:
+                raise RuntimeError(f"rank 0 led an unknown operation {op!r}")
+            getattr(self, op)(*args)
+
+    def stop_followers(self) -> None:
+        self.parallel.lead("stop")

@@ -34,10 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import run_stack  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.grpc_util import free_ports  # noqa: E402
-from relayrl.launcher import Launcher  # noqa: E402
-from relayrl.metrics import read_metrics  # noqa: E402
 
 MODES = ("sync", "async", "async_segments", "async_repack")
 STALENESS = 2
@@ -69,14 +68,7 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
 
 
 def run_mode(cfg: RunConfig, warmup: int) -> dict:
-    launcher = Launcher(cfg, show_trainer_output=False)
-    try:
-        launcher.start()
-        if launcher.wait() != 0:
-            raise RuntimeError(f"{cfg.run_id} failed; see {cfg.run_dir}/logs")
-    finally:
-        launcher.shutdown()
-    rows = [r for r in read_metrics(Path(cfg.run_dir) / "metrics.jsonl") if "train/samples" in r]
+    rows = [r for r in run_stack(cfg) if "train/samples" in r]
     start, end = rows[warmup - 1], rows[-1]
     samples = sum(r["train/samples"] for r in rows[warmup:])
     tokens = sum(r["train/samples"] * r["train/response_len_mean"] for r in rows[warmup:])

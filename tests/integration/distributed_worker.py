@@ -1,0 +1,148 @@
+"""Three optimizer steps on a fixed batch, run by test_distributed_trainer.py in one process
+and, as this module's main, on every rank of
+`torchrun -m tests.integration.distributed_worker MODEL_DIR OUT REDIS_URL RUN_DIR`.
+Rank 0 leads and the others follow, as in the service.
+
+Each scenario steps a Learner twice, gathers the whole training state, takes a step that a
+restore of that state then takes back, and takes the third step. The service scenario runs
+the Trainer on batches from Redis, checkpoints after two steps, and a new Trainer resumes
+from the checkpoint for the third."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import threading
+
+import torch
+
+from relayrl.config import RunConfig
+from relayrl.keys import RunKeys
+from relayrl.messages import Batch, Group, Sample, encode_batch
+from relayrl.models import load_model
+from relayrl.redis_conn import connect
+from relayrl.streams import FIELD
+from relayrl.weights import VersionStore
+from trainer_svc.batching import collate
+from trainer_svc.distributed import Parallel, World, close_world, init_world
+from trainer_svc.learner import Learner
+from trainer_svc.publisher import AsyncPublisher
+from trainer_svc.trainer import Trainer
+
+MAX_NEW_TOKENS = 4
+
+SCENARIOS: dict[str, dict] = {
+    # a sequence-mean loss, three uneven groups over two ranks
+    "grpo": {"trainer": {"loss": "grpo"}, "groups": 3},
+    # a token-mean loss with a value head, batch-wide whitening and a frozen reference
+    "ppo_kl": {"trainer": {"loss": "ppo", "kl_coef": 0.05, "entropy_coef": 0.01}, "groups": 3},
+    # batch-wide advantage normalisation, two updates per batch, weights replicated
+    "reinforce_pp_replicated": {"trainer": {"loss": "reinforce_pp", "fsdp": False,
+                                            "updates_per_batch": 2}, "groups": 3},
+    # fewer groups than ranks: rank 1 has no rows of its own
+    "dapo_one_group": {"trainer": {"loss": "dapo"}, "groups": 1},
+}
+
+
+def scenario_config(name: str) -> RunConfig:
+    return RunConfig.model_validate({
+        "run_id": name, "rollout": {"max_new_tokens": MAX_NEW_TOKENS},
+        "trainer": {"lr": 1e-2, "max_staleness": 100, "engine_check_seqs": 0,
+                    **SCENARIOS[name]["trainer"]},
+    })
+
+
+def fixed_groups(lm, n_groups: int) -> list[Group]:
+    """Groups of 3, 2 and 4 samples with varied rewards, lengths and one tool token."""
+    groups = []
+    for pid, size in enumerate((3, 2, 4)[:n_groups]):
+        prompt = lm.encode_prompt(f"{pid + 1}+{pid + 2}=")
+        samples = []
+        for k in range(size):
+            response = lm.tokenizer.encode(f"{k}{pid}{k + 1}", add_special_tokens=False)
+            response = [*response[:1 + (k + pid) % 3], lm.eos_id]
+            mask = [1] * len(response)
+            if k == 1 and len(response) > 2:
+                mask[1] = 0  # a token the model did not produce
+            samples.append(Sample(
+                prompt_id=pid, lease_id="l", worker_id="w", prompt_tokens=prompt,
+                response_tokens=response,
+                logprobs=[-0.8 - 0.3 * j - 0.1 * k for j in range(len(response))],
+                versions=[0] * len(response), reward=float((k + pid) % 2), loss_mask=mask))
+        groups.append(Group(pid, samples))
+    return groups
+
+
+def run_scenario(name: str, model_dir: str, world: World) -> dict | None:
+    """On rank 0 (or in one process): weights after the three steps, each step's stats and
+    the first step's old log-probabilities. The other ranks follow rank 0 and return None."""
+    cfg = scenario_config(name)
+    torch.manual_seed(0)
+    learner = Learner(cfg, load_model(model_dir), Parallel(world, cfg.trainer.fsdp))
+    if not world.is_main:
+        learner.follow()
+        return None
+    batch = collate(fixed_groups(learner.lm, SCENARIOS[name]["groups"]), version=0,
+                    pad_id=learner.lm.pad_id, scale_rewards=True)
+    results = [learner.update(batch) for _ in range(2)]
+    state = copy.deepcopy(learner.training_state())  # in one process it holds live tensors
+    learner.update(batch)  # a step the restore takes back
+    learner.restore(state.objective, state.model, state.optimizer, state.optimizer_by_name)
+    results.append(learner.update(batch))
+    out = {"weights": learner.weights(), "stats": [r.stats for r in results],
+           "old_logprobs": results[0].old_logprobs,
+           "objective": copy.deepcopy(learner.training_state().objective)}
+    learner.stop_followers()
+    return out
+
+
+def service_config(redis_url: str, run_dir: str, world: World) -> RunConfig:
+    return RunConfig.model_validate({
+        "run_id": f"ranks-{world.size}", "run_dir": run_dir, "redis": {"url": redis_url},
+        "task": {"digits": 1, "eval_size": 4}, "rollout": {"max_new_tokens": MAX_NEW_TOKENS},
+        "trainer": {"loss": "ppo", "lr": 1e-2, "max_staleness": 100, "engine_check_seqs": 0,
+                    "progress": False},
+    })
+
+
+def run_service_trainer(model_dir: str, redis_url: str, run_dir: str, world: World):
+    """The service's own path: two steps on batches from Redis and a checkpoint; then a new
+    trainer resumes from it and takes a third. Rank 0's final weights; None elsewhere."""
+    cfg = service_config(redis_url, run_dir, world)
+    weights = None
+    for life in range(2):
+        torch.manual_seed(0)
+        lm = load_model(model_dir)
+        parallel = Parallel(world, cfg.trainer.fsdp)
+        if not world.is_main:
+            Learner(cfg, lm, parallel).follow()
+            continue
+        r = connect(redis_url)
+        trainer = Trainer(cfg, lm, r, AsyncPublisher(VersionStore(4)), parallel)
+        trainer.resume()
+        if life == 0:
+            for i in range(3):
+                batch = Batch(f"b{i}", fixed_groups(lm, 3))
+                r.xadd(RunKeys(cfg.run_id).batches, {FIELD: encode_batch(batch)})
+        for _ in range(2 - life):
+            trainer.train_step(*trainer.next_batch(threading.Event()))
+        if life == 0:
+            trainer.save_checkpoint()
+        else:
+            weights = trainer.learner.weights()
+        trainer.publisher.close()
+        trainer.learner.stop_followers()
+    return weights
+
+
+def main(model_dir: str, out: str, redis_url: str, run_dir: str) -> None:
+    world = init_world()
+    runs = {name: run_scenario(name, model_dir, world) for name in SCENARIOS}
+    runs["service"] = run_service_trainer(model_dir, redis_url, run_dir, world)
+    if world.is_main:
+        torch.save(runs, out)
+    close_world(world)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,73 @@
+"""Two CPU processes under torchrun (gloo; FSDP2, and replicated weights) train as one
+process does: three optimizer steps on a fixed batch end at the same weights, with the same
+loss and gradient norm at every step, through a gather-and-restore of the whole training
+state; and the service's trainer, checkpointing and resuming, ends where one process does."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayrl.redis_conn import EmbeddedRedis
+from tests.conftest import free_ports
+from tests.integration.distributed_worker import SCENARIOS, run_scenario, run_service_trainer
+from trainer_svc.distributed import World
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    yield server.url
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, tiny_lm, redis_url):
+    """Rank 0's results of every scenario, trained by two gloo processes."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    out = tmp / "ranks.pt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", str(free_ports(1)[0]), "-m", "tests.integration.distributed_worker",
+           str(tiny_lm.path), str(out), redis_url, str(tmp / "run")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return {"runs": torch.load(out, weights_only=False), "run_dir": tmp / "run"}
+
+
+def assert_same_weights(two: dict, one: dict) -> None:
+    assert sorted(two) == sorted(one)
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], atol=1e-5, rtol=0, msg=key)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_two_ranks_train_like_one_process(two_ranks, tiny_lm, name):
+    one = run_scenario(name, str(tiny_lm.path), World())
+    two = two_ranks["runs"][name]
+    assert_same_weights(two["weights"], one["weights"])
+    torch.testing.assert_close(two["old_logprobs"], one["old_logprobs"], atol=1e-6, rtol=0)
+    for key, state in one["objective"].items():  # PPO's value head
+        assert_same_weights(two["objective"][key], state)
+    for step_two, step_one in zip(two["stats"], one["stats"], strict=True):
+        for key in ("loss", "grad_norm", "policy_loss"):
+            assert step_two[key] == pytest.approx(step_one[key], rel=1e-5, abs=1e-7), key
+    moved = [k for k, v in one["weights"].items()
+             if not torch.equal(v, dict(tiny_lm.model.named_parameters()).get(k, v))]
+    assert moved, "the steps left every weight where it was"
+
+
+def test_the_service_trainer_checkpoints_and_resumes_like_one_process(two_ranks, tiny_lm,
+                                                                       redis_url, tmp_path):
+    one = run_service_trainer(str(tiny_lm.path), redis_url, str(tmp_path / "run"), World())
+    assert_same_weights(two_ranks["runs"]["service"], one)
+    ckpt = two_ranks["run_dir"] / "checkpoints" / "step_00000002"
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]  # not FSDP's wrapper class
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    assert state["optimizer_by_name"]
+    assert "value_head" in state["extra"]["objective"]

@@ -94,6 +94,15 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_health(args) -> int:
+    """Exit 0 only if the gRPC service at the address reports SERVING (container probes)."""
+    from relayrl.grpc_util import check_health
+
+    healthy = check_health(args.address, args.timeout)
+    print(f"{args.address}: {'SERVING' if healthy else 'not serving'}")
+    return 0 if healthy else 1
+
+
 def cmd_simulate(args) -> int:
     from relayrl.sim import sweep
 
@@ -120,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="SECTION.FIELD=VALUE", help="override a config field")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("health", help="exit 0 if a service's gRPC health check says SERVING")
+    p.add_argument("address", help="HOST:PORT")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds")
+    p.set_defaults(fn=cmd_health)
     p = sub.add_parser("simulate", help="discrete-event simulation of a large cluster")
     p.add_argument("--workers", default="8,16,32,64,128,256,512,1024",
                    help="comma-separated fleet sizes")

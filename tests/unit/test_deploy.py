@@ -144,7 +144,8 @@ def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
         assert (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
         ep = own_endpoint(module, cfg)
         assert ep.host == "0.0.0.0", f"{name} binds {ep.host}: unreachable from other containers"
-        probe = re.search(r"'127\.0\.0\.1', (\d+)\)", " ".join(svc["healthcheck"]["test"]))
+        probe = re.fullmatch(r"CMD relayrl health 127\.0\.0\.1:(\d+)",
+                             " ".join(svc["healthcheck"]["test"]))
         assert probe and int(probe.group(1)) == ep.port, f"{name} probes another port"
         for host, port, peer in dials(module, cfg):
             assert host in services, f"{name} dials {host}, which is no compose service"

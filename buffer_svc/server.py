@@ -13,6 +13,7 @@ import grpc
 
 from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.submit import Submissions
+from buffer_svc.telemetry import buffer_metrics
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import BUFFER_GROUP, RunKeys
@@ -117,5 +118,6 @@ def serve(cfg: RunConfig) -> None:
     redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
     svc = BufferService(cfg, redis)
     runner = ServiceRunner("buffer", cfg.buffer.endpoint.address,
-                           [(buffer_pb2_grpc.add_BufferServicer_to_server, svc)])
+                           [(buffer_pb2_grpc.add_BufferServicer_to_server, svc)],
+                           buffer_metrics(svc), cfg.buffer.metrics_port)
     runner.run(svc.run)

@@ -9,6 +9,7 @@ import grpc
 
 from relay_svc.follower import Follower
 from relay_svc.planes import RelayPlanes
+from relay_svc.telemetry import relay_metrics
 from relayrl.config import RunConfig
 from relayrl.logs import setup_logging
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
@@ -128,7 +129,8 @@ def serve(cfg: RunConfig) -> None:
     store = VersionStore(rc.keep_versions, shm_dir=rc.shm_dir, wait_timeout_s=rc.timeout_s)
     planes = RelayPlanes(rc.data_planes, rc.endpoint.host, rc.timeout_s)
     servicer = RelayServicer(store, rc.chunk_bytes, planes, rc.timeout_s)
-    runner = ServiceRunner("relay", rc.endpoint.address, [(add_relay_servicer, servicer)])
+    runner = ServiceRunner("relay", rc.endpoint.address, [(add_relay_servicer, servicer)],
+                           relay_metrics(store), rc.metrics_port)
     follower = None
     if rc.upstream:
         follower = Follower(store, rc.upstream, rc.chunk_bytes, rc.follow_poll_s, rc.timeout_s)

@@ -21,6 +21,7 @@ from relayrl.tasks import make_task
 from relayrl.weights.client import RelayClient
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.engines import make_engine
+from rollout_svc.telemetry import rollout_metrics
 from rollout_svc.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,8 @@ def serve(cfg: RunConfig) -> None:
     generator = CustomGenerator(engine, lm, cfg.rollout)
     runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.address,
                            [(rollout_pb2_grpc.add_RolloutServicer_to_server,
-                             RolloutServicer(worker, generator))])
+                             RolloutServicer(worker, generator))],
+                           rollout_metrics(worker, generator.batcher), cfg.rollout.metrics_port)
     http = None
     if cfg.rollout.http_base_port:
         from rollout_svc.openai_api import OpenAIServer

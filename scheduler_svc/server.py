@@ -14,6 +14,7 @@ from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
 from relayrl.redis_conn import open_redis
 from relayrl.service import ServiceRunner
 from scheduler_svc.core import SchedulerCore
+from scheduler_svc.telemetry import scheduler_metrics
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,8 @@ def serve(cfg: RunConfig) -> None:
     core = SchedulerCore(cfg, redis)
     runner = ServiceRunner("scheduler", cfg.scheduler.endpoint.address,
                            [(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
-                             SchedulerServicer(core))])
+                             SchedulerServicer(core))],
+                           scheduler_metrics(core), cfg.scheduler.metrics_port)
 
     rest = None
     sc = cfg.scheduler

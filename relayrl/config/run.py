@@ -75,11 +75,17 @@ class RunConfig(StrictModel):
         }
         if self.scheduler.rest_port:
             ports["scheduler.rest_port"] = self.scheduler.rest_port
+        for section in ("relay", "scheduler", "buffer", "trainer"):
+            if port := getattr(self, section).metrics_port:
+                ports[f"{section}.metrics_port"] = port
         for i in range(self.rollout.num_workers):
             ports[f"rollout worker {i} (rollout.base_port+{i})"] = self.rollout.base_port + i
             if self.rollout.http_base_port:
                 ports[f"rollout worker {i} HTTP (rollout.http_base_port+{i})"] = (
                     self.rollout.http_base_port + i)
+            if self.rollout.metrics_base_port:
+                ports[f"rollout worker {i} metrics (rollout.metrics_base_port+{i})"] = (
+                    self.rollout.metrics_base_port + i)
         seen: dict[int, str] = {}
         for name, port in ports.items():
             if port in seen:

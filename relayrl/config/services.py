@@ -96,6 +96,11 @@ class RelayConfig(StrictModel):
         description="Deadline of every relay call and transfer; a version that stops "
         "arriving for this long is dropped.",
     )
+    metrics_port: int = Field(
+        0, ge=0, le=65535,
+        description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host; 0 serves "
+        "none.",
+    )
 
 
 class SchedulerConfig(StrictModel):
@@ -123,6 +128,11 @@ class SchedulerConfig(StrictModel):
         "/docs); 0 serves none. It needs a bearer token in the rest_token_env variable.",
     )
     rest_host: str = Field("127.0.0.1", description="Interface the REST API binds.")
+    metrics_port: int = Field(
+        0, ge=0, le=65535,
+        description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host; 0 serves "
+        "none.",
+    )
     rest_token_env: str = Field(
         "RELAYRL_API_TOKEN", min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Environment variable holding the REST API's bearer token.",
@@ -160,6 +170,11 @@ class BufferConfig(StrictModel):
     group_size: int = Field(8, ge=1, le=1024, description="Samples per prompt group.")
     groups_per_batch: int = Field(8, ge=1, le=4096, description="Groups per trainer batch.")
     read_block_ms: int = Field(200, ge=1, le=60_000, description="Blocking stream read.")
+    metrics_port: int = Field(
+        0, ge=0, le=65535,
+        description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host; 0 serves "
+        "none.",
+    )
 
 
 class RolloutConfig(StrictModel):
@@ -181,6 +196,11 @@ class RolloutConfig(StrictModel):
         "/v1/chat/completions, /v1/models, /tokenize); 0 serves none.",
     )
     http_host: str = Field("127.0.0.1", description="Interface the HTTP server binds.")
+    metrics_base_port: int = Field(
+        0, ge=0, le=65000,
+        description="HTTP Prometheus /metrics and /healthz of worker i on base+i, on host; 0 "
+        "serves none.",
+    )
     served_model_name: str = Field(
         "relayrl-policy", min_length=1, max_length=256,
         description="The model name the HTTP server reports and accepts.",
@@ -267,6 +287,11 @@ class RolloutConfig(StrictModel):
     def endpoint(self) -> Endpoint:
         return Endpoint(host=self.host, port=self.base_port + self.worker_index)
 
+    @property
+    def metrics_port(self) -> int:
+        """This worker's /metrics port; 0 when metrics_base_port serves none."""
+        return self.metrics_base_port + self.worker_index if self.metrics_base_port else 0
+
 
 class TrainerConfig(StrictModel):
     endpoint: Endpoint = Field(default_factory=lambda: Endpoint(port=50554))
@@ -349,7 +374,18 @@ class TrainerConfig(StrictModel):
     checkpoint_every: int = Field(10, ge=1, le=1_000_000, description="Steps per checkpoint.")
     keep_checkpoints: int = Field(2, ge=1, le=1000, description="Checkpoints kept on disk.")
     eval_every: int = Field(10, ge=0, le=1_000_000, description="Steps per eval; 0 disables.")
-    plot_every: int = Field(10, ge=1, le=1_000_000, description="Steps per reward.png redraw.")
+    plot_every: int = Field(
+        10, ge=1, le=1_000_000, description="Steps per redraw of reward.png and throughput.png."
+    )
+    tensorboard: bool = Field(
+        False, description="Also write every step's metrics as TensorBoard scalars under "
+        "<run_dir>/tensorboard (needs the tensorboard package).",
+    )
+    metrics_port: int = Field(
+        0, ge=0, le=65535,
+        description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host (rank 0 "
+        "under torchrun); 0 serves none.",
+    )
     torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads.")
     fsdp: bool = Field(
         True, description="Under torchrun with more than one process: shard parameters, "

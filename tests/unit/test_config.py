@@ -8,7 +8,9 @@ from relayrl.config.base import apply_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted([*ROOT.glob("examples/*.yaml"), *ROOT.glob("deploy/**/*.yaml")])
-SHIPPED = [p for p in SHIPPED if "run_id" in p.read_text()]  # run configs, not manifests
+# run configs, not Kubernetes manifests (test_deploy checks the config a ConfigMap carries)
+SHIPPED = [p for p in SHIPPED
+           if "run_id" in p.read_text() and "kind" not in (yaml.safe_load(p.read_text()) or {})]
 
 
 def test_there_are_shipped_configs():
@@ -35,6 +37,9 @@ def write(tmp_path, data):
     ({"trainer": {"bogus": 1}}, "trainer.bogus"),
     ({"relay": {"endpoint": {"port": 70000}}}, "relay.endpoint.port"),
     ({"scheduler": {"endpoint": {"port": 50551}}}, "port 50551"),
+    ({"buffer": {"metrics_port": 50554}}, "buffer.metrics_port and trainer.endpoint.port"),
+    ({"relay": {"metrics_port": 9100}, "rollout": {"metrics_base_port": 9099}},
+     r"rollout worker 1 metrics \(rollout.metrics_base_port\+1\) and relay.metrics_port"),
     ({"run_id": "has space"}, "run_id"),
     ({"task": {"name": "chess"}}, "task.name"),
     ({"task": {"prompt_format": "chat"}}, "task.prompt_format"),

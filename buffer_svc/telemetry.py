@@ -1,0 +1,49 @@
+"""What the buffer exports on /metrics: its counters, the assembler's state and both
+streams' depth, read at scrape time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from relayrl.exporter import MetricSpec, ServiceMetrics
+
+if TYPE_CHECKING:  # buffer_svc.server imports this module
+    from buffer_svc.server import BufferService
+
+BUFFER_METRICS = (
+    MetricSpec("buffer/samples_read", "counter", "Trajectory entries read."),
+    MetricSpec("buffer/samples_rejected", "counter", "Trajectory entries that did not decode."),
+    MetricSpec("buffer/groups_assembled", "counter", "Complete groups assembled."),
+    MetricSpec("buffer/groups_duplicate", "counter", "Groups dropped as already batched."),
+    MetricSpec("buffer/batches_emitted", "counter", "Batches appended to the batch stream."),
+    MetricSpec("buffer/groups_submitted", "counter", "External groups accepted by Submit."),
+    MetricSpec("buffer/submits_refused", "counter", "External groups refused by Submit."),
+    MetricSpec("buffer/partial_groups", "gauge", "Groups still waiting for samples."),
+    MetricSpec("buffer/ready_groups", "gauge", "Complete groups waiting for a batch."),
+    MetricSpec("buffer/trajectory_stream_len", "gauge",
+               "Entries on the trajectory stream (not yet batched)."),
+    MetricSpec("buffer/batch_stream_len", "gauge",
+               "Batches on the batch stream (not yet acknowledged by the trainer)."),
+)
+
+
+def buffer_metrics(svc: BufferService) -> ServiceMetrics:
+    def snapshot() -> dict[str, float]:
+        with svc.lock:
+            figures = {
+                "buffer/samples_read": svc.samples_read,
+                "buffer/samples_rejected": svc.samples_rejected,
+                "buffer/groups_assembled": svc.asm.groups_assembled,
+                "buffer/groups_duplicate": svc.asm.groups_duplicate,
+                "buffer/batches_emitted": svc.batches_emitted,
+                "buffer/groups_submitted": svc.submissions.accepted,
+                "buffer/submits_refused": svc.submissions.refused,
+                "buffer/partial_groups": len(svc.asm.partial),
+                "buffer/ready_groups": len(svc.asm.ready),
+            }
+        # Redis round trips outside the lock: the poll loop needs it
+        figures["buffer/trajectory_stream_len"] = svc.r.xlen(svc.keys.trajectories)
+        figures["buffer/batch_stream_len"] = svc.r.xlen(svc.keys.batches)
+        return figures
+
+    return ServiceMetrics(BUFFER_METRICS, snapshot)

@@ -1,4 +1,5 @@
-"""Run metrics: one JSON line per trainer step, and the reward curve drawn from them."""
+"""Run metrics: one JSON line per trainer step (optionally TensorBoard scalars too), and the
+reward and throughput plots drawn from them."""
 
 from __future__ import annotations
 
@@ -8,16 +9,37 @@ from typing import Any
 
 
 class MetricsWriter:
-    def __init__(self, path: str | Path):
+    """metrics.jsonl, and with `tensorboard_dir` every number of a record as a TensorBoard
+    scalar at the record's step (the hierarchical names become TensorBoard's groups)."""
+
+    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.board = open_tensorboard(tensorboard_dir) if tensorboard_dir else None
         self._f = open(self.path, "a", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(record, sort_keys=True) + "\n")
+        if self.board is not None:
+            step = record.get("step", 0)
+            for key, value in record.items():
+                if key != "step" and isinstance(value, int | float):
+                    self.board.add_scalar(key, value, step)
 
     def close(self) -> None:
         self._f.close()
+        if self.board is not None:
+            self.board.close()
+
+
+def open_tensorboard(log_dir: str | Path):
+    """A torch SummaryWriter on log_dir; ValueError when the tensorboard package is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        raise ValueError(f"TensorBoard output needs the tensorboard package (pip install "
+                         f"tensorboard, or the relayrl[tensorboard] extra): {err}") from None
+    return SummaryWriter(log_dir=str(log_dir), flush_secs=10)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -25,6 +47,15 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def rolling_mean(values: list[float], window: int) -> list[float]:
+    """Mean of each value and the window - 1 before it."""
+    out = []
+    for i in range(len(values)):
+        recent = values[max(0, i - window + 1):i + 1]
+        out.append(sum(recent) / len(recent))
+    return out
 
 
 def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "") -> None:
@@ -43,11 +74,8 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "")
         rewards = [r["train/reward_mean"] for r in train]
         ax.plot(steps, rewards, alpha=0.25, color="tab:blue")
         window = max(1, len(rewards) // 40)
-        smooth = []
-        for i in range(len(rewards)):
-            recent = rewards[max(0, i - window + 1):i + 1]
-            smooth.append(sum(recent) / len(recent))
-        ax.plot(steps, smooth, color="tab:blue", label=f"train reward ({window}-step mean)")
+        ax.plot(steps, rolling_mean(rewards, window), color="tab:blue",
+                label=f"train reward ({window}-step mean)")
     if evals:
         for key, label, color in (
             ("eval/accuracy_sampled", "held-out accuracy, sampled", "tab:orange"),
@@ -61,6 +89,47 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title(title or "RelayRL reward")
+    fig.tight_layout()
+    tmp = Path(out_png).with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(out_png)
+
+
+def plot_throughput(metrics_path: str | Path, out_png: str | Path, title: str = "") -> None:
+    """Samples/s, tokens/s and policy-version lag against trainer steps, one panel each;
+    per-step values faint, their rolling mean solid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in read_metrics(metrics_path) if "throughput/samples_per_s" in r]
+    panels = (
+        ("samples / s", (("throughput/samples_per_s", "samples trained", "tab:blue"),)),
+        ("tokens / s", (("throughput/tokens_per_s", "response tokens trained", "tab:purple"),)),
+        ("policy-version lag", (("staleness/lag_mean", "batch mean", "tab:orange"),
+                                ("staleness/lag_max", "batch max", "tab:red"))),
+    )
+    window = max(1, len(rows) // 40)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 7), sharex=True)
+    for ax, (ylabel, series) in zip(axes, panels, strict=True):
+        for key, label, color in series:
+            steps = [r["step"] for r in rows if key in r]
+            values = [r[key] for r in rows if key in r]
+            if values:
+                ax.plot(steps, values, color=color, alpha=0.25)
+                ax.plot(steps, rolling_mean(values, window), color=color,
+                        label=f"{label} ({window}-step mean)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(loc="upper left")
+        else:  # a run from before the figure was recorded
+            ax.text(0.5, 0.5, "not recorded", transform=ax.transAxes, ha="center",
+                    color="gray")
+    axes[0].set_title(title or "RelayRL throughput and staleness")
+    axes[-1].set_xlabel("trainer step")
     fig.tight_layout()
     tmp = Path(out_png).with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=100)

@@ -12,7 +12,7 @@ import torch
 
 from relayrl.config import RunConfig
 from relayrl.logs import setup_logging
-from relayrl.metrics import plot_rewards
+from relayrl.metrics import plot_rewards, plot_throughput
 from relayrl.models import load_model, resolve_model_path
 from relayrl.proto.v1 import trainer_pb2, trainer_pb2_grpc
 from relayrl.redis_conn import open_redis
@@ -21,6 +21,7 @@ from relayrl.weights.client import RelayClient
 from trainer_svc.distributed import Parallel, close_world, init_world
 from trainer_svc.learner import Learner
 from trainer_svc.publisher import AsyncPublisher
+from trainer_svc.telemetry import trainer_metrics
 from trainer_svc.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -46,15 +47,23 @@ def _progress(trainer: Trainer, enabled: bool):
                 disable=not enabled, dynamic_ncols=True)
 
 
+def draw_plots(trainer: Trainer) -> None:
+    """reward.png and throughput.png of the run so far."""
+    title = trainer.cfg.run_id
+    plot_rewards(trainer.metrics.path, trainer.run_dir / "reward.png", title)
+    plot_throughput(trainer.metrics.path, trainer.run_dir / "throughput.png", title)
+
+
 def run_loop(trainer: Trainer, stop: threading.Event) -> None:
     tc = trainer.tc
-    png = trainer.run_dir / "reward.png"
     if trainer.step == 0 and tc.eval_every and trainer.evaluates:
-        trainer.metrics.write({"step": 0, **trainer.run_eval()})
+        record = {"step": 0, **trainer.run_eval()}
+        trainer.metrics.write(record)
+        trainer.latest = record
     if trainer.step > 0:  # resumed: make sure the relay serves what the trainer holds
         trainer.publisher.publish(trainer.step, trainer.step, trainer.learner.weights())
     bar = _progress(trainer, tc.progress)
-    window: list[tuple[float, int]] = []
+    window: list[tuple[float, int, int]] = []  # (time, samples, tokens) of recent steps
     acc = float("nan")
     while trainer.step < tc.max_steps and not stop.is_set():
         got = trainer.next_batch(stop)
@@ -66,22 +75,26 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
             record.update(trainer.run_eval())
             acc = record["eval/accuracy_sampled"]
         now = time.monotonic()
-        window = [(t, n) for t, n in window if now - t < 30] + \
-            [(now, record.get("train/samples", 0))]
-        rate = sum(n for _, n in window) / max(now - window[0][0], 1e-6) if len(window) > 1 else 0
+        window = [w for w in window if now - w[0] < 30] + \
+            [(now, record.get("train/samples", 0), record.get("train/tokens", 0))]
+        span = max(now - window[0][0], 1e-6)
+        rate = sum(w[1] for w in window) / span if len(window) > 1 else 0
         record["throughput/samples_per_s"] = rate
+        record["throughput/tokens_per_s"] = (sum(w[2] for w in window) / span
+                                             if len(window) > 1 else 0)
         trainer.metrics.write(record)
+        trainer.latest = {**trainer.latest, **record}
         if trainer.step % tc.checkpoint_every == 0:
             trainer.save_checkpoint()
         if trainer.step % tc.plot_every == 0:
-            plot_rewards(trainer.metrics.path, png, trainer.cfg.run_id)
+            draw_plots(trainer)
         bar.update(1)
         bar.set_postfix(reward=f"{trainer.last_reward:.2f}", acc=f"{acc:.2f}",
                         sps=f"{rate:.0f}", lag=f"{record.get('staleness/lag_mean', 0):.1f}")
     bar.close()
     trainer.publisher.wait()
     trainer.save_checkpoint()
-    plot_rewards(trainer.metrics.path, png, trainer.cfg.run_id)
+    draw_plots(trainer)
     trainer.finished = trainer.step >= tc.max_steps
     log.info("trainer %s at step %d", "finished" if trainer.finished else "stopped", trainer.step)
 
@@ -103,12 +116,14 @@ def serve(cfg: RunConfig) -> None:
     trainer.resume()
     runner = ServiceRunner("trainer", cfg.trainer.endpoint.address,
                            [(trainer_pb2_grpc.add_TrainerServicer_to_server,
-                             TrainerStatusServicer(trainer))])
+                             TrainerStatusServicer(trainer))],
+                           trainer_metrics(trainer), cfg.trainer.metrics_port)
     runner.run(lambda stop: run_loop(trainer, stop))
     # Only after a clean stop: on an error the followers may be inside a collective, and
     # torchrun ends them when rank 0 exits.
     trainer.learner.stop_followers()
     publisher.close()
+    trainer.metrics.close()
     close_world(world)
 
 

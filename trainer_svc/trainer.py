@@ -32,6 +32,15 @@ log = logging.getLogger(__name__)
 CONSUMER = "trainer-0"
 
 
+def open_metrics(run_dir: Path, tensorboard: bool) -> MetricsWriter:
+    """metrics.jsonl in run_dir, and TensorBoard scalars under run_dir/tensorboard if asked."""
+    try:
+        return MetricsWriter(run_dir / "metrics.jsonl",
+                             run_dir / "tensorboard" if tensorboard else None)
+    except ValueError as err:
+        raise ValueError(f"trainer.tensorboard is true, but {err}") from None
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, lm: LoadedModel, redis, publisher: AsyncPublisher,
                  parallel: Parallel | None = None):
@@ -54,7 +63,7 @@ class Trainer:
         self.task = make_task(cfg.task)
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.metrics = open_metrics(self.run_dir, self.tc.tensorboard)
         self.history = VersionHistory(self.tc.engine_check_versions if self.engine_check_seqs
                                       else 0)
         self.step = 0
@@ -64,6 +73,7 @@ class Trainer:
                        "samples_filtered_uniform": 0, "groups_filtered_uniform": 0,
                        "scheduler_prompts_finished": 0, "external_groups": 0}
         self.last_reward = 0.0
+        self.latest: dict[str, float] = {}  # newest value of each metric, for /metrics
         self.finished = False
         self.started = time.monotonic()
         ensure_group(self.r, self.keys.batches, TRAINER_GROUP)
@@ -195,6 +205,7 @@ class Trainer:
         record = {
             "train/reward_mean": self.last_reward, "train/reward_std": tb.rewards.std().item(),
             "train/samples": n, "train/groups": len(groups),
+            "train/tokens": int(tb.response_lengths.sum()),
             "train/response_len_mean": tb.response_lengths.float().mean().item(),
             "staleness/lag_mean": tb.lags.float().mean().item(),
             "staleness/lag_max": int(tb.lags.max()),

@@ -1,0 +1,87 @@
+"""The trainer's loop records throughput (samples/s, tokens/s) and staleness every step, redraws
+reward.png and throughput.png, and its /metrics shows the newest figures and its totals."""
+
+import threading
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from relayrl.config import RunConfig
+from relayrl.exporter import MetricsEndpoint
+from relayrl.keys import RunKeys
+from relayrl.messages import Batch, Group, Sample, encode_batch
+from relayrl.metrics import read_metrics
+from relayrl.models import load_model
+from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.streams import FIELD
+from relayrl.weights import VersionStore
+from tests.conftest import free_ports
+from trainer_svc.publisher import AsyncPublisher
+from trainer_svc.server import run_loop
+from trainer_svc.telemetry import trainer_metrics
+from trainer_svc.trainer import Trainer
+
+STEPS, GROUP, RESPONSE = 3, 2, 3
+
+
+@pytest.fixture
+def trainer(tmp_path, tiny_lm):
+    server = EmbeddedRedis(tmp_path)
+    cfg = RunConfig.model_validate({
+        "run_id": "tmetrics", "run_dir": str(tmp_path / "run"), "redis": {"url": server.url},
+        "task": {"digits": 1, "eval_size": 4},
+        "rollout": {"samples_per_prompt": GROUP, "max_new_tokens": RESPONSE},
+        "buffer": {"group_size": GROUP, "groups_per_batch": 2},
+        "trainer": {"max_steps": STEPS, "max_staleness": 100, "progress": False,
+                    "eval_every": 2, "plot_every": 1, "checkpoint_every": 100,
+                    "engine_check_seqs": 0},
+    })
+    r = connect(server.url)
+    torch.manual_seed(0)
+    t = Trainer(cfg, load_model(tiny_lm.path), r, AsyncPublisher(VersionStore(8)))
+    for step in range(STEPS):
+        groups = [Group(pid, [
+            Sample(prompt_id=pid, lease_id=f"L{pid}", worker_id="w",
+                   prompt_tokens=t.lm.encode_prompt(f"{pid % 10}+1="),
+                   response_tokens=[5 + k] * (RESPONSE - 1) + [t.lm.eos_id],
+                   logprobs=[-1.0] * RESPONSE, versions=[0] * RESPONSE, reward=float(k))
+            for k in range(GROUP)]) for pid in (10 * step, 10 * step + 1)]
+        r.xadd(RunKeys(cfg.run_id).batches, {FIELD: encode_batch(Batch(f"b{step}", groups))})
+    yield t
+    t.publisher.close()
+    server.shutdown()
+
+
+def test_the_loop_records_throughput_and_exports_it(trainer):
+    run_loop(trainer, threading.Event())
+    rows = [r for r in read_metrics(trainer.metrics.path) if r["step"] > 0]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:
+        assert r["train/tokens"] == 2 * GROUP * RESPONSE
+        assert r["staleness/lag_mean"] == r["step"] - 1  # every token is version 0
+    assert rows[-1]["throughput/samples_per_s"] > 0 and rows[-1]["throughput/tokens_per_s"] > 0
+    for png in ("reward.png", "throughput.png"):
+        assert (trainer.run_dir / png).stat().st_size > 10_000
+
+    (port,) = free_ports(1)
+    endpoint = MetricsEndpoint("trainer", "127.0.0.1", port, trainer_metrics(trainer),
+                               lambda: True)
+    endpoint.start()
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    finally:
+        endpoint.stop()
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+           if s.labels == {"service": "trainer"}}
+    assert got["relayrl_train_step"] == STEPS and got["relayrl_train_finished"] == 1
+    assert got["relayrl_train_samples_trained_total"] == STEPS * 2 * GROUP
+    assert got["relayrl_weights_published_version"] == STEPS
+    assert got["relayrl_weights_versions_published_total"] == STEPS
+    assert got["relayrl_train_reward_mean"] == pytest.approx(rows[-1]["train/reward_mean"])
+    assert got["relayrl_throughput_tokens_per_second"] == pytest.approx(
+        rows[-1]["throughput/tokens_per_s"])
+    assert got["relayrl_staleness_lag_max"] == STEPS - 1
+    assert 0 <= got["relayrl_eval_accuracy_sampled"] <= 1  # kept from the step-2 eval
+    assert got["relayrl_time_step_seconds"] > 0

@@ -1,0 +1,137 @@
+"""The Prometheus export: legal names with base units, counters as _total, labelled figures,
+a failing snapshot that costs only its own figures, and every service's snapshot giving
+exactly the figures its table declares."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from buffer_svc.assembler import GroupAssembler
+from buffer_svc.telemetry import buffer_metrics
+from relay_svc.telemetry import relay_metrics
+from relayrl.exporter import RUNNER_METRICS, MetricSpec, SnapshotCollector, prometheus_name
+from relayrl.weights import VersionStore
+from rollout_svc.telemetry import rollout_metrics
+from scheduler_svc.policy import LeasePolicy, WorkerState
+from scheduler_svc.telemetry import scheduler_metrics
+from tests.unit.exported import ALL_SPECS
+from trainer_svc.telemetry import STEP_METRICS, trainer_metrics
+
+LEGAL = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("rollout/tokens_generated", "relayrl_rollout_tokens_generated"),
+    ("weights/pull_s", "relayrl_weights_pull_seconds"),
+    ("throughput/samples_per_s", "relayrl_throughput_samples_per_second"),
+    ("time/step_s", "relayrl_time_step_seconds"),
+    ("rollout/engine_logp-absdiff", "relayrl_rollout_engine_logp_absdiff"),
+])
+def test_hierarchical_names_become_prometheus_names(name, expected):
+    assert prometheus_name(name) == expected
+
+
+def scrape(specs, snapshot, labels=None) -> dict:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(specs, snapshot, labels or {"service": "x"}))
+    text = generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_counters_gauges_and_labelled_figures():
+    specs = (MetricSpec("a/done", "counter", "Done."), MetricSpec("a/last_s", "gauge", "Last."),
+             MetricSpec("a/per_worker", "gauge", "Per worker.", label="worker"),
+             MetricSpec("a/absent", "gauge", "Not in the snapshot: not exported."))
+    got = scrape(specs, lambda: {"a/done": 3, "a/last_s": 0.5,
+                                 "a/per_worker": {"w1": 2, "w0": 1}},
+                 {"service": "rollout", "worker_id": "rollout-0"})
+    base = (("service", "rollout"), ("worker_id", "rollout-0"))
+    assert got == {
+        ("relayrl_a_done_total", base): 3.0,
+        ("relayrl_a_last_seconds", base): 0.5,
+        ("relayrl_a_per_worker", tuple(sorted((*base, ("worker", "w0"))))): 1.0,
+        ("relayrl_a_per_worker", tuple(sorted((*base, ("worker", "w1"))))): 2.0,
+    }
+
+
+def test_a_failing_snapshot_exports_nothing_and_does_not_raise():
+    def broken():
+        raise ConnectionError("redis went away")
+
+    assert scrape((MetricSpec("a/b", "gauge", "B."),), broken) == {}
+
+
+def test_every_exported_name_is_legal_unique_and_described():
+    names = [s.sample_name for s in ALL_SPECS]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    for spec in ALL_SPECS:
+        assert spec.sample_name.startswith("relayrl_")
+        assert spec.help.endswith(".") and len(spec.help) > 5, spec
+        assert not spec.name.endswith("_total"), spec  # the exporter adds it to counters
+        assert "/" in spec.name, spec
+    assert {s.name for s in RUNNER_METRICS} <= {s.name for s in ALL_SPECS}
+
+
+def declared(exported) -> set[str]:
+    return {s.name for s in exported.specs}
+
+
+def test_relay_snapshot_gives_what_it_declares():
+    store = VersionStore(2)
+    exported = relay_metrics(store)
+    assert set(exported.snapshot()) == declared(exported)
+
+
+def test_scheduler_snapshot_gives_what_it_declares():
+    policy = LeasePolicy(lease_ttl_s=10, max_attempts=2, max_inflight=8)
+    policy.workers["w0"] = WorkerState(last_seen=0.0, policy_version=3)
+    core = SimpleNamespace(policy=policy, lock=threading.Lock(), partials={})
+    exported = scheduler_metrics(core)
+    snap = exported.snapshot()
+    assert set(snap) == declared(exported)
+    assert snap["scheduler/worker_policy_version"] == {"w0": 3}
+    assert snap["scheduler/inflight_limit"] == 8
+
+
+def test_buffer_snapshot_gives_what_it_declares():
+    svc = SimpleNamespace(
+        lock=threading.Lock(), samples_read=5, samples_rejected=0, batches_emitted=1,
+        asm=GroupAssembler(group_size=2, groups_per_batch=1),
+        submissions=SimpleNamespace(accepted=0, refused=0),
+        keys=SimpleNamespace(trajectories="t", batches="b"),
+        r=SimpleNamespace(xlen=lambda key: {"t": 4, "b": 1}[key]))
+    exported = buffer_metrics(svc)
+    snap = exported.snapshot()
+    assert set(snap) == declared(exported)
+    assert (snap["buffer/trajectory_stream_len"], snap["buffer/batch_stream_len"]) == (4, 1)
+
+
+def test_rollout_snapshot_gives_what_it_declares():
+    engine = SimpleNamespace(version=2, stats=lambda: {"tokens_generated": 60, "busy_s": 2.0})
+    worker = SimpleNamespace(
+        worker_id="rollout-1", engine=engine, samples_generated=8, segments=3,
+        mid_sequence_swaps=0, groups_resumed=0, leases_released=0, groups_moved_out=0,
+        kv_imported=0, kv_refused=0, weight_swaps=2, pull_failures=0, bytes_pulled=1024,
+        last_pull_s=0.01)
+    exported = rollout_metrics(worker, SimpleNamespace(requests=0, batches=0))
+    snap = exported.snapshot()
+    assert set(snap) == declared(exported)
+    assert snap["rollout/tokens_per_s"] == 30.0
+    assert exported.labels == {"service": "rollout", "worker_id": "rollout-1"}
+
+
+def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded():
+    totals = dict.fromkeys(["samples_trained", "samples_dropped_stale", "groups_dropped_stale",
+                            "groups_filtered_uniform", "external_groups"], 0)
+    publisher = SimpleNamespace(published_version=1, versions_published=1, bytes_published=10,
+                                failures=0)
+    trainer = SimpleNamespace(step=1, finished=False, totals=totals, publisher=publisher,
+                              latest={})
+    exported = trainer_metrics(trainer)
+    assert set(exported.snapshot()) == declared(exported) - {s.name for s in STEP_METRICS}
+    trainer.latest = {s.name: 0.5 for s in STEP_METRICS} | {"train/unexported": 1.0}
+    assert set(exported.snapshot()) == declared(exported)

@@ -1,0 +1,52 @@
+"""A run's metrics files: throughput.png from metrics.jsonl (also one written before tokens/s
+was recorded), and TensorBoard scalars, refused by name when TensorBoard is not installed."""
+
+import json
+import sys
+
+import pytest
+
+from relayrl.metrics import plot_throughput, read_metrics
+from trainer_svc.trainer import open_metrics
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("with_tokens", [True, False])
+def test_throughput_plot_is_drawn(tmp_path, with_tokens):
+    rows = [{"step": 0, "eval/accuracy_sampled": 0.3}]  # the eval before training
+    for step in range(1, 81):
+        row = {"step": step, "throughput/samples_per_s": 100 + step,
+               "staleness/lag_mean": step % 3, "staleness/lag_max": 2}
+        if with_tokens:
+            row["throughput/tokens_per_s"] = 400 + step
+        rows.append(row)
+    write_rows(tmp_path / "metrics.jsonl", rows)
+    plot_throughput(tmp_path / "metrics.jsonl", tmp_path / "throughput.png", "t")
+    assert (tmp_path / "throughput.png").stat().st_size > 10_000
+    assert not list(tmp_path.glob("*.tmp.png"))
+
+
+def test_tensorboard_missing_is_named(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"trainer\.tensorboard is true.*tensorboard package"):
+        open_metrics(tmp_path, tensorboard=True)
+    open_metrics(tmp_path, tensorboard=False).close()  # off: never imported
+
+
+def test_tensorboard_gets_every_number_of_a_record(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    writer = open_metrics(tmp_path, tensorboard=True)
+    for step in (1, 2):
+        writer.write({"step": step, "train/reward_mean": 0.5 * step, "note": "text"})
+    writer.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert events.Tags()["scalars"] == ["train/reward_mean"]
+    assert [(e.step, e.value) for e in events.Scalars("train/reward_mean")] == [(1, 0.5),
+                                                                                (2, 1.0)]

@@ -94,6 +94,38 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_audit(args) -> int:
+    """Reconcile a run's prompt ledger; exit 1 when the books do not balance."""
+    import json
+    from pathlib import Path
+
+    from relayrl.audit import audit_redis
+    from relayrl.redis_conn import open_redis
+
+    target = Path(args.config)
+    if target.is_dir():
+        args.config = str(target / "config.yaml")
+        if not Path(args.config).is_file():
+            print(f"{target}: no config.yaml (is it a run directory?)", file=sys.stderr)
+            return 2
+    cfg = _load(args)
+    url = cfg.redis.url or ""
+    if url.startswith("unix://") and not Path(url[len("unix://"):]).exists():
+        url = ""  # a stopped run's embedded server: start it again on the run's data file
+    redis, embedded = open_redis(url, cfg.run_dir, cfg.redis.socket_timeout_s)
+    try:
+        report = audit_redis(redis, cfg.run_id, cfg.trainer.max_steps)
+    finally:
+        redis.close()
+        if embedded is not None:
+            embedded.release()  # a live run's server stays up
+    print(report.render())
+    out = Path(cfg.run_dir) / "audit.json"
+    out.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0 if report.balanced else 1
+
+
 def cmd_health(args) -> int:
     """Exit 0 only if the gRPC service at the address reports SERVING (container probes)."""
     from relayrl.grpc_util import check_health
@@ -123,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, text in (("up", cmd_up, "start every service locally and train"),
                            ("prepare", cmd_prepare, "build and cache the model only"),
-                           ("status", cmd_status, "query a running run's services")):
+                           ("status", cmd_status, "query a running run's services"),
+                           ("audit", cmd_audit,
+                            "reconcile a run's prompt ledger (a run config or run directory); "
+                            "exit 1 if it does not balance")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", help="run config YAML")
         p.add_argument("--set", dest="overrides", action="append", default=[],

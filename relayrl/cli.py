@@ -37,6 +37,9 @@ def cmd_up(args) -> int:
 
     code = up(cfg)
     _summary(cfg)
+    if code == 0:  # the books of a finished run must balance
+        audit = argparse.Namespace(config=str(cfg.run_path / "config.yaml"), overrides=[])
+        code = cmd_audit(audit)
     return code
 
 

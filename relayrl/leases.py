@@ -35,6 +35,7 @@ class LeaseBatch:
     leases: list[LeasedPrompt]
     done: bool  # no prompt will ever be handed out again
     retry_after_s: float  # set when nothing is available right now
+    min_version: int = 0  # the oldest weights to start these prompts under
 
 
 class LeaseClient(ABC):
@@ -85,7 +86,7 @@ class GrpcLeaseClient(LeaseClient):
                                lease.prompt.reference, lease.attempt, lease.partial_state,
                                tuple(lease.kv_states))
                   for lease in resp.leases]
-        return LeaseBatch(leases, resp.done, resp.retry_after_s)
+        return LeaseBatch(leases, resp.done, resp.retry_after_s, resp.min_policy_version)
 
     def complete(self, worker_id: str, lease_id: str) -> bool:
         return self._stub.Complete(

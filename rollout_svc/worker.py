@@ -34,6 +34,8 @@ from rollout_svc.lengths import target_length
 
 log = logging.getLogger(__name__)
 SERVE_ONLY_POLL_S = 1.0
+CATCH_UP_POLL_S = 0.02
+CATCH_UP_SHARE = 0.25  # of the lease TTL, the longest a worker waits for required weights
 
 
 @dataclass
@@ -70,6 +72,7 @@ class RolloutWorker:
         self.groups_moved_out = 0  # handed over to another worker by a repack
         self.kv_imported = 0  # KV states taken over with a moved group (no re-prefill)
         self.kv_refused = 0  # ... that this engine could not use (another version, ...)
+        self.catch_up_timeouts = 0  # leases started below the version the scheduler asked
         self._staging: torch.Tensor | None = None  # receive buffer reused across pulls
 
     def refresh_weights(self) -> bool:
@@ -268,6 +271,22 @@ class RolloutWorker:
         except grpc.RpcError as err:  # they lapse instead
             log.warning("could not hand back %d leases: %s", len(active), err)
 
+    def _catch_up(self, min_version: int, stop: threading.Event) -> None:
+        """Before starting new prompts, move to at least `min_version` if a relay can serve
+        it soon: tokens of older weights would be dropped as stale. The trainer has already
+        published it; the relay may still be receiving. Gives up after a fraction of the
+        lease TTL rather than let the leases lapse."""
+        deadline = time.monotonic() + CATCH_UP_SHARE * self.cfg.scheduler.lease_ttl_s
+        while self.engine.version < min_version and not stop.is_set():
+            if self.refresh_weights():
+                continue
+            if time.monotonic() > deadline:
+                log.warning("still on version %d, below the %d the scheduler asked for; "
+                            "generating anyway", self.engine.version, min_version)
+                self.catch_up_timeouts += 1
+                return
+            stop.wait(CATCH_UP_POLL_S)
+
     def _refill(self, active: list[ActiveGroup], stop: threading.Event) -> float:
         """Lease about as many prompts as there are free seats for (capacity:
         rollout.max_active_groups groups' worth of sequences); new groups join at the next
@@ -288,6 +307,8 @@ class RolloutWorker:
         if resp.done and not active:
             log.info("scheduler has no more prompts; idling")
             return 1.0
+        if resp.leases:
+            self._catch_up(resp.min_version, stop)
         for lease in resp.leases:
             if stop.is_set():  # not started: hand it back for re-issue now
                 self.scheduler.release(self.worker_id, lease.lease_id)

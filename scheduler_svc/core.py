@@ -35,6 +35,7 @@ class SchedulerCore(LeaseClient):
                                   repack_below=cfg.scheduler.repack_below,
                                   reservation_s=cfg.scheduler.repack_reservation_s)
         self.last_repack = 0.0
+        self.trainer_version = 0  # as of the last refresh
         self.redis = redis
         self.keys = RunKeys(cfg.run_id)
         self.task = make_task(cfg.task)
@@ -51,6 +52,7 @@ class SchedulerCore(LeaseClient):
         """Expire lapsed leases and learn how many of its prompts the trainer has stepped past
         (trained or dropped as stale)."""
         finished = int(self.redis.get(self.keys.prompts_finished) or 0)
+        self.trainer_version = int(self.redis.get(self.keys.trainer_version) or 0)
         with self.lock:
             self.policy.set_finished(finished)
             failed_before = set(self.policy.failed)
@@ -102,7 +104,8 @@ class SchedulerCore(LeaseClient):
             leases.append(LeasedPrompt(g.lease_id, p.prompt_id, p.text, p.reference, g.attempt,
                                        self.partials.get(g.prompt_id, b""),
                                        self.kv_handoffs.pop(g.prompt_id, ())))
-        return LeaseBatch(leases, done, 0.0 if leases else 0.05)
+        floor = max(0, self.trainer_version - self.cfg.trainer.max_staleness)
+        return LeaseBatch(leases, done, 0.0 if leases else 0.05, floor)
 
     def complete(self, worker_id: str, lease_id: str) -> bool:
         with self.lock:

@@ -46,7 +46,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             partial_state=lp.partial_state, kv_states=lp.kv_states)
             for lp in batch.leases]
         return scheduler_pb2.LeaseResponse(leases=leases, done=batch.done,
-                                           retry_after_s=batch.retry_after_s)
+                                           retry_after_s=batch.retry_after_s,
+                                           min_policy_version=batch.min_version)
 
     def Complete(self, request, context):
         return scheduler_pb2.CompleteResponse(

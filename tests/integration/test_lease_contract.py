@@ -218,3 +218,12 @@ def test_a_recalled_lease_whose_target_does_not_come_goes_to_anyone(setup):
     again = client.acquire("w2", 1).leases[0]
     assert (again.prompt_id, again.attempt) == (tail.prompt_id, 1)
     assert core.policy.counters.leases_moved == 0
+
+
+def test_leases_name_the_oldest_weights_worth_starting_with(setup, redis):
+    client, core, _, _ = setup
+    redis.set(RunKeys("leases").trainer_version, 6)
+    core.refresh()
+    batch = client.acquire("w0", 1)
+    # tokens older than trainer version 6 - trainer.max_staleness (4) would be dropped
+    assert batch.leases and batch.min_version == 6 - core.cfg.trainer.max_staleness

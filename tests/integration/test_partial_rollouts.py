@@ -192,3 +192,15 @@ def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stac
     assert sorted(s.response_tokens[:4].tolist() for s in moved) == sorted(
         seq.tokens[:4] for seq in saved.sequences)  # b's two segments, continued by a
     assert (core.policy.counters.leases_recalled, core.policy.counters.leases_moved) == (1, 1)
+
+
+def test_a_worker_behind_the_required_version_catches_up_before_it_starts(stack):
+    cfg, r, core, _, tiny_lm = stack
+    store = VersionStore(4)
+    worker = make_worker(cfg, r, core, tiny_lm, 0, store)
+    weights = load_model(tiny_lm.path).model.state_dict()
+    store.publish(2, 2, weights)
+    worker._catch_up(2, threading.Event())
+    assert worker.engine.version == 2 and worker.catch_up_timeouts == 0
+    worker._catch_up(5, threading.Event())  # no relay serves 5: it waits, then goes on
+    assert worker.engine.version == 2 and worker.catch_up_timeouts == 1

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n relayrl/proto/v1/scheduler.proto\x12\nrelayrl.v1\"5\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"U\n\x10RegisterResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\"<\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\treference\x18\x03 \x01(\t\"\x87\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\"\n\x06prompt\x18\x02 \x01(\x0b\x32\x12.relayrl.v1.Prompt\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\r\n\x05ttl_s\x18\x04 \x01(\x01\x12\x15\n\rpartial_state\x18\x05 \x01(\x0c\x12\x11\n\tkv_states\x18\x06 \x03(\x0c\"6\n\x0cLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_prompts\x18\x02 \x01(\x05\"W\n\rLeaseResponse\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.relayrl.v1.Lease\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\"6\n\x0f\x43ompleteRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"$\n\x10\x43ompleteResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"I\n\x13SaveProgressRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\x0c\"9\n\x14SaveProgressResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07release\x18\x02 \x01(\x08\"W\n\x0eReleaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\x0c\x12\x11\n\tkv_states\x18\x04 \x03(\x0c\"#\n\x0fReleaseResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"=\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\x18\n\x16SchedulerStatusRequest\"\xa3\x04\n\x0fSchedulerStatus\x12\x12\n\nhanded_out\x18\x01 \x01(\x03\x12\x16\n\x0eleases_granted\x18\x02 \x01(\x03\x12\x18\n\x10leases_completed\x18\x03 \x01(\x03\x12\x16\n\x0eleases_expired\x18\x04 \x01(\x03\x12\x15\n\ractive_leases\x18\x05 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\x03\x12\x10\n\x08\x66inished\x18\x07 \x01(\x03\x12\x0f\n\x07workers\x18\x08 \x01(\x05\x12\x0c\n\x04\x64one\x18\t \x01(\x08\x12H\n\x0fworker_versions\x18\n \x03(\x0b\x32/.relayrl.v1.SchedulerStatus.WorkerVersionsEntry\x12\x17\n\x0fleases_released\x18\x0b \x01(\x03\x12\x16\n\x0epartial_groups\x18\x0c \x01(\x03\x12\x44\n\rworker_leases\x18\r \x03(\x0b\x32-.relayrl.v1.SchedulerStatus.WorkerLeasesEntry\x12\x17\n\x0fleases_recalled\x18\x0e \x01(\x03\x12\x14\n\x0cleases_moved\x18\x0f \x01(\x03\x1a\x35\n\x13WorkerVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x33\n\x11WorkerLeasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x8b\x04\n\tScheduler\x12\x45\n\x08Register\x12\x1b.relayrl.v1.RegisterRequest\x1a\x1c.relayrl.v1.RegisterResponse\x12\x44\n\rAcquireLeases\x12\x18.relayrl.v1.LeaseRequest\x1a\x19.relayrl.v1.LeaseResponse\x12\x45\n\x08\x43omplete\x12\x1b.relayrl.v1.CompleteRequest\x1a\x1c.relayrl.v1.CompleteResponse\x12Q\n\x0cSaveProgress\x12\x1f.relayrl.v1.SaveProgressRequest\x1a .relayrl.v1.SaveProgressResponse\x12\x42\n\x07Release\x12\x1a.relayrl.v1.ReleaseRequest\x1a\x1b.relayrl.v1.ReleaseResponse\x12H\n\tHeartbeat\x12\x1c.relayrl.v1.HeartbeatRequest\x1a\x1d.relayrl.v1.HeartbeatResponse\x12I\n\x06Status\x12\".relayrl.v1.SchedulerStatusRequest\x1a\x1b.relayrl.v1.SchedulerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n relayrl/proto/v1/scheduler.proto\x12\nrelayrl.v1\"5\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"U\n\x10RegisterResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\"<\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\treference\x18\x03 \x01(\t\"\x87\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\"\n\x06prompt\x18\x02 \x01(\x0b\x32\x12.relayrl.v1.Prompt\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\r\n\x05ttl_s\x18\x04 \x01(\x01\x12\x15\n\rpartial_state\x18\x05 \x01(\x0c\x12\x11\n\tkv_states\x18\x06 \x03(\x0c\"6\n\x0cLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_prompts\x18\x02 \x01(\x05\"s\n\rLeaseResponse\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.relayrl.v1.Lease\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\x12\x1a\n\x12min_policy_version\x18\x04 \x01(\x03\"6\n\x0f\x43ompleteRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"$\n\x10\x43ompleteResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"I\n\x13SaveProgressRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\x0c\"9\n\x14SaveProgressResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07release\x18\x02 \x01(\x08\"W\n\x0eReleaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\x0c\x12\x11\n\tkv_states\x18\x04 \x03(\x0c\"#\n\x0fReleaseResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"=\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\x18\n\x16SchedulerStatusRequest\"\xa3\x04\n\x0fSchedulerStatus\x12\x12\n\nhanded_out\x18\x01 \x01(\x03\x12\x16\n\x0eleases_granted\x18\x02 \x01(\x03\x12\x18\n\x10leases_completed\x18\x03 \x01(\x03\x12\x16\n\x0eleases_expired\x18\x04 \x01(\x03\x12\x15\n\ractive_leases\x18\x05 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\x03\x12\x10\n\x08\x66inished\x18\x07 \x01(\x03\x12\x0f\n\x07workers\x18\x08 \x01(\x05\x12\x0c\n\x04\x64one\x18\t \x01(\x08\x12H\n\x0fworker_versions\x18\n \x03(\x0b\x32/.relayrl.v1.SchedulerStatus.WorkerVersionsEntry\x12\x17\n\x0fleases_released\x18\x0b \x01(\x03\x12\x16\n\x0epartial_groups\x18\x0c \x01(\x03\x12\x44\n\rworker_leases\x18\r \x03(\x0b\x32-.relayrl.v1.SchedulerStatus.WorkerLeasesEntry\x12\x17\n\x0fleases_recalled\x18\x0e \x01(\x03\x12\x14\n\x0cleases_moved\x18\x0f \x01(\x03\x1a\x35\n\x13WorkerVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x33\n\x11WorkerLeasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x8b\x04\n\tScheduler\x12\x45\n\x08Register\x12\x1b.relayrl.v1.RegisterRequest\x1a\x1c.relayrl.v1.RegisterResponse\x12\x44\n\rAcquireLeases\x12\x18.relayrl.v1.LeaseRequest\x1a\x19.relayrl.v1.LeaseResponse\x12\x45\n\x08\x43omplete\x12\x1b.relayrl.v1.CompleteRequest\x1a\x1c.relayrl.v1.CompleteResponse\x12Q\n\x0cSaveProgress\x12\x1f.relayrl.v1.SaveProgressRequest\x1a .relayrl.v1.SaveProgressResponse\x12\x42\n\x07Release\x12\x1a.relayrl.v1.ReleaseRequest\x1a\x1b.relayrl.v1.ReleaseResponse\x12H\n\tHeartbeat\x12\x1c.relayrl.v1.HeartbeatRequest\x1a\x1d.relayrl.v1.HeartbeatResponse\x12I\n\x06Status\x12\".relayrl.v1.SchedulerStatusRequest\x1a\x1b.relayrl.v1.SchedulerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,31 +46,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASEREQUEST']._serialized_start=390
   _globals['_LEASEREQUEST']._serialized_end=444
   _globals['_LEASERESPONSE']._serialized_start=446
-  _globals['_LEASERESPONSE']._serialized_end=533
-  _globals['_COMPLETEREQUEST']._serialized_start=535
-  _globals['_COMPLETEREQUEST']._serialized_end=589
-  _globals['_COMPLETERESPONSE']._serialized_start=591
-  _globals['_COMPLETERESPONSE']._serialized_end=627
-  _globals['_SAVEPROGRESSREQUEST']._serialized_start=629
-  _globals['_SAVEPROGRESSREQUEST']._serialized_end=702
-  _globals['_SAVEPROGRESSRESPONSE']._serialized_start=704
-  _globals['_SAVEPROGRESSRESPONSE']._serialized_end=761
-  _globals['_RELEASEREQUEST']._serialized_start=763
-  _globals['_RELEASEREQUEST']._serialized_end=850
-  _globals['_RELEASERESPONSE']._serialized_start=852
-  _globals['_RELEASERESPONSE']._serialized_end=887
-  _globals['_HEARTBEATREQUEST']._serialized_start=889
-  _globals['_HEARTBEATREQUEST']._serialized_end=950
-  _globals['_HEARTBEATRESPONSE']._serialized_start=952
-  _globals['_HEARTBEATRESPONSE']._serialized_end=986
-  _globals['_SCHEDULERSTATUSREQUEST']._serialized_start=988
-  _globals['_SCHEDULERSTATUSREQUEST']._serialized_end=1012
-  _globals['_SCHEDULERSTATUS']._serialized_start=1015
-  _globals['_SCHEDULERSTATUS']._serialized_end=1562
-  _globals['_SCHEDULERSTATUS_WORKERVERSIONSENTRY']._serialized_start=1456
-  _globals['_SCHEDULERSTATUS_WORKERVERSIONSENTRY']._serialized_end=1509
-  _globals['_SCHEDULERSTATUS_WORKERLEASESENTRY']._serialized_start=1511
-  _globals['_SCHEDULERSTATUS_WORKERLEASESENTRY']._serialized_end=1562
-  _globals['_SCHEDULER']._serialized_start=1565
-  _globals['_SCHEDULER']._serialized_end=2088
+  _globals['_LEASERESPONSE']._serialized_end=561
+  _globals['_COMPLETEREQUEST']._serialized_start=563
+  _globals['_COMPLETEREQUEST']._serialized_end=617
+  _globals['_COMPLETERESPONSE']._serialized_start=619
+  _globals['_COMPLETERESPONSE']._serialized_end=655
+  _globals['_SAVEPROGRESSREQUEST']._serialized_start=657
+  _globals['_SAVEPROGRESSREQUEST']._serialized_end=730
+  _globals['_SAVEPROGRESSRESPONSE']._serialized_start=732
+  _globals['_SAVEPROGRESSRESPONSE']._serialized_end=789
+  _globals['_RELEASEREQUEST']._serialized_start=791
+  _globals['_RELEASEREQUEST']._serialized_end=878
+  _globals['_RELEASERESPONSE']._serialized_start=880
+  _globals['_RELEASERESPONSE']._serialized_end=915
+  _globals['_HEARTBEATREQUEST']._serialized_start=917
+  _globals['_HEARTBEATREQUEST']._serialized_end=978
+  _globals['_HEARTBEATRESPONSE']._serialized_start=980
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1014
+  _globals['_SCHEDULERSTATUSREQUEST']._serialized_start=1016
+  _globals['_SCHEDULERSTATUSREQUEST']._serialized_end=1040
+  _globals['_SCHEDULERSTATUS']._serialized_start=1043
+  _globals['_SCHEDULERSTATUS']._serialized_end=1590
+  _globals['_SCHEDULERSTATUS_WORKERVERSIONSENTRY']._serialized_start=1484
+  _globals['_SCHEDULERSTATUS_WORKERVERSIONSENTRY']._serialized_end=1537
+  _globals['_SCHEDULERSTATUS_WORKERLEASESENTRY']._serialized_start=1539
+  _globals['_SCHEDULERSTATUS_WORKERLEASESENTRY']._serialized_end=1590
+  _globals['_SCHEDULER']._serialized_start=1593
+  _globals['_SCHEDULER']._serialized_end=2116
 # @@protoc_insertion_point(module_scope)

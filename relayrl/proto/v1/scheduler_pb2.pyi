@@ -161,10 +161,16 @@ class LeaseResponse(_message.Message):
     LEASES_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_S_FIELD_NUMBER: _builtins.int
+    MIN_POLICY_VERSION_FIELD_NUMBER: _builtins.int
     done: _builtins.bool
     """no prompt will ever be handed out again"""
     retry_after_s: _builtins.float
     """set when nothing is available right now"""
+    min_policy_version: _builtins.int
+    """The oldest weights these prompts may start under: the trainer's version minus the
+    staleness bound. Tokens of an older version would only be dropped as stale, so a
+    worker behind it waits (a little) for its relay to serve a newer version first.
+    """
     @_builtins.property
     def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Lease]: ...
     def __init__(
@@ -173,10 +179,11 @@ class LeaseResponse(_message.Message):
         leases: _abc.Iterable[Global___Lease] | None = ...,
         done: _builtins.bool = ...,
         retry_after_s: _builtins.float = ...,
+        min_policy_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "leases", b"leases", "retry_after_s", b"retry_after_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "leases", b"leases", "min_policy_version", b"min_policy_version", "retry_after_s", b"retry_after_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

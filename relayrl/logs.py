@@ -21,11 +21,21 @@ class JsonFormatter(logging.Formatter):
     """time (ISO 8601, UTC), level, service, logger, message, and exception when there is
     one; anything passed in `extra=` rides along."""
 
-    _standard = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
-
     def __init__(self, service: str):
         super().__init__()
         self.service = service
+        self._factory = None
+        self._standard: set[str] = set()
+
+    def standard_fields(self) -> set[str]:
+        """What every record has, from the record factory in use now: a library may install
+        one that adds its own attributes (vLLM does), and those are not `extra=` fields."""
+        factory = logging.getLogRecordFactory()
+        if factory is not self._factory:
+            blank = factory("", logging.INFO, "", 0, "", (), None)
+            self._standard = set(vars(blank)) | {"message", "asctime"}
+            self._factory = factory
+        return self._standard
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -40,8 +50,9 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
+        standard = self.standard_fields()
         for key, value in vars(record).items():
-            if key not in self._standard and key not in entry:
+            if key not in standard and key not in entry:
                 entry[key] = value
         return json.dumps(entry, default=str)
 

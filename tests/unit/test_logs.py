@@ -38,6 +38,22 @@ def test_exception_text_and_extra_fields_ride_along():
     assert entry["version"] == 3 and entry["message"] == "pull failed"
 
 
+def test_attributes_a_record_factory_adds_to_every_record_are_not_extras():
+    original = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs):  # as vLLM installs one
+        rec = original(*args, **kwargs)
+        rec.process_label = "MainProcess"
+        return rec
+
+    logging.setLogRecordFactory(factory)
+    try:
+        entry = json.loads(JsonFormatter("relay").format(record("x", version=3)))
+    finally:
+        logging.setLogRecordFactory(original)
+    assert "process_label" not in entry and entry["version"] == 3
+
+
 def test_the_variable_picks_the_format(monkeypatch):
     monkeypatch.delenv("RELAYRL_LOG_FORMAT", raising=False)
     assert not isinstance(make_formatter("x"), JsonFormatter)

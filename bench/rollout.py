@@ -1,6 +1,6 @@
 """Rollout throughput through the service against the raw engine, measured in one run.
 
-    python bench/rollout.py [--engines torch,vllm] [--prompts 64] [--n 8] [--batch-prompts 8]
+    python bench/rollout.py [--engines torch,vllm] [--prompts 256] [--n 8] [--batch-prompts 8]
                             [--concurrency 16] [--max-new-tokens 32] [--rounds 3]
 
 For each engine: the raw engine in this process generates the workload (P prompts, n
@@ -104,7 +104,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "examples/tiny_cpu.yaml"))
     parser.add_argument("--engines", default="torch,vllm")
-    parser.add_argument("--prompts", type=int, default=64)
+    # enough engine calls per round that the one batch the batcher starts short (clients
+    # arrive over the first milliseconds) is a small share of the round
+    parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--batch-prompts", type=int, default=8,
                         help="prompts per engine call, raw and served")

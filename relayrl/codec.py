@@ -16,7 +16,9 @@ class CodecError(ValueError):
 
 
 def encode_array(arr: np.ndarray) -> dict[str, Any]:
-    arr = np.ascontiguousarray(arr)
+    arr = np.asarray(arr)
+    if not arr.flags.c_contiguous:  # not ascontiguousarray: it turns a 0-d array into 1-d
+        arr = arr.copy(order="C")
     if arr.dtype.name not in _ALLOWED_DTYPES:
         raise CodecError(f"dtype {arr.dtype.name} is not supported on the wire")
     return {"dtype": arr.dtype.name, "shape": list(arr.shape), "data": arr.tobytes()}

@@ -69,20 +69,43 @@ class Sample:
             raise CodecError(f"{where}: expected a map")
         _require(obj, where, prompt_id=int, lease_id=str, worker_id=str, reward=(int, float),
                  finish_reason=str, reward_error=str)
-        return cls(
-            prompt_id=obj["prompt_id"],
-            lease_id=obj["lease_id"],
-            worker_id=obj["worker_id"],
-            prompt_tokens=decode_array(obj.get("prompt_tokens"), f"{where}.prompt_tokens"),
-            response_tokens=decode_array(obj.get("response_tokens"), f"{where}.response_tokens"),
-            logprobs=decode_array(obj.get("logprobs"), f"{where}.logprobs"),
-            versions=decode_array(obj.get("versions"), f"{where}.versions"),
-            reward=float(obj["reward"]),
-            finish_reason=obj["finish_reason"],
-            reward_error=obj["reward_error"],
-            loss_mask=(decode_array(obj["loss_mask"], f"{where}.loss_mask")
-                       if "loss_mask" in obj else None),
-        )
+        try:
+            return cls(
+                prompt_id=obj["prompt_id"],
+                lease_id=obj["lease_id"],
+                worker_id=obj["worker_id"],
+                prompt_tokens=_ints(obj, "prompt_tokens", where, 2**31),
+                response_tokens=_ints(obj, "response_tokens", where, 2**31),
+                logprobs=_floats(obj, "logprobs", where),
+                versions=_ints(obj, "versions", where, 2**63),
+                reward=float(obj["reward"]),
+                finish_reason=obj["finish_reason"],
+                reward_error=obj["reward_error"],
+                loss_mask=_ints(obj, "loss_mask", where, 2) if "loss_mask" in obj else None,
+            )
+        except CodecError as err:  # name the sample's place, e.g. batch.groups[2].samples[5]
+            msg = str(err)
+            if where != "sample" and msg.startswith("sample."):
+                msg = where + msg[len("sample"):]
+            raise CodecError(msg) from None
+
+
+def _ints(obj: dict[str, Any], name: str, where: str, bound: int) -> np.ndarray:
+    """An integer array, refused rather than cast when it holds floats or values that the
+    field's type cannot hold (a float token id would silently become another token)."""
+    arr = decode_array(obj.get(name), f"{where}.{name}")
+    if arr.dtype.kind not in "iub":
+        raise CodecError(f"{where}.{name}: expected integers, got {arr.dtype.name}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= bound):
+        raise CodecError(f"{where}.{name}: values must be in [0, {bound})")
+    return arr
+
+
+def _floats(obj: dict[str, Any], name: str, where: str) -> np.ndarray:
+    arr = decode_array(obj.get(name), f"{where}.{name}")
+    if arr.dtype.kind != "f":
+        raise CodecError(f"{where}.{name}: expected floats, got {arr.dtype.name}")
+    return arr
 
 
 def _require(obj: dict[str, Any], where: str, **types: Any) -> None:

@@ -34,9 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import run_stack  # noqa: E402
+from bench.common import assign_free_ports, run_stack  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.grpc_util import free_ports  # noqa: E402
 
 MODES = ("sync", "async", "async_segments", "async_repack")
 STALENESS = 2
@@ -44,26 +43,25 @@ STALENESS = 2
 
 def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
     data = base.model_dump(mode="json")
-    relay, sched, buf, trainer, rollout = free_ports(5)
     # sync generates one training batch at a time; async may keep up to (staleness + 1)
     # batches in flight, so its workers run larger batches
     groups = args.groups
     in_flight = groups if mode == "sync" else groups * (STALENESS + 1)
     active = max(1, -(-in_flight // args.workers))
     data.update(run_id=f"longtail-{mode}", run_dir=str(run_dir))
-    data["relay"]["endpoint"]["port"] = relay
-    data["scheduler"].update(endpoint={"port": sched}, start_after_workers=args.workers,
+    data["scheduler"].update(start_after_workers=args.workers,
                              max_inflight_prompts=groups if mode == "sync" else 0,
                              repack=mode == "async_repack")
-    data["buffer"].update(endpoint={"port": buf}, groups_per_batch=groups)
-    data["trainer"].update(endpoint={"port": trainer}, max_steps=args.steps,
+    data["buffer"].update(groups_per_batch=groups)
+    data["trainer"].update(max_steps=args.steps,
                            max_staleness=STALENESS, eval_every=0, checkpoint_every=args.steps,
                            plot_every=args.steps, progress=False)
-    data["rollout"].update(base_port=rollout, num_workers=args.workers,
+    data["rollout"].update(num_workers=args.workers,
                            max_active_groups=active, max_new_tokens=args.max_tokens,
                            synthetic_length_median=args.median,
                            synthetic_length_p99_ratio=args.p99_ratio,
                            segment_tokens=args.segment if mode.startswith("async_") else 0)
+    assign_free_ports(data)  # after num_workers: workers need a block of consecutive ports
     return RunConfig.model_validate(data)
 
 

@@ -95,7 +95,8 @@ class CustomGenerator:
             room = req.spec.max_new_tokens - len(made[live[0]])
             spec = SamplingSpec(max_new_tokens=min(chunk_tokens, room),
                                 temperature=req.spec.temperature, greedy=req.spec.greedy,
-                                seed=None if req.spec.seed is None else req.spec.seed + step)
+                                seed=None if req.spec.seed is None else req.spec.seed + step,
+                                keep_state=True)
             with self.engine.lock:
                 version = self.engine.version
                 outs = self.engine.generate([req.prompt + made[i] for i in live], spec)

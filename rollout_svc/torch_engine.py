@@ -58,15 +58,16 @@ class TorchEngine(Engine):
         with self.lock:
             self.use_threads()
             t0 = time.monotonic()
-            keeping = self.states.capacity_tokens > 0
-            prior = [self.states.longest_prefix(c) for c in contexts] if keeping else None
+            caching = self.states.capacity_tokens > 0
+            keeping = caching and spec.keep_state
+            prior = [self.states.longest_prefix(c) for c in contexts] if caching else None
             outs, finals = sample_with_kv(
                 self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
                 eos_id=-1 if spec.ignore_eos else self.lm.eos_id, pad_id=self.lm.pad_id,
                 temperature=spec.temperature, greedy=spec.greedy, generator=generator,
                 states=prior, return_states=keeping, version=self._version)
-            if keeping:
-                self._keep(prior, outs, finals)
+            if caching:
+                self._keep(prior, outs, finals if keeping else None)
             self.busy_s += time.monotonic() - t0
         self.tokens_generated += sum(len(o.tokens) for o in outs)
         return outs
@@ -93,13 +94,15 @@ class TorchEngine(Engine):
                                  f"{self.states.capacity_tokens}")
 
     def _keep(self, prior: list[SequenceKV | None], outs: list[Completion],
-              finals: list[SequenceKV]) -> None:
-        """Replace each used state by its extension; only a sequence that ran out of budget
-        will be continued, so only its state is worth the room."""
+              finals: list[SequenceKV] | None) -> None:
+        """Drop each used state and keep its extension if asked (`finals`); only a sequence
+        that ran out of budget will be continued, so only its state is worth the room."""
         for used in prior:
             if used is not None:
                 self.tokens_resumed += len(used)
                 self.states.pop(used.tokens)
+        if finals is None:
+            return
         for out, final in zip(outs, finals, strict=True):
             if out.finish_reason == "length":
                 self.states.put(final)

@@ -144,7 +144,8 @@ class RolloutWorker:
         if rc.segment_tokens:
             budget = min(budget, rc.segment_tokens)
         spec = SamplingSpec(max_new_tokens=budget, temperature=rc.temperature,
-                            ignore_eos=bool(rc.synthetic_length_median))
+                            ignore_eos=bool(rc.synthetic_length_median),
+                            keep_state=bool(rc.segment_tokens))
         with self.engine.lock:  # no swap between reading the version and sampling with it
             version = self.engine.version
             outs = self.engine.generate([g.prompt_tokens + s.tokens for g, s, _ in todo], spec)

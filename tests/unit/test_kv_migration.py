@@ -21,7 +21,7 @@ def prompts() -> list[list[int]]:
 
 
 def greedy(n: int) -> SamplingSpec:
-    return SamplingSpec(max_new_tokens=n, greedy=True, ignore_eos=True)
+    return SamplingSpec(max_new_tokens=n, greedy=True, ignore_eos=True, keep_state=True)
 
 
 def extend(contexts, outs):

@@ -39,6 +39,29 @@ def split_stale(batch: Batch, version: int, max_staleness: int) -> Split:
     return Split(kept, stale)
 
 
+LAG_BUCKETS = 8  # lags above this (but within the bound) share one bucket
+
+
+def lag_bucket_names(max_staleness: int) -> list[str]:
+    exact = [str(k) for k in range(min(max_staleness, LAG_BUCKETS) + 1)]
+    wide = [f"{LAG_BUCKETS + 1}plus"] if max_staleness > LAG_BUCKETS else []
+    return [f"staleness/samples_lag_{b}" for b in [*exact, *wide, "over"]]
+
+
+def lag_histogram(batch: Batch, version: int, max_staleness: int) -> dict[str, int]:
+    """Samples of the batch per staleness lag (versions between the sample's oldest token and
+    `version`): one bucket per lag up to LAG_BUCKETS, one for the rest the bound admits, and
+    `over` for those it drops. Every bucket is always present, so a dashboard's series never
+    start mid-run."""
+    hist = dict.fromkeys(lag_bucket_names(max_staleness), 0)
+    for g in batch.groups:
+        lag = max(version - g.oldest_version, 0)
+        bucket = ("over" if lag > max_staleness
+                  else str(lag) if lag <= LAG_BUCKETS else f"{LAG_BUCKETS + 1}plus")
+        hist[f"staleness/samples_lag_{bucket}"] += len(g.samples)
+    return hist
+
+
 def split_uniform(groups: list[Group]) -> tuple[list[Group], list[Group]]:
     """(groups whose rewards differ, groups whose rewards all agree): the latter carry no
     group-relative signal, and DAPO's dynamic sampling leaves them out of the step."""

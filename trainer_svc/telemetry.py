@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from relayrl.exporter import MetricSpec, ServiceMetrics
+from trainer_svc.batching import LAG_BUCKETS, lag_bucket_names
 
 if TYPE_CHECKING:
     from trainer_svc.trainer import Trainer
@@ -26,6 +27,8 @@ STEP_METRICS = (
     MetricSpec("staleness/lag_mean", "gauge",
                "Mean versions between a sample's oldest token and the trainer."),
     MetricSpec("staleness/lag_max", "gauge", "Largest such lag in the last step."),
+    *(MetricSpec(name, "gauge", f"Samples of the last batch with lag {name.rsplit('_', 1)[1]}.")
+      for name in lag_bucket_names(LAG_BUCKETS + 1)),
     MetricSpec("weights/publish_stall_s", "gauge", "Seconds the last publish held training."),
     MetricSpec("weights/publish_copy_s", "gauge", "Seconds the last snapshot copy took."),
     MetricSpec("weights/publish_send_s", "gauge", "Seconds the last send to the relay took."),

@@ -22,7 +22,7 @@ from relayrl.models import LoadedModel
 from relayrl.streams import ensure_group, read_group
 from relayrl.tasks import make_task
 from trainer_svc import checkpoint
-from trainer_svc.batching import collate, split_stale, split_uniform
+from trainer_svc.batching import collate, lag_histogram, split_stale, split_uniform
 from trainer_svc.distributed import Parallel
 from trainer_svc.learner import Learner
 from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
@@ -163,7 +163,8 @@ class Trainer:
         record: dict = {"step": self.step + 1, "train/groups_dropped_stale": len(split.stale),
                         "train/samples_dropped_stale": dropped_samples,
                         "train/groups_filtered_uniform": len(uniform),
-                        "train/samples_filtered_uniform": filtered_samples}
+                        "train/samples_filtered_uniform": filtered_samples,
+                        **lag_histogram(batch, version, self.tc.max_staleness)}
         if kept:
             record.update(self._optimize(kept, version))
         self.step += 1

@@ -1,0 +1,40 @@
+"""The per-step staleness histogram: samples counted by the lag of their oldest token."""
+
+import pytest
+
+from relayrl.messages import Batch, Group, Sample
+from trainer_svc.batching import lag_histogram, split_stale
+
+pytestmark = pytest.mark.unit
+
+
+def group(prompt_id: int, versions: list[list[int]]) -> Group:
+    """One sample per entry of `versions`, whose tokens carry those version tags."""
+    return Group(prompt_id, [
+        Sample(prompt_id=prompt_id, lease_id="L", worker_id="w", prompt_tokens=[1],
+               response_tokens=[2] * len(v), logprobs=[-1.0] * len(v), versions=v, reward=0.0)
+        for v in versions])
+
+
+def test_samples_fall_in_the_bucket_of_their_groups_oldest_token():
+    # trainer at version 10, bound 3: a group's lag is set by its oldest token anywhere in it
+    batch = Batch("b", [group(1, [[10, 10], [10]]),      # lag 0, 2 samples
+                        group(2, [[9, 10], [8, 10, 10]]),  # oldest 8: lag 2, 2 samples
+                        group(3, [[7]]),                    # lag 3: the bound, kept
+                        group(4, [[5, 10], [10]])])         # lag 5: over, 2 samples dropped
+    hist = lag_histogram(batch, 10, 3)
+    assert hist == {"staleness/samples_lag_0": 2, "staleness/samples_lag_1": 0,
+                    "staleness/samples_lag_2": 2, "staleness/samples_lag_3": 1,
+                    "staleness/samples_lag_over": 2}
+    split = split_stale(batch, 10, 3)
+    assert hist["staleness/samples_lag_over"] == sum(len(g.samples) for g in split.stale)
+
+
+def test_a_large_bound_keeps_the_bucket_count_small():
+    batch = Batch("b", [group(1, [[0]]), group(2, [[50]]), group(3, [[91]]), group(4, [[100]])])
+    hist = lag_histogram(batch, 100, 60)
+    assert len(hist) == 11  # lags 0-8, 9 up to the bound, over
+    assert hist["staleness/samples_lag_0"] == 1
+    assert hist["staleness/samples_lag_9plus"] == 2  # lags 9 and 50
+    assert hist["staleness/samples_lag_over"] == 1
+    assert sum(hist.values()) == 4

@@ -46,7 +46,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     path = [p for p in key.strip().split(".") if p]
     if not path:
         raise ConfigError(f"override {text!r} has an empty field name")
-    return path, yaml.safe_load(raw)
+    try:
+        return path, yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML: {err}") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -66,7 +69,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return data

@@ -65,11 +65,15 @@ class Manifest:
     def from_proto(cls, m: relay_pb2.Manifest) -> Manifest:
         if m.version < 1:
             raise WeightError(f"manifest.version must be >= 1, got {m.version}")
+        if not m.shards:
+            raise WeightError("manifest.shards: a version must carry at least one shard")
         shards = []
         for s in m.shards:
             if not s.name or s.nbytes < 0 or not s.checksum:
                 raise WeightError(f"manifest.shards[{s.name!r}]: name, nbytes and checksum needed")
             dtype = _dtype(s.dtype)
+            if any(d < 0 for d in s.shape):
+                raise WeightError(f"manifest.shards[{s.name!r}].shape has a negative size")
             numel = 1
             for d in s.shape:
                 numel *= d

@@ -9,9 +9,9 @@ engines ignore end-of-sequence). Three modes on the same prompts and lengths:
 - sync: one batch of prompts in flight; the next is handed out only once the trainer has
   stepped past it, so generation and training alternate and each batch waits for its longest
   response.
-- async: trajectory-level asynchrony (staleness bound 2, so up to three batches of prompts in
-  flight): workers keep generating, in larger batches, while the trainer trains; each engine
-  call still runs until its longest response ends.
+- async: trajectory-level asynchrony (staleness bound `--staleness`, 2 by default, so up to
+  three batches of prompts in flight): workers keep generating, in larger batches, while the
+  trainer trains; each engine call still runs until its longest response ends.
 - async_segments: as async, with responses generated in segments: finished prompts leave
   and new ones join every `--segment` tokens, so a long response never holds a batch.
 - async_repack: as async_segments, with the scheduler repacking: when no new prompt can be
@@ -38,7 +38,6 @@ from bench.common import assign_free_ports, run_stack  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 
 MODES = ("sync", "async", "async_segments", "async_repack")
-STALENESS = 2
 
 
 def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
@@ -46,7 +45,7 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
     # sync generates one training batch at a time; async may keep up to (staleness + 1)
     # batches in flight, so its workers run larger batches
     groups = args.groups
-    in_flight = groups if mode == "sync" else groups * (STALENESS + 1)
+    in_flight = groups if mode == "sync" else groups * (args.staleness + 1)
     active = max(1, -(-in_flight // args.workers))
     data.update(run_id=f"longtail-{mode}", run_dir=str(run_dir))
     data["scheduler"].update(start_after_workers=args.workers,
@@ -54,7 +53,7 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
                              repack=mode == "async_repack")
     data["buffer"].update(groups_per_batch=groups)
     data["trainer"].update(max_steps=args.steps,
-                           max_staleness=STALENESS, eval_every=0, checkpoint_every=args.steps,
+                           max_staleness=args.staleness, eval_every=0, checkpoint_every=args.steps,
                            plot_every=args.steps, progress=False)
     data["rollout"].update(num_workers=args.workers,
                            max_active_groups=active, max_new_tokens=args.max_tokens,
@@ -94,6 +93,8 @@ def main() -> None:
     parser.add_argument("--p99-ratio", type=float, default=10.0)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--segment", type=int, default=16)
+    parser.add_argument("--staleness", type=int, default=2,
+                        help="trainer.max_staleness of every mode (sync never exceeds 0)")
     args = parser.parse_args()
     if not 1 <= args.warmup < args.steps:
         raise ValueError("--warmup: must be in 1..steps-1")
@@ -101,7 +102,8 @@ def main() -> None:
     base = load_run_config(args.config)
     result: dict = {"bench": "longtail", "steps": args.steps, "groups": args.groups,
                     "group_size": base.buffer.group_size, "workers": args.workers,
-                    "median": args.median, "p99_ratio": args.p99_ratio}
+                    "median": args.median, "p99_ratio": args.p99_ratio,
+                    "staleness": args.staleness}
     with tempfile.TemporaryDirectory(prefix="relayrl-longtail-") as tmp:
         for mode in args.modes.split(","):
             if mode not in MODES:

@@ -1,5 +1,6 @@
-"""The `relayrl` command: up (run every service locally), prepare (build the model), status,
-simulate (a large cluster, as discrete events)."""
+"""The `relayrl` command: up (run every service locally), prepare (build the model), services
+(each service's gRPC status), audit, health, simulate (a large cluster, as discrete events),
+and the control API's status, pause, resume, stop and workers (relayrl.control_client)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def cmd_prepare(args) -> int:
     return 0
 
 
-def cmd_status(args) -> int:
+def cmd_services(args) -> int:
     cfg = _load(args)
     import grpc
     from google.protobuf.json_format import MessageToDict
@@ -129,6 +130,18 @@ def cmd_audit(args) -> int:
     return 0 if report.balanced else 1
 
 
+def cmd_control(args) -> int:
+    """status, pause, resume, stop, workers: one call to the scheduler's REST control API."""
+    from relayrl.control_client import ControlError, resolve_endpoint, run_command
+
+    cfg = _load(args) if args.config else None
+    try:
+        return run_command(args.command, resolve_endpoint(args.url, args.token, cfg), args.json)
+    except ControlError as err:
+        print(f"relayrl {args.command}: {err}", file=sys.stderr)
+        return 1
+
+
 def cmd_health(args) -> int:
     """Exit 0 only if the gRPC service at the address reports SERVING (container probes)."""
     from relayrl.grpc_util import check_health
@@ -158,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, text in (("up", cmd_up, "start every service locally and train"),
                            ("prepare", cmd_prepare, "build and cache the model only"),
-                           ("status", cmd_status, "query a running run's services"),
+                           ("services", cmd_services, "query each service of a running run"),
                            ("audit", cmd_audit,
                             "reconcile a run's prompt ledger (a run config or run directory); "
                             "exit 1 if it does not balance")):
@@ -167,6 +180,21 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="SECTION.FIELD=VALUE", help="override a config field")
         p.set_defaults(fn=fn)
+    for name, text in (("status", "the run's state, step, reward, throughput and workers"),
+                       ("pause", "hand out no lease until resumed (leases out finish)"),
+                       ("resume", "hand out leases again after a pause"),
+                       ("stop", "graceful stop: finish and train what is out, checkpoint, end"),
+                       ("workers", "the registered rollout workers")):
+        p = sub.add_parser(name, help=text + " (REST control API)")
+        p.add_argument("--url", help="control API, e.g. http://127.0.0.1:8080 "
+                       "(default: $RELAYRL_API_URL, else from --config)")
+        p.add_argument("--token", help="bearer token (default: $RELAYRL_API_TOKEN, or the "
+                       "variable the config's scheduler.rest_token_env names)")
+        p.add_argument("--config", help="run config YAML: the API's address and token variable")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="SECTION.FIELD=VALUE", help="override a config field")
+        p.add_argument("--json", action="store_true", help="print the API's JSON answer")
+        p.set_defaults(fn=cmd_control)
     p = sub.add_parser("health", help="exit 0 if a service's gRPC health check says SERVING")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds")

@@ -40,6 +40,27 @@ class RunKeys:
         """Hash of prompt id -> saved PartialGroup of prompts being generated in segments."""
         return self._k("scheduler:partials")
 
+    @property
+    def run_state(self) -> str:
+        """The operator's word on the run: running, paused or stopping (relayrl.control)."""
+        return self._k("control:state")
+
+    @property
+    def live_settings(self) -> str:
+        """Hash of the settings an operator changed during the run (relayrl.control)."""
+        return self._k("control:settings")
+
+    @property
+    def stop_target(self) -> str:
+        """Set once a stopping run has nothing left out: the scheduler prompts the trainer
+        must have finished before it writes its last checkpoint and exits."""
+        return self._k("control:stop_target")
+
+    @property
+    def recent_metrics(self) -> str:
+        """List of the trainer's latest metrics records (JSON), newest first, capped."""
+        return self._k("trainer:recent_metrics")
+
     def ledger(self, name: str) -> str:
         """Sets of prompt ids: leased, failed, batched, consumed, dropped."""
         assert name in LEDGER_SETS, name

@@ -10,8 +10,10 @@ import logging
 import threading
 import time
 
+from relayrl import control
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
+from relayrl.control import LiveSettings, RunState, SettingsChange
 from relayrl.keys import RunKeys
 from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt, ProgressReply
 from relayrl.partial import PartialGroup
@@ -47,6 +49,33 @@ class SchedulerCore(LeaseClient):
         # KV states of repacked prompts' sequences, for their next holder: memory only, since
         # losing them costs a re-prefill, not a token
         self.kv_handoffs: dict[int, tuple[bytes, ...]] = {}
+        # an operator's pause or stop and changed settings outlive a scheduler restart
+        self.policy.control.state = control.read_run_state(redis, self.keys)
+        self.settings = control.read_settings(redis, self.keys, cfg)
+        self._apply(self.settings)
+
+    def _apply(self, settings: LiveSettings) -> None:
+        if not self.cfg.scheduler.max_inflight_prompts:  # derived from the staleness bound
+            self.policy.max_inflight = (self.cfg.buffer.groups_per_batch
+                                        * (settings.max_staleness + 1))
+
+    def change_settings(self, change: SettingsChange) -> LiveSettings:
+        with self.lock:
+            settings = change.applied_to(self.settings)
+            control.write_settings(self.redis, self.keys, settings)
+            self.settings = settings
+            self._apply(settings)
+        log.info("live settings now %s", settings.model_dump())
+        return settings
+
+    def set_run_state(self, action: str) -> RunState:
+        """pause, resume or stop; TransitionError when the state does not allow it."""
+        with self.lock:
+            getattr(self.policy.control, action)()
+            state = self.policy.control.state
+            control.write_run_state(self.redis, self.keys, state)
+        log.info("run %s: %s", action, state.value)
+        return state
 
     def refresh(self) -> None:
         """Expire lapsed leases and learn how many of its prompts the trainer has stepped past
@@ -58,12 +87,16 @@ class SchedulerCore(LeaseClient):
             failed_before = set(self.policy.failed)
             lapsed = self.policy.expire(self.clock())
             newly_failed = self.policy.failed - failed_before
+            drained = self.policy.control.stopping and self.policy.done
+            target = self.policy.handed_out - len(self.policy.failed)
         for lease in lapsed:
             log.warning("lease %s of prompt %d on %s expired (attempt %d)", lease.lease_id,
                         lease.prompt_id, lease.worker_id, lease.attempt)
         if newly_failed:
             self.redis.sadd(self.keys.ledger("failed"), *sorted(newly_failed))
             self._forget_partials(newly_failed)
+        if drained:  # nothing is out any more: the trainer may end once it has all of it
+            self.redis.set(self.keys.stop_target, target)
         interval = self.cfg.scheduler.repack_interval_s
         if interval and self.clock() - self.last_repack >= interval:
             self.repack()
@@ -104,7 +137,7 @@ class SchedulerCore(LeaseClient):
             leases.append(LeasedPrompt(g.lease_id, p.prompt_id, p.text, p.reference, g.attempt,
                                        self.partials.get(g.prompt_id, b""),
                                        self.kv_handoffs.pop(g.prompt_id, ())))
-        floor = max(0, self.trainer_version - self.cfg.trainer.max_staleness)
+        floor = max(0, self.trainer_version - self.settings.max_staleness)
         return LeaseBatch(leases, done, 0.0 if leases else 0.05, floor)
 
     def complete(self, worker_id: str, lease_id: str) -> bool:

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from relayrl.repack import Move, plan_moves
+from scheduler_svc.run_control import RunControl
 
 
 @dataclass
@@ -77,6 +78,7 @@ class LeasePolicy:
     draining: set[str] = field(default_factory=set)  # workers that get no new leases
     reserved: dict[int, tuple[str, float]] = field(default_factory=dict)  # prompt -> (to, until)
     counters: Counters = field(default_factory=Counters)
+    control: RunControl = field(default_factory=RunControl)  # pause, resume, stop
     _next_lease: int = 0
 
     @property
@@ -89,8 +91,8 @@ class LeasePolicy:
 
     @property
     def done(self) -> bool:
-        return (self.max_prompts > 0 and self.cursor >= self.max_prompts
-                and not self.requeue and not self.leases)
+        capped = self.max_prompts > 0 and self.cursor >= self.max_prompts
+        return ((capped or self.control.stopping) and not self.requeue and not self.leases)
 
     def leases_by_worker(self) -> dict[str, int]:
         counts = dict.fromkeys(self.workers, 0)
@@ -146,7 +148,7 @@ class LeasePolicy:
         if worker_id not in self.workers:
             self.register(worker_id, now)
         self.workers[worker_id].last_seen = now
-        if worker_id in self.draining:
+        if worker_id in self.draining or not self.control.leases_allowed:
             return []
         if not self.started:
             if len(self.workers) < self.start_after_workers:
@@ -183,6 +185,8 @@ class LeasePolicy:
         return pick
 
     def _may_hand_out_new(self) -> bool:
+        if not self.control.new_prompts_allowed:
+            return False
         if self.max_prompts and self.cursor >= self.max_prompts:
             return False
         return self.inflight < self.max_inflight

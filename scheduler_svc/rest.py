@@ -1,6 +1,8 @@
 """The scheduler's REST control API: see workers and leases, drain a worker and bring it
-back, trigger a repack of long-tail sequences. Every /v1 route needs `Authorization: Bearer
-<token>`; the schema is at /openapi.json and the interactive docs at /docs."""
+back, trigger a repack of long-tail sequences; the run's status, pause, resume, graceful
+stop, live settings and recent metrics (scheduler_svc.rest_run). Every /v1 route needs
+`Authorization: Bearer <token>`; the schema is at /openapi.json (checked in as
+docs/openapi.json) and the interactive docs at /docs."""
 
 from __future__ import annotations
 
@@ -9,65 +11,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field
 
 from scheduler_svc.core import SchedulerCore
+from scheduler_svc.rest_models import (
+    DrainRequest,
+    LeaseView,
+    MoveView,
+    RepackRequest,
+    WorkerView,
+)
+from scheduler_svc.rest_run import run_routes
 
 _BEARER = HTTPBearer(auto_error=False)
-
-
-class WorkerView(BaseModel):
-    worker_id: str
-    policy_version: int = Field(description="Version the worker last reported running.")
-    last_seen_s_ago: float = Field(description="Seconds since its last heartbeat or request.")
-    active_leases: int
-    draining: bool = Field(description="True: it is given no new leases.")
-
-
-class LeaseView(BaseModel):
-    lease_id: str
-    prompt_id: int
-    worker_id: str
-    attempt: int = Field(description="1 for the prompt's first lease, 2 for its first re-issue...")
-    expires_in_s: float = Field(description="Seconds until it lapses unless renewed.")
-    has_saved_tokens: bool = Field(description="Partial rollout state is held for its prompt.")
-    unfinished_sequences: int | None = Field(
-        description="Sequences still generating at the last saved segment; null before one.")
-    recalled_to: str | None = Field(
-        description="A repack moves it to this worker at the holder's next segment boundary.")
-
-
-class RepackRequest(BaseModel):
-    force: bool = Field(
-        True, description="Plan even while new prompts wait to be handed out (the automatic "
-        "repack waits until none do, since idle seats then fill with new prompts).")
-
-
-class MoveView(BaseModel):
-    lease_id: str
-    sequences: int = Field(description="Unfinished sequences it carries.")
-    from_worker: str
-    to_worker: str
-
-
-class DrainRequest(BaseModel):
-    lapse_leases: bool = Field(
-        False, description="Also take the worker's current leases back now (they are re-issued "
-        "to others, with any saved token state); otherwise they finish where they are.")
-
-
-class StatusView(BaseModel):
-    handed_out: int
-    inflight: int
-    finished: int
-    failed: int
-    leases_granted: int
-    leases_completed: int
-    leases_expired: int
-    leases_released: int
-    leases_recalled: int
-    leases_moved: int
-    done: bool
 
 
 def build_rest_app(core: SchedulerCore, token: str):
@@ -141,19 +96,6 @@ def build_rest_app(core: SchedulerCore, token: str):
                                     ) from None
         return one_worker(worker_id)
 
-    @api.get("/status", response_model=StatusView)
-    def status():
-        with core.lock:
-            c = policy.counters
-            return StatusView(handed_out=policy.handed_out, inflight=policy.inflight,
-                              finished=policy.finished, failed=len(policy.failed),
-                              leases_granted=c.leases_granted,
-                              leases_completed=c.leases_completed,
-                              leases_expired=c.leases_expired,
-                              leases_released=c.leases_released,
-                              leases_recalled=c.leases_recalled, leases_moved=c.leases_moved,
-                              done=policy.done)
-
     @api.post("/repack", response_model=list[MoveView])
     def repack(body: RepackRequest | None = None):
         """Plan a repack now: workers left with a few long sequences hand them, with their
@@ -164,5 +106,6 @@ def build_rest_app(core: SchedulerCore, token: str):
         return [MoveView(lease_id=m.item, sequences=m.size, from_worker=m.source,
                          to_worker=m.target) for m in moves]
 
+    run_routes(api, core)
     app.include_router(api)
     return app

@@ -1,0 +1,148 @@
+"""The run-wide control routes on a real HTTP server in front of a real scheduler core and a
+real Redis: pause, resume, graceful stop, live settings, status and recent metrics; what
+they change is what the services read (Redis), and survives a scheduler restart."""
+
+import httpx
+import pytest
+
+from relayrl import control
+from relayrl.config import RunConfig
+from relayrl.http_server import BackgroundHTTPServer
+from relayrl.redis_conn import EmbeddedRedis, connect
+from scheduler_svc.core import SchedulerCore
+from scheduler_svc.rest import build_rest_app
+from tests.conftest import free_ports
+
+pytestmark = pytest.mark.integration
+TOKEN = "s3cret-token"
+CFG = {"run_id": "ctl", "scheduler": {"lease_ttl_s": 30, "max_attempts": 2},
+       "rollout": {"samples_per_prompt": 2, "temperature": 1.0},
+       "buffer": {"group_size": 2, "groups_per_batch": 2}, "trainer": {"max_staleness": 1}}
+
+
+@pytest.fixture
+def stack(tmp_path):
+    server = EmbeddedRedis(tmp_path)
+    redis = connect(server.url)
+    cfg = RunConfig.model_validate(CFG)
+    core = SchedulerCore(cfg, redis)
+    (port,) = free_ports(1)
+    http = BackgroundHTTPServer(build_rest_app(core, TOKEN), "127.0.0.1", port, "rest")
+    http.start()
+    client = httpx.Client(base_url=http.address, headers={"Authorization": f"Bearer {TOKEN}"})
+    yield core, client
+    client.close()
+    http.stop()
+    server.shutdown()
+
+
+def test_pause_hands_out_nothing_until_resumed_and_survives_a_restart(stack):
+    core, client = stack
+    core.register("w0", "here")
+    held = core.acquire("w0", 1).leases
+    assert client.post("/v1/pause").json() == {"state": "paused"}
+    assert core.acquire("w0", 2).leases == []
+    assert core.complete("w0", held[0].lease_id)  # what is out still finishes
+    assert client.get("/v1/status").json()["run"]["state"] == "paused"
+    restarted = SchedulerCore(core.cfg, core.redis)
+    restarted.register("w0", "here")
+    assert restarted.acquire("w0", 1).leases == []
+    assert client.post("/v1/resume").json() == {"state": "running"}
+    assert len(core.acquire("w0", 2).leases) == 2
+
+
+def test_stop_finishes_what_is_out_then_sets_the_trainers_target(stack):
+    core, client = stack
+    core.register("w0", "here")
+    out = core.acquire("w0", 3).leases
+    assert client.post("/v1/stop").json() == {"state": "stopping"}
+    assert core.acquire("w0", 2).leases == []  # no new prompt
+    core.refresh()
+    assert client.get("/v1/status").json()["run"]["stop_target"] is None  # still out
+    core.release("w0", out[0].lease_id)  # a handed-back prompt is still finished
+    again = core.acquire("w0", 2)
+    assert [lp.prompt_id for lp in again.leases] == [out[0].prompt_id] and not again.done
+    for lp in [*again.leases, *out[1:]]:
+        assert core.complete("w0", lp.lease_id)
+    assert core.acquire("w0", 1).done
+    core.refresh()
+    status = client.get("/v1/status").json()
+    assert status["done"] and status["run"]["stop_target"] == 3
+    assert control.read_stop_target(core.redis, core.keys) == 3
+    for action in ("resume", "pause"):  # stopping is final
+        resp = client.post(f"/v1/{action}")
+        assert resp.status_code == 409 and "stopping" in resp.json()["detail"]
+    assert client.get("/v1/status").json()["run"]["state"] == "stopping"
+
+
+def test_settings_are_checked_by_field_and_reach_redis_and_the_lease_cap(stack):
+    core, client = stack
+    before = client.get("/v1/settings").json()
+    assert before == {"max_staleness": 1, "temperature": 1.0}
+    for body, field in (({"max_staleness": -1}, "max_staleness"),
+                        ({"temperature": 0}, "temperature"),
+                        ({"temperature": 11}, "temperature"),
+                        ({"max_staleness": "many"}, "max_staleness"),
+                        ({"top_p": 0.5}, "top_p")):
+        resp = client.patch("/v1/settings", json=body)
+        assert resp.status_code == 422, body
+        assert [e["loc"][-1] for e in resp.json()["detail"]] == [field]
+    assert client.get("/v1/settings").json() == before
+    assert core.policy.max_inflight == 2 * (1 + 1)
+    resp = client.patch("/v1/settings", json={"max_staleness": 3})
+    assert resp.json() == {"max_staleness": 3, "temperature": 1.0}
+    assert client.patch("/v1/settings", json={"temperature": 0.7}).json()["max_staleness"] == 3
+    assert core.policy.max_inflight == 2 * (3 + 1)  # the scheduler's cap follows the bound
+    # what the trainer and the workers read, also after a scheduler restart
+    assert control.read_settings(core.redis, core.keys, core.cfg).model_dump() == {
+        "max_staleness": 3, "temperature": 0.7}
+    assert SchedulerCore(core.cfg, core.redis).policy.max_inflight == 8
+    assert client.get("/v1/status").json()["run"]["settings"]["temperature"] == 0.7
+
+
+def test_status_reads_the_trainer_workers_and_buffer(stack):
+    core, client = stack
+    run = client.get("/v1/status").json()["run"]
+    assert run["trainer_step"] == 0 and run["reward_mean"] is None
+    core.register("w0", "here")
+    core.heartbeat("w0", 4)
+    core.redis.set(core.keys.trainer_version, 5)
+    core.redis.xadd(core.keys.trajectories, {"data": b"x"})
+    core.redis.xadd(core.keys.batches, {"data": b"y"})
+    control.push_metrics(core.redis, core.keys, {
+        "step": 5, "train/reward_mean": 0.25, "throughput/samples_per_s": 12.5,
+        "throughput/tokens_per_s": float("nan")}, keep=10)
+    status = client.get("/v1/status").json()
+    run = status["run"]
+    assert run["trainer_step"] == 5 and run["worker_versions"] == {"w0": 4}
+    assert run["buffer"] == {"samples_waiting": 1, "batches_waiting": 1}
+    assert (run["reward_mean"], run["samples_per_s"], run["tokens_per_s"]) == (0.25, 12.5, None)
+    assert status["handed_out"] == 0 and status["done"] is False  # the earlier fields stay
+
+
+def test_metrics_are_the_latest_records_oldest_first(stack):
+    core, client = stack
+    assert client.get("/v1/metrics").json() == []
+    for step in range(1, 31):
+        control.push_metrics(core.redis, core.keys, {"step": step, "train/loss": step / 10},
+                             keep=25)
+    assert [r["step"] for r in client.get("/v1/metrics", params={"last": 3}).json()] == [
+        28, 29, 30]
+    assert len(client.get("/v1/metrics", params={"last": 1000}).json()) == 25
+    assert len(client.get("/v1/metrics").json()) == 20
+    resp = client.get("/v1/metrics", params={"last": 0})
+    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][-1] == "last"
+
+
+def test_run_routes_need_the_token_and_a_refusal_changes_nothing(stack):
+    core, client = stack
+    for method, path in (("POST", "/v1/pause"), ("POST", "/v1/resume"), ("POST", "/v1/stop"),
+                         ("GET", "/v1/settings"), ("PATCH", "/v1/settings"),
+                         ("GET", "/v1/metrics")):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            resp = httpx.request(method, str(client.base_url) + path, headers=headers,
+                                 json={"max_staleness": 7} if method == "PATCH" else None)
+            assert resp.status_code == 401, (method, path, headers)
+    assert control.read_run_state(core.redis, core.keys) is control.RunState.RUNNING
+    assert control.read_settings(core.redis, core.keys, core.cfg).max_staleness == 1
+    assert core.policy.control.state is control.RunState.RUNNING

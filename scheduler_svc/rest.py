@@ -19,13 +19,15 @@ from scheduler_svc.rest_models import (
     MoveView,
     RepackRequest,
     WorkerView,
+    refusals,
 )
 from scheduler_svc.rest_run import run_routes
 
 _BEARER = HTTPBearer(auto_error=False)
 
 
-def build_rest_app(core: SchedulerCore, token: str):
+def build_rest_app(core: SchedulerCore | None, token: str):
+    """The app in front of `core`; None builds it for its OpenAPI schema alone."""
     if not token:
         raise ValueError("scheduler REST API: an empty token would let anyone in")
 
@@ -37,21 +39,21 @@ def build_rest_app(core: SchedulerCore, token: str):
                                 headers={"WWW-Authenticate": "Bearer"})
 
     app = FastAPI(title="RelayRL scheduler control", version="1")
-    api = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
-    policy = core.policy
+    api = APIRouter(prefix="/v1", dependencies=[Depends(authorized)],
+                    responses=refusals(401))
 
     def worker_view(worker_id: str, counts: dict[str, int], now: float) -> WorkerView:
-        w = policy.workers[worker_id]
+        w = core.policy.workers[worker_id]
         return WorkerView(worker_id=worker_id, policy_version=w.policy_version,
                           last_seen_s_ago=round(now - w.last_seen, 3),
                           active_leases=counts.get(worker_id, 0),
-                          draining=worker_id in policy.draining)
+                          draining=worker_id in core.policy.draining)
 
     def one_worker(worker_id: str) -> WorkerView:
         with core.lock:
-            if worker_id not in policy.workers:
+            if worker_id not in core.policy.workers:
                 raise HTTPException(404, f"worker_id: no worker {worker_id!r} has registered")
-            return worker_view(worker_id, policy.leases_by_worker(), core.clock())
+            return worker_view(worker_id, core.policy.leases_by_worker(), core.clock())
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict:
@@ -60,8 +62,8 @@ def build_rest_app(core: SchedulerCore, token: str):
     @api.get("/workers", response_model=list[WorkerView])
     def workers():
         with core.lock:
-            counts, now = policy.leases_by_worker(), core.clock()
-            return [worker_view(w, counts, now) for w in sorted(policy.workers)]
+            counts, now = core.policy.leases_by_worker(), core.clock()
+            return [worker_view(w, counts, now) for w in sorted(core.policy.workers)]
 
     @api.get("/leases", response_model=list[LeaseView])
     def leases():
@@ -74,33 +76,35 @@ def build_rest_app(core: SchedulerCore, token: str):
                               unfinished_sequences=(
                                   None if lease.unfinished < 0 else lease.unfinished),
                               recalled_to=lease.recall_to or None)
-                    for lease in policy.leases.values()]
+                    for lease in core.policy.leases.values()]
 
-    @api.post("/workers/{worker_id}/drain", response_model=WorkerView)
+    @api.post("/workers/{worker_id}/drain", response_model=WorkerView,
+              responses=refusals(400, 404))
     def drain(worker_id: str, body: DrainRequest | None = None):
         with core.lock:
             try:
-                policy.drain(worker_id, body is not None and body.lapse_leases, core.clock())
+                core.policy.drain(worker_id, body is not None and body.lapse_leases, core.clock())
             except KeyError:
                 raise HTTPException(404, f"worker_id: no worker {worker_id!r} has registered"
                                     ) from None
         return one_worker(worker_id)
 
-    @api.post("/workers/{worker_id}/resume", response_model=WorkerView)
+    @api.post("/workers/{worker_id}/resume", response_model=WorkerView,
+              responses=refusals(404))
     def resume(worker_id: str):
         with core.lock:
             try:
-                policy.undrain(worker_id)
+                core.policy.undrain(worker_id)
             except KeyError:
                 raise HTTPException(404, f"worker_id: no worker {worker_id!r} has registered"
                                     ) from None
         return one_worker(worker_id)
 
-    @api.post("/repack", response_model=list[MoveView])
+    @api.post("/repack", response_model=list[MoveView], responses=refusals(400, 409))
     def repack(body: RepackRequest | None = None):
         """Plan a repack now: workers left with a few long sequences hand them, with their
         token state, to the fullest workers with room. Needs scheduler.repack."""
-        if not policy.worker_capacity:
+        if not core.policy.worker_capacity:
             raise HTTPException(409, "scheduler.repack is off in this run's config")
         moves = core.repack(force=body is None or body.force)
         return [MoveView(lease_id=m.item, sequences=m.size, from_worker=m.source,

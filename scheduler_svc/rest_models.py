@@ -9,6 +9,18 @@ from pydantic import BaseModel, Field
 from relayrl.control import LiveSettings, RunState
 
 
+class ErrorView(BaseModel):
+    detail: str = Field(description="What was wrong, naming the field or the state.")
+
+
+def refusals(*codes: int) -> dict:
+    """OpenAPI `responses` for the refusals a route may answer with."""
+    text = {400: "a body that is not JSON", 401: "missing or wrong bearer token",
+            404: "no such worker",
+            409: "not allowed in the run's present state or config"}
+    return {c: {"model": ErrorView, "description": text[c]} for c in codes}
+
+
 class WorkerView(BaseModel):
     worker_id: str
     policy_version: int = Field(description="Version the worker last reported running.")

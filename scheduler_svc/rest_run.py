@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query
 from relayrl import control
 from relayrl.control import LiveSettings, SettingsChange
 from scheduler_svc.core import SchedulerCore
-from scheduler_svc.rest_models import MetricsRecord, RunStateView, StatusView
+from scheduler_svc.rest_models import MetricsRecord, RunStateView, StatusView, refusals
 from scheduler_svc.run_control import TransitionError
 from scheduler_svc.run_status import run_status
 
@@ -18,7 +18,6 @@ RECENT_METRICS_KEPT = 1000  # records the trainer keeps in Redis for GET /v1/met
 
 
 def run_routes(api: APIRouter, core: SchedulerCore) -> None:
-    policy = core.policy
 
     @api.get("/status", response_model=StatusView)
     def status():
@@ -26,15 +25,15 @@ def run_routes(api: APIRouter, core: SchedulerCore) -> None:
         depth, reward and throughput of the latest step, live settings."""
         run = run_status(core)
         with core.lock:
-            c = policy.counters
-            return StatusView(handed_out=policy.handed_out, inflight=policy.inflight,
-                              finished=policy.finished, failed=len(policy.failed),
+            c = core.policy.counters
+            return StatusView(handed_out=core.policy.handed_out, inflight=core.policy.inflight,
+                              finished=core.policy.finished, failed=len(core.policy.failed),
                               leases_granted=c.leases_granted,
                               leases_completed=c.leases_completed,
                               leases_expired=c.leases_expired,
                               leases_released=c.leases_released,
                               leases_recalled=c.leases_recalled, leases_moved=c.leases_moved,
-                              done=policy.done, run=run)
+                              done=core.policy.done, run=run)
 
     def transition(action: str) -> RunStateView:
         try:
@@ -42,12 +41,12 @@ def run_routes(api: APIRouter, core: SchedulerCore) -> None:
         except TransitionError as err:
             raise HTTPException(409, str(err)) from None
 
-    @api.post("/pause", response_model=RunStateView, responses={409: {}})
+    @api.post("/pause", response_model=RunStateView, responses=refusals(409))
     def pause():
         """Hand out no lease until resumed; the leases out finish and are trained."""
         return transition("pause")
 
-    @api.post("/resume", response_model=RunStateView, responses={409: {}})
+    @api.post("/resume", response_model=RunStateView, responses=refusals(409))
     def resume():
         """Hand out leases again after a pause (409 once the run is stopping)."""
         return transition("resume")
@@ -63,7 +62,7 @@ def run_routes(api: APIRouter, core: SchedulerCore) -> None:
         with core.lock:
             return core.settings
 
-    @api.patch("/settings", response_model=LiveSettings)
+    @api.patch("/settings", response_model=LiveSettings, responses=refusals(400))
     def change_settings(change: SettingsChange):
         """Change live settings; each is checked against its config field's bounds (422
         names the field). The services pick them up at their next step or lease."""

@@ -26,6 +26,17 @@ def parse_service_args(
     return cfg, args
 
 
+def install_run_credentials(cfg: RunConfig) -> None:
+    """This process's gRPC token and TLS, from cfg.auth; exit 2 naming what is missing."""
+    from relayrl import auth
+
+    try:
+        auth.install(auth.load_credentials(cfg.auth))
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def run_service(service: str) -> None:
     """The whole of every `python -m <svc>`: parse the config first, so a bad one fails fast,
     then import the service's server module (torch, transformers, ...) and serve."""
@@ -35,4 +46,5 @@ def run_service(service: str) -> None:
 
     die_with_launcher()
     cfg, _ = parse_service_args(service)
+    install_run_credentials(cfg)
     importlib.import_module(f"{service}.server").serve(cfg)

@@ -1,4 +1,5 @@
-"""gRPC servers and channels with the standard health service and sane limits."""
+"""gRPC servers and channels with the standard health service, sane limits and the run's
+credentials (relayrl.auth: the token checked and sent, TLS when certificates are set)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from relayrl import auth
+from relayrl.grpc_auth import (
+    BearerClientInterceptor,
+    channel_credentials,
+    server_credentials,
+    server_interceptors,
+)
+
 MAX_MESSAGE_BYTES = 64 << 20
 _OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -20,20 +29,40 @@ Registrar = Callable[[Any, grpc.Server], None]
 
 
 def make_server(
-    address: str, servicers: list[tuple[Registrar, Any]], max_workers: int = 16
+    address: str, servicers: list[tuple[Registrar, Any]], max_workers: int = 16,
+    credentials: auth.Credentials | None = None,
 ) -> tuple[grpc.Server, health.HealthServicer]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+    """`credentials` defaults to the process's (auth.current())."""
+    creds = credentials or auth.current()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS,
+                         interceptors=server_interceptors(creds))
     for register, servicer in servicers:
         register(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if server.add_insecure_port(address) == 0:
+    if creds.tls is not None:
+        bound = server.add_secure_port(address, server_credentials(creds.tls))
+    else:
+        bound = server.add_insecure_port(address)
+    if bound == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
     return server, health_servicer
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=_OPTIONS)
+def channel(address: str, credentials: auth.Credentials | None = None,
+            max_message_bytes: int = MAX_MESSAGE_BYTES) -> grpc.Channel:
+    """A channel that sends the token and speaks TLS as `credentials` (default: the
+    process's) say."""
+    creds = credentials or auth.current()
+    options = [("grpc.max_send_message_length", max_message_bytes),
+               ("grpc.max_receive_message_length", max_message_bytes)]
+    if creds.tls is not None:
+        ch = grpc.secure_channel(address, channel_credentials(creds.tls), options=options)
+    else:
+        ch = grpc.insecure_channel(address, options=options)
+    if creds.header is None:
+        return ch
+    return grpc.intercept_channel(ch, BearerClientInterceptor(creds.header))
 
 
 def check_health(address: str, timeout_s: float = 1.0) -> bool:

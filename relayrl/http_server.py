@@ -2,8 +2,35 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+
+from relayrl.auth import bearer_matches
+
+UNAUTHORIZED = json.dumps({"error": {
+    "message": "missing or invalid bearer token: send 'Authorization: Bearer <the run's "
+               "token>' (what the openai client sends as its api_key)",
+    "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}).encode()
+
+
+class BearerGuard:
+    """ASGI middleware: 401 for any HTTP request without `Authorization: Bearer <token>`,
+    before routing or reading the body, so a refused request reaches no handler."""
+
+    def __init__(self, app, token: str):
+        assert token, "an empty token would let anyone in"
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            if not bearer_matches(dict(scope["headers"]).get(b"authorization"), self.token):
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": UNAUTHORIZED})
+                return
+        await self.app(scope, receive, send)
 
 
 class BackgroundHTTPServer:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from relayrl.auth import install_launcher_credentials
 from relayrl.config import RunConfig
 from relayrl.grpc_util import wait_healthy
 from relayrl.procs import child_env
@@ -62,6 +63,7 @@ class Launcher:
         from relayrl.redis_conn import EmbeddedRedis
 
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        install_launcher_credentials(self.cfg.auth)  # children inherit the token by env
         updates = {}
         if not self.cfg.redis.url:
             self.embedded = EmbeddedRedis(self.run_dir, die_with_launcher=True)

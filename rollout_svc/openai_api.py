@@ -3,7 +3,9 @@ episodes: /v1/completions, /v1/chat/completions, /v1/models and /tokenize.
 
 Responses follow OpenAI's shapes, plus what RL needs and OpenAI does not give: each choice's
 `token_ids` and `policy_versions`, the response's `prompt_token_ids` and `policy_version`.
-Fields we do not implement are refused by name rather than silently ignored.
+Fields we do not implement are refused by name rather than silently ignored. Every route
+needs `Authorization: Bearer <the run's token>` (what the `openai` client sends as its
+api_key) unless the run's auth.required is false.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from relayrl.http_server import BackgroundHTTPServer
+from relayrl import auth
+from relayrl.http_server import BackgroundHTTPServer, BearerGuard
 from rollout_svc.custom import CustomGenerator
 
 
@@ -107,11 +110,14 @@ def _error(status: int, message: str, param: str | None = None):
 
 
 def build_app(gen: CustomGenerator, model_name: str,
-              stream_chunk_tokens: int = STREAM_CHUNK_TOKENS):
+              stream_chunk_tokens: int = STREAM_CHUNK_TOKENS, token: str | None = None):
+    """`token` None serves everyone (auth.required false)."""
     from fastapi import FastAPI, HTTPException
     from fastapi.exceptions import RequestValidationError
 
     app = FastAPI(title="RelayRL rollout worker (OpenAI-compatible)", version="1")
+    if token is not None:
+        app.add_middleware(BearerGuard, token=token)
 
     # errors in OpenAI's shape, so its clients show the message naming the field
     @app.exception_handler(HTTPException)
@@ -246,7 +252,11 @@ def build_app(gen: CustomGenerator, model_name: str,
 
 
 class OpenAIServer(BackgroundHTTPServer):
+    """`credentials` defaults to the process's (auth.current()), like the gRPC servers'."""
+
     def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str,
-                 stream_chunk_tokens: int = STREAM_CHUNK_TOKENS):
-        super().__init__(build_app(gen, model_name, stream_chunk_tokens), host, port,
+                 stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
+                 credentials: auth.Credentials | None = None):
+        token = (credentials or auth.current()).token
+        super().__init__(build_app(gen, model_name, stream_chunk_tokens, token), host, port,
                          "openai-http")

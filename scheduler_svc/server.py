@@ -8,6 +8,7 @@ import threading
 
 import grpc
 
+from relayrl.auth import current as current_credentials
 from relayrl.config import RunConfig
 from relayrl.logs import setup_logging
 from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -100,9 +101,10 @@ def serve(cfg: RunConfig) -> None:
     rest = None
     sc = cfg.scheduler
     if sc.rest_port:
-        token = os.environ.get(sc.rest_token_env, "")
+        token = os.environ.get(sc.rest_token_env) or current_credentials().token
         if not token:
-            raise ValueError(f"scheduler.rest_port is set but ${sc.rest_token_env} is empty: "
+            raise ValueError(f"scheduler.rest_port is set but ${sc.rest_token_env} is empty "
+                             f"and so is the run token (auth.required is false): "
                              "the control API needs a bearer token")
         from relayrl.http_server import BackgroundHTTPServer
         from scheduler_svc.rest import build_rest_app

@@ -7,13 +7,17 @@ and the policy answers again. Reward: 0.5 for each correct answer. Every policy 
 the log-probability and policy version the server reported, so the trainer corrects for
 staleness exactly as for its own workers.
 
-    python examples/agent/chain_agent.py --http 127.0.0.1:50580 --buffer 127.0.0.1:50553 \\
-        --groups 4 --group-size 8
+    RELAYRL_TOKEN=<the run's token> python examples/agent/chain_agent.py \\
+        --http 127.0.0.1:50580 --buffer 127.0.0.1:50553 --groups 4 --group-size 8
+
+Both servers want the run's shared token as `Authorization: Bearer <token>`: the openai client
+sends its api_key that way, and the gRPC call carries it as metadata.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 
 import grpc
@@ -24,16 +28,19 @@ from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
 
 
 class ChainEpisodes:
-    def __init__(self, http: str, model: str, max_tokens: int, temperature: float):
+    def __init__(self, http: str, model: str, max_tokens: int, temperature: float,
+                 token: str):
         self.base = f"http://{http}"
-        self.client = openai.OpenAI(base_url=f"{self.base}/v1", api_key="unused")
+        self.client = openai.OpenAI(base_url=f"{self.base}/v1", api_key=token)
+        self.headers = {"Authorization": f"Bearer {token}"}
         self.model = model
         self.max_tokens = max_tokens
         self.temperature = temperature
 
     def tokenize(self, text: str, special: bool) -> list[int]:
         resp = httpx.post(f"{self.base}/tokenize",
-                          json={"prompt": text, "add_special_tokens": special}, timeout=30)
+                          json={"prompt": text, "add_special_tokens": special},
+                          headers=self.headers, timeout=30)
         resp.raise_for_status()
         return resp.json()["tokens"]
 
@@ -73,17 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--token-env", default="RELAYRL_TOKEN",
+                    help="environment variable holding the run's token (= auth.token_env)")
     args = ap.parse_args(argv)
+    token = os.environ.get(args.token_env, "")  # empty: a run with auth.required false
 
     rng = random.Random(args.seed)
-    episodes = ChainEpisodes(args.http, args.model, args.max_tokens, args.temperature)
+    episodes = ChainEpisodes(args.http, args.model, args.max_tokens, args.temperature, token)
     buffer = buffer_pb2_grpc.BufferStub(grpc.insecure_channel(args.buffer))
+    auth = [("authorization", f"Bearer {token}")] if token else []
     hi = 10 ** args.digits - 1
     for g in range(args.groups):
         a, b, c = (rng.randint(0, hi) for _ in range(3))
         trajs = episodes.group(a, b, c, args.group_size)
         resp = buffer.Submit(buffer_pb2.SubmitRequest(trajectories=trajs, source="chain-agent"),
-                             timeout=30)
+                             metadata=auth, timeout=30)
         mean = sum(t.reward for t in trajs) / len(trajs)
         print(f"group {g}: {a}+{b}, +{c}: mean reward {mean:.2f} -> prompt {resp.prompt_id}",
               flush=True)

@@ -2,6 +2,7 @@
 
 from relayrl.config.base import ConfigError, Endpoint
 from relayrl.config.run import RunConfig, load_run_config
+from relayrl.config.security import AuthConfig, TlsConfig
 from relayrl.config.services import (
     BufferConfig,
     ModelConfig,
@@ -14,6 +15,7 @@ from relayrl.config.services import (
 )
 
 __all__ = [
+    "AuthConfig",
     "BufferConfig",
     "ConfigError",
     "Endpoint",
@@ -24,6 +26,7 @@ __all__ = [
     "RunConfig",
     "SchedulerConfig",
     "TaskConfig",
+    "TlsConfig",
     "TrainerConfig",
     "load_run_config",
 ]

@@ -13,6 +13,7 @@ from relayrl.config.base import (
     load_model,
     read_yaml,
 )
+from relayrl.config.security import AuthConfig
 from relayrl.config.services import (
     BufferConfig,
     ModelConfig,
@@ -35,6 +36,8 @@ class RunConfig(StrictModel):
     )
     run_dir: str = Field("runs/tiny", description="Metrics, checkpoints, logs and plots.")
     redis: RedisConfig = Field(default_factory=RedisConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig,
+                             description="Shared token and gRPC TLS of every service.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     relay: RelayConfig = Field(default_factory=RelayConfig)

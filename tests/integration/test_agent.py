@@ -3,6 +3,7 @@ multi-turn episodes through a worker's OpenAI-compatible server and submits them
 buffer, and the trainer trains on them alongside the scheduler's prompts, every one
 accounted for."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,12 +30,13 @@ def test_agent_groups_are_trained_and_the_books_balance(tmp_path):
     try:
         launcher.start()
         cfg = launcher.cfg
+        env = {**os.environ, "RELAYRL_TOKEN": os.environ[cfg.auth.token_env]}  # the run's
         agent = subprocess.run(
             [sys.executable, str(ROOT / "examples/agent/chain_agent.py"),
              "--http", f"127.0.0.1:{http_port}", "--buffer", cfg.buffer.endpoint.address,
              "--groups", str(AGENT_GROUPS), "--group-size", str(GROUP_SIZE),
              "--max-tokens", "3"],
-            capture_output=True, text=True, timeout=120, cwd=ROOT)
+            capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
         assert agent.returncode == 0, agent.stderr
         assert agent.stdout.count("mean reward") == AGENT_GROUPS
         assert launcher.wait() == 0

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.grpc_util import check_health
+from relayrl.grpc_util import channel, check_health
 from relayrl.launcher import Launcher
 from relayrl.proto.v1 import buffer_pb2, relay_pb2, rollout_pb2, scheduler_pb2, trainer_pb2
 from tests.conftest import small_stack_config
@@ -59,8 +59,7 @@ def test_no_malformed_input_kills_or_stops_a_service(stack):
         if module is None:
             continue
         (service,) = module.DESCRIPTOR.services_by_name.values()
-        with grpc.insecure_channel(child.address, options=[
-                ("grpc.max_send_message_length", 128 << 20)]) as ch:
+        with channel(child.address, max_message_bytes=128 << 20) as ch:  # with the token
             for method in service.methods:
                 path = f"/{service.full_name}/{method.name}"
                 for payload in payloads(rng, method):

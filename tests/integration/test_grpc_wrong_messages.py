@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-import redis as redis_lib
 from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,6 +27,7 @@ from relayrl.proto.v1 import (
     trainer_pb2,
     trainer_pb2_grpc,
 )
+from relayrl.redis_conn import connect
 from tests.conftest import small_stack_config
 
 pytestmark = pytest.mark.integration
@@ -115,7 +115,7 @@ def state(launcher: Launcher) -> dict:
         trainer_pb2.TrainerStatusRequest(), timeout=10)
     worker = rollout_pb2_grpc.RolloutStub(channel(address["rollout-0"])).Status(
         rollout_pb2.RolloutStatusRequest(), timeout=10)
-    r = redis_lib.Redis.from_url(cfg.redis.url)
+    r = connect(cfg.redis.url)  # with the run's Redis password, if it has one
     sizes = {"stream": r.xlen, "hash": r.hlen, "list": r.llen, "set": r.scard, "zset": r.zcard,
              "string": r.strlen}
     keys = {}

@@ -98,7 +98,7 @@ def render_compose(env: dict[str, str]) -> dict:
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return render_compose({"RELAYRL_API_TOKEN": "test-token"})
+    return render_compose({"RELAYRL_TOKEN": "test-token"})
 
 
 def compose_config(svc: dict) -> tuple[str, RunConfig]:
@@ -111,7 +111,7 @@ def compose_config(svc: dict) -> tuple[str, RunConfig]:
 
 
 def test_compose_token_is_required():
-    with pytest.raises(KeyError, match="RELAYRL_API_TOKEN"):
+    with pytest.raises(KeyError, match="RELAYRL_TOKEN"):
         render_compose({})
 
 
@@ -157,7 +157,8 @@ def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
     workers = sorted(cfg.rollout.worker_index for m, cfg in runs.values() if m == "rollout_svc")
     cfg = runs["scheduler"][1]
     assert workers == list(range(cfg.rollout.num_workers))
-    assert cfg.scheduler.rest_token_env in services["scheduler"]["environment"]
+    for name, (_, run) in runs.items():  # the REST API takes the run's token too
+        assert services[name]["environment"][run.auth.token_env] == "test-token", name
     assert cfg.scheduler.rest_host == "0.0.0.0"
     assert [p.rsplit(":", 1)[1] for p in services["scheduler"]["ports"]] == [
         str(cfg.scheduler.rest_port)]
@@ -309,10 +310,10 @@ def test_k8s_shape(manifests, k8s_run_config, tmp_path):
     trainer = by_kind(manifests, "Job")["trainer"]["spec"]["template"]["spec"]
     assert trainer["restartPolicy"] == "OnFailure"
     assert shlex.join(trainer["containers"][0]["command"]).startswith("torchrun ")
-    scheduler = by_kind(manifests, "Deployment")["scheduler"]["spec"]["template"]["spec"]
-    env = {e["name"]: e for e in scheduler["containers"][0]["env"]}
-    assert cfg.scheduler.rest_token_env in env, "the scheduler gets no REST API token"
-    assert env[cfg.scheduler.rest_token_env]["valueFrom"]["secretKeyRef"]["key"] == "token"
+    for w, c, _, run in k8s_runs(manifests, k8s_run_config, tmp_path, ordinals=(0,)):
+        env = {e["name"]: e for e in c.get("env", [])}  # the REST API takes the run's token
+        assert env.get(run.auth.token_env, {}).get("valueFrom", {}).get("secretKeyRef") == {
+            "name": "relayrl-token", "key": "token"}, f"{w['metadata']['name']} gets no token"
     assert cfg.scheduler.rest_port in [
         p["port"] for p in by_kind(manifests, "Service")["scheduler"]["spec"]["ports"]]
     claims = set(by_kind(manifests, "PersistentVolumeClaim"))

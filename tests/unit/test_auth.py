@@ -1,0 +1,103 @@
+"""The auth config and credentials: a required token that is unset stops a service at start
+naming the variable; the explicit opt-out opens it; TLS paths come in pairs; secrets never
+show in URLs printed."""
+
+import os
+
+import pytest
+
+from relayrl import auth
+from relayrl.config import AuthConfig, ConfigError, RunConfig
+from relayrl.config.base import load_model
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def no_installed_credentials():
+    yield
+    auth.install(None)
+
+
+def test_defaults_require_a_token_from_relayrl_token():
+    cfg = RunConfig().auth
+    assert cfg.required and cfg.token_env == "RELAYRL_TOKEN" and not cfg.tls.enabled
+    for name, field in AuthConfig.model_fields.items():
+        assert field.description, name
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"auth": {"tls": {"cert": "c.pem"}}}, "auth.tls"),
+    ({"auth": {"tls": {"ca": "ca.pem"}}}, "auth.tls"),
+    ({"auth": {"token_env": "not a name"}}, "auth.token_env"),
+    ({"auth": {"token": "inline-secret"}}, "auth.token"),
+    ({"auth": {"required": "sometimes"}}, "auth.required"),
+])
+def test_bad_auth_configs_name_the_field(data, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_model(RunConfig, data, "test")
+
+
+def test_unset_required_token_names_the_variable(monkeypatch):
+    monkeypatch.delenv("MY_RUN_TOKEN", raising=False)
+    cfg = AuthConfig(token_env="MY_RUN_TOKEN")
+    with pytest.raises(ValueError, match=r"\$MY_RUN_TOKEN \(auth\.token_env\)"):
+        auth.load_credentials(cfg)
+    monkeypatch.setenv("MY_RUN_TOKEN", "")
+    with pytest.raises(ValueError, match="auth.required"):
+        auth.load_credentials(cfg)
+    monkeypatch.setenv("MY_RUN_TOKEN", "t0k")
+    creds = auth.load_credentials(cfg)
+    assert creds.token == "t0k" and creds.header == "Bearer t0k" and creds.tls is None
+
+
+def test_not_required_sends_and_checks_nothing(monkeypatch):
+    monkeypatch.setenv("RELAYRL_TOKEN", "set-but-ignored")
+    assert auth.load_credentials(AuthConfig(required=False)).token is None
+
+
+def test_unreadable_tls_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("RELAYRL_TOKEN", "t")
+    cfg = AuthConfig(tls={"cert": str(tmp_path / "absent.pem"), "key": str(tmp_path / "k")})
+    with pytest.raises(ValueError, match="auth.tls.cert: cannot read"):
+        auth.load_credentials(cfg)
+
+
+def test_launcher_makes_a_token_once_and_keeps_a_given_one(monkeypatch):
+    monkeypatch.delenv("RUN_TOKEN_T", raising=False)
+    cfg = AuthConfig(token_env="RUN_TOKEN_T")
+    auth.install_launcher_credentials(cfg)
+    made = auth.current().token
+    assert made and len(made) >= 32
+    assert os.environ["RUN_TOKEN_T"] == made  # children inherit it
+    auth.install_launcher_credentials(cfg)
+    assert auth.current().token == made
+    monkeypatch.setenv("RUN_TOKEN_T", "operator-chosen")
+    auth.install_launcher_credentials(cfg)
+    assert auth.current().token == "operator-chosen"
+
+
+def test_opted_out_launcher_makes_no_token(monkeypatch):
+    monkeypatch.delenv("RUN_TOKEN_T", raising=False)
+    auth.install_launcher_credentials(AuthConfig(token_env="RUN_TOKEN_T", required=False))
+    assert auth.current().token is None
+    assert "RUN_TOKEN_T" not in os.environ
+
+
+def test_bearer_matches_only_the_exact_header():
+    assert auth.bearer_matches("Bearer abc", "abc")
+    assert auth.bearer_matches(b"Bearer abc", "abc")
+    for wrong in (None, "", "abc", "Bearer ab", "Bearer abcd", "bearer abc", "Basic abc",
+                  "Bearer abc ", "Bearer \u00e9"):
+        assert not auth.bearer_matches(wrong, "abc"), wrong
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("redis://:s3cret@host:6379/0", "redis://:***@host:6379/0"),
+    ("redis://user:s3cret@host:6379/0", "redis://user:***@host:6379/0"),
+    ("unix://:s3cret@/tmp/redis.sock", "unix://:***@/tmp/redis.sock"),
+    ("redis://host:6379/0", "redis://host:6379/0"),
+    ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock"),
+])
+def test_mask_url_hides_only_the_password(url, shown):
+    assert auth.mask_url(url) == shown

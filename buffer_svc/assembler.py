@@ -50,8 +50,10 @@ class GroupAssembler:
         self.ready.append((Group(sample.prompt_id, [s for _, s in members]), ids))
         return "complete"
 
-    def take_batch(self) -> ReadyBatch | None:
-        if len(self.ready) < self.groups_per_batch:
+    def take_batch(self, short_ok: bool = False) -> ReadyBatch | None:
+        """A full batch, or with `short_ok` whatever complete groups there are (a stopping
+        run trains its last few groups rather than leave them waiting for a full batch)."""
+        if not self.ready or (len(self.ready) < self.groups_per_batch and not short_ok):
             return None
         taken, self.ready = self.ready[:self.groups_per_batch], self.ready[self.groups_per_batch:]
         batch = Batch(batch_id=uuid.uuid4().hex, groups=[g for g, _ in taken])

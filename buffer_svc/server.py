@@ -14,6 +14,7 @@ import grpc
 from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.submit import Submissions
 from buffer_svc.telemetry import buffer_metrics
+from relayrl import control
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import BUFFER_GROUP, RunKeys
@@ -40,6 +41,9 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         self.batches_emitted = 0
         self.submissions = Submissions(redis, self.keys, cfg.buffer.group_size)
         ensure_group(self.r, self.keys.trajectories, BUFFER_GROUP)
+
+    def _stopping(self) -> bool:
+        return control.read_run_state(self.r, self.keys) is control.RunState.STOPPING
 
     def _already_batched(self, prompt_id: int) -> bool:
         return bool(self.r.sismember(self.keys.ledger("batched"), prompt_id))
@@ -80,7 +84,8 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                     continue
                 self.asm.add(entry_id, sample, self._already_batched)
             self._drop(self.asm.take_discard())
-            while (ready := self.asm.take_batch()) is not None:
+            short_ok = self._stopping()  # the last few groups of a stopping run go too
+            while (ready := self.asm.take_batch(short_ok)) is not None:
                 self._emit(ready)
         return [e for e, _ in entries]
 

@@ -20,6 +20,8 @@ from relayrl.config import RunConfig
 from relayrl.config.services import RolloutConfig, TrainerConfig
 from relayrl.keys import RunKeys
 
+RECENT_METRICS_KEPT = 1000  # trainer records kept in Redis for the API's GET /v1/metrics
+
 
 class RunState(str, Enum):
     RUNNING = "running"

@@ -14,8 +14,6 @@ from scheduler_svc.rest_models import MetricsRecord, RunStateView, StatusView, r
 from scheduler_svc.run_control import TransitionError
 from scheduler_svc.run_status import run_status
 
-RECENT_METRICS_KEPT = 1000  # records the trainer keeps in Redis for GET /v1/metrics
-
 
 def run_routes(api: APIRouter, core: SchedulerCore) -> None:
 
@@ -69,6 +67,6 @@ def run_routes(api: APIRouter, core: SchedulerCore) -> None:
         return core.change_settings(change)
 
     @api.get("/metrics", response_model=list[MetricsRecord])
-    def metrics(last: Annotated[int, Query(ge=1, le=RECENT_METRICS_KEPT)] = 20):
+    def metrics(last: Annotated[int, Query(ge=1, le=control.RECENT_METRICS_KEPT)] = 20):
         """The trainer's metrics records of its `last` latest steps, oldest first."""
         return control.read_recent_metrics(core.redis, core.keys, last)

@@ -20,6 +20,7 @@ from relayrl.service import ServiceRunner
 from relayrl.weights.client import RelayClient
 from trainer_svc.distributed import Parallel, close_world, init_world
 from trainer_svc.learner import Learner
+from trainer_svc.operator import OperatorSignals
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.telemetry import trainer_metrics
 from trainer_svc.trainer import Trainer
@@ -62,14 +63,19 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         trainer.latest = record
     if trainer.step > 0:  # resumed: make sure the relay serves what the trainer holds
         trainer.publisher.publish(trainer.step, trainer.step, trainer.learner.weights())
+    operator = OperatorSignals(trainer)
+    halt = operator.watch(stop)  # set by a signal, or by a graceful stop once it is due
     bar = _progress(trainer, tc.progress)
     window: list[tuple[float, int, int]] = []  # (time, samples, tokens) of recent steps
     acc = float("nan")
-    while trainer.step < tc.max_steps and not stop.is_set():
-        got = trainer.next_batch(stop)
+    while trainer.step < tc.max_steps and not halt.is_set():
+        operator.apply_settings()
+        got = trainer.next_batch(halt)
         if got is None:
             break
         record = trainer.train_step(*got)
+        record["control/max_staleness"] = operator.settings.max_staleness
+        record["control/temperature"] = operator.settings.temperature
         if trainer.evaluates and (tc.eval_every and trainer.step % tc.eval_every == 0
                                   or trainer.step == tc.max_steps):
             record.update(trainer.run_eval())
@@ -83,6 +89,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         record["throughput/tokens_per_s"] = (sum(w[2] for w in window) / span
                                              if len(window) > 1 else 0)
         trainer.metrics.write(record)
+        operator.publish(record)
         trainer.latest = {**trainer.latest, **record}
         if trainer.step % tc.checkpoint_every == 0:
             trainer.save_checkpoint()
@@ -96,6 +103,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
     trainer.save_checkpoint()
     draw_plots(trainer)
     trainer.finished = trainer.step >= tc.max_steps
+    halt.set()  # ends the watcher
     log.info("trainer %s at step %d", "finished" if trainer.finished else "stopped", trainer.step)
 
 

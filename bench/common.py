@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from relayrl.config import RunConfig
+from relayrl.auth import install_launcher_credentials
+from relayrl.config import AuthConfig, RunConfig
 from relayrl.grpc_util import free_ports, wait_healthy
 from relayrl.launcher import Launcher
 from relayrl.metrics import read_metrics
@@ -22,9 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def spawn_service(module: str, config: dict, workdir: Path, name: str, address: str,
                   timeout_s: float = 300) -> subprocess.Popen:
     """`python -m module --config` with its log in `workdir`, healthy on `address`; it dies
-    with this script, even on a crash."""
+    with this script, even on a crash. It gets the run's token as from `relayrl up`."""
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
+    install_launcher_credentials(AuthConfig.model_validate(config.get("auth", {})))
     with open(workdir / f"{name}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", module, "--config", str(path)],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=child_env())

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from buffer_svc.submit import Submissions
+from relayrl import auth
 from relayrl.codec import CodecError
 from relayrl.config import RolloutConfig
 from relayrl.grpc_util import channel, make_server
@@ -50,7 +51,8 @@ def http(generator):
     (port,) = free_ports(1)
     server = OpenAIServer(generator, "127.0.0.1", port, MODEL, stream_chunk_tokens=2)
     server.start()
-    yield openai.OpenAI(base_url=f"{server.address}/v1", api_key="unused", max_retries=0)
+    token = auth.current().token or "unused"  # the server requires the process's, if any
+    yield openai.OpenAI(base_url=f"{server.address}/v1", api_key=token, max_retries=0)
     server.stop()
 
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from relayrl.auth import install_launcher_credentials
 from relayrl.config import RunConfig
 from relayrl.exporter import MetricsEndpoint
 from relayrl.grpc_util import check_health
@@ -65,6 +66,7 @@ def services(tmp_path):
     cfg = RunConfig.model_validate(data)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(data))
+    install_launcher_credentials(cfg.auth)  # the services inherit the run's token, as from up
     procs = {name: subprocess.Popen([sys.executable, "-m", f"{name}_svc", "--config", str(path)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for name in SERVICES}

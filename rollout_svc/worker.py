@@ -18,8 +18,10 @@ import grpc
 import redis
 import torch
 
+from relayrl import control
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
+from relayrl.keys import RunKeys
 from relayrl.kv_state import SequenceKV
 from relayrl.leases import LeaseClient, LeasedPrompt
 from relayrl.messages import Sample
@@ -73,6 +75,7 @@ class RolloutWorker:
         self.kv_imported = 0  # KV states taken over with a moved group (no re-prefill)
         self.kv_refused = 0  # ... that this engine could not use (another version, ...)
         self.catch_up_timeouts = 0  # leases started below the version the scheduler asked
+        self.temperature = cfg.rollout.temperature  # the run's live setting, as last read
         self._staging: torch.Tensor | None = None  # receive buffer reused across pulls
 
     def refresh_weights(self) -> bool:
@@ -133,6 +136,16 @@ class RolloutWorker:
         return target_length(group.prompt_id, index, rc.synthetic_length_median,
                              rc.synthetic_length_p99_ratio, rc.max_new_tokens)
 
+    def sampling_temperature(self) -> float:
+        """The run's live sampling temperature (relayrl.control), read for every segment so
+        the trainer rescores at the temperature the tokens were sampled with."""
+        try:
+            settings = control.read_settings(self.writer.r, RunKeys(self.cfg.run_id), self.cfg)
+            self.temperature = settings.temperature
+        except redis.RedisError as err:
+            log.warning("live settings not read (%s); sampling at %s", err, self.temperature)
+        return self.temperature
+
     def generate_segment(self, groups: list[PartialGroup]) -> None:
         """Extend every unfinished sequence of `groups` by at most one segment, in one engine
         call under the engine's current weights; every new token is tagged with that
@@ -143,7 +156,7 @@ class RolloutWorker:
         budget = max(limit - len(s.tokens) for _, s, limit in todo)
         if rc.segment_tokens:
             budget = min(budget, rc.segment_tokens)
-        spec = SamplingSpec(max_new_tokens=budget, temperature=rc.temperature,
+        spec = SamplingSpec(max_new_tokens=budget, temperature=self.sampling_temperature(),
                             ignore_eos=bool(rc.synthetic_length_median),
                             keep_state=bool(rc.segment_tokens))
         with self.engine.lock:  # no swap between reading the version and sampling with it

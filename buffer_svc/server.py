@@ -2,6 +2,11 @@
 
 Trajectory entries are acknowledged (and deleted) in the same transaction that appends the
 batch holding them, so a crash at any point leaves them pending to be read again.
+
+Both streams are bounded: producers admit themselves onto the trajectory stream only under
+buffer.max_pending_samples (relayrl.streams), and this service appends a batch only while
+fewer than buffer.max_pending_batches wait unread by the trainer. A slow trainer therefore
+fills the batch stream, then the trajectory stream, then makes producers wait.
 """
 
 from __future__ import annotations
@@ -10,20 +15,22 @@ import logging
 import threading
 
 import grpc
+from redis import ResponseError
 
 from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.submit import Submissions
 from buffer_svc.telemetry import buffer_metrics
 from relayrl import control
+from relayrl.backpressure import PressureCounters, StoppedWaiting, is_oom, retry_on_oom
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
-from relayrl.keys import BUFFER_GROUP, RunKeys
+from relayrl.keys import BUFFER_GROUP, TRAINER_GROUP, RunKeys
 from relayrl.logs import setup_logging
 from relayrl.messages import decode_sample, encode_batch
 from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
 from relayrl.redis_conn import open_redis
 from relayrl.service import ServiceRunner
-from relayrl.streams import FIELD, ensure_group, read_group
+from relayrl.streams import FIELD, BufferFull, ensure_group, read_group
 
 log = logging.getLogger(__name__)
 CONSUMER = "buffer-0"
@@ -39,8 +46,14 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         self.samples_read = 0
         self.samples_rejected = 0
         self.batches_emitted = 0
-        self.submissions = Submissions(redis, self.keys, cfg.buffer.group_size)
+        self.batches_held = 0  # polls that kept a complete batch back for want of room
+        self.pressure = PressureCounters()  # this service's own writes refused for memory
+        self.submissions = Submissions(redis, self.keys, cfg.buffer.group_size,
+                                       cfg.buffer.max_pending_samples)
+        self.stop = threading.Event()
         ensure_group(self.r, self.keys.trajectories, BUFFER_GROUP)
+        # created here too (both from the start), so unread batches can be counted at once
+        ensure_group(self.r, self.keys.batches, TRAINER_GROUP)
 
     def _stopping(self) -> bool:
         return control.read_run_state(self.r, self.keys) is control.RunState.STOPPING
@@ -48,24 +61,43 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
     def _already_batched(self, prompt_id: int) -> bool:
         return bool(self.r.sismember(self.keys.ledger("batched"), prompt_id))
 
+    def unread_batches(self) -> int:
+        """Batches on the batch stream the trainer has not been handed yet (a read batch
+        stays pending until the checkpoint that acknowledges it)."""
+        pipe = self.r.pipeline(transaction=False)  # Redis refuses MULTI at its memory limit
+        pipe.xlen(self.keys.batches)
+        pipe.xpending(self.keys.batches, TRAINER_GROUP)
+        length, pending = pipe.execute()
+        return length - pending["pending"]
+
     def _emit(self, ready: ReadyBatch) -> None:
         prompt_ids = [g.prompt_id for g in ready.batch.groups]
-        pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.keys.batches, {FIELD: encode_batch(ready.batch)})
-        pipe.sadd(self.keys.ledger("batched"), *prompt_ids)
-        pipe.xack(self.keys.trajectories, BUFFER_GROUP, *ready.entry_ids)
-        pipe.xdel(self.keys.trajectories, *ready.entry_ids)
-        pipe.execute()
+        payload = encode_batch(ready.batch)
+
+        def write() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.xadd(self.keys.batches, {FIELD: payload})
+            pipe.sadd(self.keys.ledger("batched"), *prompt_ids)
+            pipe.xack(self.keys.trajectories, BUFFER_GROUP, *ready.entry_ids)
+            pipe.xdel(self.keys.trajectories, *ready.entry_ids)
+            pipe.execute()
+
+        # a refused transaction wrote nothing; if we stop meanwhile, the entries stay pending
+        # and are read again after a restart
+        retry_on_oom(write, self.pressure, "the buffer's batch append", self.stop)
         self.batches_emitted += 1
         log.info("batch %s: %d groups, prompts %s", ready.batch.batch_id[:8],
                  len(prompt_ids), prompt_ids)
 
     def _drop(self, entry_ids: list[bytes]) -> None:
-        if entry_ids:
+        def write() -> None:
             pipe = self.r.pipeline(transaction=True)
             pipe.xack(self.keys.trajectories, BUFFER_GROUP, *entry_ids)
             pipe.xdel(self.keys.trajectories, *entry_ids)
             pipe.execute()
+
+        if entry_ids:  # at its memory limit Redis refuses any MULTI, even one that frees
+            retry_on_oom(write, self.pressure, "the buffer's drop of duplicates", self.stop)
 
     def poll(self, pending_after: bytes | None = None) -> list[bytes]:
         entries = read_group(self.r, self.keys.trajectories, BUFFER_GROUP, CONSUMER, count=256,
@@ -84,17 +116,36 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                     continue
                 self.asm.add(entry_id, sample, self._already_batched)
             self._drop(self.asm.take_discard())
-            short_ok = self._stopping()  # the last few groups of a stopping run go too
-            while (ready := self.asm.take_batch(short_ok)) is not None:
-                self._emit(ready)
+        self._emit_ready()
         return [e for e, _ in entries]
 
+    def _emit_ready(self) -> None:
+        """Append complete batches while the trainer has room for them. Outside the lock: an
+        append may wait for Redis, and Stats and /metrics must still answer."""
+        room = self.cfg.buffer.max_pending_batches - self.unread_batches()
+        short_ok = self._stopping()  # the last few groups of a stopping run go too
+        while True:
+            with self.lock:
+                if not self.asm.ready or (len(self.asm.ready) < self.asm.groups_per_batch
+                                          and not short_ok):
+                    return
+                if room <= 0:
+                    self.batches_held += 1
+                    return
+                ready = self.asm.take_batch(short_ok)
+            self._emit(ready)
+            room -= 1
+
     def run(self, stop: threading.Event) -> None:
-        after = b"0"  # first the entries read before a restart and never acknowledged
-        while ids := self.poll(pending_after=after):
-            after = ids[-1]
-        while not stop.is_set():
-            self.poll()
+        self.stop = stop
+        try:
+            after = b"0"  # first the entries read before a restart and never acknowledged
+            while ids := self.poll(pending_after=after):
+                after = ids[-1]
+            while not stop.is_set():
+                self.poll()
+        except StoppedWaiting:
+            log.info("stopped while Redis refused writes; unbatched entries stay pending")
 
     def Stats(self, request, context):
         with self.lock:
@@ -113,6 +164,13 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
             prompt_id = self.submissions.submit(request)
         except CodecError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except BufferFull as err:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        except ResponseError as err:
+            if not is_oom(err):
+                raise
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"Redis is at its memory limit; retry later ({err})")
         log.info("accepted an external group from %s as prompt %d",
                  request.source or "an unnamed source", prompt_id)
         return buffer_pb2.SubmitResponse(prompt_id=prompt_id)

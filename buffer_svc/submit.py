@@ -51,11 +51,11 @@ def to_samples(request: buffer_pb2.SubmitRequest, group_size: int, latest_versio
 
 
 class Submissions:
-    def __init__(self, redis, keys: RunKeys, group_size: int):
+    def __init__(self, redis, keys: RunKeys, group_size: int, max_pending: int):
         self.r = redis
         self.keys = keys
         self.group_size = group_size
-        self.writer = TrajectoryWriter(redis, keys)
+        self.writer = TrajectoryWriter(redis, keys, max_pending)
         self.accepted = 0
         self.refused = 0
 
@@ -67,6 +67,8 @@ class Submissions:
             self.refused += 1
             raise
         prompt_id = EXTERNAL_PROMPT_BASE + int(self.r.incr(self.keys.external_ids))
-        self.writer.append(to_samples(request, self.group_size, latest, prompt_id))
+        # never waits: a full buffer or a Redis at its memory limit is the caller's to retry
+        # (an id taken for a refused group is simply never used)
+        self.writer.try_append(to_samples(request, self.group_size, latest, prompt_id))
         self.accepted += 1
         return prompt_id

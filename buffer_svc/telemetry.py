@@ -18,12 +18,18 @@ BUFFER_METRICS = (
     MetricSpec("buffer/batches_emitted", "counter", "Batches appended to the batch stream."),
     MetricSpec("buffer/groups_submitted", "counter", "External groups accepted by Submit."),
     MetricSpec("buffer/submits_refused", "counter", "External groups refused by Submit."),
+    MetricSpec("buffer/batches_held", "counter",
+               "Polls that held complete batches back: buffer.max_pending_batches unread."),
+    MetricSpec("buffer/redis_oom_refusals", "counter",
+               "Batch appends Redis refused at its memory limit (retried, never dropped)."),
     MetricSpec("buffer/partial_groups", "gauge", "Groups still waiting for samples."),
     MetricSpec("buffer/ready_groups", "gauge", "Complete groups waiting for a batch."),
     MetricSpec("buffer/trajectory_stream_len", "gauge",
                "Entries on the trajectory stream (not yet batched)."),
     MetricSpec("buffer/batch_stream_len", "gauge",
                "Batches on the batch stream (not yet acknowledged by the trainer)."),
+    MetricSpec("buffer/batches_unread", "gauge",
+               "Batches on the batch stream the trainer has not read yet."),
 )
 
 
@@ -36,6 +42,8 @@ def buffer_metrics(svc: BufferService) -> ServiceMetrics:
                 "buffer/groups_assembled": svc.asm.groups_assembled,
                 "buffer/groups_duplicate": svc.asm.groups_duplicate,
                 "buffer/batches_emitted": svc.batches_emitted,
+                "buffer/batches_held": svc.batches_held,
+                "buffer/redis_oom_refusals": svc.pressure.oom_refusals,
                 "buffer/groups_submitted": svc.submissions.accepted,
                 "buffer/submits_refused": svc.submissions.refused,
                 "buffer/partial_groups": len(svc.asm.partial),
@@ -44,6 +52,7 @@ def buffer_metrics(svc: BufferService) -> ServiceMetrics:
         # Redis round trips outside the lock: the poll loop needs it
         figures["buffer/trajectory_stream_len"] = svc.r.xlen(svc.keys.trajectories)
         figures["buffer/batch_stream_len"] = svc.r.xlen(svc.keys.batches)
+        figures["buffer/batches_unread"] = svc.unread_batches()
         return figures
 
     return ServiceMetrics(BUFFER_METRICS, snapshot)

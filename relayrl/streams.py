@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
 import redis
 
+from relayrl.backpressure import Backoff, PressureCounters, retry_on_oom
 from relayrl.keys import RunKeys
 from relayrl.messages import Sample, encode_sample
 
+log = logging.getLogger(__name__)
 FIELD = b"data"
 
 
@@ -34,15 +40,71 @@ def read_group(r: redis.Redis, stream: str, group: str, consumer: str, *, count:
     return out
 
 
-class TrajectoryWriter:
-    """What a rollout worker uses to append finished samples to the run's trajectory stream."""
+# Append a group only if the stream then holds at most the bound: checked and written in one
+# step, so producers racing for the last room cannot overshoot it together. Redis refuses a
+# script for its memory limit at the first write, so a refused group writes nothing.
+ADMIT_SCRIPT = """
+local depth = redis.call('XLEN', KEYS[1])
+if depth + #ARGV - 1 > tonumber(ARGV[1]) then return {0, depth} end
+local ids = {1}
+for i = 2, #ARGV do ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'data', ARGV[i]) end
+return ids
+"""
 
-    def __init__(self, r: redis.Redis, keys: RunKeys):
+
+class BufferFull(Exception):
+    def __init__(self, depth: int, bound: int):
+        super().__init__(f"the buffer holds {depth} samples not yet batched, at its bound "
+                         f"(buffer.max_pending_samples = {bound}); retry later")
+        self.depth, self.bound = depth, bound
+
+
+class TrajectoryWriter:
+    """What producers (rollout workers, external submissions) use to append finished samples
+    to the run's trajectory stream, never past `max_pending` samples waiting there."""
+
+    def __init__(self, r: redis.Redis, keys: RunKeys, max_pending: int):
+        assert FIELD == b"data"  # ADMIT_SCRIPT writes the field by name
         self.r = r
         self.stream = keys.trajectories
+        self.max_pending = max_pending
+        self.counters = PressureCounters()
+        self.waiting_for_room = False
+        self._admit = r.register_script(ADMIT_SCRIPT)
 
-    def append(self, samples: list[Sample]) -> list[bytes]:
-        pipe = self.r.pipeline(transaction=True)
-        for s in samples:
-            pipe.xadd(self.stream, {FIELD: encode_sample(s)})
-        return pipe.execute()
+    def try_append(self, samples: list[Sample]) -> list[bytes]:
+        """One attempt: the entry ids, BufferFull when there is no room now, or Redis's
+        refusal (is_oom) when it is at its memory limit."""
+        if len(samples) > self.max_pending:
+            raise ValueError(f"{len(samples)} samples can never fit under "
+                             f"buffer.max_pending_samples ({self.max_pending})")
+        reply = self._admit(keys=[self.stream],
+                            args=[self.max_pending, *(encode_sample(s) for s in samples)])
+        if reply[0] == 0:
+            raise BufferFull(int(reply[1]), self.max_pending)
+        return list(reply[1:])
+
+    def append(self, samples: list[Sample], stop: threading.Event | None = None) -> list[bytes]:
+        """Append, waiting (with backoff) while the buffer is full or Redis refuses writes;
+        StoppedWaiting if `stop` is set first, with nothing written."""
+        backoff, full_since = Backoff(), None
+        while True:
+            try:
+                ids = retry_on_oom(lambda: self.try_append(samples), self.counters,
+                                   "a producer's append", stop)
+            except BufferFull as full:
+                if full_since is None:
+                    full_since = time.monotonic()
+                    log.info("buffer full (%s); waiting for the trainer", full)
+                self.waiting_for_room = True
+                self.counters.full_waits += 1
+                t0 = time.monotonic()
+                try:
+                    backoff.wait(stop)
+                finally:
+                    self.counters.full_wait_s += time.monotonic() - t0
+                    self.waiting_for_room = False
+                continue
+            if full_since is not None:
+                log.info("buffer has room again after %.1f s", time.monotonic() - full_since)
+            return ids

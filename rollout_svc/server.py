@@ -88,11 +88,12 @@ def serve(cfg: RunConfig) -> None:
     lm = load_model(model_path)
     engine = make_engine(cfg, lm, model_path)
     redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
-    scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address)
+    scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address, cfg.scheduler.call_timeout_s)
     relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s, cfg.rollout.weight_plane)
               for a in cfg.relay_addresses]
     worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
-                           TrajectoryWriter(redis, RunKeys(cfg.run_id)),
+                           TrajectoryWriter(redis, RunKeys(cfg.run_id),
+                                            cfg.buffer.max_pending_samples),
                            make_task(cfg.task).reward_name)
     generator = CustomGenerator(engine, lm, cfg.rollout)
     runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.address,

@@ -29,6 +29,17 @@ ROLLOUT_METRICS = (
     MetricSpec("rollout/custom_requests", "counter", "Custom-rollout requests (gRPC, HTTP)."),
     MetricSpec("rollout/custom_engine_calls", "counter",
                "Engine calls that served custom-rollout requests."),
+    MetricSpec("rollout/scheduler_call_failures", "counter",
+               "Scheduler calls that failed or passed their deadline."),
+    MetricSpec("rollout/buffer_waiting", "gauge",
+               "1 while a delivery waits for room in the buffer (buffer.max_pending_samples)."),
+    MetricSpec("rollout/buffer_full_waits", "counter",
+               "Times a delivery found the buffer full and backed off."),
+    MetricSpec("rollout/buffer_full_wait_s", "counter", "Seconds deliveries waited for room."),
+    MetricSpec("rollout/redis_oom_refusals", "counter",
+               "Appends Redis refused at its memory limit (retried, never dropped)."),
+    MetricSpec("rollout/redis_oom_wait_s", "counter",
+               "Seconds appends waited for Redis to accept writes again."),
     MetricSpec("weights/swaps", "counter", "Versions pulled and loaded into the engine."),
     MetricSpec("weights/pull_failures", "counter", "Weight refreshes a relay failed."),
     MetricSpec("weights/bytes_pulled", "counter", "Bytes of weights pulled."),
@@ -39,6 +50,7 @@ ROLLOUT_METRICS = (
 def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher) -> ServiceMetrics:
     def snapshot() -> dict[str, float]:
         w = worker
+        pressure = w.writer.counters
         engine = w.engine.stats()
         tokens, busy = engine.get("tokens_generated", 0), engine.get("busy_s", 0)
         return {
@@ -57,6 +69,12 @@ def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher) -> ServiceMe
             "rollout/kv_refused": w.kv_refused,
             "rollout/custom_requests": batcher.requests,
             "rollout/custom_engine_calls": batcher.batches,
+            "rollout/scheduler_call_failures": w.scheduler_call_failures,
+            "rollout/buffer_waiting": int(w.writer.waiting_for_room),
+            "rollout/buffer_full_waits": pressure.full_waits,
+            "rollout/buffer_full_wait_s": pressure.full_wait_s,
+            "rollout/redis_oom_refusals": pressure.oom_refusals,
+            "rollout/redis_oom_wait_s": pressure.oom_wait_s,
             "weights/swaps": w.weight_swaps,
             "weights/pull_failures": w.pull_failures,
             "weights/bytes_pulled": w.bytes_pulled,

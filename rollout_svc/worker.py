@@ -19,6 +19,7 @@ import redis
 import torch
 
 from relayrl import control
+from relayrl.backpressure import StoppedWaiting
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
@@ -76,6 +77,7 @@ class RolloutWorker:
         self.kv_refused = 0  # ... that this engine could not use (another version, ...)
         self.catch_up_timeouts = 0  # leases started below the version the scheduler asked
         self.temperature = cfg.rollout.temperature  # the run's live setting, as last read
+        self.scheduler_call_failures = 0  # calls that failed or passed their deadline
         self._staging: torch.Tensor | None = None  # receive buffer reused across pulls
 
     def refresh_weights(self) -> bool:
@@ -115,6 +117,7 @@ class RolloutWorker:
                 if not self.scheduler.heartbeat(self.worker_id, self.engine.version):
                     self.register()
             except grpc.RpcError as err:
+                self.scheduler_call_failures += 1
                 log.warning("heartbeat failed: %s", err.code())
 
     def _start_group(self, lease: LeasedPrompt, prompt_tokens: list[int]) -> PartialGroup:
@@ -189,15 +192,16 @@ class RolloutWorker:
                 self.kv_refused += 1
                 log.info("lease %s: KV state not used (%s); re-prefilling", lease.lease_id, err)
 
-    def advance(self, active: list[ActiveGroup]) -> tuple[list[ActiveGroup], int]:
-        """One segment for every active group: finished groups are scored and delivered, the
-        others' token state is saved with the scheduler. Returns (the groups still held,
-        how many were delivered)."""
+    def advance(self, active: list[ActiveGroup], stop: threading.Event | None = None
+                ) -> tuple[list[ActiveGroup], int]:
+        """One segment for every active group: finished groups are scored and delivered (a
+        delivery waits while the buffer is full), the others' token state is saved with the
+        scheduler. Returns (the groups still held, how many were delivered)."""
         self.generate_segment([a.group for a in active])
         still, delivered = [], 0
         for a in active:
             if a.group.finished:
-                self.deliver(a.lease, a.group)
+                self.deliver(a.lease, a.group, stop)
                 delivered += 1
             elif self.cfg.rollout.segment_tokens:
                 reply = self.scheduler.save_progress(self.worker_id, a.lease.lease_id,
@@ -234,7 +238,7 @@ class RolloutWorker:
         first, having handed the lease back with the state so far."""
         active, delivered = [self.activate(lease)], 0
         while active:
-            active, delivered = self.advance(active)
+            active, delivered = self.advance(active, stop)
             if active and stop is not None and stop.is_set():
                 self.release_all(active)
                 return False
@@ -242,7 +246,8 @@ class RolloutWorker:
                 self.refresh_weights()
         return delivered == 1
 
-    def deliver(self, lease: LeasedPrompt, group: PartialGroup) -> None:
+    def deliver(self, lease: LeasedPrompt, group: PartialGroup,
+                stop: threading.Event | None = None) -> None:
         samples = []
         for seq in group.sequences:
             reward, error = score(self.reward_fn, self.lm.decode(seq.tokens), lease.reference)
@@ -252,7 +257,7 @@ class RolloutWorker:
                 logprobs=seq.logprobs, versions=seq.versions, reward=reward,
                 finish_reason=seq.finish_reason, reward_error=error))
             self.versions_used.update(seq.versions)
-        self.writer.append(samples)
+        self.writer.append(samples, stop)  # waits for room: this worker takes no new prompt
         self.samples_generated += len(samples)
         self.scheduler.complete(self.worker_id, lease.lease_id)
 
@@ -273,17 +278,36 @@ class RolloutWorker:
                 stop.wait(wait_s)
                 continue
             try:
-                active, _ = self.advance(active)
+                active, _ = self.advance(active, stop)
+            except StoppedWaiting:  # not delivered: its leases lapse (at once if it restarts)
+                log.info("stopped while waiting to deliver; %d leases lapse", len(active))
+                return
             except (grpc.RpcError, redis.RedisError) as err:
-                # the leases lapse and are re-issued; anything already appended is
-                # de-duplicated by the buffer
+                if isinstance(err, grpc.RpcError):
+                    self.scheduler_call_failures += 1
+                # handed back (or, with the scheduler unreachable, left to lapse) and
+                # re-issued; anything already appended is de-duplicated by the buffer
                 log.warning("%d leases abandoned: %s", len(active), err)
+                self._hand_back_abandoned(active)
                 active = []
                 stop.wait(1.0)
         try:
             self.release_all(active)
         except grpc.RpcError as err:  # they lapse instead
             log.warning("could not hand back %d leases: %s", len(active), err)
+
+    def _hand_back_abandoned(self, active: list[ActiveGroup]) -> None:
+        """Release abandoned leases without state: this worker's heartbeats would otherwise
+        keep them alive, and their prompts out of everyone's reach, for as long as it runs."""
+        for a in active:
+            try:
+                self.scheduler.release(self.worker_id, a.lease.lease_id)
+                self.leases_released += 1
+            except grpc.RpcError as err:
+                self.scheduler_call_failures += 1
+                log.warning("could not hand back lease %s (%s); it lapses instead",
+                            a.lease.lease_id, err.code())
+                return
 
     def _catch_up(self, min_version: int, stop: threading.Event) -> None:
         """Before starting new prompts, move to at least `min_version` if a relay can serve
@@ -316,6 +340,7 @@ class RolloutWorker:
         try:
             resp = self.scheduler.acquire(self.worker_id, want)
         except grpc.RpcError as err:
+            self.scheduler_call_failures += 1
             log.warning("scheduler unavailable (%s); retrying", err.code())
             return 1.0
         if resp.done and not active:

@@ -10,7 +10,10 @@ import logging
 import threading
 import time
 
+import redis
+
 from relayrl import control
+from relayrl.backpressure import is_oom
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.control import LiveSettings, RunState, SettingsChange
@@ -49,6 +52,11 @@ class SchedulerCore(LeaseClient):
         # KV states of repacked prompts' sequences, for their next holder: memory only, since
         # losing them costs a re-prefill, not a token
         self.kv_handoffs: dict[int, tuple[bytes, ...]] = {}
+        # ledger entries Redis refused for its memory limit, written again by refresh()
+        self.unrecorded: dict[str, set[int]] = {}
+        self.ledger_lock = threading.Lock()
+        self.redis_oom_refusals = 0
+        self.unmirrored: set[int] = set()  # partials kept in memory only, for now
         # an operator's pause or stop and changed settings outlive a scheduler restart
         self.policy.control.state = control.read_run_state(redis, self.keys)
         self.settings = control.read_settings(redis, self.keys, cfg)
@@ -77,9 +85,33 @@ class SchedulerCore(LeaseClient):
         log.info("run %s: %s", action, state.value)
         return state
 
+    def _record(self, name: str, prompt_ids) -> None:
+        """Add prompt ids to a ledger set. A write Redis refuses at its memory limit is kept
+        and tried again on every refresh, so the books stay whole and no caller waits."""
+        with self.ledger_lock:
+            todo = self.unrecorded.setdefault(name, set())
+            todo.update(prompt_ids)
+            if not todo:
+                return
+            try:
+                self.redis.sadd(self.keys.ledger(name), *sorted(todo))
+            except redis.ResponseError as err:
+                if not is_oom(err):
+                    raise
+                if not self.redis_oom_refusals:
+                    log.warning("Redis is at its memory limit; %d %s prompts kept to record "
+                                "later", len(todo), name)
+                self.redis_oom_refusals += 1
+                return
+            todo.clear()
+
     def refresh(self) -> None:
         """Expire lapsed leases and learn how many of its prompts the trainer has stepped past
         (trained or dropped as stale)."""
+        for name in list(self.unrecorded):
+            self._record(name, ())
+        with self.lock:
+            self._mirror_partials()
         finished = int(self.redis.get(self.keys.prompts_finished) or 0)
         self.trainer_version = int(self.redis.get(self.keys.trainer_version) or 0)
         with self.lock:
@@ -93,7 +125,7 @@ class SchedulerCore(LeaseClient):
             log.warning("lease %s of prompt %d on %s expired (attempt %d)", lease.lease_id,
                         lease.prompt_id, lease.worker_id, lease.attempt)
         if newly_failed:
-            self.redis.sadd(self.keys.ledger("failed"), *sorted(newly_failed))
+            self._record("failed", newly_failed)
             self._forget_partials(newly_failed)
         if drained:  # nothing is out any more: the trainer may end once it has all of it
             self.redis.set(self.keys.stop_target, target)
@@ -130,7 +162,7 @@ class SchedulerCore(LeaseClient):
             new_ids = list(range(first_new, self.policy.cursor))
             done = self.policy.done
         if new_ids:
-            self.redis.sadd(self.keys.ledger("leased"), *new_ids)
+            self._record("leased", new_ids)
         leases = []
         for g in grants:
             p = self.task.problem(g.prompt_id)
@@ -161,8 +193,26 @@ class SchedulerCore(LeaseClient):
             raise ValueError(f"{where}.state: {err}") from None
 
     def _keep_partial(self, prompt_id: int, state: bytes) -> None:
-        self.redis.hset(self.keys.partials, str(prompt_id), state)
+        """Keep the state, mirrored to Redis for a restart. At Redis's memory limit it is kept
+        here alone, and mirrored by a later refresh: the worker need not stop for it."""
         self.partials[prompt_id] = state
+        try:
+            self.redis.hset(self.keys.partials, str(prompt_id), state)
+        except redis.ResponseError as err:
+            if not is_oom(err):
+                raise
+            self.redis_oom_refusals += 1
+            self.unmirrored.add(prompt_id)
+            return
+        self.unmirrored.discard(prompt_id)
+
+    def _mirror_partials(self) -> None:
+        for prompt_id in list(self.unmirrored):
+            state = self.partials.get(prompt_id)
+            if state is None:  # finished meanwhile
+                self.unmirrored.discard(prompt_id)
+            else:
+                self._keep_partial(prompt_id, state)
 
     def _forget_partials(self, prompt_ids) -> None:
         ids = [i for i in prompt_ids if i in self.partials]

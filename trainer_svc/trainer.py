@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from relayrl.backpressure import PressureCounters, retry_on_oom
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.evaluation import evaluate
@@ -68,6 +69,7 @@ class Trainer:
                                       else 0)
         self.step = 0
         self.ledger = checkpoint.Ledger()
+        self.pressure = PressureCounters()  # writes Redis refused for its memory limit
         self.pending_cursor: bytes | None = b"0"
         self.totals = {"samples_trained": 0, "samples_dropped_stale": 0, "groups_dropped_stale": 0,
                        "samples_filtered_uniform": 0, "groups_filtered_uniform": 0,
@@ -96,15 +98,18 @@ class Trainer:
         log.info("resumed from %s at step %d", path, self.step)
 
     def _acknowledge(self, ledger: checkpoint.Ledger) -> None:
-        pipe = self.r.pipeline(transaction=True)
-        if ledger.entry_ids:
-            pipe.xack(self.keys.batches, TRAINER_GROUP, *ledger.entry_ids)
-            pipe.xdel(self.keys.batches, *ledger.entry_ids)
-        if ledger.consumed:
-            pipe.sadd(self.keys.ledger("consumed"), *ledger.consumed)
-        if ledger.dropped:
-            pipe.sadd(self.keys.ledger("dropped"), *ledger.dropped)
-        pipe.execute()
+        def write() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            if ledger.entry_ids:
+                pipe.xack(self.keys.batches, TRAINER_GROUP, *ledger.entry_ids)
+                pipe.xdel(self.keys.batches, *ledger.entry_ids)
+            if ledger.consumed:
+                pipe.sadd(self.keys.ledger("consumed"), *ledger.consumed)
+            if ledger.dropped:
+                pipe.sadd(self.keys.ledger("dropped"), *ledger.dropped)
+            pipe.execute()
+
+        retry_on_oom(write, self.pressure, "the trainer's acknowledgement")
 
     def save_checkpoint(self) -> None:
         state = self.learner.training_state()
@@ -172,10 +177,7 @@ class Trainer:
         record["weights/publish_copy_s"] = self.publisher.last_copy_s
         record["weights/publish_send_s"] = self.publisher.last_send_s
         self.publisher.publish(self.step, self.step, self.learner.weights())
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(self.keys.trainer_version, self.step)
-        pipe.set(self.keys.prompts_finished, self.totals["scheduler_prompts_finished"])
-        pipe.execute()
+        retry_on_oom(self._record_progress, self.pressure, "the trainer's version")
         record["train/external_groups"] = external
         record["weights/versions_published"] = self.publisher.versions_published
         record["weights/bytes_published"] = self.publisher.bytes_published
@@ -183,6 +185,12 @@ class Trainer:
         record["time/step_s"] = time.monotonic() - t0
         record["time/elapsed_s"] = time.monotonic() - self.started
         return record
+
+    def _record_progress(self) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self.keys.trainer_version, self.step)
+        pipe.set(self.keys.prompts_finished, self.totals["scheduler_prompts_finished"])
+        pipe.execute()
 
     def _optimize(self, groups, version: int) -> dict:
         tb = collate(groups, version, self.lm.pad_id, self.tc.scale_rewards)

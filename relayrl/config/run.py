@@ -24,6 +24,7 @@ from relayrl.config.services import (
     TaskConfig,
     TrainerConfig,
 )
+from relayrl.deadlines import REDIS_BLOCK_MARGIN_S
 
 # vLLM 0.32's CPU attention kernels (CPUAttentionBackend.get_supported_head_sizes)
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -68,6 +69,18 @@ class RunConfig(StrictModel):
         if self.scheduler.repack and not self.rollout.segment_tokens:
             raise ValueError("scheduler.repack needs rollout.segment_tokens > 0: workers hand "
                              "recalled sequences back at segment boundaries")
+        batch_samples = self.buffer.groups_per_batch * self.buffer.group_size
+        if self.buffer.max_pending_samples < batch_samples:
+            raise ValueError(
+                f"buffer.max_pending_samples ({self.buffer.max_pending_samples}) must hold at "
+                f"least one batch, groups_per_batch x group_size ({batch_samples}): with less, "
+                "no batch could ever be assembled and producers would wait forever")
+        block_s = self.buffer.read_block_ms / 1000 + REDIS_BLOCK_MARGIN_S
+        if self.redis.socket_timeout_s <= block_s:
+            raise ValueError(
+                f"redis.socket_timeout_s ({self.redis.socket_timeout_s:g}) must exceed "
+                f"buffer.read_block_ms ({self.buffer.read_block_ms}) by more than "
+                f"{REDIS_BLOCK_MARGIN_S:g} s: a blocking read would otherwise time out idle")
         if "shm" in self.relay.data_planes and not self.relay.shm_dir:
             raise ValueError("relay.data_planes has 'shm' but relay.shm_dir is unset")
         ports = {

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 
 import grpc
 
+from relayrl.deadlines import REWARD_CALL_S
 from relayrl.grpc_util import channel
 from relayrl.proto.v1 import reward_pb2, reward_pb2_grpc
 
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = REWARD_CALL_S
 
 
 class RemoteRewardError(RuntimeError):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import grpc
 import torch
 
+from relayrl.deadlines import TRANSFER_S
 from relayrl.grpc_util import channel
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.weights import fetchers
@@ -20,7 +21,7 @@ DATA_PLANES = ("grpc", "shm", "torch_dist", "nixl")
 
 
 class RelayClient(WeightPlane):
-    def __init__(self, address: str, chunk_bytes: int = 1 << 20, timeout_s: float = 60.0,
+    def __init__(self, address: str, chunk_bytes: int = 1 << 20, timeout_s: float = TRANSFER_S,
                  plane: str = "grpc"):
         if plane not in DATA_PLANES:
             raise ValueError(f"data plane must be one of {DATA_PLANES}, got {plane!r}")

@@ -168,7 +168,7 @@ def trajectory(**kw):
 def test_submit_writes_a_whole_group_under_an_external_id(redis):
     keys = RunKeys("sub")
     redis.set(keys.trainer_version, 3)
-    subs = Submissions(redis, keys, group_size=2)
+    subs = Submissions(redis, keys, group_size=2, max_pending=64)
     pid = subs.submit(buffer_pb2.SubmitRequest(trajectories=[trajectory(), trajectory()],
                                                source="agent"))
     assert pid > EXTERNAL_PROMPT_BASE
@@ -188,7 +188,7 @@ def test_submit_writes_a_whole_group_under_an_external_id(redis):
 def test_bad_submissions_are_refused_by_name_and_write_nothing(redis, trajs, field):
     keys = RunKeys("sub")
     redis.set(keys.trainer_version, 3)
-    subs = Submissions(redis, keys, group_size=2)
+    subs = Submissions(redis, keys, group_size=2, max_pending=64)
     with pytest.raises(CodecError, match=field.replace("[", r"\[").replace("]", r"\]")):
         subs.submit(buffer_pb2.SubmitRequest(trajectories=trajs))
     assert redis.xlen(keys.trajectories) == 0 and redis.get(keys.external_ids) is None

@@ -94,7 +94,8 @@ def test_every_service_exports_its_figures_and_health(services, tiny_lm):
     lm = load_model(tiny_lm.path)
     engine = TorchEngine(lm, seed=0)
     worker = RolloutWorker(cfg, engine, lm, GrpcLeaseClient(cfg.scheduler.endpoint.address),
-                           [relay], TrajectoryWriter(connect(cfg.redis.url), RunKeys("obs")),
+                           [relay], TrajectoryWriter(connect(cfg.redis.url), RunKeys("obs"),
+                                                     cfg.buffer.max_pending_samples),
                            "exact_match")
     assert worker.refresh_weights()
     worker.register()

@@ -68,7 +68,8 @@ def make_worker(cfg, r, core, tiny_lm, index, store, after_segment=None, kv_cach
         update={"worker_index": index})})
     lm = load_model(tiny_lm.path)
     engine = PublishingEngine(lm, store, after_segment, kv_cache_tokens)
-    return RolloutWorker(cfg, engine, lm, core, [store], TrajectoryWriter(r, RunKeys("partial")),
+    writer = TrajectoryWriter(r, RunKeys("partial"), cfg.buffer.max_pending_samples)
+    return RolloutWorker(cfg, engine, lm, core, [store], writer,
                          "exact_match")
 
 

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from buffer_svc.assembler import GroupAssembler
 from buffer_svc.telemetry import buffer_metrics
 from relay_svc.telemetry import relay_metrics
+from relayrl.backpressure import PressureCounters
 from relayrl.exporter import RUNNER_METRICS, MetricSpec, SnapshotCollector, prometheus_name
 from relayrl.weights import VersionStore
 from rollout_svc.telemetry import rollout_metrics
@@ -100,6 +101,7 @@ def test_scheduler_snapshot_gives_what_it_declares():
 def test_buffer_snapshot_gives_what_it_declares():
     svc = SimpleNamespace(
         lock=threading.Lock(), samples_read=5, samples_rejected=0, batches_emitted=1,
+        batches_held=0, pressure=PressureCounters(), unread_batches=lambda: 1,
         asm=GroupAssembler(group_size=2, groups_per_batch=1),
         submissions=SimpleNamespace(accepted=0, refused=0),
         keys=SimpleNamespace(trajectories="t", batches="b"),
@@ -116,7 +118,8 @@ def test_rollout_snapshot_gives_what_it_declares():
         worker_id="rollout-1", engine=engine, samples_generated=8, segments=3,
         mid_sequence_swaps=0, groups_resumed=0, leases_released=0, groups_moved_out=0,
         kv_imported=0, kv_refused=0, weight_swaps=2, pull_failures=0, bytes_pulled=1024,
-        last_pull_s=0.01)
+        last_pull_s=0.01, scheduler_call_failures=0,
+        writer=SimpleNamespace(waiting_for_room=False, counters=PressureCounters()))
     exported = rollout_metrics(worker, SimpleNamespace(requests=0, batches=0))
     snap = exported.snapshot()
     assert set(snap) == declared(exported)

@@ -1,0 +1,109 @@
+"""Backpressure on the real stack (embedded Redis, every service its own process).
+
+A trainer slower than generation (here: stopped with SIGSTOP) fills the batch stream to
+buffer.max_pending_batches and the trajectory stream to buffer.max_pending_samples, and no
+further: workers wait and say so. Redis at its memory limit (maxmemory with noeviction)
+refuses writes: producers back off, count the refusals, and deliver everything once the
+limit is raised. Either way the run then finishes and the books balance exactly."""
+
+import pytest
+
+from tests.conftest import snapshot
+from tests.integration.live_stack import (
+    buffer_depth,
+    frozen,
+    pid_of,
+    redis_of,
+    running,
+    stack_config,
+    trainer_version,
+    wait_for,
+    worker_metric,
+)
+
+pytestmark = pytest.mark.integration
+
+STEPS, GROUPS, GROUP_SIZE = 10, 2, 4  # small_stack_config's batch: 2 groups of 4 samples
+MAX_SAMPLES, MAX_BATCHES = 2 * GROUPS * GROUP_SIZE, 1
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+def assert_run_finished_exactly(launcher) -> dict:
+    assert launcher.wait() == 0
+    cfg = launcher.cfg
+    state = snapshot(cfg)
+    audit = state["audit"]
+    assert audit.balanced, audit.render()
+    assert audit.counts["in_flight"] == 0 and audit.counts["trainer_finished"] == STEPS * GROUPS
+    return state
+
+
+def test_a_stopped_trainer_fills_the_buffer_to_its_bound_and_workers_wait(tmp_path, models):
+    cfg = stack_config(
+        tmp_path, STEPS, models,
+        # the scheduler's in-flight cap would hold workers back first: let the buffer do it
+        scheduler={"max_inflight_prompts": 10_000},
+        buffer={"max_pending_samples": MAX_SAMPLES, "max_pending_batches": MAX_BATCHES})
+    depths: list[tuple[int, int]] = []
+    with running(cfg) as launcher:
+        r = redis_of(launcher.cfg)
+
+        def sample() -> None:
+            depths.append(buffer_depth(r, cfg.run_id))
+
+        def workers_waiting() -> bool:
+            return all(worker_metric(launcher.cfg, "relayrl_rollout_buffer_waiting"))
+
+        with frozen(pid_of(launcher, "trainer")):
+            wait_for(workers_waiting, 120, "every worker waiting for room", every=sample)
+            full_at = len(depths)
+            for _ in range(20):  # while they wait, nothing more comes in
+                sample()
+            generated = sum(worker_metric(launcher.cfg, "relayrl_rollout_samples_generated_total"))
+            waits = worker_metric(launcher.cfg, "relayrl_rollout_buffer_full_waits_total")
+        assert all(w > 0 for w in waits), waits
+        # the bound was reached, never passed, and held while the workers waited
+        assert max(s for s, _ in depths) == MAX_SAMPLES, depths
+        assert max(b for _, b in depths) == MAX_BATCHES, depths
+        assert all(s == MAX_SAMPLES for s, _ in depths[full_at:]), depths[full_at:]
+        assert generated < STEPS * GROUPS * GROUP_SIZE  # the workers did stop early
+        state = assert_run_finished_exactly(launcher)
+    assert sum(w.samples_generated for w in state["workers"]) == state["buffer"].samples_read
+    assert state["buffer"].groups_duplicate == 0
+    logs = (cfg.run_path / "logs" / "rollout-0.log").read_text()
+    assert "buffer full" in logs and "waiting for the trainer" in logs
+
+
+def test_redis_at_its_memory_limit_makes_producers_back_off_and_lose_nothing(tmp_path, models):
+    cfg = stack_config(tmp_path, STEPS, models)
+    with running(cfg) as launcher:
+        r = redis_of(launcher.cfg)
+        wait_for(lambda: trainer_version(launcher.cfg) >= 2, 120, "two trainer steps")
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", 1)  # every write that needs memory is refused
+        try:
+            wait_for(lambda: all(worker_metric(launcher.cfg,
+                                               "relayrl_rollout_redis_oom_refusals_total")),
+                     120, "every worker refused by Redis")
+            refused_at = trainer_version(launcher.cfg)
+            delivered = sum(worker_metric(launcher.cfg,
+                                          "relayrl_rollout_samples_generated_total"))
+            wait_for(lambda: min(worker_metric(launcher.cfg,
+                                               "relayrl_rollout_redis_oom_refusals_total")) >= 3,
+                     120, "workers retrying")
+            # retrying, not delivering: nothing counted as generated meanwhile
+            assert sum(worker_metric(launcher.cfg,
+                                     "relayrl_rollout_samples_generated_total")) == delivered
+        finally:
+            r.config_set("maxmemory", 0)
+        state = assert_run_finished_exactly(launcher)
+    assert refused_at < STEPS
+    assert sum(w.samples_generated for w in state["workers"]) == state["buffer"].samples_read
+    assert state["buffer"].groups_duplicate == 0
+    logs = (cfg.run_path / "logs" / "rollout-0.log").read_text()
+    assert "Redis is at its memory limit" in logs and "accepted a producer's append" in logs
+

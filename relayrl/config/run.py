@@ -13,6 +13,7 @@ from relayrl.config.base import (
     load_model,
     read_yaml,
 )
+from relayrl.config.restarts import RestartConfig
 from relayrl.config.security import AuthConfig
 from relayrl.config.services import (
     BufferConfig,
@@ -46,6 +47,8 @@ class RunConfig(StrictModel):
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    restarts: RestartConfig = Field(default_factory=RestartConfig,
+                                    description="How `relayrl up` restarts a service that dies.")
 
     @model_validator(mode="after")
     def _services_agree(self) -> RunConfig:

@@ -86,10 +86,10 @@ def survived_run(tmp_path_factory):
         code = launcher.wait()
         thread.join(30)
         for c in launcher.children:  # a restarted worker may still be starting
-            if c.restartable:
+            if c.name.startswith("rollout-"):
                 wait_healthy(c.address, 120, alive=lambda p=c.proc: p.poll() is None)
         state = snapshot(launcher.cfg)
-        restarted = {c.name: c.restarts for c in launcher.children}
+        restarted = {c.name: c.budget.used for c in launcher.children}
         pids = {c.name: c.proc.pid for c in launcher.children}
     finally:
         launcher.shutdown()

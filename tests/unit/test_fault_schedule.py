@@ -1,0 +1,55 @@
+"""The fault schedule is drawn from its seed alone, and the restart budget is bounded."""
+
+import pytest
+
+from relayrl.config.restarts import RestartConfig
+from relayrl.faults import KINDS, draw_schedule, steps_needed
+from relayrl.restarts import RestartBudget
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another():
+    assert draw_schedule(3, 2, 4) == draw_schedule(3, 2, 4)
+    assert draw_schedule(3, 2, 4) != draw_schedule(4, 2, 4)
+
+
+def test_each_round_kills_every_kind_once_in_order():
+    schedule = draw_schedule(0, 3, 2)
+    assert [f.kind for f in schedule] == list(KINDS) * 3
+    assert [f.index for f in schedule] == list(range(len(schedule)))
+    workers = {f.target for f in schedule if f.kind == "rollout"}
+    assert workers <= {"rollout-0", "rollout-1"}
+    assert all(f.target == f.kind for f in schedule if f.kind != "rollout")
+    assert all(1 <= f.after_steps <= 3 and 0 <= f.delay_s <= 1 for f in schedule)
+
+
+def test_a_bad_schedule_request_is_refused_by_name():
+    with pytest.raises(ValueError, match="rounds"):
+        draw_schedule(0, 0, 2)
+    with pytest.raises(ValueError, match="fault kinds.*'disk'"):
+        draw_schedule(0, 1, 2, kinds=("relay", "disk"))
+
+
+def test_steps_needed_leaves_room_for_a_restart_the_run_goes_on_through():
+    schedule = draw_schedule(0, 1, 2)
+    base = steps_needed(schedule, 0)
+    assert base == sum(f.after_steps + 1 for f in schedule) + 2
+    # the relay is restarting while the trainer steps; the last fault may end after the run
+    assert steps_needed(schedule, 10) == base + 10
+
+
+def test_restarts_back_off_doubling_up_to_the_cap_and_stop_at_the_limit():
+    budget = RestartBudget.of(RestartConfig(max_restarts=4, backoff_s=1.0, backoff_max_s=3.0))
+    due = []
+    for now in (0.0, 100.0, 200.0, 300.0):
+        assert budget.book(now)
+        assert not budget.take(now)
+        due.append(budget.due_at - now)
+        assert budget.take(budget.due_at)
+        assert not budget.take(budget.due_at)  # once
+    assert due == [1.0, 2.0, 3.0, 3.0]
+    assert not budget.book(400.0)
+
+
+def test_backoff_bounds_must_be_ordered():
+    with pytest.raises(ValueError, match="backoff_max_s"):
+        RestartConfig(backoff_s=5, backoff_max_s=1)

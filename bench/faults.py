@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "reliability.md")
-    p.add_argument("--steps-per-restart", type=int, default=30,
+    p.add_argument("--steps-per-restart", type=int, default=60,
                    help="trainer steps allowed for while a worker or the relay restarts")
     p.add_argument("--keep-run", type=Path, default=None,
                    help="run in this directory and keep it (logs, checkpoints, Redis data)")

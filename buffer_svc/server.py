@@ -18,6 +18,7 @@ import grpc
 from redis import ResponseError
 
 from buffer_svc.assembler import GroupAssembler, ReadyBatch
+from buffer_svc.emit import BatchAppender
 from buffer_svc.submit import Submissions
 from buffer_svc.telemetry import buffer_metrics
 from relayrl import control
@@ -30,7 +31,7 @@ from relayrl.messages import decode_sample, encode_batch
 from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
 from relayrl.redis_conn import open_redis
 from relayrl.service import ServiceRunner
-from relayrl.streams import FIELD, BufferFull, ensure_group, read_group
+from relayrl.streams import BufferFull, ensure_group, read_group
 
 log = logging.getLogger(__name__)
 CONSUMER = "buffer-0"
@@ -48,6 +49,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         self.batches_emitted = 0
         self.batches_held = 0  # polls that kept a complete batch back for want of room
         self.pressure = PressureCounters()  # this service's own writes refused for memory
+        self.appender = BatchAppender(redis, self.keys)
         self.submissions = Submissions(redis, self.keys, cfg.buffer.group_size,
                                        cfg.buffer.max_pending_samples)
         self.stop = threading.Event()
@@ -75,12 +77,9 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         payload = encode_batch(ready.batch)
 
         def write() -> None:
-            pipe = self.r.pipeline(transaction=True)
-            pipe.xadd(self.keys.batches, {FIELD: payload})
-            pipe.sadd(self.keys.ledger("batched"), *prompt_ids)
-            pipe.xack(self.keys.trajectories, BUFFER_GROUP, *ready.entry_ids)
-            pipe.xdel(self.keys.trajectories, *ready.entry_ids)
-            pipe.execute()
+            if not self.appender.append(payload, prompt_ids, ready.entry_ids):
+                log.warning("batch %s had been appended already (a repeated call); not "
+                            "appended again", ready.batch.batch_id[:8])
 
         # a refused transaction wrote nothing; if we stop meanwhile, the entries stay pending
         # and are read again after a restart

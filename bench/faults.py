@@ -62,8 +62,8 @@ def render(result: FaultRunResult, command: str, seed: int, rounds: int,
         "this file.",
         "",
         f"Seed {seed}, {rounds} round(s): each round kills (SIGKILL) one process of every kind "
-        "in turn (a random rollout worker, the relay, the buffer, the scheduler, the trainer, "
-        "the embedded Redis) a random 1-3 trainer steps after the previous fault recovered, "
+        "in turn (the relay, the buffer, the scheduler, the trainer, the embedded Redis, a "
+        "random rollout worker) a random 1-3 trainer steps after the previous fault recovered, "
         "plus a random 0-1 s; the launcher restarts it. Redis runs with append-only "
         f"persistence (appendfsync {cfg.redis.appendfsync}) and comes back on the same data "
         "and socket.",

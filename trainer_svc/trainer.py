@@ -70,7 +70,7 @@ class Trainer:
         self.step = 0
         self.ledger = checkpoint.Ledger()
         self.pressure = PressureCounters()  # writes Redis refused for its memory limit
-        self.pending_cursor: bytes | None = b"0"
+        self.seen_up_to = b"0"  # id of the last batch entry this process was handed
         self.totals = {"samples_trained": 0, "samples_dropped_stale": 0, "groups_dropped_stale": 0,
                        "samples_filtered_uniform": 0, "groups_filtered_uniform": 0,
                        "scheduler_prompts_finished": 0, "external_groups": 0}
@@ -122,19 +122,19 @@ class Trainer:
     # -- one step ---------------------------------------------------------------------------
 
     def next_batch(self, stop: threading.Event):
-        """This consumer's pending entries first (trained after the last checkpoint, before a
-        restart), then new ones."""
+        """The next batch entry for this consumer, in stream order. Entries already delivered
+        to it but never seen by this process come first: after a restart, those trained
+        since the last checkpoint; mid-run, one whose delivery reply Redis never sent (it
+        died after XREADGROUP moved the entry to this consumer's pending list, and the
+        client's retry asked for the next new entry)."""
         while not stop.is_set():
-            if self.pending_cursor is not None:
-                entries = read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
-                                     count=1, block_ms=0, pending_after=self.pending_cursor)
-                if not entries:
-                    self.pending_cursor = None
-                    continue
-                self.pending_cursor = entries[0][0]
-            else:
+            entries = read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
+                                 count=1, block_ms=0, pending_after=self.seen_up_to)
+            if not entries:
                 entries = read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
                                      count=1, block_ms=500)
+            if entries:
+                self.seen_up_to = entries[-1][0]
             for entry_id, payload in entries:
                 try:
                     if payload is None:

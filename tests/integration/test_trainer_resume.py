@@ -85,3 +85,24 @@ def test_restart_resumes_exactly(env):
     assert r.xpending(keys.batches, TRAINER_GROUP)["pending"] == 0
     assert r.xlen(keys.batches) == 0
     assert {int(x) for x in r.smembers(keys.ledger("consumed"))} == set(range(6))
+
+
+def test_a_delivery_whose_reply_was_lost_is_trained_next(env):
+    """Redis moved an entry to the trainer's pending list and died before replying; the
+    client's retry asked for the next new entry. The lost one must still be trained, in
+    order, once."""
+    cfg, r, model_path = env
+    keys = RunKeys(cfg.run_id)
+    trainer = new_trainer(cfg, r, model_path)
+    lm = trainer.lm
+    entries = [r.xadd(keys.batches, {FIELD: encode_batch(make_batch(lm, 2 * i))})
+               for i in range(3)]
+    assert step_once(trainer) == entries[0]
+    # the lost reply: the entry is delivered to the trainer's consumer, the answer dropped
+    from trainer_svc.trainer import CONSUMER
+    r.xreadgroup(TRAINER_GROUP, CONSUMER, {keys.batches: ">"}, count=1)
+    assert [step_once(trainer) for _ in range(2)] == entries[1:]
+    trainer.save_checkpoint()
+    trainer.publisher.close()
+    assert r.xpending(keys.batches, TRAINER_GROUP)["pending"] == 0
+    assert {int(x) for x in r.smembers(keys.ledger("consumed"))} == set(range(6))

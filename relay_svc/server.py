@@ -15,6 +15,7 @@ from relayrl.logs import setup_logging
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.service import ServiceRunner
 from relayrl.weights import Manifest, VersionStore, WeightError
+from relayrl.weights.store import AlreadyHeld
 from relayrl.weights.wire import with_fast_pull_bytes
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,11 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
                           "Publish: the first message must carry the manifest")
         try:
             stored = self.store.begin(Manifest.from_proto(first.manifest))
+        except AlreadyHeld as err:
+            for _ in request_iterator:  # the same bytes again: read to the end, keep none
+                pass
+            log.info("%s (a resumed trainer's replay)", err)
+            return relay_pb2.PublishResponse(version=first.manifest.version, bytes_received=0)
         except WeightError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Publish: {err}")
         try:

@@ -17,6 +17,12 @@ from relayrl.weights.plane import WeightPlane
 from relayrl.weights.stored import State, StoredVersion
 
 
+class AlreadyHeld(WeightError):
+    """A publish of a version this store already holds with the very same shards: a trainer
+    that resumed from a checkpoint replays the steps after it bit-exactly, so it publishes
+    again what its previous process published. Nothing to store; not a failure."""
+
+
 @dataclass
 class StoreStats:
     versions_published: int = 0
@@ -46,6 +52,14 @@ class VersionStore(WeightPlane):
     def begin(self, manifest: Manifest) -> StoredVersion:
         """Open a version for writing; readers can follow it from now on."""
         with self._lock:
+            held = self._versions.get(manifest.version)
+            if held is not None and held.state is State.COMPLETE:
+                if (held.manifest.step, held.manifest.shards) == (manifest.step, manifest.shards):
+                    raise AlreadyHeld(f"version {manifest.version} is already held, identical")
+                raise WeightError(
+                    f"version {manifest.version} is held with other weights: versions are "
+                    "immutable (a trainer resumed from a checkpoint whose replay is not "
+                    "bit-exact publishes different weights under the same version)")
             latest = next(reversed(self._versions), 0)
             if manifest.version <= latest:
                 raise WeightError(
@@ -76,7 +90,10 @@ class VersionStore(WeightPlane):
 
     def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
         manifest = build_manifest(version, step, tensors)
-        stored = self.begin(manifest)
+        try:
+            stored = self.begin(manifest)
+        except AlreadyHeld:
+            return manifest
         pack(manifest, tensors, stored.flat)
         stored.filled = stored.size
         self.commit(stored)

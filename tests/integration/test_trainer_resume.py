@@ -45,9 +45,9 @@ def make_batch(lm, first_prompt: int) -> Batch:
     return Batch(f"b{first_prompt}", groups)
 
 
-def new_trainer(cfg, r, model_path):
+def new_trainer(cfg, r, model_path, relay: VersionStore | None = None):
     torch.manual_seed(0)
-    return Trainer(cfg, load_model(model_path), r, AsyncPublisher(VersionStore(16)))
+    return Trainer(cfg, load_model(model_path), r, AsyncPublisher(relay or VersionStore(16)))
 
 
 def step_once(trainer):
@@ -61,7 +61,8 @@ def step_once(trainer):
 def test_restart_resumes_exactly(env):
     cfg, r, model_path = env
     keys = RunKeys(cfg.run_id)
-    first = new_trainer(cfg, r, model_path)
+    relay = VersionStore(16)
+    first = new_trainer(cfg, r, model_path, relay)
     lm = first.lm
     entries = [r.xadd(keys.batches, {FIELD: encode_batch(make_batch(lm, 2 * i))})
                for i in range(3)]
@@ -74,10 +75,13 @@ def test_restart_resumes_exactly(env):
     assert r.xpending(keys.batches, TRAINER_GROUP)["pending"] == 1
     assert {int(x) for x in r.smembers(keys.ledger("consumed"))} == {0, 1, 2, 3}
 
-    second = new_trainer(cfg, r, model_path)
+    second = new_trainer(cfg, r, model_path, relay)
     second.resume()
     assert second.step == 2
     assert step_once(second) == entries[2]  # the one batch that was not durable, again
+    second.publisher.wait()
+    # the replayed step published version 3 again, bit for bit: the relay kept its copy
+    assert relay.versions()[-1] == 3 and second.publisher.failures == 0
     for name, tensor in second.lm.model.state_dict().items():
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6)
     second.save_checkpoint()

@@ -93,8 +93,22 @@ def test_old_versions_are_freed_and_named(plane):
 def test_versions_must_increase(plane):
     plane.publish(2, 2, weights(2))
     with pytest.raises(WeightError, match="not newer"):
-        plane.publish(2, 2, weights(3))
+        plane.publish(1, 1, weights(1))
     assert plane.versions() == [2]
+
+
+def test_a_held_version_is_immutable_and_an_identical_republish_is_a_no_op(plane):
+    """A trainer resumed from a checkpoint replays the steps after it and publishes their
+    versions again: identical weights are accepted without a change, others refused."""
+    plane.publish(2, 2, weights(2))
+    plane.publish(3, 3, weights(3))
+    plane.publish(2, 2, weights(2))  # the replay: nothing stored, nothing refused
+    assert plane.versions() == [2, 3]
+    with pytest.raises(WeightError, match="held with other weights"):
+        plane.publish(3, 3, weights(4))
+    assert plane.versions() == [2, 3]
+    pulled = plane.pull(3)
+    assert all(torch.equal(pulled[k], t) for k, t in weights(3).items())
 
 
 def test_relay_refuses_a_corrupted_shard_and_keeps_its_state(relay_server):

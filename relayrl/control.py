@@ -17,7 +17,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.config import RunConfig
-from relayrl.config.services import RolloutConfig, TrainerConfig
+from relayrl.config.rollout import RolloutConfig
+from relayrl.config.trainer import TrainerConfig
 from relayrl.keys import RunKeys
 
 RECENT_METRICS_KEPT = 1000  # trainer records kept in Redis for the API's GET /v1/metrics

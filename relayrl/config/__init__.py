@@ -1,18 +1,16 @@
 """Config models: one per service, composed and cross-checked by RunConfig."""
 
 from relayrl.config.base import ConfigError, Endpoint
+from relayrl.config.buffer import BufferConfig
+from relayrl.config.model import ModelConfig
+from relayrl.config.redis import RedisConfig
+from relayrl.config.relay import RelayConfig
+from relayrl.config.rollout import RolloutConfig
 from relayrl.config.run import RunConfig, load_run_config
+from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig, TlsConfig
-from relayrl.config.services import (
-    BufferConfig,
-    ModelConfig,
-    RedisConfig,
-    RelayConfig,
-    RolloutConfig,
-    SchedulerConfig,
-    TaskConfig,
-    TrainerConfig,
-)
+from relayrl.config.task import TaskConfig
+from relayrl.config.trainer import TrainerConfig
 
 __all__ = [
     "AuthConfig",

@@ -13,18 +13,16 @@ from relayrl.config.base import (
     load_model,
     read_yaml,
 )
+from relayrl.config.buffer import BufferConfig
+from relayrl.config.model import ModelConfig
+from relayrl.config.redis import RedisConfig
+from relayrl.config.relay import RelayConfig
 from relayrl.config.restarts import RestartConfig
+from relayrl.config.rollout import RolloutConfig
+from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig
-from relayrl.config.services import (
-    BufferConfig,
-    ModelConfig,
-    RedisConfig,
-    RelayConfig,
-    RolloutConfig,
-    SchedulerConfig,
-    TaskConfig,
-    TrainerConfig,
-)
+from relayrl.config.task import TaskConfig
+from relayrl.config.trainer import TrainerConfig
 from relayrl.deadlines import REDIS_BLOCK_MARGIN_S
 
 # vLLM 0.32's CPU attention kernels (CPUAttentionBackend.get_supported_head_sizes)

@@ -1,0 +1,46 @@
+"""The weight relay: versions kept, data planes served, the relay tree."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from relayrl.config.base import Endpoint, StrictModel
+
+
+class RelayConfig(StrictModel):
+    endpoint: Endpoint = Field(default_factory=lambda: Endpoint(port=50551))
+    keep_versions: int = Field(4, ge=1, le=1024, description="Versions kept in memory.")
+    chunk_bytes: int = Field(
+        1 << 20, ge=1024, le=32 << 20, description="Bytes per streamed chunk."
+    )
+    data_planes: list[Literal["grpc", "shm", "torch_dist", "nixl"]] = Field(
+        default_factory=lambda: ["grpc", "torch_dist"], min_length=1,
+        description="Data planes this relay serves versions through; gRPC carries the "
+        "control for all of them. shm needs shm_dir; nixl needs the nixl-cu12 package.",
+    )
+    shm_dir: str | None = Field(
+        None, description="Keep versions as files in this shared-memory directory (e.g. "
+        "/dev/shm) so workers on the same host map them without a copy; unset keeps them in "
+        "process memory.",
+    )
+    upstream: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="host:port of relays to follow, in order of preference: this relay "
+        "re-serves their versions while they arrive (a relay tree). Empty: a root relay that "
+        "the trainer publishes to.",
+    )
+    follow_poll_s: float = Field(
+        0.02, gt=0, le=60, description="How often a follower asks its upstream for news."
+    )
+    timeout_s: float = Field(
+        60.0, gt=0, le=3600,
+        description="Deadline of every relay call and transfer; a version that stops "
+        "arriving for this long is dropped.",
+    )
+    metrics_port: int = Field(
+        0, ge=0, le=65535,
+        description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host; 0 serves "
+        "none.",
+    )

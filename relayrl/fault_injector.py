@@ -37,9 +37,12 @@ class Outcome:
 
 
 class FaultInjector:
-    def __init__(self, launcher, schedule: list[Fault], recovery_timeout_s: float = 180.0):
+    def __init__(self, launcher, schedule: list[Fault], due: list[int],
+                 recovery_timeout_s: float = 180.0):
+        assert len(due) == len(schedule)
         self.launcher = launcher
         self.schedule = schedule
+        self.due = due
         self.recovery_timeout_s = recovery_timeout_s
         self.outcomes: list[Outcome] = []
         self.error: BaseException | None = None
@@ -78,15 +81,16 @@ class FaultInjector:
     # -- the schedule ---------------------------------------------------------------------------
 
     def run(self, ended: threading.Event, stop: threading.Event) -> None:
-        """Every fault in order. Once `ended` is set (the trainer reached its last step) no
+        """Every fault in order, each at its due step (or the step after the previous one
+        recovered, when that is later). Once `ended` is set (the trainer reached its last step) no
         new fault fires, but the last one's recovery is still watched; `stop` gives up."""
         max_steps = self.launcher.cfg.trainer.max_steps
         try:
             last = self._wait_step(lambda s: True, ended)
-            for fault in self.schedule:
+            for fault, due in zip(self.schedule, self.due, strict=True):
                 if last is None:
                     return
-                target = last + fault.after_steps
+                target = max(due, last + 1)
                 at = self._wait_step(lambda s, t=target: s >= t, ended)
                 if at is None or at >= max_steps or ended.wait(fault.delay_s):
                     return

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from relayrl.audit import AuditReport, audit_redis
 from relayrl.config import RunConfig
 from relayrl.fault_injector import FaultInjector, Outcome
-from relayrl.faults import Fault
+from relayrl.faults import Fault, due_steps
 from relayrl.keys import RunKeys
 from relayrl.launcher import Launcher
 from relayrl.redis_conn import connect
@@ -50,15 +50,18 @@ class FaultRunResult:
                 and all(o.recovery_s is not None for o in self.outcomes))
 
 
-def run_with_faults(cfg: RunConfig, schedule: list[Fault], timeout_s: float = 900.0,
-                    recovery_timeout_s: float = 180.0) -> FaultRunResult:
-    """Run `cfg` to its end while `schedule` is carried out. TimeoutError if the run has
+def run_with_faults(cfg: RunConfig, schedule: list[Fault], steps_per_restart: int,
+                    timeout_s: float = 900.0, recovery_timeout_s: float = 180.0
+                    ) -> FaultRunResult:
+    """Run `cfg` to its end while `schedule` is carried out, each fault at its due step
+    (relayrl.faults.due_steps). TimeoutError if the run has
     not ended after `timeout_s` (a wedged run must not hang its caller)."""
     t0 = time.monotonic()
     launcher = Launcher(cfg, show_trainer_output=False)
     try:
         launcher.start()
-        injector = FaultInjector(launcher, schedule, recovery_timeout_s)
+        injector = FaultInjector(launcher, schedule, due_steps(schedule, steps_per_restart),
+                                 recovery_timeout_s)
         ended, stop = threading.Event(), threading.Event()
         thread = threading.Thread(target=injector.run, args=(ended, stop), name="faults",
                                   daemon=True)

@@ -53,11 +53,33 @@ def draw_schedule(seed: int, rounds: int, num_workers: int, kinds: tuple[str, ..
 RUN_CONTINUES = ("rollout", "relay")
 
 
-def steps_needed(schedule: list[Fault], steps_per_restart: int) -> int:
-    """Trainer steps a run needs so that every fault of `schedule` fires before its end:
-    each waits its steps, then one more shows the run recovered; where the run goes on
-    while the process restarts, it may take `steps_per_restart` meanwhile. (A killed trainer
-    replays the steps since its checkpoint, which does not move the run's target.) The
-    last fault's process may come back after the run's end: the run waits for it."""
-    goes_on = [f for f in schedule[:-1] if f.kind in RUN_CONTINUES]  # the last may finish late
-    return sum(f.after_steps + 1 for f in schedule) + steps_per_restart * len(goes_on) + 2
+# steps a run may take between a fault's due step and its kill (its delay, the injector's
+# poll, a burst of batches the buffer held while a service was down)
+LANDING_SLACK_STEPS = 8
+
+
+def due_steps(schedule: list[Fault], steps_per_restart: int,
+              slack: int = LANDING_SLACK_STEPS) -> list[int]:
+    """The trainer step each fault of `schedule` is due at, counted from the run's start:
+    its `after_steps` past the previous one's due step, plus one step showing the run
+    recovered, `slack` steps for the previous kill landing late, and `steps_per_restart`
+    where the run goes on while the previous process restarts. Due steps are absolute, so
+    one fault landing late does not push every later one back."""
+    due, step = [], 0
+    for i, fault in enumerate(schedule):
+        if i:
+            prev = schedule[i - 1]
+            step += 1 + slack + (steps_per_restart if prev.kind in RUN_CONTINUES else 0)
+        step += fault.after_steps
+        due.append(step)
+    return due
+
+
+def steps_needed(schedule: list[Fault], steps_per_restart: int,
+                 slack: int = LANDING_SLACK_STEPS) -> int:
+    """Trainer steps a run needs so that every fault of `schedule` fires before its end: the
+    last one's due step, its landing slack, and a step or two showing the run recovered. (A
+    killed trainer replays the steps since its checkpoint, which does not move the run's
+    target.) The last fault's process may come back after the run's end: the run waits
+    for it."""
+    return due_steps(schedule, steps_per_restart, slack)[-1] + slack + 3

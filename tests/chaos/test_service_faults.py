@@ -10,18 +10,18 @@ from relayrl.fault_run import fault_settings, run_with_faults
 from relayrl.faults import KINDS, draw_schedule, steps_needed
 from tests.conftest import small_stack_config
 
-SEED, ROUNDS, WORKERS = 0, 1, 2
+SEED, ROUNDS, WORKERS, STEPS_PER_RESTART = 0, 1, 2, 20
 
 
 @pytest.fixture(scope="module")
 def faulted_run(tmp_path_factory):
     schedule = draw_schedule(SEED, ROUNDS, WORKERS)
-    steps = steps_needed(schedule, steps_per_restart=20)
+    steps = steps_needed(schedule, STEPS_PER_RESTART)
     data = small_stack_config(tmp_path_factory.mktemp("faults"), steps=steps)
     data["rollout"].update(num_workers=WORKERS, max_new_tokens=8, segment_tokens=4)
     for section, fields in fault_settings(ROUNDS).items():
         data.setdefault(section, {}).update(fields)
-    return schedule, run_with_faults(RunConfig.model_validate(data), schedule)
+    return schedule, run_with_faults(RunConfig.model_validate(data), schedule, STEPS_PER_RESTART)
 
 
 def test_every_kind_was_killed_once_and_recovered(faulted_run):

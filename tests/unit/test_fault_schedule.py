@@ -3,7 +3,7 @@
 import pytest
 
 from relayrl.config.restarts import RestartConfig
-from relayrl.faults import KINDS, draw_schedule, steps_needed
+from relayrl.faults import KINDS, draw_schedule, due_steps, steps_needed
 from relayrl.restarts import RestartBudget
 
 
@@ -31,10 +31,21 @@ def test_a_bad_schedule_request_is_refused_by_name():
 
 def test_steps_needed_leaves_room_for_a_restart_the_run_goes_on_through():
     schedule = draw_schedule(0, 1, 2)
-    base = steps_needed(schedule, 0)
+    base = steps_needed(schedule, 0, slack=0)
     assert base == sum(f.after_steps + 1 for f in schedule) + 2
     # the relay is restarting while the trainer steps; the last fault may end after the run
-    assert steps_needed(schedule, 10) == base + 10
+    assert steps_needed(schedule, 10, slack=0) == base + 10
+    # each kill may land late: every gap and the end get the slack
+    assert steps_needed(schedule, 10, slack=4) == base + 10 + 4 * len(schedule)
+
+
+def test_due_steps_are_absolute_and_spaced_by_the_previous_fault():
+    schedule = draw_schedule(0, 1, 2)
+    due = due_steps(schedule, steps_per_restart=20, slack=3)
+    assert due[0] == schedule[0].after_steps
+    for prev, fault, a, b in zip(schedule, schedule[1:], due, due[1:], strict=False):
+        restart = 20 if prev.kind in ("relay", "rollout") else 0
+        assert b - a == fault.after_steps + 1 + 3 + restart
 
 
 def test_restarts_back_off_doubling_up_to_the_cap_and_stop_at_the_limit():

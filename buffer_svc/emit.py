@@ -12,27 +12,34 @@ from __future__ import annotations
 
 import redis
 
+from relayrl import ledger
 from relayrl.keys import BUFFER_GROUP, RunKeys
 from relayrl.streams import FIELD
 
-# KEYS: batch stream, batched ledger set, trajectory stream
-# ARGV: the buffer's consumer group, payload, number of prompts n, n prompt ids, then the
-# trajectory entry ids
+# KEYS: batch stream, batched ledger bitmap, batched ledger's external set, trajectory stream
+# ARGV: the buffer's consumer group, payload, number of scheduler prompt ids n, number of
+# external ones m, the n ids (bits of the bitmap), the m ids (members of the set), then the
+# trajectory entry ids (the encoding is relayrl.ledger's)
 EMIT_SCRIPT = """
-local n = tonumber(ARGV[3])
+local n, m = tonumber(ARGV[3]), tonumber(ARGV[4])
+local first_external, first_entry = 5 + n, 5 + n + m
 local fresh = false
-for i = 4, 3 + n do
-  if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 then fresh = true break end
+for i = 5, first_entry - 1 do
+  local seen
+  if i < first_external then seen = redis.call('GETBIT', KEYS[2], ARGV[i])
+  else seen = redis.call('SISMEMBER', KEYS[3], ARGV[i]) end
+  if seen == 0 then fresh = true break end
 end
 if fresh then
   redis.call('XADD', KEYS[1], '*', 'data', ARGV[2])
-  for i = 4, 3 + n do redis.call('SADD', KEYS[2], ARGV[i]) end
+  for i = 5, first_external - 1 do redis.call('SETBIT', KEYS[2], ARGV[i], 1) end
+  for i = first_external, first_entry - 1 do redis.call('SADD', KEYS[3], ARGV[i]) end
 end
 local ids = {}
-for i = 4 + n, #ARGV do ids[#ids + 1] = ARGV[i] end
+for i = first_entry, #ARGV do ids[#ids + 1] = ARGV[i] end
 if #ids > 0 then
-  redis.call('XACK', KEYS[3], ARGV[1], unpack(ids))
-  redis.call('XDEL', KEYS[3], unpack(ids))
+  redis.call('XACK', KEYS[4], ARGV[1], unpack(ids))
+  redis.call('XDEL', KEYS[4], unpack(ids))
 end
 if fresh then return 1 end
 return 0
@@ -49,8 +56,10 @@ class BatchAppender:
         """Append the batch; False if it had been appended already (nothing appended)."""
         if not prompt_ids:
             raise ValueError("a batch needs at least one group")
-        k = self.keys
-        reply = self._script(keys=[k.batches, k.ledger("batched"), k.trajectories],
-                             args=[BUFFER_GROUP, payload, len(prompt_ids), *prompt_ids,
-                                   *entry_ids])
+        internal, external = ledger.split(prompt_ids)
+        batched = ledger.ledger_keys(self.keys, "batched")
+        reply = self._script(
+            keys=[self.keys.batches, batched.bitmap, batched.external, self.keys.trajectories],
+            args=[BUFFER_GROUP, payload, len(internal), len(external), *internal, *external,
+                  *entry_ids])
         return bool(reply)

@@ -21,7 +21,7 @@ from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.emit import BatchAppender
 from buffer_svc.submit import Submissions
 from buffer_svc.telemetry import buffer_metrics
-from relayrl import control
+from relayrl import control, ledger
 from relayrl.backpressure import PressureCounters, StoppedWaiting, is_oom, retry_on_oom
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
@@ -61,7 +61,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         return control.read_run_state(self.r, self.keys) is control.RunState.STOPPING
 
     def _already_batched(self, prompt_id: int) -> bool:
-        return bool(self.r.sismember(self.keys.ledger("batched"), prompt_id))
+        return ledger.contains(self.r, self.keys, "batched", prompt_id)
 
     def unread_batches(self) -> int:
         """Batches on the batch stream the trainer has not been handed yet (a read batch

@@ -1,10 +1,11 @@
 """Reconcile a run's prompt ledger: every prompt handed out is accounted for exactly once.
 
-The services record prompt ids in Redis sets as they pass each stage: the scheduler `leased`
-and `failed`, the buffer `batched`, the trainer `consumed` and `dropped` (stale, or filtered
-by the loss) once the step that used them is durable in a checkpoint. The trainer also
-keeps a running count of the scheduler prompts it has stepped past, which a set cannot:
-a group trained twice would count twice there but once in the sets. The books balance when
+The services record prompt ids in the run's ledger (relayrl.ledger, one set of ids per
+stage) as they pass each stage: the scheduler `leased` and `failed`, the buffer `batched`,
+the trainer `consumed` and `dropped` (stale, or filtered by the loss) once the step that
+used them is durable in a checkpoint. The trainer also keeps a running count of the
+scheduler prompts it has stepped past, which a set cannot: a group trained twice would
+count twice there but once in the sets. The books balance when
 no stage holds a prompt the previous one never passed on, nothing is both trained and
 dropped, and (once the trainer's last step is durable) its count equals what the sets hold.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import ResponseError
 
+from relayrl import ledger
 from relayrl.keys import LEDGER_SETS, TRAINER_GROUP, RunKeys, is_external
 
 
@@ -111,7 +113,7 @@ def audit_redis(redis, run_id: str, max_steps: int | None = None) -> AuditReport
     """Read the run's ledger from Redis and reconcile it. The run counts as finished when
     the trainer has reached `max_steps` and no trained batch awaits acknowledgement."""
     keys = RunKeys(run_id)
-    sets = {name: {int(x) for x in redis.smembers(keys.ledger(name))} for name in LEDGER_SETS}
+    sets = ledger.all_members(redis, keys)
     trainer_finished = int(redis.get(keys.prompts_finished) or 0)
     version = int(redis.get(keys.trainer_version) or 0)
     try:

@@ -62,9 +62,14 @@ class RunKeys:
         return self._k("trainer:recent_metrics")
 
     def ledger(self, name: str) -> str:
-        """Sets of prompt ids: leased, failed, batched, consumed, dropped."""
+        """Bitmap of the scheduler prompt ids in ledger `name` (relayrl.ledger)."""
         assert name in LEDGER_SETS, name
         return self._k(f"ledger:{name}")
+
+    def ledger_external(self, name: str) -> str:
+        """Set of the external prompt ids in ledger `name` (relayrl.ledger)."""
+        assert name in LEDGER_SETS, name
+        return self._k(f"ledger:{name}:external")
 
 
 LEDGER_SETS = ("leased", "failed", "batched", "consumed", "dropped")

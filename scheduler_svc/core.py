@@ -13,7 +13,7 @@ import uuid
 
 import redis
 
-from relayrl import control
+from relayrl import control, ledger
 from relayrl.backpressure import is_oom
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
@@ -69,10 +69,10 @@ class SchedulerCore(LeaseClient):
         lease ids no earlier process used (a worker may still hold one of its leases)."""
         self.policy.lease_prefix = f"L{uuid.uuid4().hex[:8]}-"
 
-        def ledger(name: str) -> set[int]:
-            return {int(p) for p in self.redis.smembers(self.keys.ledger(name))}
+        def read(name: str) -> set[int]:
+            return ledger.members(self.redis, self.keys, name)
 
-        self.policy.restore(ledger("leased"), ledger("batched"), ledger("failed"))
+        self.policy.restore(read("leased"), read("batched"), read("failed"))
         if self.policy.cursor:
             log.info("taking up after %d prompts handed out: %d to lease again",
                      self.policy.cursor, len(self.policy.requeue))
@@ -101,7 +101,7 @@ class SchedulerCore(LeaseClient):
         return state
 
     def _record(self, name: str, prompt_ids) -> None:
-        """Add prompt ids to a ledger set. A write Redis refuses at its memory limit is kept
+        """Add prompt ids to a ledger. A write Redis refuses at its memory limit is kept
         and tried again on every refresh, so the books stay whole and no caller waits."""
         with self.ledger_lock:
             todo = self.unrecorded.setdefault(name, set())
@@ -109,7 +109,7 @@ class SchedulerCore(LeaseClient):
             if not todo:
                 return
             try:
-                self.redis.sadd(self.keys.ledger(name), *sorted(todo))
+                ledger.add(self.redis, self.keys, name, sorted(todo))
             except redis.ResponseError as err:
                 if not is_oom(err):
                     raise

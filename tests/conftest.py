@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
+from relayrl import ledger as prompt_ledger
 from relayrl.audit import audit_redis
 from relayrl.config import RunConfig
 from relayrl.grpc_util import channel, free_ports  # noqa: F401 (tests import it from here)
@@ -85,8 +86,7 @@ def snapshot(cfg: RunConfig) -> dict:
         workers.append(stub.Status(rollout_pb2.RolloutStatusRequest(), timeout=5))
     r = redis_lib.Redis.from_url(cfg.redis.url)
     keys = RunKeys(cfg.run_id)
-    ledger = {name: {int(x) for x in r.smembers(keys.ledger(name))}
-              for name in ("leased", "batched", "consumed", "dropped", "failed")}
+    ledger = prompt_ledger.all_members(r, keys)
     return {
         "scheduler": sched.Status(scheduler_pb2.SchedulerStatusRequest(), timeout=5),
         "buffer": buf.Stats(buffer_pb2.BufferStatsRequest(), timeout=5),

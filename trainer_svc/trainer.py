@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from relayrl import ledger as prompt_ledger
 from relayrl.backpressure import PressureCounters, retry_on_oom
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
@@ -103,10 +104,8 @@ class Trainer:
             if ledger.entry_ids:
                 pipe.xack(self.keys.batches, TRAINER_GROUP, *ledger.entry_ids)
                 pipe.xdel(self.keys.batches, *ledger.entry_ids)
-            if ledger.consumed:
-                pipe.sadd(self.keys.ledger("consumed"), *ledger.consumed)
-            if ledger.dropped:
-                pipe.sadd(self.keys.ledger("dropped"), *ledger.dropped)
+            prompt_ledger.add(pipe, self.keys, "consumed", ledger.consumed)
+            prompt_ledger.add(pipe, self.keys, "dropped", ledger.dropped)
             pipe.execute()
 
         retry_on_oom(write, self.pressure, "the trainer's acknowledgement")

@@ -6,6 +6,7 @@ import pytest
 
 from buffer_svc.assembler import ReadyBatch
 from buffer_svc.server import BufferService
+from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.keys import BUFFER_GROUP, RunKeys
 from relayrl.messages import Batch, Group, Sample
@@ -43,6 +44,6 @@ def test_a_repeated_batch_append_appends_once_and_still_acknowledges(redis):
     svc._emit(ready)
     svc._emit(ready)  # as the client's retry would, after the first ran
     assert redis.xlen(keys.batches) == 1
-    assert redis.smembers(keys.ledger("batched")) == {b"0", b"1"}
+    assert ledger.members(redis, keys, "batched") == {0, 1}
     assert redis.xlen(keys.trajectories) == 0
     assert redis.xpending(keys.trajectories, BUFFER_GROUP)["pending"] == 0

@@ -8,6 +8,8 @@ import threading
 
 import pytest
 
+from relayrl import ledger
+from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
 from relayrl.redis_conn import EmbeddedRedis, connect
 from relayrl.redis_server import RedisServer
 
@@ -74,10 +76,12 @@ def test_a_run_started_before_append_only_keeps_its_data(tmp_path):
 
 
 def test_a_killed_runs_ledger_is_read_back_from_its_log(server, tmp_path):
-    connect(server.url).sadd("ledger", *range(50))
+    keys = RunKeys("killed")
+    ids = [*range(50), EXTERNAL_PROMPT_BASE + 7]
+    ledger.add(connect(server.url), keys, "batched", ids)
     kill(server)  # the data file holds none of it
     reopened = EmbeddedRedis(tmp_path)  # as `relayrl audit` opens a stopped run
     try:
-        assert connect(reopened.url).scard("ledger") == 50
+        assert ledger.members(connect(reopened.url), keys, "batched") == set(ids)
     finally:
         reopened.shutdown()

@@ -4,6 +4,7 @@ left off: it hands out no prompt id twice as new, leases again every prompt that
 
 import pytest
 
+from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
 from relayrl.redis_conn import connect
@@ -43,7 +44,7 @@ def test_a_restarted_scheduler_leases_again_what_was_out_and_goes_on(redis):
     assert [lp.prompt_id for lp in out] == [0, 1, 2, 3]
     # prompts 0 and 1 reached the buffer and were batched; 2 and 3 were still generating
     assert first.complete("w0", out[0].lease_id) and first.complete("w0", out[1].lease_id)
-    redis.sadd(RunKeys(CFG.run_id).ledger("batched"), 0, 1)
+    ledger.add(redis, RunKeys(CFG.run_id), "batched", [0, 1])
 
     second = SchedulerCore(CFG, redis, clock=clock)  # the first died with its leases
     second.register("w0", "here")
@@ -59,7 +60,7 @@ def test_new_prompts_continue_after_the_last_one_handed_out(redis):
     first.register("w0", "here")
     out = first.acquire("w0", 3).leases
     keys = RunKeys(CFG.run_id)
-    redis.sadd(keys.ledger("batched"), *(lp.prompt_id for lp in out))
+    ledger.add(redis, keys, "batched", [lp.prompt_id for lp in out])
     redis.set(keys.prompts_finished, 3)  # the trainer stepped past all three
 
     second = SchedulerCore(CFG, redis, clock=clock)

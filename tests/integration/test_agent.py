@@ -10,6 +10,7 @@ from pathlib import Path
 
 import redis as redis_lib
 
+from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys, is_external
 from relayrl.launcher import Launcher
@@ -42,8 +43,7 @@ def test_agent_groups_are_trained_and_the_books_balance(tmp_path):
         assert launcher.wait() == 0
         r = redis_lib.Redis.from_url(cfg.redis.url)
         keys = RunKeys(cfg.run_id)
-        led = {n: {int(x) for x in r.smembers(keys.ledger(n))}
-               for n in ("leased", "batched", "consumed", "dropped")}
+        led = ledger.all_members(r, keys)
     finally:
         launcher.shutdown()
     rows = read_metrics(f"{cfg.run_dir}/metrics.jsonl")

@@ -116,8 +116,9 @@ def state(launcher: Launcher) -> dict:
     worker = rollout_pb2_grpc.RolloutStub(channel(address["rollout-0"])).Status(
         rollout_pb2.RolloutStatusRequest(), timeout=10)
     r = connect(cfg.redis.url)  # with the run's Redis password, if it has one
+    # a string's bit count too: the prompt ledger's bitmaps (relayrl.ledger) are strings
     sizes = {"stream": r.xlen, "hash": r.hlen, "list": r.llen, "set": r.scard, "zset": r.zcard,
-             "string": r.strlen}
+             "string": lambda key: (r.strlen(key), r.bitcount(key))}
     keys = {}
     for key in r.scan_iter(count=1000):
         kind = r.type(key).decode()

@@ -4,6 +4,7 @@ Both run on a real (embedded) Redis, which holds the ledger."""
 import grpc
 import pytest
 
+from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.grpc_util import make_server
 from relayrl.keys import RunKeys
@@ -59,7 +60,7 @@ def test_prompts_come_from_the_task_and_land_in_the_ledger(setup):
     assert [lp.prompt_id for lp in batch.leases] == [0, 1]
     p = core.task.problem(0)
     assert (batch.leases[0].text, batch.leases[0].reference) == (p.text, p.reference)
-    assert {int(x) for x in redis.smembers(RunKeys("leases").ledger("leased"))} == {0, 1}
+    assert ledger.members(redis, RunKeys("leases"), "leased") == {0, 1}
 
 
 def test_inflight_cap_then_trainer_progress_releases_more(setup):

@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
 from relayrl.messages import Batch, Group, Sample, encode_batch
@@ -72,8 +73,8 @@ def test_the_trainer_steps_every_loss(tmp_path, redis_url, tiny_lm, loss):
     after = trainer.lm.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     keys = RunKeys(cfg.run_id)
-    consumed = {int(x) for x in r.smembers(keys.ledger("consumed"))}
-    dropped = {int(x) for x in r.smembers(keys.ledger("dropped"))}
+    consumed = ledger.members(r, keys, "consumed")
+    dropped = ledger.members(r, keys, "dropped")
     if loss == "dapo":  # dynamic sampling: the group whose rewards agree is not trained on
         assert record["train/groups_filtered_uniform"] == 1
         assert record["train/groups"] == 1 and record["train/samples"] == 2

@@ -6,6 +6,7 @@ import threading
 import pytest
 import torch
 
+from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.keys import TRAINER_GROUP, RunKeys
 from relayrl.messages import Batch, Group, Sample, encode_batch
@@ -73,7 +74,7 @@ def test_restart_resumes_exactly(env):
     del first  # the "crash": step 3 was trained but never made durable
 
     assert r.xpending(keys.batches, TRAINER_GROUP)["pending"] == 1
-    assert {int(x) for x in r.smembers(keys.ledger("consumed"))} == {0, 1, 2, 3}
+    assert ledger.members(r, keys, "consumed") == {0, 1, 2, 3}
 
     second = new_trainer(cfg, r, model_path, relay)
     second.resume()
@@ -88,7 +89,7 @@ def test_restart_resumes_exactly(env):
     second.publisher.close()
     assert r.xpending(keys.batches, TRAINER_GROUP)["pending"] == 0
     assert r.xlen(keys.batches) == 0
-    assert {int(x) for x in r.smembers(keys.ledger("consumed"))} == set(range(6))
+    assert ledger.members(r, keys, "consumed") == set(range(6))
 
 
 def test_a_delivery_whose_reply_was_lost_is_trained_next(env):
@@ -109,4 +110,4 @@ def test_a_delivery_whose_reply_was_lost_is_trained_next(env):
     trainer.save_checkpoint()
     trainer.publisher.close()
     assert r.xpending(keys.batches, TRAINER_GROUP)["pending"] == 0
-    assert {int(x) for x in r.smembers(keys.ledger("consumed"))} == set(range(6))
+    assert ledger.members(r, keys, "consumed") == set(range(6))

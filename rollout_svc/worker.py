@@ -11,33 +11,26 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 
 import grpc
 import redis
-import torch
 
-from relayrl import control
 from relayrl.backpressure import StoppedWaiting
-from relayrl.codec import CodecError
 from relayrl.config import RunConfig
-from relayrl.keys import RunKeys
-from relayrl.kv_state import SequenceKV
 from relayrl.leases import LeaseClient, LeasedPrompt
 from relayrl.messages import Sample
 from relayrl.models import LoadedModel
 from relayrl.partial import PartialGroup
 from relayrl.rewards import get_reward, score
 from relayrl.streams import TrajectoryWriter
-from relayrl.weights import WeightError, WeightPlane
-from relayrl.weights.layout import flat_size
-from rollout_svc.engine import Engine, SamplingSpec
-from rollout_svc.lengths import target_length
+from relayrl.weights import WeightPlane
+from rollout_svc.engine import Engine
+from rollout_svc.generation import GroupGenerator
+from rollout_svc.weight_refresh import WeightRefresher
 
 log = logging.getLogger(__name__)
 SERVE_ONLY_POLL_S = 1.0
-CATCH_UP_POLL_S = 0.02
 CATCH_UP_SHARE = 0.25  # of the lease TTL, the longest a worker waits for required weights
 
 
@@ -47,7 +40,23 @@ class ActiveGroup:
     group: PartialGroup
 
 
+def _counter(part: str, name: str) -> property:
+    return property(lambda self: getattr(getattr(self, part), name))
+
+
 class RolloutWorker:
+    # counters kept by the worker's parts, read by Status, /metrics and tests
+    weight_swaps = _counter("weights", "weight_swaps")
+    pull_failures = _counter("weights", "pull_failures")
+    bytes_pulled = _counter("weights", "bytes_pulled")
+    last_pull_s = _counter("weights", "last_pull_s")
+    catch_up_timeouts = _counter("weights", "catch_up_timeouts")
+    segments = _counter("generator", "segments")
+    mid_sequence_swaps = _counter("generator", "mid_sequence_swaps")
+    groups_resumed = _counter("generator", "groups_resumed")
+    kv_imported = _counter("generator", "kv_imported")
+    kv_refused = _counter("generator", "kv_refused")
+
     def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
                  scheduler: LeaseClient, relays: list[WeightPlane],
                  writer: TrajectoryWriter, reward_name: str):
@@ -56,56 +65,19 @@ class RolloutWorker:
         self.engine = engine
         self.lm = lm
         self.scheduler = scheduler
-        if not relays:
-            raise ValueError("rollout.relays: a worker needs at least one relay")
-        self.relays = relays
+        self.weights = WeightRefresher(engine, relays)
         self.writer = writer
+        self.generator = GroupGenerator(cfg, engine, lm, writer)
         self.reward_fn = get_reward(reward_name)
-        self.prompt_format = cfg.task.prompt_format
         self.samples_generated = 0
-        self.weight_swaps = 0
-        self.pull_failures = 0
-        self.bytes_pulled = 0
-        self.last_pull_s = 0.0
         self.versions_used: set[int] = set()
-        self.segments = 0
-        self.mid_sequence_swaps = 0  # sequences that continued under a newer version
-        self.groups_resumed = 0  # leases that came with another worker's token state
         self.leases_released = 0
         self.groups_moved_out = 0  # handed over to another worker by a repack
-        self.kv_imported = 0  # KV states taken over with a moved group (no re-prefill)
-        self.kv_refused = 0  # ... that this engine could not use (another version, ...)
-        self.catch_up_timeouts = 0  # leases started below the version the scheduler asked
-        self.temperature = cfg.rollout.temperature  # the run's live setting, as last read
         self.scheduler_call_failures = 0  # calls that failed or passed their deadline
-        self._staging: torch.Tensor | None = None  # receive buffer reused across pulls
 
     def refresh_weights(self) -> bool:
-        """Move to the newest version any relay offers, trying relays in order. A relay that
-        is down or serves anything that fails verification is skipped; if none succeeds the
-        engine stays, whole, on the version it has. True if the engine moved."""
-        for relay in self.relays:
-            try:
-                manifest = relay.manifest(0)
-                if manifest is None or manifest.version <= self.engine.version:
-                    return False
-                t0 = time.monotonic()
-                size = flat_size(manifest)
-                if self._staging is None or self._staging.numel() < size:
-                    self._staging = torch.empty(size, dtype=torch.uint8)
-                tensors = relay.pull(manifest.version, staging=self._staging)
-                self.engine.load_weights(tensors, manifest.version)
-            except (WeightError, ValueError, grpc.RpcError) as err:
-                self.pull_failures += 1
-                log.warning("weight refresh from %s failed, still on version %d: %s",
-                            getattr(relay, "address", "relay"), self.engine.version, err)
-                continue
-            self.weight_swaps += 1
-            self.bytes_pulled += manifest.total_bytes
-            self.last_pull_s = time.monotonic() - t0
-            log.info("now on version %d (%.0f ms)", manifest.version, 1e3 * self.last_pull_s)
-            return True
-        return False
+        """Move to the newest version a relay offers (WeightRefresher.refresh)."""
+        return self.weights.refresh()
 
     def register(self) -> None:
         self.scheduler.register(self.worker_id, self.cfg.rollout.endpoint.address)
@@ -120,84 +92,15 @@ class RolloutWorker:
                 self.scheduler_call_failures += 1
                 log.warning("heartbeat failed: %s", err.code())
 
-    def _start_group(self, lease: LeasedPrompt, prompt_tokens: list[int]) -> PartialGroup:
-        n = self.cfg.rollout.samples_per_prompt
-        if lease.partial_state:
-            try:
-                group = PartialGroup.decode(lease.partial_state, lease.prompt_id, n)
-                self.groups_resumed += 1
-                return group
-            except CodecError as err:  # the scheduler checked it; start over rather than die
-                log.warning("lease %s: saved state unusable (%s); starting over",
-                            lease.lease_id, err)
-        return PartialGroup.fresh(lease.prompt_id, prompt_tokens, n)
-
-    def _limit(self, group: PartialGroup, index: int) -> int:
-        rc = self.cfg.rollout
-        if not rc.synthetic_length_median:
-            return rc.max_new_tokens
-        return target_length(group.prompt_id, index, rc.synthetic_length_median,
-                             rc.synthetic_length_p99_ratio, rc.max_new_tokens)
-
-    def sampling_temperature(self) -> float:
-        """The run's live sampling temperature (relayrl.control), read for every segment so
-        the trainer rescores at the temperature the tokens were sampled with."""
-        try:
-            settings = control.read_settings(self.writer.r, RunKeys(self.cfg.run_id), self.cfg)
-            self.temperature = settings.temperature
-        except redis.RedisError as err:
-            log.warning("live settings not read (%s); sampling at %s", err, self.temperature)
-        return self.temperature
-
-    def generate_segment(self, groups: list[PartialGroup]) -> None:
-        """Extend every unfinished sequence of `groups` by at most one segment, in one engine
-        call under the engine's current weights; every new token is tagged with that
-        version. A sequence that passes its length limit is cut there."""
-        rc = self.cfg.rollout
-        todo = [(g, s, self._limit(g, i)) for g in groups
-                for i, s in enumerate(g.sequences) if not s.finished]
-        budget = max(limit - len(s.tokens) for _, s, limit in todo)
-        if rc.segment_tokens:
-            budget = min(budget, rc.segment_tokens)
-        spec = SamplingSpec(max_new_tokens=budget, temperature=self.sampling_temperature(),
-                            ignore_eos=bool(rc.synthetic_length_median),
-                            keep_state=bool(rc.segment_tokens))
-        with self.engine.lock:  # no swap between reading the version and sampling with it
-            version = self.engine.version
-            outs = self.engine.generate([g.prompt_tokens + s.tokens for g, s, _ in todo], spec)
-        for (_, seq, limit), out in zip(todo, outs, strict=True):
-            if seq.versions and seq.versions[-1] != version:
-                self.mid_sequence_swaps += 1
-            keep = limit - len(seq.tokens)
-            seq.extend(out.tokens[:keep], out.logprobs[:keep], version)
-            if out.finish_reason == "stop" and len(out.tokens) <= keep:
-                seq.finish_reason = "stop"
-            elif len(seq.tokens) >= limit:
-                seq.finish_reason = "length"
-        self.segments += 1
-
     def activate(self, lease: LeasedPrompt) -> ActiveGroup:
-        prompt_tokens = self.lm.encode_task(lease.text, self.prompt_format)
-        self._import_kv(lease)
-        return ActiveGroup(lease, self._start_group(lease, prompt_tokens))
-
-    def _import_kv(self, lease: LeasedPrompt) -> None:
-        """Take over the KV states a moved group came with; one the engine cannot use (another
-        version, another model, damaged) only costs its re-prefill."""
-        for payload in lease.kv_states:
-            try:
-                self.engine.import_state(SequenceKV.decode(payload))
-                self.kv_imported += 1
-            except (CodecError, ValueError) as err:
-                self.kv_refused += 1
-                log.info("lease %s: KV state not used (%s); re-prefilling", lease.lease_id, err)
+        return ActiveGroup(lease, self.generator.start(lease))
 
     def advance(self, active: list[ActiveGroup], stop: threading.Event | None = None
                 ) -> tuple[list[ActiveGroup], int]:
         """One segment for every active group: finished groups are scored and delivered (a
         delivery waits while the buffer is full), the others' token state is saved with the
         scheduler. Returns (the groups still held, how many were delivered)."""
-        self.generate_segment([a.group for a in active])
+        self.generator.generate_segment([a.group for a in active])
         still, delivered = [], 0
         for a in active:
             if a.group.finished:
@@ -311,19 +214,10 @@ class RolloutWorker:
 
     def _catch_up(self, min_version: int, stop: threading.Event) -> None:
         """Before starting new prompts, move to at least `min_version` if a relay can serve
-        it soon: tokens of older weights would be dropped as stale. The trainer has already
-        published it; the relay may still be receiving. Gives up after a fraction of the
-        lease TTL rather than let the leases lapse."""
-        deadline = time.monotonic() + CATCH_UP_SHARE * self.cfg.scheduler.lease_ttl_s
-        while self.engine.version < min_version and not stop.is_set():
-            if self.refresh_weights():
-                continue
-            if time.monotonic() > deadline:
-                log.warning("still on version %d, below the %d the scheduler asked for; "
-                            "generating anyway", self.engine.version, min_version)
-                self.catch_up_timeouts += 1
-                return
-            stop.wait(CATCH_UP_POLL_S)
+        it soon: tokens of older weights would be dropped as stale. Gives up after a fraction
+        of the lease TTL rather than let the leases lapse."""
+        self.weights.catch_up(min_version, stop,
+                              CATCH_UP_SHARE * self.cfg.scheduler.lease_ttl_s)
 
     def _refill(self, active: list[ActiveGroup], stop: threading.Event) -> float:
         """Lease about as many prompts as there are free seats for (capacity:

@@ -1,0 +1,110 @@
+"""A worker's groups in the engine: start one from a lease (fresh, or resumed from saved token
+and KV state), then extend every unfinished sequence one segment at a time."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from relayrl import control
+from relayrl.codec import CodecError
+from relayrl.config import RunConfig
+from relayrl.keys import RunKeys
+from relayrl.kv_state import SequenceKV
+from relayrl.leases import LeasedPrompt
+from relayrl.models import LoadedModel
+from relayrl.partial import PartialGroup
+from relayrl.streams import TrajectoryWriter
+from rollout_svc.engine import Engine, SamplingSpec
+from rollout_svc.lengths import target_length
+
+log = logging.getLogger(__name__)
+
+
+class GroupGenerator:
+    def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
+                 writer: TrajectoryWriter):
+        self.cfg = cfg
+        self.engine = engine
+        self.lm = lm
+        self.writer = writer  # its Redis connection also serves the live settings
+        self.prompt_format = cfg.task.prompt_format
+        self.segments = 0
+        self.mid_sequence_swaps = 0  # sequences that continued under a newer version
+        self.groups_resumed = 0  # leases that came with another worker's token state
+        self.kv_imported = 0  # KV states taken over with a moved group (no re-prefill)
+        self.kv_refused = 0  # ... that this engine could not use (another version, ...)
+        self.temperature = cfg.rollout.temperature  # the run's live setting, as last read
+
+    def start(self, lease: LeasedPrompt) -> PartialGroup:
+        prompt_tokens = self.lm.encode_task(lease.text, self.prompt_format)
+        self._import_kv(lease)
+        return self._start_group(lease, prompt_tokens)
+
+    def _start_group(self, lease: LeasedPrompt, prompt_tokens: list[int]) -> PartialGroup:
+        n = self.cfg.rollout.samples_per_prompt
+        if lease.partial_state:
+            try:
+                group = PartialGroup.decode(lease.partial_state, lease.prompt_id, n)
+                self.groups_resumed += 1
+                return group
+            except CodecError as err:  # the scheduler checked it; start over rather than die
+                log.warning("lease %s: saved state unusable (%s); starting over",
+                            lease.lease_id, err)
+        return PartialGroup.fresh(lease.prompt_id, prompt_tokens, n)
+
+    def _import_kv(self, lease: LeasedPrompt) -> None:
+        """Take over the KV states a moved group came with; one the engine cannot use (another
+        version, another model, damaged) only costs its re-prefill."""
+        for payload in lease.kv_states:
+            try:
+                self.engine.import_state(SequenceKV.decode(payload))
+                self.kv_imported += 1
+            except (CodecError, ValueError) as err:
+                self.kv_refused += 1
+                log.info("lease %s: KV state not used (%s); re-prefilling", lease.lease_id, err)
+
+    def _limit(self, group: PartialGroup, index: int) -> int:
+        rc = self.cfg.rollout
+        if not rc.synthetic_length_median:
+            return rc.max_new_tokens
+        return target_length(group.prompt_id, index, rc.synthetic_length_median,
+                             rc.synthetic_length_p99_ratio, rc.max_new_tokens)
+
+    def sampling_temperature(self) -> float:
+        """The run's live sampling temperature (relayrl.control), read for every segment so
+        the trainer rescores at the temperature the tokens were sampled with."""
+        try:
+            settings = control.read_settings(self.writer.r, RunKeys(self.cfg.run_id), self.cfg)
+            self.temperature = settings.temperature
+        except redis.RedisError as err:
+            log.warning("live settings not read (%s); sampling at %s", err, self.temperature)
+        return self.temperature
+
+    def generate_segment(self, groups: list[PartialGroup]) -> None:
+        """Extend every unfinished sequence of `groups` by at most one segment, in one engine
+        call under the engine's current weights; every new token is tagged with that
+        version. A sequence that passes its length limit is cut there."""
+        rc = self.cfg.rollout
+        todo = [(g, s, self._limit(g, i)) for g in groups
+                for i, s in enumerate(g.sequences) if not s.finished]
+        budget = max(limit - len(s.tokens) for _, s, limit in todo)
+        if rc.segment_tokens:
+            budget = min(budget, rc.segment_tokens)
+        spec = SamplingSpec(max_new_tokens=budget, temperature=self.sampling_temperature(),
+                            ignore_eos=bool(rc.synthetic_length_median),
+                            keep_state=bool(rc.segment_tokens))
+        with self.engine.lock:  # no swap between reading the version and sampling with it
+            version = self.engine.version
+            outs = self.engine.generate([g.prompt_tokens + s.tokens for g, s, _ in todo], spec)
+        for (_, seq, limit), out in zip(todo, outs, strict=True):
+            if seq.versions and seq.versions[-1] != version:
+                self.mid_sequence_swaps += 1
+            keep = limit - len(seq.tokens)
+            seq.extend(out.tokens[:keep], out.logprobs[:keep], version)
+            if out.finish_reason == "stop" and len(out.tokens) <= keep:
+                seq.finish_reason = "stop"
+            elif len(seq.tokens) >= limit:
+                seq.finish_reason = "length"
+        self.segments += 1

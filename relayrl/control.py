@@ -21,7 +21,9 @@ from relayrl.config.rollout import RolloutConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.keys import RunKeys
 
-RECENT_METRICS_KEPT = 1000  # trainer records kept in Redis for the API's GET /v1/metrics
+# trainer records kept in Redis for the API's GET /v1/metrics (metrics.jsonl has every one);
+# few enough that the list is full within a run's first minutes and Redis stops growing
+RECENT_METRICS_KEPT = 200
 
 
 class RunState(str, Enum):

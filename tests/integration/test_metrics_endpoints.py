@@ -138,6 +138,7 @@ def test_every_service_exports_its_figures_and_health(services, tiny_lm):
     assert value(sched, "relayrl_scheduler_leases_active") == 0
     assert value(sched, "relayrl_scheduler_workers") == 1
     assert value(sched, "relayrl_scheduler_worker_leases", worker="rollout-0") == 0
+    assert value(sched, "relayrl_scheduler_redis_oom_refusals_total") == 0
     assert value(sched, "relayrl_scheduler_inflight_limit") == cfg.inflight_limit
 
     for name in SERVICES:

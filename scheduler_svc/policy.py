@@ -71,8 +71,9 @@ class LeasePolicy:
     requeue: deque[int] = field(default_factory=deque)
     attempts: dict[int, int] = field(default_factory=dict)
     leases: dict[str, ActiveLease] = field(default_factory=dict)
+    # Per-prompt state lives only while a prompt may be leased again (attempts) or a lapsed
+    # lease may still deliver (expired): a run hands out prompts without end.
     expired: dict[str, int] = field(default_factory=dict)  # lease id -> prompt id
-    delivered: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     workers: dict[str, WorkerState] = field(default_factory=dict)
     draining: set[str] = field(default_factory=set)  # workers that get no new leases
@@ -220,17 +221,25 @@ class LeasePolicy:
         lease = self.leases.get(lease_id)
         if lease is not None and lease.worker_id == worker_id:
             del self.leases[lease_id]
-            self.delivered.add(lease.prompt_id)
+            self._settled(lease.prompt_id)
             self.counters.leases_completed += 1
             return True
         # A late delivery still counts if its prompt is waiting to be leased again.
         prompt_id = self.expired.pop(lease_id, None)
         if prompt_id is not None and prompt_id in self.requeue:
             self.requeue.remove(prompt_id)
-            self.delivered.add(prompt_id)
+            self._settled(prompt_id)
             self.counters.leases_completed += 1
             return True
         return False
+
+    def _settled(self, prompt_id: int) -> None:
+        """The prompt's group reached the buffer (or it failed): it is never leased again, so
+        its attempt count and any lapsed lease of it can go."""
+        self.attempts.pop(prompt_id, None)
+        self.reserved.pop(prompt_id, None)
+        if self.expired:
+            self.expired = {lease: p for lease, p in self.expired.items() if p != prompt_id}
 
     def holder_prompt(self, lease_id: str, worker_id: str) -> int | None:
         """The prompt of a lease the worker still holds, else None."""
@@ -296,6 +305,7 @@ class LeasePolicy:
             self.counters.leases_expired += 1
             if lease.attempt >= self.max_attempts:
                 self.failed.add(lease.prompt_id)
+                self._settled(lease.prompt_id)
             else:
                 self.expired[lease.lease_id] = lease.prompt_id
                 self.requeue.appendleft(lease.prompt_id)

@@ -67,7 +67,7 @@ def test_late_completion_of_requeued_prompt_is_accepted_once():
     p.expire(now=10.0)
     assert list(p.requeue) == [0]
     assert p.complete(lease.lease_id, "w0")
-    assert not p.requeue and p.delivered == {0}
+    assert not p.requeue and p.counters.leases_completed == 1
     assert not p.complete(lease.lease_id, "w0")
 
 
@@ -123,3 +123,29 @@ def test_a_restarted_worker_registering_again_lapses_its_old_leases():
     assert all(g.attempt == 2 for g in again)
     assert p.heartbeat("w0", 0, now=2.0)
     assert not {g.lease_id for g in old} & set(p.leases)
+
+
+def test_a_settled_prompt_leaves_no_per_prompt_state():
+    """A run hands out prompts without end: what the policy keeps per prompt must go once
+    the prompt can no longer be leased (delivered, failed), lapses and retries included."""
+    p = policy(max_inflight=4, max_attempts=2)
+    for round_ in range(50):
+        now = 100.0 * round_
+        grants = p.acquire("w0", 4, now=now)
+        assert len(grants) == 4
+        first, *rest = grants
+        p.expire(now=now + 10.0)  # every lease lapses; its prompt is re-queued
+        assert p.complete(first.lease_id, "w0")  # a late delivery still settles one
+        for g in p.acquire("w0", 3, now=now + 10.0):  # the others: second and last attempt
+            p.complete(g.lease_id, "w0")
+        p.finished += 4
+    assert not p.leases and not p.requeue
+    assert p.attempts == {} and p.expired == {} and p.reserved == {}
+    assert p.counters.leases_completed == 200
+
+
+def test_a_failed_prompt_leaves_only_its_failure():
+    p = policy(max_attempts=1)
+    p.acquire("w0", 1, now=0.0)
+    p.expire(now=10.0)
+    assert p.failed == {0} and p.attempts == {} and p.expired == {}

@@ -18,6 +18,7 @@ from trainer_svc.distributed import Parallel, normaliser, shard_rows
 from trainer_svc.losses import LossInputs, LossSettings, get_loss
 from trainer_svc.losses.advantages import overlong_penalty
 from trainer_svc.losses.ppo import ValueHead
+from trainer_svc.micro_batches import assemble, combine_stats, idle_part, split_batch
 
 
 @dataclass
@@ -45,6 +46,9 @@ class Objective:
         self.loss = get_loss(tc.loss)
         self.settings = LossSettings.from_config(tc, max_response_len)
         self.updates = tc.updates_per_batch
+        # a value loss is a token mean: parts' weights fit it only under the same aggregation
+        splittable = not (self.loss.uses_value_model and self.loss.aggregation != "token_mean")
+        self.micro_batch_tokens = tc.micro_batch_tokens if splittable else 0
         self.grad_clip = tc.grad_clip
         self.temperature = temperature
         self.max_response_len = max_response_len
@@ -118,20 +122,24 @@ class Objective:
                before_first_step: Callable[[], None] = lambda: None) -> UpdateResult:
         """Take `updates_per_batch` optimizer steps on `tb`; `before_first_step` runs after
         the first backward pass, while the parameters are still the old ones. Under torchrun
-        every rank passes the same whole `tb`, and the result is the whole batch's."""
+        every rank passes the same whole `tb`, and the result is the whole batch's. Each
+        step passes the rows in parts of like length (trainer_svc.micro_batches)."""
         rewards = self.shaped_rewards(tb)
         size = tb.rewards.shape[0]
         share, local = RankShare(torch.arange(size), 1.0, True), tb
         if self.parallel.active:
             share = self.rank_share(tb)
             local = select_rows(tb, share.rows, self.parallel.device)
-        ref_logprobs = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logprobs = policy_outputs(self.reference, local, self.temperature).logprobs
-        out, values = self._forward(model, local)
-        old_logprobs = out.logprobs.detach()
-        old_values = values.detach() if values is not None else None
+        parts = split_batch(local, self.micro_batch_tokens, self.loss.aggregation)
+        real = len(parts)
+        if self.parallel.active:  # FSDP gathers weights in every pass: ranks pass alike
+            count = int(self.parallel.max(torch.tensor([len(parts)])).item())
+            parts += [idle_part(parts[-1])] * (count - len(parts))
+        ref_logprobs = [self._reference_logprobs(p.batch) for p in parts]
+        # GAE needs every row's value before any loss: those passes serve the first step too
+        first = [self._forward(model, p.batch) for p in parts] if self.value_head else None
+        old_values = None if first is None else assemble(
+            parts[:real], [v.detach() for _, v in first[:real]], local.response_mask)
         # on the whole batch, as one process would: some estimators normalise over it
         advantages, returns = self.loss.advantages(
             rewards, tb.group_ids, tb.response_mask, self.settings,
@@ -140,17 +148,28 @@ class Objective:
             advantages = advantages[share.rows].to(self.parallel.device)
             returns = None if returns is None else returns[share.rows].to(self.parallel.device)
         # gradients are averaged over the ranks: see trainer_svc.distributed
-        scale = self.parallel.world.size * share.weight
+        scale = self.parallel.world.size * share.weight if self.parallel.active else 1.0
         params = [p for group in optimizer.param_groups for p in group["params"]]
+        old_logprobs: list = [None] * len(parts)
+        old_part_values: list = [None] * len(parts)
         for i in range(self.updates):
-            if i > 0:
-                out, values = self._forward(model, local)
-            loss, stats = self.loss(LossInputs(
-                out.logprobs, old_logprobs, local.behaviour_logprobs, advantages,
-                local.response_mask, entropy=out.entropy, ref_logprobs=ref_logprobs,
-                values=values, old_values=old_values, returns=returns), self.settings)
             optimizer.zero_grad(set_to_none=True)
-            (loss * scale if self.parallel.active else loss).backward()
+            per_part = []
+            for k, part in enumerate(parts):
+                if first is not None and i == 0:
+                    (out, values), first[k] = first[k], None  # its graph goes with it
+                else:
+                    out, values = self._forward(model, part.batch)
+                if i == 0:
+                    old_logprobs[k] = out.logprobs.detach()
+                    old_part_values[k] = None if values is None else values.detach()
+                loss, stats = self.loss(LossInputs(
+                    out.logprobs, old_logprobs[k], part.batch.behaviour_logprobs,
+                    part.take(advantages), part.batch.response_mask, entropy=out.entropy,
+                    ref_logprobs=ref_logprobs[k], values=values, old_values=old_part_values[k],
+                    returns=part.take(returns)), self.settings)
+                (loss * (part.weight * scale) if part.weight * scale != 1.0 else loss).backward()
+                per_part.append(({"loss": loss.item(), **stats}, part))
             self.parallel.sync_gradients(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
             if i == 0:
@@ -158,12 +177,20 @@ class Objective:
             optimizer.step()
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
             grad_norm = grad_norm.full_tensor()
-        stats = {"loss": loss.item(), "grad_norm": grad_norm.item(), **stats}
+        stats = {**combine_stats(per_part), "grad_norm": grad_norm.item(),
+                 "micro_batches": float(real)}
         if self.parallel.active:
             stats = self._whole_batch_stats(stats, share.weight)
         if self.overlong_buffer:
             stats["reward_shaped_mean"] = rewards.mean().item()
-        return UpdateResult(self._whole_batch(old_logprobs, share, size), stats)
+        whole_old = assemble(parts[:real], old_logprobs[:real], local.response_mask)
+        return UpdateResult(self._whole_batch(whole_old, share, size), stats)
+
+    def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return policy_outputs(self.reference, batch, self.temperature).logprobs
 
     def _whole_batch_stats(self, stats: dict[str, float], weight: float) -> dict[str, float]:
         """Maxima over the ranks; other stats weighted by the ranks' shares of the

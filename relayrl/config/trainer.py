@@ -47,6 +47,12 @@ class TrainerConfig(StrictModel):
         1, ge=1, le=64, description="Optimizer steps on each batch (PPO epochs); above 1 the "
         "policy moves away from pi_old within a batch and the ratio clip takes effect.",
     )
+    micro_batch_tokens: int = Field(
+        8192, ge=0, le=10_000_000,
+        description="Most padded tokens (rows x longest row) in one forward and backward pass. "
+        "A batch's rows are sorted by length and split where that saves padding, so a "
+        "long-tailed batch no longer pads every row to its longest; 0: one pass per batch.",
+    )
     scale_rewards: bool = Field(
         True, description="Divide group advantages by the group std (grpo, dapo, gspo).",
     )

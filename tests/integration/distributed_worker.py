@@ -39,6 +39,10 @@ SCENARIOS: dict[str, dict] = {
     # batch-wide advantage normalisation, two updates per batch, weights replicated
     "reinforce_pp_replicated": {"trainer": {"loss": "reinforce_pp", "fsdp": False,
                                             "updates_per_batch": 2}, "groups": 3},
+    # each rank passes its rows one at a time (micro-batches within a rank's share)
+    "ppo_micro_batches": {"trainer": {"loss": "ppo", "micro_batch_tokens": 1}, "groups": 3},
+    "grpo_micro_batches": {"trainer": {"loss": "grpo", "micro_batch_tokens": 1,
+                                       "updates_per_batch": 2}, "groups": 3},
     # fewer groups than ranks: rank 1 has no rows of its own
     "dapo_one_group": {"trainer": {"loss": "dapo"}, "groups": 1},
 }

@@ -1,0 +1,106 @@
+"""Micro-batches: the split of a batch's rows (optimal, within the budget, every row once) and
+the update through parts, which must equal the update through the whole padded batch."""
+
+import copy
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relayrl.config import TrainerConfig
+from tests.unit.test_losses_trainer import MAX_NEW_TOKENS, tiny_batch
+from trainer_svc.losses import LOSSES
+from trainer_svc.micro_batches import PASS_COST_TOKENS, assemble, plan_parts, split_batch
+from trainer_svc.objective import Objective
+
+
+def cost(lengths, parts):
+    return sum(len(p) * max(lengths[i] for i in p) + PASS_COST_TOKENS for p in parts)
+
+
+def brute_force_best(lengths, max_tokens):
+    """Every split of the rows sorted by decreasing length into consecutive runs."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    best = None
+    for cuts in itertools.product([False, True], repeat=len(order) - 1):
+        parts, current = [], [order[0]]
+        for row, cut in zip(order[1:], cuts, strict=True):
+            if cut:
+                parts.append(current)
+                current = []
+            current.append(row)
+        parts.append(current)
+        if any(len(p) > 1 and len(p) * lengths[p[0]] > max_tokens for p in parts):
+            continue
+        c = cost(lengths, parts)
+        best = c if best is None else min(best, c)
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=8), st.integers(1, 2000))
+def test_the_split_is_the_cheapest_within_the_budget(lengths, max_tokens):
+    parts = plan_parts(lengths, max_tokens)
+    assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
+    for p in parts:
+        assert len(p) == 1 or len(p) * max(lengths[i] for i in p) <= max_tokens
+    assert cost(lengths, parts) == brute_force_best(lengths, max_tokens)
+
+
+def test_no_budget_is_one_part_and_a_long_tail_is_split():
+    lengths = [200] + [20] * 31
+    assert len(plan_parts(lengths, 0)) == 1
+    parts = plan_parts(lengths, 8192)
+    assert [len(p) for p in parts] == [1, 31]
+    assert cost(lengths, parts) < 0.2 * (32 * 200)
+
+
+def test_parts_are_the_batch_rows_cut_to_their_longest(tiny_lm):
+    tb = tiny_batch(tiny_lm)
+    parts = split_batch(tb, max_tokens=1, aggregation="token_mean")
+    assert len(parts) == tb.input_ids.shape[0]
+    assert sum(p.weight for p in parts) == pytest.approx(1.0)
+    for part in parts:
+        row = int(part.rows[0])
+        length = int(tb.attention_mask[row].sum())
+        assert part.width == length
+        assert torch.equal(part.batch.input_ids[0], tb.input_ids[row, :length])
+        assert torch.equal(part.batch.response_mask[0], tb.response_mask[row, :length - 1])
+        # what was cut is padding: no attention, no response token
+        assert tb.attention_mask[row, length:].sum() == 0
+        assert tb.response_mask[row, length - 1:].sum() == 0
+    pieces = [p.batch.behaviour_logprobs for p in parts]
+    assert torch.equal(assemble(parts, pieces, tb.behaviour_logprobs), tb.behaviour_logprobs)
+
+
+def one_update(tiny_lm, loss, micro_batch_tokens):
+    torch.manual_seed(0)  # the value head's initial weights
+    model = copy.deepcopy(tiny_lm.model)
+    tc = TrainerConfig(loss=loss, kl_coef=0.05, entropy_coef=0.01, lr=0.5,
+                       updates_per_batch=2, micro_batch_tokens=micro_batch_tokens)
+    objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0)
+    # plain SGD: Adam's per-parameter normalisation would blow float noise in near-zero
+    # gradients up to the size of a step
+    optimizer = torch.optim.SGD([*model.parameters(), *objective.parameters()], lr=tc.lr)
+    model.train()
+    result = objective.update(model, optimizer, tiny_batch(tiny_lm))
+    return model, objective, result
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+@pytest.mark.parametrize("budget", [1, 24])
+def test_an_update_through_parts_equals_the_whole_batch_update(tiny_lm, loss, budget):
+    whole_model, whole_obj, whole = one_update(tiny_lm, loss, 0)
+    model, obj, split = one_update(tiny_lm, loss, budget)
+    assert whole.stats["micro_batches"] == 1 and split.stats["micro_batches"] > 1
+    for key in ("loss", "grad_norm", "policy_loss", "kl_ref", "entropy", "clip_frac"):
+        assert split.stats[key] == pytest.approx(whole.stats[key], rel=1e-4, abs=1e-6), key
+    real = tiny_batch(tiny_lm).response_mask > 0  # past a row's end there is only padding
+    assert torch.allclose(split.old_logprobs[real], whole.old_logprobs[real], atol=1e-5)
+    for (name, a), b in zip(whole_model.state_dict().items(), model.state_dict().values(),
+                            strict=True):
+        assert torch.allclose(a, b, atol=1e-5), name
+    for a, b in zip(whole_obj.parameters(), obj.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -14,7 +14,7 @@ from relayrl.keys import RunKeys
 from relayrl.kv_state import SequenceKV
 from relayrl.leases import LeasedPrompt
 from relayrl.models import LoadedModel
-from relayrl.partial import PartialGroup
+from relayrl.partial import PartialGroup, PartialSequence
 from relayrl.streams import TrajectoryWriter
 from rollout_svc.engine import Engine, SamplingSpec
 from rollout_svc.lengths import target_length
@@ -35,7 +35,11 @@ class GroupGenerator:
         self.groups_resumed = 0  # leases that came with another worker's token state
         self.kv_imported = 0  # KV states taken over with a moved group (no re-prefill)
         self.kv_refused = 0  # ... that this engine could not use (another version, ...)
-        self.temperature = cfg.rollout.temperature  # the run's live setting, as last read
+        self.groups_restarted_stale = 0  # started over: the trainer could no longer use them
+        # the run's live settings and the trainer's version, as last read
+        self.temperature = cfg.rollout.temperature
+        self.max_staleness = cfg.trainer.max_staleness
+        self.trainer_version = 0
 
     def start(self, lease: LeasedPrompt) -> PartialGroup:
         prompt_tokens = self.lm.encode_task(lease.text, self.prompt_format)
@@ -72,27 +76,45 @@ class GroupGenerator:
         return target_length(group.prompt_id, index, rc.synthetic_length_median,
                              rc.synthetic_length_p99_ratio, rc.max_new_tokens)
 
-    def sampling_temperature(self) -> float:
-        """The run's live sampling temperature (relayrl.control), read for every segment so
-        the trainer rescores at the temperature the tokens were sampled with."""
+    def read_live(self) -> None:
+        """The run's live settings (relayrl.control) and the trainer's version, read for
+        every segment: the trainer rescores at the temperature the tokens were sampled
+        with, and a group it can no longer train is started over (restart_stale)."""
+        keys = RunKeys(self.cfg.run_id)
         try:
-            settings = control.read_settings(self.writer.r, RunKeys(self.cfg.run_id), self.cfg)
-            self.temperature = settings.temperature
+            settings = control.read_settings(self.writer.r, keys, self.cfg)
+            self.temperature, self.max_staleness = settings.temperature, settings.max_staleness
+            self.trainer_version = int(self.writer.r.get(keys.trainer_version) or 0)
         except redis.RedisError as err:
             log.warning("live settings not read (%s); sampling at %s", err, self.temperature)
-        return self.temperature
+
+    def restart_stale(self, groups: list[PartialGroup]) -> None:
+        """Start over, under the engine's weights, every group holding a token older than
+        the trainer can still train on (its version minus the staleness bound): the trainer
+        would drop the whole group, so finishing it is wasted work. Only when the engine's
+        version is recent enough itself; until then the worker is catching up."""
+        floor = self.trainer_version - self.max_staleness
+        if self.engine.version < floor:
+            return
+        for group in groups:
+            versions = [min(s.versions) for s in group.sequences if s.versions]
+            if versions and min(versions) < floor:
+                group.sequences = [PartialSequence() for _ in group.sequences]
+                self.groups_restarted_stale += 1
 
     def generate_segment(self, groups: list[PartialGroup]) -> None:
         """Extend every unfinished sequence of `groups` by at most one segment, in one engine
         call under the engine's current weights; every new token is tagged with that
         version. A sequence that passes its length limit is cut there."""
         rc = self.cfg.rollout
+        self.read_live()
+        self.restart_stale(groups)
         todo = [(g, s, self._limit(g, i)) for g in groups
                 for i, s in enumerate(g.sequences) if not s.finished]
         budget = max(limit - len(s.tokens) for _, s, limit in todo)
         if rc.segment_tokens:
             budget = min(budget, rc.segment_tokens)
-        spec = SamplingSpec(max_new_tokens=budget, temperature=self.sampling_temperature(),
+        spec = SamplingSpec(max_new_tokens=budget, temperature=self.temperature,
                             ignore_eos=bool(rc.synthetic_length_median),
                             keep_state=bool(rc.segment_tokens))
         with self.engine.lock:  # no swap between reading the version and sampling with it

@@ -54,6 +54,7 @@ class RolloutWorker:
     segments = _counter("generator", "segments")
     mid_sequence_swaps = _counter("generator", "mid_sequence_swaps")
     groups_resumed = _counter("generator", "groups_resumed")
+    groups_restarted_stale = _counter("generator", "groups_restarted_stale")
     kv_imported = _counter("generator", "kv_imported")
     kv_refused = _counter("generator", "kv_refused")
 

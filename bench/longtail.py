@@ -4,22 +4,26 @@
 
 Every service runs as its own process (relayrl up's launcher) on the tiny CPU example, with
 response lengths drawn from a lognormal whose p99 is `p99-ratio` times its median (the
-engines ignore end-of-sequence). Three modes on the same prompts and lengths:
+engines ignore end-of-sequence). Four modes on the same prompts and lengths, named as in
+`relayrl simulate`:
 
 - sync: one batch of prompts in flight; the next is handed out only once the trainer has
   stepped past it, so generation and training alternate and each batch waits for its longest
   response.
-- async: trajectory-level asynchrony (staleness bound `--staleness`, 2 by default, so up to
+- async_batch: batch-level asynchrony (staleness bound `--staleness`, 2 by default, so up to
   three batches of prompts in flight): workers keep generating, in larger batches, while the
-  trainer trains; each engine call still runs until its longest response ends.
-- async_segments: as async, with responses generated in segments: finished prompts leave
-  and new ones join every `--segment` tokens, so a long response never holds a batch.
-- async_repack: as async_segments, with the scheduler repacking: when no new prompt can be
-  handed out, a worker left with a few long sequences hands them (token state and all) to
-  the fullest worker with room, so they decode in one batch there.
+  trainer trains, but each engine call still runs until its longest response ends, so a
+  worker's batch drains before new prompts join it.
+- async: trajectory-level asynchrony: as async_batch, with every sequence on its own.
+  Responses are generated in segments of `--segment` tokens; at every boundary finished
+  groups leave, new prompts join and the worker may move to newer weights, so a long
+  response never holds a batch (continuous batching at segment granularity).
+- async_repack: as async, with the scheduler repacking: when no new prompt can be handed
+  out, a worker left with a few long sequences hands them (token state and all) to the
+  fullest worker with room, so they decode in one batch there.
 
 Reports trained samples/s after a warm-up, and ends with one JSON line of the ratios
-(target: async >= 2x sync).
+(target: trajectory-level async >= 2x sync).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import assign_free_ports, run_stack  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 
-MODES = ("sync", "async", "async_segments", "async_repack")
+MODES = ("sync", "async_batch", "async", "async_repack")
 
 
 def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
@@ -59,7 +63,8 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
                            max_active_groups=active, max_new_tokens=args.max_tokens,
                            synthetic_length_median=args.median,
                            synthetic_length_p99_ratio=args.p99_ratio,
-                           segment_tokens=args.segment if mode.startswith("async_") else 0)
+                           segment_tokens=args.segment if mode in ("async", "async_repack")
+                           else 0)
     assign_free_ports(data)  # after num_workers: workers need a block of consecutive ports
     return RunConfig.model_validate(data)
 
@@ -72,7 +77,9 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
     elapsed = end["time/elapsed_s"] - start["time/elapsed_s"]
     sched_log = Path(cfg.run_dir) / "logs" / "scheduler.log"
     recalls = sched_log.read_text().count("repack: lease") if sched_log.is_file() else 0
+    busy = sum(r["time/step_s"] for r in rows[warmup:])
     return {"samples_per_s": round(samples / elapsed, 2),
+            "trainer_busy": round(busy / elapsed, 2),  # share of the time spent stepping
             "repack_recalls": recalls,
             "tokens_per_s": round(tokens / elapsed, 1),
             "lag_mean": round(sum(r["staleness/lag_mean"] for r in rows) / len(rows), 2),
@@ -112,6 +119,7 @@ def main() -> None:
             stats = run_mode(mode_config(base, mode, Path(tmp) / mode, args), args.warmup)
             print(f"{mode:>15}: {stats['samples_per_s']:7.2f} samples/s  "
                   f"{stats['tokens_per_s']:8.1f} tokens/s  lag {stats['lag_mean']:.2f}  "
+                  f"trainer busy {stats['trainer_busy']:.0%}  "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)
             result[mode] = stats
     if "sync" in result:

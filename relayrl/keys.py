@@ -31,6 +31,12 @@ class RunKeys:
         return self._k("trainer:prompts_finished")
 
     @property
+    def tokens_generated(self) -> str:
+        """Hash of worker id -> tokens its training loop has generated (a throughput figure
+        the trainer records every step; not part of the ledger)."""
+        return self._k("rollout:tokens_generated")
+
+    @property
     def external_ids(self) -> str:
         """Counter of prompt ids given to externally submitted groups."""
         return self._k("buffer:external_ids")

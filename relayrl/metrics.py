@@ -107,7 +107,8 @@ def plot_throughput(metrics_path: str | Path, out_png: str | Path, title: str = 
     rows = [r for r in read_metrics(metrics_path) if "throughput/samples_per_s" in r]
     panels = (
         ("samples / s", (("throughput/samples_per_s", "samples trained", "tab:blue"),)),
-        ("tokens / s", (("throughput/tokens_per_s", "response tokens trained", "tab:purple"),)),
+        ("tokens / s", (("throughput/tokens_per_s", "response tokens trained", "tab:purple"),
+                        ("throughput/generated_tokens_per_s", "tokens generated", "tab:green"))),
         ("policy-version lag", (("staleness/lag_mean", "batch mean", "tab:orange"),
                                 ("staleness/lag_max", "batch max", "tab:red"))),
     )

@@ -130,3 +130,13 @@ class GroupGenerator:
             elif len(seq.tokens) >= limit:
                 seq.finish_reason = "length"
         self.segments += 1
+        self._count_tokens(sum(len(out.tokens) for out in outs))
+
+    def _count_tokens(self, n: int) -> None:
+        """Add to this worker's count in Redis, which the trainer turns into a generation
+        rate; a throughput figure, so a Redis that refuses it costs only the figure."""
+        try:
+            self.writer.r.hincrby(RunKeys(self.cfg.run_id).tokens_generated,
+                                  self.cfg.rollout.worker_id, n)
+        except redis.RedisError as err:
+            log.debug("tokens generated not counted: %s", err)

@@ -66,7 +66,8 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
     operator = OperatorSignals(trainer)
     halt = operator.watch(stop)  # set by a signal, or by a graceful stop once it is due
     bar = _progress(trainer, tc.progress)
-    window: list[tuple[float, int, int]] = []  # (time, samples, tokens) of recent steps
+    # (time, samples, tokens trained, tokens generated so far) of recent steps
+    window: list[tuple[float, int, int, int]] = []
     acc = float("nan")
     while trainer.step < tc.max_steps and not halt.is_set():
         operator.apply_settings()
@@ -82,12 +83,18 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
             acc = record["eval/accuracy_sampled"]
         now = time.monotonic()
         window = [w for w in window if now - w[0] < 30] + \
-            [(now, record.get("train/samples", 0), record.get("train/tokens", 0))]
+            [(now, record.get("train/samples", 0), record.get("train/tokens", 0),
+              trainer.tokens_generated())]
         span = max(now - window[0][0], 1e-6)
         rate = sum(w[1] for w in window) / span if len(window) > 1 else 0
         record["throughput/samples_per_s"] = rate
         record["throughput/tokens_per_s"] = (sum(w[2] for w in window) / span
                                              if len(window) > 1 else 0)
+        record["throughput/generated_tokens_per_s"] = (
+            max(window[-1][3] - window[0][3], 0) / span if len(window) > 1 else 0)
+        if record.get("time/step_s"):
+            record["throughput/trainer_tokens_per_s"] = (record.get("train/tokens", 0)
+                                                         / record["time/step_s"])
         trainer.metrics.write(record)
         operator.publish(record)
         trainer.latest = {**trainer.latest, **record}

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import redis
 import torch
 
 from relayrl import ledger as prompt_ledger
@@ -119,6 +120,15 @@ class Trainer:
         self.ledger = checkpoint.Ledger()
 
     # -- one step ---------------------------------------------------------------------------
+
+    def tokens_generated(self) -> int:
+        """Tokens the rollout workers' training loops have generated so far (their own
+        counts in Redis; 0 if Redis does not answer: it is only a throughput figure)."""
+        try:
+            counts = self.r.hvals(self.keys.tokens_generated)
+        except redis.RedisError:
+            return 0
+        return sum(int(c) for c in counts)
 
     def next_batch(self, stop: threading.Event):
         """The next batch entry for this consumer, in stream order. Entries already delivered

@@ -37,6 +37,12 @@ def test_trainer_reached_its_target(finished_run):
     rows = read_metrics(f"{cfg.run_dir}/metrics.jsonl")
     assert max(r["step"] for r in rows) == STEPS
     assert any("eval/accuracy_sampled" in r for r in rows)
+    trained = [r for r in rows if "train/loss" in r]
+    # both rates every step: what the workers generated (their counts in Redis), and the
+    # trainer's own speed; the generation rate covers at least what was trained
+    assert all(r["throughput/trainer_tokens_per_s"] > 0 for r in trained)
+    assert trained[-1]["throughput/generated_tokens_per_s"] >= \
+        0.5 * trained[-1]["throughput/tokens_per_s"] > 0
     assert os.path.isfile(f"{cfg.run_dir}/reward.png")
     assert any(p.name.startswith("step_") for p in (cfg.run_path / "checkpoints").iterdir())
 

@@ -62,6 +62,8 @@ def test_the_loop_records_throughput_and_exports_it(trainer):
         assert r["train/tokens"] == 2 * GROUP * RESPONSE
         assert r["staleness/lag_mean"] == r["step"] - 1  # every token is version 0
     assert rows[-1]["throughput/samples_per_s"] > 0 and rows[-1]["throughput/tokens_per_s"] > 0
+    assert all(r["throughput/trainer_tokens_per_s"] > 0 for r in rows)
+    assert rows[-1]["throughput/generated_tokens_per_s"] == 0  # no worker counted any
     for png in ("reward.png", "throughput.png"):
         assert (trainer.run_dir / png).stat().st_size > 10_000
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import assign_free_ports  # noqa: E402
 from relayrl.config import RunConfig  # noqa: E402
 from relayrl.fault_run import FaultRunResult, fault_settings, run_with_faults  # noqa: E402
-from relayrl.faults import draw_schedule, steps_needed  # noqa: E402
+from relayrl.faults import LANDING_SLACK_STEPS, draw_schedule, steps_needed  # noqa: E402
 
 GROUPS, GROUP_SIZE, WORKERS = 2, 4, 2
 
@@ -52,7 +52,7 @@ def config(run_dir: Path, models: Path, steps: int, rounds: int) -> RunConfig:
 
 
 def render(result: FaultRunResult, command: str, seed: int, rounds: int,
-           cfg: RunConfig) -> str:
+           cfg: RunConfig, steps_per_restart: int) -> str:
     a = result.audit
     lines = [
         "# Reliability: process faults on the real stack",
@@ -63,8 +63,13 @@ def render(result: FaultRunResult, command: str, seed: int, rounds: int,
         "",
         f"Seed {seed}, {rounds} round(s): each round kills (SIGKILL) one process of every kind "
         "in turn (the relay, the buffer, the scheduler, the trainer, the embedded Redis, a "
-        "random rollout worker) a random 1-3 trainer steps after the previous fault recovered, "
-        "plus a random 0-1 s; the launcher restarts it. Redis runs with append-only "
+        "random rollout worker), the launcher restarting it. Each fault is due at a fixed "
+        "trainer step: the previous one's, plus a random 1-3 steps, one step to show the run "
+        f"recovered, {LANDING_SLACK_STEPS} steps of slack for a kill that lands late and, "
+        f"after a worker or relay kill (the run goes on meanwhile), {steps_per_restart} steps "
+        "for its restart. It fires at that step (or, if the previous fault has not yet "
+        "recovered, the first step after it has), plus a random 0-1 s. Redis runs with "
+        "append-only "
         f"persistence (appendfsync {cfg.redis.appendfsync}) and comes back on the same data "
         "and socket.",
         "",
@@ -131,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     command = f"python bench/faults.py --seed {args.seed} --rounds {args.rounds}"
     if out != (ROOT / "docs" / "reliability.md").resolve():
         command += f" --out {args.out}"
-    out.write_text(render(result, command, args.seed, args.rounds, cfg))
+    out.write_text(render(result, command, args.seed, args.rounds, cfg,
+                          args.steps_per_restart))
     print(out.read_text())
     return 0 if result.clean else 1
 

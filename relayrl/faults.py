@@ -1,9 +1,10 @@
 """A seeded schedule of process faults for a live run: which process is killed (-9), and
 when. The same seed, rounds and worker count always give the same schedule.
 
-Each round kills every kind of process once, in a fixed order (KINDS); a fault fires a
-random number of trainer steps after the previous one recovered, plus a random delay into
-that step, so kills land at varied points of the loop (mid-generation, mid-batch, mid-save).
+Each round kills every kind of process once, in a fixed order (KINDS); a fault is due a
+random number of trainer steps after the previous one's due step (plus room for it to recover:
+due_steps) and fires then, plus a random delay into that step, so kills land at varied points
+of the loop (mid-generation, mid-batch, mid-save).
 """
 
 from __future__ import annotations

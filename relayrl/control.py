@@ -70,8 +70,13 @@ def configured_settings(cfg: RunConfig) -> LiveSettings:
 
 def read_settings(redis, keys: RunKeys, cfg: RunConfig) -> LiveSettings:
     """The config's values, with whatever an operator changed since."""
-    changed = {k.decode() if isinstance(k, bytes) else k: v
-               for k, v in (redis.hgetall(keys.live_settings) or {}).items()}
+    return settings_from_hash(redis.hgetall(keys.live_settings), cfg)
+
+
+def settings_from_hash(stored: dict | None, cfg: RunConfig) -> LiveSettings:
+    """The live settings from the raw hash (HGETALL of keys.live_settings), for a caller
+    that read it in a pipeline with other keys."""
+    changed = {k.decode() if isinstance(k, bytes) else k: v for k, v in (stored or {}).items()}
     base = configured_settings(cfg).model_dump()
     known = {k: json.loads(v) for k, v in changed.items() if k in base}
     return LiveSettings.model_validate({**base, **known})

@@ -82,9 +82,11 @@ class GroupGenerator:
         with, and a group it can no longer train is started over (restart_stale)."""
         keys = RunKeys(self.cfg.run_id)
         try:
-            settings = control.read_settings(self.writer.r, keys, self.cfg)
+            pipe = self.writer.r.pipeline(transaction=False)  # one round trip per segment
+            stored, version = pipe.hgetall(keys.live_settings).get(keys.trainer_version).execute()
+            settings = control.settings_from_hash(stored, self.cfg)
             self.temperature, self.max_staleness = settings.temperature, settings.max_staleness
-            self.trainer_version = int(self.writer.r.get(keys.trainer_version) or 0)
+            self.trainer_version = int(version or 0)
         except redis.RedisError as err:
             log.warning("live settings not read (%s); sampling at %s", err, self.temperature)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from trainer_svc.batching import TrainBatch
+from trainer_svc.batching import TrainBatch, select_rows
 from trainer_svc.distributed import normaliser
 
 # What one more forward and backward pass costs beyond its tokens, in tokens' worth: about
@@ -78,7 +78,8 @@ def split_batch(tb: TrainBatch, max_tokens: int, aggregation: str) -> list[Micro
     for rows in plan:
         index = torch.tensor(rows, dtype=torch.long)
         width = min(max(int(lengths[rows[0]]), 2), full)  # its longest row (2: one prediction)
-        part = TrainBatch(**{f.name: _cut(getattr(tb, f.name)[index], width, full)
+        rows_only = select_rows(tb, index, tb.input_ids.device)
+        part = TrainBatch(**{f.name: _cut(getattr(rows_only, f.name), width, full)
                              for f in fields(tb)})
         weight = (normaliser(aggregation, part.response_mask) / whole).item()
         parts.append(MicroBatch(index, width, weight, part))

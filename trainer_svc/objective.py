@@ -168,7 +168,7 @@ class Objective:
                     part.take(advantages), part.batch.response_mask, entropy=out.entropy,
                     ref_logprobs=ref_logprobs[k], values=values, old_values=old_part_values[k],
                     returns=part.take(returns)), self.settings)
-                (loss * (part.weight * scale) if part.weight * scale != 1.0 else loss).backward()
+                (loss * (part.weight * scale)).backward()
                 per_part.append(({"loss": loss.item(), **stats}, part))
             self.parallel.sync_gradients(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)

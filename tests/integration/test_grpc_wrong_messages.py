@@ -123,10 +123,14 @@ def state(launcher: Launcher) -> dict:
     for key in r.scan_iter(count=1000):
         kind = r.type(key).decode()
         keys[key] = (kind, sizes[kind](key) if kind in sizes else None)
+    # the stack's own workers rewrite their versions by heartbeat at any moment (after a
+    # drawn Heartbeat in their name, too), so only the versions of other names must hold
+    live = {c.name for c in launcher.children if c.name.startswith("rollout-")}
+    versions = {k: v for k, v in sched.worker_versions.items() if k not in live}
     return {
         "scheduler": (sched.handed_out, sched.leases_granted, sched.leases_completed,
                       sched.leases_expired, sched.active_leases, sched.failed, sched.finished,
-                      sched.workers, dict(sched.worker_versions), sched.partial_groups,
+                      sched.workers, versions, sched.partial_groups,
                       dict(sched.worker_leases), sched.leases_released, sched.leases_recalled),
         "buffer": (buf.samples_read, buf.groups_assembled, buf.groups_duplicate,
                    buf.batches_emitted, buf.partial_groups, buf.ready_groups,

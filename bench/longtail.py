@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -78,14 +79,33 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
     sched_log = Path(cfg.run_dir) / "logs" / "scheduler.log"
     recalls = sched_log.read_text().count("repack: lease") if sched_log.is_file() else 0
     busy = sum(r["time/step_s"] for r in rows[warmup:])
+    fill, loop = worker_loops(Path(cfg.run_dir) / "logs")
     return {"samples_per_s": round(samples / elapsed, 2),
             "trainer_busy": round(busy / elapsed, 2),  # share of the time spent stepping
             "repack_recalls": recalls,
+            "seats_filled": fill,  # mean share of a worker's seats its engine calls used
+            "worker_loop": loop,  # where worker 0's loop time went
             "tokens_per_s": round(tokens / elapsed, 1),
             "lag_mean": round(sum(r["staleness/lag_mean"] for r in rows) / len(rows), 2),
             "groups_dropped_stale": sum(r["train/groups_dropped_stale"] for r in rows),
             "response_len_mean": round(sum(r["train/response_len_mean"] for r in rows)
                                        / len(rows), 1)}
+
+
+LOOP_LINE = re.compile(r"loop: (.*); (\d+) engine calls, ([\d.]+) of (\d+) seats each")
+
+
+def worker_loops(logs: Path) -> tuple[float, str]:
+    """From each worker's last loop report (RolloutWorker._report_loop): the mean share of
+    its seats its engine calls filled, over all workers, and worker 0's time shares."""
+    fills, first = [], ""
+    for log in sorted(logs.glob("rollout-*.log")):
+        found = LOOP_LINE.findall(log.read_text())
+        if found:
+            shares, _, filled, seats = found[-1]
+            fills.append(float(filled) / int(seats))
+            first = first or shares
+    return (round(sum(fills) / len(fills), 2) if fills else 0.0), first
 
 
 def main() -> None:
@@ -120,7 +140,9 @@ def main() -> None:
             print(f"{mode:>15}: {stats['samples_per_s']:7.2f} samples/s  "
                   f"{stats['tokens_per_s']:8.1f} tokens/s  lag {stats['lag_mean']:.2f}  "
                   f"trainer busy {stats['trainer_busy']:.0%}  "
+                  f"seats filled {stats['seats_filled']:.0%}  "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)
+            print(f"{'':>15}  worker 0: {stats['worker_loop']}", flush=True)
             result[mode] = stats
     if "sync" in result:
         for mode in MODES[1:]:

@@ -31,6 +31,7 @@ class GroupGenerator:
         self.writer = writer  # its Redis connection also serves the live settings
         self.prompt_format = cfg.task.prompt_format
         self.segments = 0
+        self.sequences_decoded = 0  # summed over engine calls: over segments, the mean batch
         self.mid_sequence_swaps = 0  # sequences that continued under a newer version
         self.groups_resumed = 0  # leases that came with another worker's token state
         self.kv_imported = 0  # KV states taken over with a moved group (no re-prefill)
@@ -132,6 +133,7 @@ class GroupGenerator:
             elif len(seq.tokens) >= limit:
                 seq.finish_reason = "length"
         self.segments += 1
+        self.sequences_decoded += len(todo)
         self._count_tokens(sum(len(out.tokens) for out in outs))
 
     def _count_tokens(self, n: int) -> None:

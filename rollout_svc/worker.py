@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -52,6 +55,7 @@ class RolloutWorker:
     last_pull_s = _counter("weights", "last_pull_s")
     catch_up_timeouts = _counter("weights", "catch_up_timeouts")
     segments = _counter("generator", "segments")
+    sequences_decoded = _counter("generator", "sequences_decoded")
     mid_sequence_swaps = _counter("generator", "mid_sequence_swaps")
     groups_resumed = _counter("generator", "groups_resumed")
     groups_restarted_stale = _counter("generator", "groups_restarted_stale")
@@ -75,6 +79,22 @@ class RolloutWorker:
         self.leases_released = 0
         self.groups_moved_out = 0  # handed over to another worker by a repack
         self.scheduler_call_failures = 0  # calls that failed or passed their deadline
+        # where the training loop's time goes: generate, weights, lease, deliver, save, idle
+        self.loop_s: Counter[str] = Counter()
+        self._last_report = time.monotonic()
+
+    @contextmanager
+    def _timed(self, part: str):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.loop_s[part] += time.monotonic() - t0
+
+    @property
+    def seats(self) -> int:
+        """Sequences the training loop runs at once at most."""
+        return self.cfg.rollout.max_active_groups * self.cfg.rollout.samples_per_prompt
 
     def refresh_weights(self) -> bool:
         """Move to the newest version a relay offers (WeightRefresher.refresh)."""
@@ -101,15 +121,18 @@ class RolloutWorker:
         """One segment for every active group: finished groups are scored and delivered (a
         delivery waits while the buffer is full), the others' token state is saved with the
         scheduler. Returns (the groups still held, how many were delivered)."""
-        self.generator.generate_segment([a.group for a in active])
+        with self._timed("generate"):
+            self.generator.generate_segment([a.group for a in active])
         still, delivered = [], 0
         for a in active:
             if a.group.finished:
-                self.deliver(a.lease, a.group, stop)
+                with self._timed("deliver"):
+                    self.deliver(a.lease, a.group, stop)
                 delivered += 1
             elif self.cfg.rollout.segment_tokens:
-                reply = self.scheduler.save_progress(self.worker_id, a.lease.lease_id,
-                                                     a.group.encode())
+                with self._timed("save"):
+                    reply = self.scheduler.save_progress(self.worker_id, a.lease.lease_id,
+                                                         a.group.encode())
                 if not reply.accepted:
                     log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
                 elif not (reply.release and self.hand_over(a)):
@@ -176,10 +199,14 @@ class RolloutWorker:
         beats.start()
         active: list[ActiveGroup] = []
         while not stop.is_set():
-            self.refresh_weights()
-            wait_s = self._refill(active, stop)
+            with self._timed("weights"):
+                self.refresh_weights()
+            with self._timed("lease"):
+                wait_s = self._refill(active, stop)
+            self._report_loop()
             if not active:
-                stop.wait(wait_s)
+                with self._timed("idle"):
+                    stop.wait(wait_s)
                 continue
             try:
                 active, _ = self.advance(active, stop)
@@ -195,10 +222,25 @@ class RolloutWorker:
                 self._hand_back_abandoned(active)
                 active = []
                 stop.wait(1.0)
+        self._report_loop(every_s=0.0)
         try:
             self.release_all(active)
         except grpc.RpcError as err:  # they lapse instead
             log.warning("could not hand back %d leases: %s", len(active), err)
+
+    def _report_loop(self, every_s: float = 60.0) -> None:
+        """A log line now and then: where the loop's time went and how full its engine calls
+        were (sequences per call against the seats), the first thing to read when a worker
+        generates slower than expected."""
+        now = time.monotonic()
+        if now - self._last_report < every_s:
+            return
+        self._last_report = now
+        total = sum(self.loop_s.values()) or 1.0
+        shares = ", ".join(f"{part} {s / total:.0%}" for part, s in self.loop_s.most_common())
+        fill = self.sequences_decoded / self.segments if self.segments else 0.0
+        log.info("loop: %s; %d engine calls, %.1f of %d seats each", shares, self.segments,
+                 fill, self.seats)
 
     def _hand_back_abandoned(self, active: list[ActiveGroup]) -> None:
         """Release abandoned leases without state: this worker's heartbeats would otherwise

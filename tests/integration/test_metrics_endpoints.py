@@ -113,6 +113,13 @@ def test_every_service_exports_its_figures_and_health(services, tiny_lm):
     assert value(rollout, "relayrl_rollout_tokens_generated_total", **labels) >= GROUP
     assert value(rollout, "relayrl_rollout_tokens_per_second", **labels) > 0
     assert value(rollout, "relayrl_rollout_policy_version", **labels) == 1
+    # one group of GROUP sequences: every engine call extended all of them that were unfinished
+    calls = value(rollout, "relayrl_rollout_segments_total", **labels)
+    assert GROUP <= value(rollout, "relayrl_rollout_segment_sequences_total", **labels) <= (
+        GROUP * calls)
+    assert value(rollout, "relayrl_rollout_seats", **labels) == (
+        cfg.rollout.max_active_groups * GROUP)
+    assert value(rollout, "relayrl_rollout_loop_seconds_total", part="generate", **labels) > 0
     assert value(rollout, "relayrl_weights_swaps_total", **labels) == 1
     assert 0 < value(rollout, "relayrl_weights_pull_seconds", **labels) < 60
     assert value(rollout, "relayrl_weights_bytes_pulled_total", **labels) > 0

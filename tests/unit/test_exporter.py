@@ -117,6 +117,7 @@ def test_rollout_snapshot_gives_what_it_declares():
     engine = SimpleNamespace(version=2, stats=lambda: {"tokens_generated": 60, "busy_s": 2.0})
     worker = SimpleNamespace(
         worker_id="rollout-1", engine=engine, samples_generated=8, segments=3,
+        sequences_decoded=20, seats=16, loop_s={"generate": 2.5, "lease": 0.1},
         mid_sequence_swaps=0, groups_resumed=0, groups_restarted_stale=0, leases_released=0,
         groups_moved_out=0,
         kv_imported=0, kv_refused=0, weight_swaps=2, pull_failures=0, bytes_pulled=1024,

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl import kv_state
+from relayrl import kv_state, prefill
 from relayrl.kv_state import ModelFingerprint, SequenceKV
+from relayrl.prefill import padded_cost
 
 
 @dataclass
@@ -76,6 +77,7 @@ def sample_with_kv(
     if states is not None and len(states) != len(contexts):
         raise ValueError(f"states: {len(states)} for {len(contexts)} contexts")
     batch = len(contexts)
+    states = _prefill_in_buckets(model, contexts, states, pad_id, version)
     fingerprint = (ModelFingerprint.of(model)
                    if return_states or any(s is not None for s in states or []) else None)
     past, mask, step_ids, step_pos = _first_step(contexts, states, pad_id, fingerprint)
@@ -122,6 +124,35 @@ def sample_with_kv(
         return results, None
     covered = [list(c) + r.tokens[:-1] for c, r in zip(contexts, results, strict=True)]
     return results, kv_state.split(past, mask, covered, version, fingerprint)
+
+
+def _prefill_in_buckets(model, contexts: list[list[int]], states: list[SequenceKV | None] | None,
+                        pad_id: int, version: int) -> list[SequenceKV | None] | None:
+    """States for the rows the first forward would feed more than one token, computed in
+    length buckets (relayrl.prefill) when that is cheaper than padding them all to the
+    longest; every such row is then fed only its last token."""
+    prefixes = [_usable_prefix(i, c, s) for i, (c, s) in
+                enumerate(zip(contexts, states or [None] * len(contexts), strict=True))]
+    fed = [len(c) - (len(p) if p is not None else 0) for c, p in zip(contexts, prefixes,
+                                                                      strict=True)]
+    rows = [i for i, (p, n) in enumerate(zip(prefixes, fed, strict=True)) if p is None and n > 1]
+    if len(rows) < 2:
+        return states
+    covered = [contexts[i][:-1] for i in rows]
+    after = [1 if p is None and n > 1 else n for p, n in zip(prefixes, fed, strict=True)]
+    buckets = prefill.plan_buckets([len(c) for c in covered])
+    bucketed = padded_cost(after) + sum(padded_cost([len(covered[j]) for j in b])
+                                        for b in buckets)
+    if len(buckets) < 2 or bucketed >= padded_cost(fed):
+        return states
+    try:
+        new = prefill.prefill_states(model, covered, pad_id, version, ModelFingerprint.of(model))
+    except ValueError:  # a cache that cannot be split per sequence (sliding window, ...)
+        return states
+    merged = list(states or [None] * len(contexts))
+    for i, state in zip(rows, new, strict=True):
+        merged[i] = state
+    return merged
 
 
 def _first_step(contexts: list[list[int]], states: list[SequenceKV | None] | None, pad_id: int,

@@ -55,6 +55,12 @@ class LeaseClient(ABC):
         """Keep the lease's unfinished token state; says whether the worker still holds the
         lease, and whether a repack wants it handed back."""
 
+    def save_progress_many(self, worker_id: str, saves: list[tuple[str, bytes]]
+                           ) -> list[ProgressReply]:
+        """save_progress for each (lease id, state), in order; a networked client sends them
+        at once, so a worker's segment boundary costs one round trip, not one per group."""
+        return [self.save_progress(worker_id, lease_id, state) for lease_id, state in saves]
+
     @abstractmethod
     def release(self, worker_id: str, lease_id: str, state: bytes = b"",
                 kv_states: tuple[bytes, ...] = ()) -> bool:
@@ -98,6 +104,14 @@ class GrpcLeaseClient(LeaseClient):
         resp = self._stub.SaveProgress(scheduler_pb2.SaveProgressRequest(
             worker_id=worker_id, lease_id=lease_id, state=state), timeout=self.timeout_s)
         return ProgressReply(resp.accepted, resp.release)
+
+    def save_progress_many(self, worker_id: str, saves: list[tuple[str, bytes]]
+                           ) -> list[ProgressReply]:
+        futures = [self._stub.SaveProgress.future(scheduler_pb2.SaveProgressRequest(
+            worker_id=worker_id, lease_id=lease_id, state=state), timeout=self.timeout_s)
+            for lease_id, state in saves]
+        return [ProgressReply(resp.accepted, resp.release)
+                for resp in (f.result() for f in futures)]
 
     def release(self, worker_id: str, lease_id: str, state: bytes = b"",
                 kv_states: tuple[bytes, ...] = ()) -> bool:

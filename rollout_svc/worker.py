@@ -123,21 +123,23 @@ class RolloutWorker:
         scheduler. Returns (the groups still held, how many were delivered)."""
         with self._timed("generate"):
             self.generator.generate_segment([a.group for a in active])
-        still, delivered = [], 0
+        going = [a for a in active if not a.group.finished]
+        delivered = 0
         for a in active:
             if a.group.finished:
                 with self._timed("deliver"):
                     self.deliver(a.lease, a.group, stop)
                 delivered += 1
-            elif self.cfg.rollout.segment_tokens:
-                with self._timed("save"):
-                    reply = self.scheduler.save_progress(self.worker_id, a.lease.lease_id,
-                                                         a.group.encode())
-                if not reply.accepted:
-                    log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
-                elif not (reply.release and self.hand_over(a)):
-                    still.append(a)
-            else:
+        if not (self.cfg.rollout.segment_tokens and going):
+            return going, delivered
+        with self._timed("save"):
+            replies = self.scheduler.save_progress_many(
+                self.worker_id, [(a.lease.lease_id, a.group.encode()) for a in going])
+        still = []
+        for a, reply in zip(going, replies, strict=True):
+            if not reply.accepted:
+                log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
+            elif not (reply.release and self.hand_over(a)):
                 still.append(a)
         return still, delivered
 

@@ -144,6 +144,18 @@ def test_saved_progress_travels_with_the_reissued_lease(setup):
     assert core.partials == {}  # delivered: the saved state is forgotten
 
 
+def test_progress_saved_together_answers_each_lease_in_order(setup):
+    client, core, _, _ = setup
+    mine, other = client.acquire("w0", 1).leases[0], client.acquire("w1", 1).leases[0]
+    saves = [(mine.lease_id, _state(core, mine.prompt_id, 1)),
+             (other.lease_id, _state(core, other.prompt_id, 1)),  # w1's: refused
+             ("L-unknown", _state(core, mine.prompt_id, 1))]
+    assert client.save_progress_many("w0", saves) == [ProgressReply(True), ProgressReply(False),
+                                                      ProgressReply(False)]
+    assert set(core.partials) == {mine.prompt_id}
+    assert client.save_progress_many("w0", []) == []
+
+
 def test_release_hands_back_at_once_with_its_state(setup):
     client, core, _, _ = setup
     lease = client.acquire("w0", 1).leases[0]

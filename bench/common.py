@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import yaml
@@ -81,3 +82,44 @@ def run_stack(cfg: RunConfig) -> list[dict]:
     finally:
         launcher.shutdown()
     return read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
+
+
+class CpuSampler:
+    """The machine's busy share of CPU while a run's metrics file grows from one row count to
+    another: samples /proc/stat (Linux) and the file's row count twice a second. Tells a run
+    that uses every core (bound by the machine) from one that leaves them idle."""
+
+    def __init__(self, metrics: Path, every_s: float = 0.5):
+        self.metrics, self.every_s = metrics, every_s
+        self.samples: list[tuple[int, int, int]] = []  # (rows, busy ticks, all ticks)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+            except (OSError, ValueError):
+                return  # not Linux: no figure
+            rows = (self.metrics.read_bytes().count(b"\n") if self.metrics.is_file() else 0)
+            idle = ticks[3] + ticks[4]  # idle and iowait
+            self.samples.append((rows, sum(ticks) - idle, sum(ticks)))
+            if self._stop.wait(self.every_s):
+                return
+
+    def busy_share(self, from_rows: int, to_rows: int) -> float | None:
+        """Busy over all ticks between the first sample with at least `from_rows` rows and
+        the first with at least `to_rows`; None without two such samples."""
+        first = next((s for s in self.samples if s[0] >= from_rows), None)
+        last = next((s for s in self.samples if s[0] >= to_rows), None)
+        if first is None or last is None or last[2] <= first[2]:
+            return None
+        return round((last[1] - first[1]) / (last[2] - first[2]), 2)

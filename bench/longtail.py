@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import assign_free_ports, run_stack  # noqa: E402
+from bench.common import CpuSampler, assign_free_ports, run_stack  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 
 MODES = ("sync", "async_batch", "async", "async_repack")
@@ -73,7 +73,10 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
 
 
 def run_mode(cfg: RunConfig, warmup: int) -> dict:
-    rows = [r for r in run_stack(cfg) if "train/samples" in r]
+    metrics = Path(cfg.run_dir) / "metrics.jsonl"
+    with CpuSampler(metrics) as cpu:
+        every = run_stack(cfg)
+    rows = [r for r in every if "train/samples" in r]
     start, end = rows[warmup - 1], rows[-1]
     samples = sum(r["train/samples"] for r in rows[warmup:])
     tokens = sum(r["train/samples"] * r["train/response_len_mean"] for r in rows[warmup:])
@@ -85,6 +88,8 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
     return {"samples_per_s": round(samples / elapsed, 2),
             "trainer_busy": round(busy / elapsed, 2),  # share of the time spent stepping
             "repack_recalls": recalls,
+            # the machine's busy share over the measured steps (None off Linux)
+            "cpu_busy": cpu.busy_share(warmup, len(every)),
             "seats_filled": fill,  # mean share of a worker's seats its engine calls used
             "worker_loop": loop,  # where worker 0's loop time went
             "tokens_per_s": round(tokens / elapsed, 1),
@@ -124,6 +129,8 @@ def main() -> None:
     parser.add_argument("--segment", type=int, default=16)
     parser.add_argument("--staleness", type=int, default=2,
                         help="trainer.max_staleness of every mode (sync never exceeds 0)")
+    parser.add_argument("--keep-runs", default="",
+                        help="keep every run's directory (metrics, logs) under this one")
     parser.add_argument("--repeats", type=int, default=3,
                         help="rounds of every mode; each mode reports its median run")
     args = parser.parse_args()
@@ -142,7 +149,8 @@ def main() -> None:
         if mode not in MODES:
             raise ValueError(f"--modes: unknown mode {mode!r}; known: {MODES}")
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
-    with tempfile.TemporaryDirectory(prefix="relayrl-longtail-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="relayrl-longtail-") as scratch:
+        tmp = args.keep_runs or scratch
         # in rounds, every mode once a round: a machine that slows down for a while slows
         # every mode alike rather than one
         for round_ in range(args.repeats):
@@ -154,6 +162,7 @@ def main() -> None:
                       f"{stats['tokens_per_s']:8.1f} tokens/s  lag {stats['lag_mean']:.2f}  "
                       f"trainer busy {stats['trainer_busy']:.0%}  "
                       f"seats filled {stats['seats_filled']:.0%}  "
+                      f"cpu busy {stats['cpu_busy'] or 0:.0%}  "
                       f"({time.monotonic() - t0:.0f} s)", flush=True)
                 print(f"{'':>15}  worker 0: {stats['worker_loop']}", flush=True)
                 runs[mode].append(stats)

@@ -14,7 +14,6 @@ import torch
 
 from relayrl import kv_state, prefill
 from relayrl.kv_state import ModelFingerprint, SequenceKV
-from relayrl.prefill import padded_cost
 
 
 @dataclass
@@ -77,10 +76,13 @@ def sample_with_kv(
     if states is not None and len(states) != len(contexts):
         raise ValueError(f"states: {len(states)} for {len(contexts)} contexts")
     batch = len(contexts)
-    states = _prefill_in_buckets(model, contexts, states, pad_id, version)
+    prefixes = [_usable_prefix(i, c, s) for i, (c, s) in
+                enumerate(zip(contexts, states or [None] * batch, strict=True))]
     fingerprint = (ModelFingerprint.of(model)
                    if return_states or any(s is not None for s in states or []) else None)
-    past, mask, step_ids, step_pos = _first_step(contexts, states, pad_id, fingerprint)
+    prefixes, fingerprint = _prefill_in_buckets(model, contexts, prefixes, pad_id, version,
+                                                fingerprint)
+    past, mask, step_ids, step_pos = _first_step(contexts, prefixes, pad_id, fingerprint)
 
     out_tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
     out_logprobs = torch.zeros((batch, max_new_tokens))
@@ -126,42 +128,35 @@ def sample_with_kv(
     return results, kv_state.split(past, mask, covered, version, fingerprint)
 
 
-def _prefill_in_buckets(model, contexts: list[list[int]], states: list[SequenceKV | None] | None,
-                        pad_id: int, version: int) -> list[SequenceKV | None] | None:
-    """States for the rows the first forward would feed more than one token, computed in
-    length buckets (relayrl.prefill) when that is cheaper than padding them all to the
-    longest; every such row is then fed only its last token."""
-    prefixes = [_usable_prefix(i, c, s) for i, (c, s) in
-                enumerate(zip(contexts, states or [None] * len(contexts), strict=True))]
+def _prefill_in_buckets(model, contexts: list[list[int]], prefixes: list[SequenceKV | None],
+                        pad_id: int, version: int, fingerprint: ModelFingerprint | None
+                        ) -> tuple[list[SequenceKV | None], ModelFingerprint | None]:
+    """(prefixes, fingerprint) with states for the rows the first forward would feed more
+    than one token, computed in length buckets (relayrl.prefill) when that is cheaper than
+    padding them all to the longest; every such row is then fed only its last token."""
     fed = [len(c) - (len(p) if p is not None else 0) for c, p in zip(contexts, prefixes,
                                                                       strict=True)]
     rows = [i for i, (p, n) in enumerate(zip(prefixes, fed, strict=True)) if p is None and n > 1]
-    if len(rows) < 2:
-        return states
     covered = [contexts[i][:-1] for i in rows]
-    after = [1 if p is None and n > 1 else n for p, n in zip(prefixes, fed, strict=True)]
-    buckets = prefill.plan_buckets([len(c) for c in covered])
-    bucketed = padded_cost(after) + sum(padded_cost([len(covered[j]) for j in b])
-                                        for b in buckets)
-    if len(buckets) < 2 or bucketed >= padded_cost(fed):
-        return states
+    if len(rows) < 2 or not prefill.worth_bucketing(fed, rows, [len(c) for c in covered]):
+        return prefixes, fingerprint
     try:
-        new = prefill.prefill_states(model, covered, pad_id, version, ModelFingerprint.of(model))
-    except ValueError:  # a cache that cannot be split per sequence (sliding window, ...)
-        return states
-    merged = list(states or [None] * len(contexts))
+        fingerprint = fingerprint or ModelFingerprint.of(model)
+        new = prefill.prefill_states(model, covered, pad_id, version, fingerprint)
+    except ValueError:  # a cache that cannot be cut per sequence (sliding window, ...)
+        return prefixes, fingerprint
+    merged = list(prefixes)
     for i, state in zip(rows, new, strict=True):
         merged[i] = state
-    return merged
+    return merged, fingerprint
 
 
-def _first_step(contexts: list[list[int]], states: list[SequenceKV | None] | None, pad_id: int,
+def _first_step(contexts: list[list[int]], prefixes: list[SequenceKV | None], pad_id: int,
                 fingerprint: ModelFingerprint | None):
-    """The cache, mask, ids and positions of the first forward: each context's state as the
-    cache and the tokens it does not cover as input. Rows are right-aligned in both, so a row
-    with a short suffix has a masked gap between its cached and its new tokens."""
-    prefixes = [_usable_prefix(i, c, s) for i, (c, s) in
-                enumerate(zip(contexts, states or [None] * len(contexts), strict=True))]
+    """The cache, mask, ids and positions of the first forward: each context's usable state
+    (_usable_prefix) as the cache and the tokens it does not cover as input. Rows are
+    right-aligned in both, so a row with a short suffix has a masked gap between its cached
+    and its new tokens."""
     batched = kv_state.assemble(prefixes, fingerprint) if fingerprint is not None else None
     suffixes = [c[len(s):] if s is not None else c for c, s in zip(contexts, prefixes, strict=True)]
     ids, suffix_mask = left_pad(suffixes, pad_id)

@@ -269,7 +269,7 @@ class RolloutWorker:
         rollout.max_active_groups groups' worth of sequences); new groups join at the next
         segment. Returns how long to wait if there is nothing to generate."""
         n = self.cfg.rollout.samples_per_prompt
-        free = self.cfg.rollout.max_active_groups * n - sum(
+        free = self.seats - sum(
             len(a.group.unfinished()) for a in active)
         if free <= 0:
             return 0.0

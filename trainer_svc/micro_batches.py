@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-import numpy as np
 import torch
 
+from relayrl.length_split import plan_runs
 from trainer_svc.batching import TrainBatch, select_rows
 from trainer_svc.distributed import normaliser
 
@@ -41,30 +41,11 @@ class MicroBatch:
 
 
 def plan_parts(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Rows grouped into parts: by decreasing length, split into consecutive runs minimising
-    sum(rows x longest) + PASS_COST_TOKENS per part, each run within `max_tokens` padded
-    tokens (a row longer than that alone). `max_tokens` 0: one part."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    if max_tokens <= 0 or len(order) <= 1:
-        return [order]
-    longest = np.array([lengths[i] for i in order], dtype=np.int64)
-    n = len(order)
-    best = np.full(n + 1, np.inf)  # best[b]: cheapest split of the first b rows
-    best[0] = 0.0
-    start = np.zeros(n + 1, dtype=np.int64)  # where the last part of that split starts
-    for end in range(1, n + 1):
-        a = np.arange(end)  # candidate starts of the last part, rows a..end-1
-        rows = end - a
-        padded = rows * longest[a]
-        cost = best[:end] + padded + PASS_COST_TOKENS
-        cost[(padded > max_tokens) & (rows > 1)] = np.inf
-        start[end] = int(np.argmin(cost))
-        best[end] = cost[start[end]]
-    parts, end = [], n
-    while end > 0:
-        parts.append(order[start[end]:end])
-        end = int(start[end])
-    return parts[::-1]
+    """Rows grouped into parts (relayrl.length_split) within `max_tokens` padded tokens each
+    (a row longer than that alone); `max_tokens` 0: one part."""
+    if max_tokens <= 0 or len(lengths) <= 1:
+        return [sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))]
+    return plan_runs(lengths, PASS_COST_TOKENS, max_tokens)
 
 
 def split_batch(tb: TrainBatch, max_tokens: int, aggregation: str) -> list[MicroBatch]:

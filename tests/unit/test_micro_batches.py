@@ -1,13 +1,11 @@
-"""Micro-batches: the split of a batch's rows (optimal, within the budget, every row once) and
-the update through parts, which must equal the update through the whole padded batch."""
+"""Micro-batches: the split of a batch's rows (relayrl.length_split, tested on its own in
+test_length_split.py) under the trainer's budget, and the update through parts, which must
+equal the update through the whole padded batch."""
 
 import copy
-import itertools
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from relayrl.config import TrainerConfig
 from tests.unit.test_losses_trainer import MAX_NEW_TOKENS, tiny_batch
@@ -18,35 +16,6 @@ from trainer_svc.objective import Objective
 
 def cost(lengths, parts):
     return sum(len(p) * max(lengths[i] for i in p) + PASS_COST_TOKENS for p in parts)
-
-
-def brute_force_best(lengths, max_tokens):
-    """Every split of the rows sorted by decreasing length into consecutive runs."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    best = None
-    for cuts in itertools.product([False, True], repeat=len(order) - 1):
-        parts, current = [], [order[0]]
-        for row, cut in zip(order[1:], cuts, strict=True):
-            if cut:
-                parts.append(current)
-                current = []
-            current.append(row)
-        parts.append(current)
-        if any(len(p) > 1 and len(p) * lengths[p[0]] > max_tokens for p in parts):
-            continue
-        c = cost(lengths, parts)
-        best = c if best is None else min(best, c)
-    return best
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 300), min_size=1, max_size=8), st.integers(1, 2000))
-def test_the_split_is_the_cheapest_within_the_budget(lengths, max_tokens):
-    parts = plan_parts(lengths, max_tokens)
-    assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
-    for p in parts:
-        assert len(p) == 1 or len(p) * max(lengths[i] for i in p) <= max_tokens
-    assert cost(lengths, parts) == brute_force_best(lengths, max_tokens)
 
 
 def test_no_budget_is_one_part_and_a_long_tail_is_split():

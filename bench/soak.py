@@ -101,15 +101,10 @@ def report_progress(now_s: float, minutes: float, cfg: RunConfig,
 def audit_stopped_run(cfg: RunConfig) -> dict:
     """The ledger of the stopped run, from its Redis file (as `relayrl audit <run dir>`)."""
     from relayrl.audit import audit_redis
-    from relayrl.redis_conn import open_redis
+    from relayrl.redis_conn import redis_session
 
-    redis, embedded = open_redis(None, cfg.run_dir, cfg.redis.socket_timeout_s)
-    try:
+    with redis_session(None, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         report = audit_redis(redis, cfg.run_id, cfg.trainer.max_steps)
-    finally:
-        redis.close()
-        if embedded is not None:
-            embedded.release()
     print(report.render(), flush=True)
     return {"balanced": report.balanced, **report.counts}
 

@@ -29,7 +29,7 @@ from relayrl.keys import BUFFER_GROUP, TRAINER_GROUP, RunKeys
 from relayrl.logs import setup_logging
 from relayrl.messages import decode_sample, encode_batch
 from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
-from relayrl.redis_conn import open_redis
+from relayrl.redis_conn import redis_session
 from relayrl.service import ServiceRunner
 from relayrl.streams import BufferFull, ensure_group, read_group
 
@@ -177,9 +177,9 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
 
 def serve(cfg: RunConfig) -> None:
     setup_logging("buffer")
-    redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
-    svc = BufferService(cfg, redis)
-    runner = ServiceRunner("buffer", cfg.buffer.endpoint.address,
-                           [(buffer_pb2_grpc.add_BufferServicer_to_server, svc)],
-                           buffer_metrics(svc), cfg.buffer.metrics_port)
-    runner.run(svc.run)
+    with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
+        svc = BufferService(cfg, redis)
+        runner = ServiceRunner("buffer", cfg.buffer.endpoint.address,
+                               [(buffer_pb2_grpc.add_BufferServicer_to_server, svc)],
+                               buffer_metrics(svc), cfg.buffer.metrics_port)
+        runner.run(svc.run)

@@ -104,7 +104,7 @@ def cmd_audit(args) -> int:
     from pathlib import Path
 
     from relayrl.audit import audit_redis
-    from relayrl.redis_conn import open_redis
+    from relayrl.redis_conn import redis_session
 
     target = Path(args.config)
     if target.is_dir():
@@ -116,13 +116,8 @@ def cmd_audit(args) -> int:
     url = cfg.redis.url or ""
     if url.startswith("unix://") and not Path(url[len("unix://"):]).exists():
         url = ""  # a stopped run's embedded server: start it again on the run's data file
-    redis, embedded = open_redis(url, cfg.run_dir, cfg.redis.socket_timeout_s)
-    try:
-        report = audit_redis(redis, cfg.run_id, cfg.trainer.max_steps)
-    finally:
-        redis.close()
-        if embedded is not None:
-            embedded.release()  # a live run's server stays up
+    with redis_session(url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:  # a live
+        report = audit_redis(redis, cfg.run_id, cfg.trainer.max_steps)  # run's server stays up
     print(report.render())
     out = Path(cfg.run_dir) / "audit.json"
     out.write_text(json.dumps(report.to_dict(), indent=1) + "\n")

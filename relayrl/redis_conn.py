@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -119,3 +121,18 @@ def open_redis(url: str | None, run_dir: str | Path, timeout_s: float = REDIS_CO
         embedded = EmbeddedRedis(run_dir)
         url = embedded.url
     return connect(url, timeout_s), embedded
+
+
+@contextmanager
+def redis_session(url: str | None, run_dir: str | Path,
+                  timeout_s: float = REDIS_COMMAND_S) -> Iterator[redis.Redis]:
+    """open_redis for the length of a `with`: on the way out the client closes and an embedded
+    server this opened stops unless another process still uses it (a service started alone,
+    without the launcher's server, must not leave a redis-server behind)."""
+    client, embedded = open_redis(url, run_dir, timeout_s)
+    try:
+        yield client
+    finally:
+        client.close()
+        if embedded is not None:
+            embedded.release()

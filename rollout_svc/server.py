@@ -14,7 +14,7 @@ from relayrl.leases import GrpcLeaseClient
 from relayrl.logs import setup_logging
 from relayrl.models import load_model, resolve_model_path
 from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc
-from relayrl.redis_conn import open_redis
+from relayrl.redis_conn import redis_session
 from relayrl.service import ServiceRunner
 from relayrl.streams import TrajectoryWriter
 from relayrl.tasks import make_task
@@ -87,29 +87,29 @@ def serve(cfg: RunConfig) -> None:
     model_path = resolve_model_path(cfg.model, cfg.task)
     lm = load_model(model_path)
     engine = make_engine(cfg, lm, model_path)
-    redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
-    scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address, cfg.scheduler.call_timeout_s)
-    relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s, cfg.rollout.weight_plane)
-              for a in cfg.relay_addresses]
-    worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
-                           TrajectoryWriter(redis, RunKeys(cfg.run_id),
-                                            cfg.buffer.max_pending_samples),
-                           make_task(cfg.task).reward_name)
-    generator = CustomGenerator(engine, lm, cfg.rollout)
-    runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.address,
-                           [(rollout_pb2_grpc.add_RolloutServicer_to_server,
-                             RolloutServicer(worker, generator))],
-                           rollout_metrics(worker, generator.batcher), cfg.rollout.metrics_port)
-    http = None
-    if cfg.rollout.http_base_port:
-        from rollout_svc.openai_api import OpenAIServer
+    with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
+        scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address, cfg.scheduler.call_timeout_s)
+        relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,
+                              cfg.rollout.weight_plane) for a in cfg.relay_addresses]
+        worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
+                               TrajectoryWriter(redis, RunKeys(cfg.run_id),
+                                                cfg.buffer.max_pending_samples),
+                               make_task(cfg.task).reward_name)
+        generator = CustomGenerator(engine, lm, cfg.rollout)
+        runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.address,
+                               [(rollout_pb2_grpc.add_RolloutServicer_to_server,
+                                 RolloutServicer(worker, generator))],
+                               rollout_metrics(worker, generator.batcher), cfg.rollout.metrics_port)
+        http = None
+        if cfg.rollout.http_base_port:
+            from rollout_svc.openai_api import OpenAIServer
 
-        http = OpenAIServer(generator, cfg.rollout.http_host,
-                            cfg.rollout.http_base_port + cfg.rollout.worker_index,
-                            model_name=cfg.rollout.served_model_name)
-        http.start()
-    try:
-        runner.run(worker.run)
-    finally:
-        if http is not None:
-            http.stop()
+            http = OpenAIServer(generator, cfg.rollout.http_host,
+                                cfg.rollout.http_base_port + cfg.rollout.worker_index,
+                                model_name=cfg.rollout.served_model_name)
+            http.start()
+        try:
+            runner.run(worker.run)
+        finally:
+            if http is not None:
+                http.stop()

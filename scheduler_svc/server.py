@@ -12,7 +12,7 @@ from relayrl.auth import current as current_credentials
 from relayrl.config import RunConfig
 from relayrl.logs import setup_logging
 from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
-from relayrl.redis_conn import open_redis
+from relayrl.redis_conn import redis_session
 from relayrl.service import ServiceRunner
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.telemetry import scheduler_metrics
@@ -91,34 +91,34 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
 def serve(cfg: RunConfig) -> None:
     setup_logging("scheduler")
-    redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
-    core = SchedulerCore(cfg, redis)
-    runner = ServiceRunner("scheduler", cfg.scheduler.endpoint.address,
-                           [(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
-                             SchedulerServicer(core))],
-                           scheduler_metrics(core), cfg.scheduler.metrics_port)
+    with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
+        core = SchedulerCore(cfg, redis)
+        runner = ServiceRunner("scheduler", cfg.scheduler.endpoint.address,
+                               [(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
+                                 SchedulerServicer(core))],
+                               scheduler_metrics(core), cfg.scheduler.metrics_port)
 
-    rest = None
-    sc = cfg.scheduler
-    if sc.rest_port:
-        token = os.environ.get(sc.rest_token_env) or current_credentials().token
-        if not token:
-            raise ValueError(f"scheduler.rest_port is set but ${sc.rest_token_env} is empty "
-                             f"and so is the run token (auth.required is false): "
-                             "the control API needs a bearer token")
-        from relayrl.http_server import BackgroundHTTPServer
-        from scheduler_svc.rest import build_rest_app
+        rest = None
+        sc = cfg.scheduler
+        if sc.rest_port:
+            token = os.environ.get(sc.rest_token_env) or current_credentials().token
+            if not token:
+                raise ValueError(f"scheduler.rest_port is set but ${sc.rest_token_env} is empty "
+                                 f"and so is the run token (auth.required is false): "
+                                 "the control API needs a bearer token")
+            from relayrl.http_server import BackgroundHTTPServer
+            from scheduler_svc.rest import build_rest_app
 
-        rest = BackgroundHTTPServer(build_rest_app(core, token), sc.rest_host, sc.rest_port,
-                                    "scheduler-rest")
-        rest.start()
+            rest = BackgroundHTTPServer(build_rest_app(core, token), sc.rest_host, sc.rest_port,
+                                        "scheduler-rest")
+            rest.start()
 
-    def loop(stop: threading.Event) -> None:
-        while not stop.wait(0.2):
-            core.refresh()
+        def loop(stop: threading.Event) -> None:
+            while not stop.wait(0.2):
+                core.refresh()
 
-    try:
-        runner.run(loop)
-    finally:
-        if rest is not None:
-            rest.stop()
+        try:
+            runner.run(loop)
+        finally:
+            if rest is not None:
+                rest.stop()

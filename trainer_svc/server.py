@@ -15,7 +15,7 @@ from relayrl.logs import setup_logging
 from relayrl.metrics import plot_rewards, plot_throughput
 from relayrl.models import load_model, resolve_model_path
 from relayrl.proto.v1 import trainer_pb2, trainer_pb2_grpc
-from relayrl.redis_conn import open_redis
+from relayrl.redis_conn import redis_session
 from relayrl.service import ServiceRunner
 from relayrl.weights.client import RelayClient
 from trainer_svc.distributed import Parallel, close_world, init_world
@@ -124,22 +124,22 @@ def serve(cfg: RunConfig) -> None:
     if not world.is_main:
         follow(cfg, lm, parallel)
         return
-    redis, _embedded = open_redis(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s)
-    publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes,
-                                           cfg.relay.timeout_s))
-    trainer = Trainer(cfg, lm, redis, publisher, parallel)
-    trainer.resume()
-    runner = ServiceRunner("trainer", cfg.trainer.endpoint.address,
-                           [(trainer_pb2_grpc.add_TrainerServicer_to_server,
-                             TrainerStatusServicer(trainer))],
-                           trainer_metrics(trainer), cfg.trainer.metrics_port)
-    runner.run(lambda stop: run_loop(trainer, stop))
-    # Only after a clean stop: on an error the followers may be inside a collective, and
-    # torchrun ends them when rank 0 exits.
-    trainer.learner.stop_followers()
-    publisher.close()
-    trainer.metrics.close()
-    close_world(world)
+    with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
+        publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes,
+                                               cfg.relay.timeout_s))
+        trainer = Trainer(cfg, lm, redis, publisher, parallel)
+        trainer.resume()
+        runner = ServiceRunner("trainer", cfg.trainer.endpoint.address,
+                               [(trainer_pb2_grpc.add_TrainerServicer_to_server,
+                                 TrainerStatusServicer(trainer))],
+                               trainer_metrics(trainer), cfg.trainer.metrics_port)
+        runner.run(lambda stop: run_loop(trainer, stop))
+        # Only after a clean stop: on an error the followers may be inside a collective, and
+        # torchrun ends them when rank 0 exits.
+        trainer.learner.stop_followers()
+        publisher.close()
+        trainer.metrics.close()
+        close_world(world)
 
 
 def follow(cfg: RunConfig, lm, parallel: Parallel) -> None:

@@ -10,6 +10,7 @@ import time
 import pytest
 import yaml
 
+from relayrl.auth import DEFAULT_TOKEN_ENV
 from relayrl.grpc_util import check_health
 from tests.conftest import small_stack_config
 
@@ -68,3 +69,37 @@ def test_no_orphans(tmp_path, how):
         for p in started:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
+
+
+def redis_servers() -> set[str]:
+    return {line.split()[0] for line in processes_mentioning("redis-server")}
+
+
+def test_a_service_started_alone_stops_the_redis_it_embedded(tmp_path):
+    """Without a Redis URL (no launcher) a service starts an embedded server; on SIGTERM it
+    must stop that server, not leave a redis-server per run behind."""
+    data = small_stack_config(tmp_path, steps=1)
+    cfg_path = tmp_path / "scheduler.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    before = redis_servers()
+    env = {**os.environ, DEFAULT_TOKEN_ENV: "test-token"}
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler_svc", "--config", str(cfg_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        address = f"127.0.0.1:{data['scheduler']['endpoint']['port']}"
+        deadline = time.monotonic() + 60
+        while not check_health(address):
+            assert proc.poll() is None, f"the scheduler exited: {proc.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, "the scheduler did not come up"
+            time.sleep(0.2)
+        started = redis_servers() - before
+        assert started, "the scheduler started no embedded redis-server"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 15
+        while started & redis_servers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not started & redis_servers(), "the embedded redis-server outlived its service"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,7 +1,8 @@
 """Rollout throughput through the service against the raw engine, measured in one run.
 
     python bench/rollout.py [--engines torch,vllm] [--prompts 256] [--n 8] [--batch-prompts 8]
-                            [--concurrency 16] [--max-new-tokens 32] [--rounds 3]
+                            [--concurrency 16] [--max-new-tokens 32] [--rounds 5]
+                            [--stop-at-eos]
 
 For each engine: the raw engine in this process generates the workload (P prompts, n
 completions each, `batch-prompts` prompts per engine call, back to back): that is the
@@ -9,9 +10,16 @@ ceiling. A real rollout service process (custom rollouts only, same engine, same
 most `batch-prompts` x n sequences per engine call) serves the same workload over gRPC
 `Generate` to `concurrency` client threads, one prompt per request; its batcher merges the
 requests that wait. With more clients than one batch holds, the next batch is queued while
-answers go out, as under real load. tokens/s counts generated tokens. Raw and served passes
-alternate for `rounds` rounds, so a machine whose load drifts weighs on both alike; the ratio
-is the median of the rounds' service/raw. Ends with one JSON line (target >= 0.9).
+answers go out, as under real load. tokens/s counts generated tokens.
+
+Every sequence runs to `max-new-tokens` (`ignore_eos`, as vLLM's own throughput benchmark
+does), so both sides do the same work whatever the sampled tokens. With `--stop-at-eos`
+sequences end at end-of-sequence instead: on the tiny example model that is about 3 tokens,
+a workload where the per-request cost of gRPC shows against almost no generation.
+
+Raw and served passes alternate for `rounds` rounds (in turn first), so a machine whose load
+drifts weighs on both alike; the ratio is the median of the rounds' service/raw. Ends with
+one JSON line (target >= 0.9).
 """
 
 from __future__ import annotations
@@ -42,7 +50,8 @@ from rollout_svc.engines import make_engine  # noqa: E402
 
 
 def raw_tokens_per_s(engine, cfg, prompts, args) -> float:
-    spec = SamplingSpec(max_new_tokens=args.max_new_tokens, temperature=cfg.rollout.temperature)
+    spec = SamplingSpec(max_new_tokens=args.max_new_tokens, temperature=cfg.rollout.temperature,
+                        ignore_eos=not args.stop_at_eos)
     per_call = args.batch_prompts
     tokens, t0 = 0, time.perf_counter()
     for start in range(0, len(prompts), per_call):
@@ -68,7 +77,8 @@ def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, 
 def service_tokens_per_s(address: str, prompts, args) -> float:
     def request(p):
         return rollout_pb2.GenerateRequest(token_ids=p, n=args.n,
-                                           max_new_tokens=args.max_new_tokens)
+                                           max_new_tokens=args.max_new_tokens,
+                                           ignore_eos=not args.stop_at_eos)
 
     warm = rollout_pb2_grpc.RolloutStub(channel(address))
     warm.Generate(request(prompts[0]), timeout=600)
@@ -113,7 +123,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="client threads")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each engine")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating raw/served passes")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating raw/served passes")
+    parser.add_argument("--stop-at-eos", action="store_true",
+                        help="end sequences at end-of-sequence (default: max-new-tokens each)")
     parser.add_argument("--batch-wait-ms", type=float, default=None,
                         help="the service batcher's wait (default: the config's)")
     args = parser.parse_args()
@@ -129,7 +141,8 @@ def main() -> None:
     result: dict = {"bench": "rollout", "model": str(path.name), "prompts": args.prompts,
                     "n": args.n, "batch_prompts": args.batch_prompts,
                     "concurrency": args.concurrency,
-                    "max_new_tokens": args.max_new_tokens, "threads": args.threads}
+                    "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+                    "stop_at_eos": args.stop_at_eos}
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-") as tmp:
         for engine in args.engines.split(","):
             ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
@@ -142,8 +155,12 @@ def main() -> None:
             rounds = []
             try:
                 for i in range(args.rounds):
-                    raw = raw_tokens_per_s(raw_engine, ecfg, prompts, args)
-                    served, per_call = service_tokens_per_s(address, prompts, args)
+                    if i % 2 == 0:
+                        raw = raw_tokens_per_s(raw_engine, ecfg, prompts, args)
+                        served, per_call = service_tokens_per_s(address, prompts, args)
+                    else:
+                        served, per_call = service_tokens_per_s(address, prompts, args)
+                        raw = raw_tokens_per_s(raw_engine, ecfg, prompts, args)
                     rounds.append((raw, served, per_call))
                     print(f"{engine} round {i + 1}: raw engine {raw:,.0f} tokens/s, service "
                           f"over gRPC {served:,.0f} ({served / raw:.2f}; {per_call:.1f} "

@@ -45,7 +45,8 @@ class CustomGenerator:
 
     def request(self, *, text: str = "", token_ids: list[int] | None = None,
                 max_new_tokens: int = 0, temperature: float = 0.0, n: int = 0,
-                greedy: bool = False, seed: int = 0, where: str = "") -> Request:
+                greedy: bool = False, seed: int = 0, ignore_eos: bool = False,
+                where: str = "") -> Request:
         """Check a request and fill in the worker's defaults; ValueError names the field."""
         pre = f"{where}." if where else ""
         if token_ids:
@@ -72,7 +73,7 @@ class CustomGenerator:
             raise ValueError(f"{pre}seed: must be >= 0, got {seed}")
         spec = SamplingSpec(max_new_tokens=max_new,
                             temperature=temperature or self.defaults.temperature,
-                            greedy=greedy, seed=seed or None)
+                            greedy=greedy, seed=seed or None, ignore_eos=ignore_eos)
         return Request(prompt, spec, n)
 
     def generate(self, req: Request) -> tuple[int, list[Completion]]:
@@ -96,7 +97,7 @@ class CustomGenerator:
             spec = SamplingSpec(max_new_tokens=min(chunk_tokens, room),
                                 temperature=req.spec.temperature, greedy=req.spec.greedy,
                                 seed=None if req.spec.seed is None else req.spec.seed + step,
-                                keep_state=True)
+                                ignore_eos=req.spec.ignore_eos, keep_state=True)
             with self.engine.lock:
                 version = self.engine.version
                 outs = self.engine.generate([req.prompt + made[i] for i in live], spec)

@@ -33,6 +33,8 @@ class CompletionRequest(_Strict):
     n: int = Field(1, ge=1, le=64)
     logprobs: int | None = Field(None, ge=0, le=0, description="Only the sampled token's.")
     seed: int | None = Field(None, ge=0)
+    ignore_eos: bool = Field(False, description="Generate max_tokens even past the end of "
+                             "sequence (as vLLM's extra parameter; for benchmarks).")
     stream: bool = False
     echo: Literal[False] = False
     user: str | None = None
@@ -55,6 +57,8 @@ class ChatRequest(_Strict):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=0)
     seed: int | None = Field(None, ge=0)
+    ignore_eos: bool = Field(False, description="Generate max_tokens even past the end of "
+                             "sequence (as vLLM's extra parameter; for benchmarks).")
     stream: bool = False
     user: str | None = None
 
@@ -65,12 +69,13 @@ class TokenizeRequest(_Strict):
 
 
 def _sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, n, seed,
-              where: str):
+              ignore_eos: bool, where: str):
     # OpenAI's temperature 0 means greedy
     greedy = temperature == 0
     return gen.request(token_ids=prompt, max_new_tokens=max_tokens or 0,
                        temperature=0.0 if greedy or temperature is None else temperature,
-                       n=n, greedy=greedy, seed=seed or 0, where=where)
+                       n=n, greedy=greedy, seed=seed or 0, ignore_eos=ignore_eos,
+                       where=where)
 
 
 STREAM_CHUNK_TOKENS = 8  # tokens per streamed event; the worker may change version between them
@@ -136,7 +141,8 @@ def build_app(gen: CustomGenerator, model_name: str,
 
     def check(prompt: list[int], body, max_tokens, where: str):
         try:
-            return _sampling(gen, prompt, max_tokens, body.temperature, body.n, body.seed, where)
+            return _sampling(gen, prompt, max_tokens, body.temperature, body.n, body.seed,
+                             body.ignore_eos, where)
         except ValueError as err:  # named as OpenAI names the field
             raise HTTPException(400, str(err).replace("max_new_tokens", "max_tokens")) from None
 

@@ -52,7 +52,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             return self.gen.request(
                 text=request.text, token_ids=list(request.token_ids),
                 max_new_tokens=request.max_new_tokens, temperature=request.temperature,
-                n=request.n, greedy=request.greedy, seed=request.seed, where="GenerateRequest")
+                n=request.n, greedy=request.greedy, seed=request.seed,
+                ignore_eos=request.ignore_eos, where="GenerateRequest")
         except ValueError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 

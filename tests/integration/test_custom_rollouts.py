@@ -86,6 +86,22 @@ def test_stream_arrives_in_chunks_that_add_up(grpc_stub):
         assert sum(len(c.token_ids) for c in mine) <= 5
 
 
+def test_ignore_eos_generates_the_whole_budget(grpc_stub, tiny_lm):
+    """Sampled with a high temperature, some of 16 sequences stop early unless told not to;
+    with ignore_eos every one runs to max_new_tokens (end-of-sequence tokens included)."""
+    req = dict(text="3+4=", n=16, max_new_tokens=5, temperature=5.0, seed=11)
+    free = grpc_stub.Generate(rollout_pb2.GenerateRequest(**req), timeout=30)
+    assert any(s.finish_reason == "stop" for s in free.sequences)
+    forced = grpc_stub.Generate(rollout_pb2.GenerateRequest(**req, ignore_eos=True), timeout=30)
+    for s in forced.sequences:
+        assert len(s.token_ids) == 5 and s.finish_reason == "length"
+    assert any(tiny_lm.eos_id in s.token_ids for s in forced.sequences)
+    chunks = list(grpc_stub.GenerateStream(rollout_pb2.GenerateRequest(
+        **req, ignore_eos=True, chunk_tokens=2), timeout=30))
+    for i in range(16):
+        assert sum(len(c.token_ids) for c in chunks if c.index == i) == 5
+
+
 @pytest.mark.parametrize("req,field", [
     (rollout_pb2.GenerateRequest(), "prompt"),
     (rollout_pb2.GenerateRequest(token_ids=[1, 999]), "token_ids"),
@@ -118,6 +134,13 @@ def test_openai_client_completions_chat_and_models(http, tiny_lm):
     choice = chat.choices[0]
     assert choice.message.role == "assistant"
     assert len(choice.logprobs.content) == len(choice.model_extra["token_ids"])
+
+
+def test_openai_ignore_eos_as_vllm_takes_it(http):
+    done = http.completions.create(model=MODEL, prompt="2+2=", max_tokens=4, n=8,
+                                   temperature=5.0, seed=2, extra_body={"ignore_eos": True})
+    assert [len(c.model_extra["token_ids"]) for c in done.choices] == [4] * 8
+    assert {c.finish_reason for c in done.choices} == {"length"}
 
 
 def test_openai_streams_chunks_that_add_up(http, tiny_lm):

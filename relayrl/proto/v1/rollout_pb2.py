@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erelayrl/proto/v1/rollout.proto\x12\nrelayrl.v1\"\x9e\x01\n\x0fGenerateRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12\t\n\x01n\x18\x05 \x01(\x05\x12\x0e\n\x06greedy\x18\x06 \x01(\x08\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x14\n\x0c\x63hunk_tokens\x18\x08 \x01(\x05\"o\n\x11GeneratedSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x10\n\x08versions\x18\x03 \x03(\x03\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\"v\n\x10GenerateResponse\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x30\n\tsequences\x18\x02 \x03(\x0b\x32\x1d.relayrl.v1.GeneratedSequence\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\"\x9a\x01\n\rGenerateChunk\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\"\x16\n\x14RolloutStatusRequest\"\xcb\x03\n\rRolloutStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x19\n\x11samples_generated\x18\x03 \x01(\x03\x12\x14\n\x0cweight_swaps\x18\x04 \x01(\x03\x12\x15\n\rversions_used\x18\x05 \x03(\x03\x12\x1c\n\x14weight_pull_failures\x18\x06 \x01(\x03\x12\x14\n\x0c\x62ytes_pulled\x18\x07 \x01(\x03\x12\x13\n\x0blast_pull_s\x18\x08 \x01(\x01\x12\x10\n\x08segments\x18\t \x01(\x03\x12\x1a\n\x12mid_sequence_swaps\x18\n \x01(\x03\x12\x16\n\x0egroups_resumed\x18\x0b \x01(\x03\x12\x17\n\x0fleases_released\x18\x0c \x01(\x03\x12\x0e\n\x06\x65ngine\x18\r \x01(\t\x12\x17\n\x0f\x63ustom_requests\x18\x0e \x01(\x03\x12\x1b\n\x13\x63ustom_engine_calls\x18\x0f \x01(\x03\x12\x18\n\x10groups_moved_out\x18\x10 \x01(\x03\x12\x13\n\x0bkv_imported\x18\x11 \x01(\x03\x12\x12\n\nkv_refused\x18\x12 \x01(\x03\x12\x16\n\x0etokens_resumed\x18\x13 \x01(\x03\x32\xe3\x01\n\x07Rollout\x12\x45\n\x06Status\x12 .relayrl.v1.RolloutStatusRequest\x1a\x19.relayrl.v1.RolloutStatus\x12\x45\n\x08Generate\x12\x1b.relayrl.v1.GenerateRequest\x1a\x1c.relayrl.v1.GenerateResponse\x12J\n\x0eGenerateStream\x12\x1b.relayrl.v1.GenerateRequest\x1a\x19.relayrl.v1.GenerateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erelayrl/proto/v1/rollout.proto\x12\nrelayrl.v1\"\xb2\x01\n\x0fGenerateRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12\t\n\x01n\x18\x05 \x01(\x05\x12\x0e\n\x06greedy\x18\x06 \x01(\x08\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x14\n\x0c\x63hunk_tokens\x18\x08 \x01(\x05\x12\x12\n\nignore_eos\x18\t \x01(\x08\"o\n\x11GeneratedSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x10\n\x08versions\x18\x03 \x03(\x03\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\"v\n\x10GenerateResponse\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x30\n\tsequences\x18\x02 \x03(\x0b\x32\x1d.relayrl.v1.GeneratedSequence\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\"\x9a\x01\n\rGenerateChunk\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\"\x16\n\x14RolloutStatusRequest\"\xcb\x03\n\rRolloutStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x19\n\x11samples_generated\x18\x03 \x01(\x03\x12\x14\n\x0cweight_swaps\x18\x04 \x01(\x03\x12\x15\n\rversions_used\x18\x05 \x03(\x03\x12\x1c\n\x14weight_pull_failures\x18\x06 \x01(\x03\x12\x14\n\x0c\x62ytes_pulled\x18\x07 \x01(\x03\x12\x13\n\x0blast_pull_s\x18\x08 \x01(\x01\x12\x10\n\x08segments\x18\t \x01(\x03\x12\x1a\n\x12mid_sequence_swaps\x18\n \x01(\x03\x12\x16\n\x0egroups_resumed\x18\x0b \x01(\x03\x12\x17\n\x0fleases_released\x18\x0c \x01(\x03\x12\x0e\n\x06\x65ngine\x18\r \x01(\t\x12\x17\n\x0f\x63ustom_requests\x18\x0e \x01(\x03\x12\x1b\n\x13\x63ustom_engine_calls\x18\x0f \x01(\x03\x12\x18\n\x10groups_moved_out\x18\x10 \x01(\x03\x12\x13\n\x0bkv_imported\x18\x11 \x01(\x03\x12\x12\n\nkv_refused\x18\x12 \x01(\x03\x12\x16\n\x0etokens_resumed\x18\x13 \x01(\x03\x32\xe3\x01\n\x07Rollout\x12\x45\n\x06Status\x12 .relayrl.v1.RolloutStatusRequest\x1a\x19.relayrl.v1.RolloutStatus\x12\x45\n\x08Generate\x12\x1b.relayrl.v1.GenerateRequest\x1a\x1c.relayrl.v1.GenerateResponse\x12J\n\x0eGenerateStream\x12\x1b.relayrl.v1.GenerateRequest\x1a\x19.relayrl.v1.GenerateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,17 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relayrl.proto.v1.rollout_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=47
-  _globals['_GENERATEREQUEST']._serialized_end=205
-  _globals['_GENERATEDSEQUENCE']._serialized_start=207
-  _globals['_GENERATEDSEQUENCE']._serialized_end=318
-  _globals['_GENERATERESPONSE']._serialized_start=320
-  _globals['_GENERATERESPONSE']._serialized_end=438
-  _globals['_GENERATECHUNK']._serialized_start=441
-  _globals['_GENERATECHUNK']._serialized_end=595
-  _globals['_ROLLOUTSTATUSREQUEST']._serialized_start=597
-  _globals['_ROLLOUTSTATUSREQUEST']._serialized_end=619
-  _globals['_ROLLOUTSTATUS']._serialized_start=622
-  _globals['_ROLLOUTSTATUS']._serialized_end=1081
-  _globals['_ROLLOUT']._serialized_start=1084
-  _globals['_ROLLOUT']._serialized_end=1311
+  _globals['_GENERATEREQUEST']._serialized_end=225
+  _globals['_GENERATEDSEQUENCE']._serialized_start=227
+  _globals['_GENERATEDSEQUENCE']._serialized_end=338
+  _globals['_GENERATERESPONSE']._serialized_start=340
+  _globals['_GENERATERESPONSE']._serialized_end=458
+  _globals['_GENERATECHUNK']._serialized_start=461
+  _globals['_GENERATECHUNK']._serialized_end=615
+  _globals['_ROLLOUTSTATUSREQUEST']._serialized_start=617
+  _globals['_ROLLOUTSTATUSREQUEST']._serialized_end=639
+  _globals['_ROLLOUTSTATUS']._serialized_start=642
+  _globals['_ROLLOUTSTATUS']._serialized_end=1101
+  _globals['_ROLLOUT']._serialized_start=1104
+  _globals['_ROLLOUT']._serialized_end=1331
 # @@protoc_insertion_point(module_scope)

@@ -32,6 +32,7 @@ class GenerateRequest(_message.Message):
     GREEDY_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     CHUNK_TOKENS_FIELD_NUMBER: _builtins.int
+    IGNORE_EOS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """the prompt as text, or"""
     max_new_tokens: _builtins.int
@@ -45,6 +46,8 @@ class GenerateRequest(_message.Message):
     """0: the engine's own random stream"""
     chunk_tokens: _builtins.int
     """GenerateStream: tokens per chunk; 0 means 1"""
+    ignore_eos: _builtins.bool
+    """generate max_new_tokens even past end-of-sequence"""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """the prompt as token ids (used when set)"""
@@ -60,10 +63,11 @@ class GenerateRequest(_message.Message):
         greedy: _builtins.bool = ...,
         seed: _builtins.int = ...,
         chunk_tokens: _builtins.int = ...,
+        ignore_eos: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_tokens", b"chunk_tokens", "greedy", b"greedy", "max_new_tokens", b"max_new_tokens", "n", b"n", "seed", b"seed", "temperature", b"temperature", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_tokens", b"chunk_tokens", "greedy", b"greedy", "ignore_eos", b"ignore_eos", "max_new_tokens", b"max_new_tokens", "n", b"n", "seed", b"seed", "temperature", b"temperature", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ CATCH_UP_SHARE = 0.25  # of the lease TTL, the longest a worker waits for requir
 class ActiveGroup:
     lease: LeasedPrompt
     group: PartialGroup
+    saved_at: float  # when its token state was last saved (or it started)
 
 
 def _counter(part: str, name: str) -> property:
@@ -64,8 +66,10 @@ class RolloutWorker:
 
     def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
                  scheduler: LeaseClient, relays: list[WeightPlane],
-                 writer: TrajectoryWriter, reward_name: str):
+                 writer: TrajectoryWriter, reward_name: str,
+                 clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
+        self.clock = clock
         self.worker_id = cfg.rollout.worker_id
         self.engine = engine
         self.lm = lm
@@ -114,13 +118,15 @@ class RolloutWorker:
                 log.warning("heartbeat failed: %s", err.code())
 
     def activate(self, lease: LeasedPrompt) -> ActiveGroup:
-        return ActiveGroup(lease, self.generator.start(lease))
+        return ActiveGroup(lease, self.generator.start(lease), self.clock())
 
     def advance(self, active: list[ActiveGroup], stop: threading.Event | None = None
                 ) -> tuple[list[ActiveGroup], int]:
         """One segment for every active group: finished groups are scored and delivered (a
         delivery waits while the buffer is full), the others' token state is saved with the
-        scheduler. Returns (the groups still held, how many were delivered)."""
+        scheduler when rollout.save_every_s has passed since their last save (a save's reply
+        may recall the group for a repack). Returns (the groups still held, how many were
+        delivered)."""
         with self._timed("generate"):
             self.generator.generate_segment([a.group for a in active])
         going = [a for a in active if not a.group.finished]
@@ -130,18 +136,23 @@ class RolloutWorker:
                 with self._timed("deliver"):
                     self.deliver(a.lease, a.group, stop)
                 delivered += 1
-        if not (self.cfg.rollout.segment_tokens and going):
+        now = self.clock()
+        due = [a for a in going if self.cfg.rollout.segment_tokens
+               and now - a.saved_at >= self.cfg.rollout.save_every_s]
+        if not due:
             return going, delivered
         with self._timed("save"):
             replies = self.scheduler.save_progress_many(
-                self.worker_id, [(a.lease.lease_id, a.group.encode()) for a in going])
-        still = []
-        for a, reply in zip(going, replies, strict=True):
+                self.worker_id, [(a.lease.lease_id, a.group.encode()) for a in due])
+        dropped = set()
+        for a, reply in zip(due, replies, strict=True):
+            a.saved_at = now
             if not reply.accepted:
                 log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
-            elif not (reply.release and self.hand_over(a)):
-                still.append(a)
-        return still, delivered
+                dropped.add(id(a))
+            elif reply.release and self.hand_over(a):
+                dropped.add(id(a))
+        return [a for a in going if id(a) not in dropped], delivered
 
     def hand_over(self, a: ActiveGroup) -> bool:
         """A repack recalled the group: hand it back (its token state was just saved) for

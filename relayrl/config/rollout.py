@@ -42,8 +42,16 @@ class RolloutConfig(StrictModel):
     segment_tokens: int = Field(
         0, ge=0, le=65_536,
         description="Partial rollouts: generate at most this many tokens per segment, then "
-        "move to the newest weights and save the token state with the scheduler before "
-        "going on; 0 generates each response in one segment.",
+        "move to the newest weights (and, every save_every_s, save the token state with the "
+        "scheduler) before going on; 0 generates each response in one segment.",
+    )
+    save_every_s: float = Field(
+        1.0, ge=0, le=3600,
+        description="Partial rollouts: save a generating group's token state with the "
+        "scheduler at the first segment boundary this long after its last save (or its "
+        "start); 0 saves at every boundary. A worker that dies loses at most about this much "
+        "of each group's generation (the prompt is re-issued with the saved tokens); a group "
+        "that finishes sooner is never saved, which spares most groups the round trip.",
     )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
     synthetic_length_median: int = Field(

@@ -1,6 +1,7 @@
 """Partial rollouts: responses generated in segments move to newer weights mid-sequence with
 every token tagged by the version that produced it, and an unfinished group survives its
-worker, handed back (graceful stop) or saved at a boundary (kill), and resumes elsewhere."""
+worker, handed back (graceful stop) or saved at a boundary every rollout.save_every_s
+(kill), and resumes elsewhere."""
 
 import threading
 
@@ -56,6 +57,7 @@ def stack(tmp_path, tiny_lm):
         "scheduler": {"lease_ttl_s": 10, "max_prompts": 4},
         "buffer": {"group_size": N},
         "rollout": {"samples_per_prompt": N, "max_new_tokens": MAX_NEW, "segment_tokens": 2,
+                    "save_every_s": 0,  # at every boundary, unless a test says otherwise
                     "temperature": 3.0}})  # hot sampling: eos rarely ends a response early
     clock = Clock()
     core = SchedulerCore(cfg, r, clock=clock)
@@ -63,14 +65,15 @@ def stack(tmp_path, tiny_lm):
     server.shutdown()
 
 
-def make_worker(cfg, r, core, tiny_lm, index, store, after_segment=None, kv_cache_tokens=0):
+def make_worker(cfg, r, core, tiny_lm, index, store, after_segment=None, kv_cache_tokens=0,
+                clock=None):
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"worker_index": index})})
     lm = load_model(tiny_lm.path)
     engine = PublishingEngine(lm, store, after_segment, kv_cache_tokens)
     writer = TrajectoryWriter(r, RunKeys("partial"), cfg.buffer.max_pending_samples)
-    return RolloutWorker(cfg, engine, lm, core, [store], writer,
-                         "exact_match")
+    return RolloutWorker(cfg, engine, lm, core, [store], writer, "exact_match",
+                         **({"clock": clock} if clock else {}))
 
 
 def delivered(r) -> list:
@@ -147,6 +150,38 @@ def test_a_killed_worker_loses_at_most_its_current_segment(stack):
     assert len(samples) == N
     assert sorted(s.response_tokens[:2].tolist() for s in samples) == sorted(
         s.tokens[:2] for s in saved.sequences)
+
+
+def test_token_state_is_saved_every_save_every_s_and_a_kill_loses_only_what_came_after(stack):
+    cfg, r, core, clock, tiny_lm = stack
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+        update={"save_every_s": 5.0})})
+
+    class Killed(Exception):
+        pass
+
+    def segment_took_3_s(calls):
+        clock.now += 3.0
+        if calls == 2:  # the first boundary (t=3) was not due: nothing saved yet
+            assert core.partials == {}
+        if calls == 3:
+            raise Killed  # dies inside its third segment, after the save at t=6
+
+    a = make_worker(cfg, r, core, tiny_lm, 0, VersionStore(4), segment_took_3_s, clock=clock)
+    lease = core.acquire(a.worker_id, 1).leases[0]
+    with pytest.raises(Killed):
+        a.run_lease(lease)
+    saved = PartialGroup.decode(core.partials[lease.prompt_id], lease.prompt_id, N)
+    assert all(len(s.tokens) == 4 or s.finish_reason == "stop" for s in saved.sequences)
+    clock.now += 11.0  # its lease lapses without a heartbeat
+    core.refresh()
+    b = make_worker(cfg, r, core, tiny_lm, 1, VersionStore(4), clock=clock)
+    again = core.acquire(b.worker_id, 1).leases[0]
+    assert again.prompt_id == lease.prompt_id and again.partial_state
+    assert b.run_lease(again) and b.groups_resumed == 1
+    samples = delivered(r)
+    assert sorted(s.response_tokens[:4].tolist() for s in samples) == sorted(
+        s.tokens[:4] for s in saved.sequences)
 
 
 def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stack):

@@ -1,11 +1,14 @@
 """The real stack on heavy-tailed generation: synchronous against asynchronous, in one run.
 
-    python bench/longtail.py [--steps 30] [--median 16] [--p99-ratio 10] [--workers 2]
+    python bench/longtail.py [--steps 30] [--groups 8] [--median 16] [--p99-ratio 10]
+                             [--workers 2] [--staleness 2] [--repeats 3]
 
 Every service runs as its own process (relayrl up's launcher) on the tiny CPU example, with
 response lengths drawn from a lognormal whose p99 is `p99-ratio` times its median (the
-engines ignore end-of-sequence). Four modes on the same prompts and lengths, named as in
-`relayrl simulate`:
+engines ignore end-of-sequence), `--groups` prompts of `group_size` samples per trainer step
+(8 x 8 = 64 samples by default: small beside the hundreds of a real RL step, enough for
+the batch shapes of the modes to differ). Four modes on the same prompts and lengths, named
+as in `relayrl simulate`:
 
 - sync: one batch of prompts in flight; the next is handed out only once the trainer has
   stepped past it, so generation and training alternate and each batch waits for its longest
@@ -121,7 +124,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the rates")
-    parser.add_argument("--groups", type=int, default=4, help="prompts per trainer batch")
+    parser.add_argument("--groups", type=int, default=8, help="prompts per trainer batch")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--median", type=int, default=16)
     parser.add_argument("--p99-ratio", type=float, default=10.0)

@@ -13,8 +13,8 @@ as in `relayrl simulate`:
 - sync: one batch of prompts in flight; the next is handed out only once the trainer has
   stepped past it, so generation and training alternate and each batch waits for its longest
   response.
-- async_batch: batch-level asynchrony (staleness bound `--staleness`, 2 by default, so up to
-  three batches of prompts in flight): workers keep generating, in larger batches, while the
+- async_batch: batch-level asynchrony (staleness bound `--staleness`, 2 by default, so two
+  batches of prompts in flight): workers keep generating, in larger batches, while the
   trainer trains, but each engine call still runs until its longest response ends, so a
   worker's batch drains before new prompts join it.
 - async: trajectory-level asynchrony: as async_batch, with every sequence on its own.
@@ -46,20 +46,23 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import CpuSampler, assign_free_ports, run_stack  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
+from relayrl.config.run import inflight_prompts  # noqa: E402
 
 MODES = ("sync", "async_batch", "async", "async_repack")
 
 
 def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
     data = base.model_dump(mode="json")
-    # sync generates one training batch at a time; async may keep up to (staleness + 1)
-    # batches in flight, so its workers run larger batches
+    # sync generates one training batch at a time; async keeps more batches in flight (the
+    # scheduler's default: relayrl.config.run.inflight_prompts), so its workers run more
+    # sequences at once
     groups = args.groups
-    in_flight = groups if mode == "sync" else groups * (args.staleness + 1)
+    in_flight = groups if mode == "sync" else (args.inflight
+                                                or inflight_prompts(groups, args.staleness))
     active = max(1, -(-in_flight // args.workers))
     data.update(run_id=f"longtail-{mode}", run_dir=str(run_dir))
     data["scheduler"].update(start_after_workers=args.workers,
-                             max_inflight_prompts=groups if mode == "sync" else 0,
+                             max_inflight_prompts=groups if mode == "sync" else args.inflight,
                              repack=mode == "async_repack")
     data["buffer"].update(groups_per_batch=groups)
     data["trainer"].update(max_steps=args.steps,
@@ -132,6 +135,9 @@ def main() -> None:
     parser.add_argument("--segment", type=int, default=16)
     parser.add_argument("--staleness", type=int, default=2,
                         help="trainer.max_staleness of every mode (sync never exceeds 0)")
+    parser.add_argument("--inflight", type=int, default=0,
+                        help="async modes: prompts out at once (scheduler.max_inflight_prompts; "
+                        "0: the scheduler's own, relayrl.config.run.inflight_prompts)")
     parser.add_argument("--keep-runs", default="",
                         help="keep every run's directory (metrics, logs) under this one")
     parser.add_argument("--repeats", type=int, default=3,

@@ -17,6 +17,7 @@ from relayrl import control, ledger
 from relayrl.backpressure import is_oom
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
+from relayrl.config.run import inflight_prompts
 from relayrl.control import LiveSettings, RunState, SettingsChange
 from relayrl.keys import RunKeys
 from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt, ProgressReply
@@ -79,8 +80,8 @@ class SchedulerCore(LeaseClient):
 
     def _apply(self, settings: LiveSettings) -> None:
         if not self.cfg.scheduler.max_inflight_prompts:  # derived from the staleness bound
-            self.policy.max_inflight = (self.cfg.buffer.groups_per_batch
-                                        * (settings.max_staleness + 1))
+            self.policy.max_inflight = inflight_prompts(self.cfg.buffer.groups_per_batch,
+                                                        settings.max_staleness)
 
     def change_settings(self, change: SettingsChange) -> LiveSettings:
         with self.lock:

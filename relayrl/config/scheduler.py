@@ -22,7 +22,7 @@ class SchedulerConfig(StrictModel):
     max_inflight_prompts: int = Field(
         0, ge=0, le=1_000_000,
         description="Prompts handed out but not yet consumed; 0 derives it from the trainer's "
-        "batch size and staleness bound.",
+        "batch size and staleness bound (max(2, max_staleness) batches; one at staleness 0).",
     )
     max_prompts: int = Field(
         0, ge=0, description="Distinct prompts to hand out in total; 0 means unlimited."

@@ -88,15 +88,15 @@ def test_settings_are_checked_by_field_and_reach_redis_and_the_lease_cap(stack):
         assert resp.status_code == 422, body
         assert [e["loc"][-1] for e in resp.json()["detail"]] == [field]
     assert client.get("/v1/settings").json() == before
-    assert core.policy.max_inflight == 2 * (1 + 1)
+    assert core.policy.max_inflight == 2 * 2  # two batches at staleness 1
     resp = client.patch("/v1/settings", json={"max_staleness": 3})
     assert resp.json() == {"max_staleness": 3, "temperature": 1.0}
     assert client.patch("/v1/settings", json={"temperature": 0.7}).json()["max_staleness"] == 3
-    assert core.policy.max_inflight == 2 * (3 + 1)  # the scheduler's cap follows the bound
+    assert core.policy.max_inflight == 2 * 3  # the scheduler's cap follows the bound
     # what the trainer and the workers read, also after a scheduler restart
     assert control.read_settings(core.redis, core.keys, core.cfg).model_dump() == {
         "max_staleness": 3, "temperature": 0.7}
-    assert SchedulerCore(core.cfg, core.redis).policy.max_inflight == 8
+    assert SchedulerCore(core.cfg, core.redis).policy.max_inflight == 6
     assert client.get("/v1/status").json()["run"]["settings"]["temperature"] == 0.7
 
 

@@ -67,7 +67,10 @@ def test_overrides_apply_and_validate(tmp_path):
         apply_overrides({}, ["no_equals_sign"])
 
 
-def test_inflight_limit_follows_batch_and_staleness():
+@pytest.mark.parametrize("staleness,batches", [(0, 1), (1, 2), (2, 2), (3, 3), (8, 8)])
+def test_inflight_limit_follows_batch_and_staleness(staleness, batches):
+    """One batch out at staleness 0 (synchronous), two at least with any staleness (so
+    generation overlaps training), else as many as the bound."""
     cfg = RunConfig.model_validate({"buffer": {"groups_per_batch": 4},
-                                    "trainer": {"max_staleness": 2}})
-    assert cfg.inflight_limit == 12
+                                    "trainer": {"max_staleness": staleness}})
+    assert cfg.inflight_limit == 4 * batches

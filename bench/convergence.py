@@ -13,9 +13,10 @@ config, with one mode's edits:
 - sync: trainer.max_staleness 0 and one batch of prompts in flight
   (scheduler.max_inflight_prompts = buffer.groups_per_batch): generation and training
   alternate, every sample is on-policy.
-- async_<k>_<correction>: trainer.max_staleness k and the default in-flight limit (k + 1
-  batches), trained with trainer.correction <correction> (tis_token: truncated importance
-  sampling, the default; none: stale samples trained as if on-policy).
+- async_<k>_<correction>: trainer.max_staleness k and the default in-flight limit
+  (max(2, k) batches: relayrl.config.run.inflight_prompts), trained with
+  trainer.correction <correction> (tis_token: truncated importance sampling, the default;
+  none: stale samples trained as if on-policy).
 
 Writes <out>/<name>.md (the table, with its definitions) and <out>/<name>.png (reward
 against steps and against wall time; name: convergence for the tiny example, else

@@ -26,6 +26,7 @@ from relayrl.leases import LeaseClient, LeasedPrompt
 from relayrl.messages import Sample
 from relayrl.models import LoadedModel
 from relayrl.partial import PartialGroup
+from relayrl.repack import is_tail
 from relayrl.rewards import get_reward, score
 from relayrl.streams import TrajectoryWriter
 from relayrl.weights import WeightPlane
@@ -124,9 +125,9 @@ class RolloutWorker:
                 ) -> tuple[list[ActiveGroup], int]:
         """One segment for every active group: finished groups are scored and delivered (a
         delivery waits while the buffer is full), the others' token state is saved with the
-        scheduler when rollout.save_every_s has passed since their last save (a save's reply
-        may recall the group for a repack). Returns (the groups still held, how many were
-        delivered)."""
+        scheduler when rollout.save_every_s has passed since their last save, or at once on
+        a worker left with a tail (a save's reply may recall the group for a repack).
+        Returns (the groups still held, how many were delivered)."""
         with self._timed("generate"):
             self.generator.generate_segment([a.group for a in active])
         going = [a for a in active if not a.group.finished]
@@ -136,9 +137,11 @@ class RolloutWorker:
                 with self._timed("deliver"):
                     self.deliver(a.lease, a.group, stop)
                 delivered += 1
-        now = self.clock()
+        now, every = self.clock(), self.cfg.rollout.save_every_s
+        if self._is_tail(going):  # the repack planner must see it now, and recall through it
+            every = 0.0
         due = [a for a in going if self.cfg.rollout.segment_tokens
-               and now - a.saved_at >= self.cfg.rollout.save_every_s]
+               and now - a.saved_at >= every]
         if not due:
             return going, delivered
         with self._timed("save"):
@@ -153,6 +156,16 @@ class RolloutWorker:
             elif reply.release and self.hand_over(a):
                 dropped.add(id(a))
         return [a for a in going if id(a) not in dropped], delivered
+
+    def _is_tail(self, going: list[ActiveGroup]) -> bool:
+        """With repacking on, whether this worker is left with a tail by the scheduler's own
+        rule (relayrl.repack.is_tail): the planner learns a group's progress, and recalls it,
+        only through saves, so a tail saves at every boundary whatever save_every_s says."""
+        sc = self.cfg.scheduler
+        if not sc.repack:
+            return False
+        load = sum(len(a.group.unfinished()) for a in going)
+        return is_tail(load, self.seats, sc.repack_below)
 
     def hand_over(self, a: ActiveGroup) -> bool:
         """A repack recalled the group: hand it back (its token state was just saved) for

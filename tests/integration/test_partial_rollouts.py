@@ -184,9 +184,14 @@ def test_token_state_is_saved_every_save_every_s_and_a_kill_loses_only_what_came
         s.tokens[:4] for s in saved.sequences)
 
 
-def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stack):
+@pytest.mark.parametrize("save_every_s", [0.0, 100.0])
+def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stack,
+                                                                           save_every_s):
+    """Whether groups are saved at every boundary or rarely: a worker left with a tail
+    saves at every boundary, so the planner sees it and its recall arrives."""
     cfg, r, _, _, tiny_lm = stack
     data = cfg.model_dump()
+    data["rollout"]["save_every_s"] = save_every_s
     data["scheduler"].update(repack=True, repack_below=0.5, repack_interval_s=0,
                              max_inflight_prompts=3)
     data["rollout"].update(max_active_groups=3, temperature=1e-3)  # 12 seats; eos-free-ish

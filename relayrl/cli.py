@@ -116,8 +116,9 @@ def cmd_audit(args) -> int:
     url = cfg.redis.url or ""
     if url.startswith("unix://") and not Path(url[len("unix://"):]).exists():
         url = ""  # a stopped run's embedded server: start it again on the run's data file
-    with redis_session(url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:  # a live
-        report = audit_redis(redis, cfg.run_id, cfg.trainer.max_steps)  # run's server stays up
+    # on the way out a live run's server stays up; a stopped run's, started here, stops
+    with redis_session(url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
+        report = audit_redis(redis, cfg.run_id, cfg.trainer.max_steps)
     print(report.render())
     out = Path(cfg.run_dir) / "audit.json"
     out.write_text(json.dumps(report.to_dict(), indent=1) + "\n")

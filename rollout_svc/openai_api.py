@@ -25,19 +25,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class CompletionRequest(_Strict):
+class _Sampling(_Strict):
+    """What completions and chat requests share."""
     model: str
-    prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=10)
     n: int = Field(1, ge=1, le=64)
-    logprobs: int | None = Field(None, ge=0, le=0, description="Only the sampled token's.")
     seed: int | None = Field(None, ge=0)
     ignore_eos: bool = Field(False, description="Generate max_tokens even past the end of "
                              "sequence (as vLLM's extra parameter; for benchmarks).")
     stream: bool = False
-    echo: Literal[False] = False
     user: str | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=0, description="Only the sampled token's.")
+    echo: Literal[False] = False
 
 
 class ChatMessage(_Strict):
@@ -47,20 +51,11 @@ class ChatMessage(_Strict):
     tool_call_id: str | None = None
 
 
-class ChatRequest(_Strict):
-    model: str
+class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=10)
-    n: int = Field(1, ge=1, le=64)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=0)
-    seed: int | None = Field(None, ge=0)
-    ignore_eos: bool = Field(False, description="Generate max_tokens even past the end of "
-                             "sequence (as vLLM's extra parameter; for benchmarks).")
-    stream: bool = False
-    user: str | None = None
 
 
 class TokenizeRequest(_Strict):

@@ -137,35 +137,35 @@ class RolloutWorker:
                 with self._timed("deliver"):
                     self.deliver(a.lease, a.group, stop)
                 delivered += 1
-        now, every = self.clock(), self.cfg.rollout.save_every_s
-        if self._is_tail(going):  # the repack planner must see it now, and recall through it
-            every = 0.0
-        due = [a for a in going if self.cfg.rollout.segment_tokens
-               and now - a.saved_at >= every]
+        now = self.clock()
+        due = self._due_for_saving(going, now)
         if not due:
             return going, delivered
         with self._timed("save"):
             replies = self.scheduler.save_progress_many(
                 self.worker_id, [(a.lease.lease_id, a.group.encode()) for a in due])
-        dropped = set()
+        let_go = set()
         for a, reply in zip(due, replies, strict=True):
             a.saved_at = now
             if not reply.accepted:
                 log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
-                dropped.add(id(a))
+                let_go.add(a.lease.lease_id)
             elif reply.release and self.hand_over(a):
-                dropped.add(id(a))
-        return [a for a in going if id(a) not in dropped], delivered
+                let_go.add(a.lease.lease_id)
+        return [a for a in going if a.lease.lease_id not in let_go], delivered
 
-    def _is_tail(self, going: list[ActiveGroup]) -> bool:
-        """With repacking on, whether this worker is left with a tail by the scheduler's own
-        rule (relayrl.repack.is_tail): the planner learns a group's progress, and recalls it,
-        only through saves, so a tail saves at every boundary whatever save_every_s says."""
-        sc = self.cfg.scheduler
-        if not sc.repack:
-            return False
+    def _due_for_saving(self, going: list[ActiveGroup], now: float) -> list[ActiveGroup]:
+        """The groups whose token state to save now: those unsaved for save_every_s, or all
+        of them on a worker left with a tail when repacking is on (the scheduler's own rule,
+        relayrl.repack.is_tail): the planner learns a group's progress, and recalls it, only
+        through saves."""
+        if not self.cfg.rollout.segment_tokens:
+            return []
+        capacity = self.cfg.repack_capacity  # 0 with repacking off
         load = sum(len(a.group.unfinished()) for a in going)
-        return is_tail(load, self.seats, sc.repack_below)
+        if capacity and is_tail(load, capacity, self.cfg.scheduler.repack_below):
+            return going
+        return [a for a in going if now - a.saved_at >= self.cfg.rollout.save_every_s]
 
     def hand_over(self, a: ActiveGroup) -> bool:
         """A repack recalled the group: hand it back (its token state was just saved) for

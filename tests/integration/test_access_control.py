@@ -28,7 +28,7 @@ from relayrl.launcher import Launcher
 from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc, relay_pb2, relay_pb2_grpc
 from relayrl.redis_conn import connect
 from tests.conftest import small_stack_config
-from tests.integration.test_grpc_wrong_messages import MODULES, state
+from tests.integration.test_grpc_wrong_messages import MODULES, state, wait_until_settled
 from tests.integration.tls_certs import self_signed
 
 pytestmark = pytest.mark.integration
@@ -53,6 +53,7 @@ def stack(tmp_path_factory):
         launcher = Launcher(RunConfig.model_validate(data), show_trainer_output=False)
         launcher.start()
         try:
+            wait_until_settled(launcher)
             yield launcher, os.environ["RELAYRL_TOKEN"]
         finally:
             launcher.shutdown()

@@ -6,6 +6,8 @@ counters and every Redis key with its size. Inputs tried per method are printed.
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as FD
@@ -100,6 +102,17 @@ def build(cls, values: dict):
     return msg
 
 
+def wait_until_settled(launcher: Launcher, timeout_s: float = 60.0) -> None:
+    """Until every worker of the idle stack has registered: a worker registers after it
+    reports healthy, and a state taken before that would differ from any taken after."""
+    stub = scheduler_pb2_grpc.SchedulerStub(channel(launcher.cfg.scheduler.endpoint.address))
+    deadline = time.monotonic() + timeout_s
+    while stub.Status(scheduler_pb2.SchedulerStatusRequest(), timeout=10).workers < (
+            launcher.cfg.rollout.num_workers):
+        assert time.monotonic() < deadline, "the stack's workers did not all register"
+        time.sleep(0.2)
+
+
 def state(launcher: Launcher) -> dict:
     """What a refused call must not change: durable counters of every service (not the
     counters of refusals themselves) and every Redis key with its type and size."""
@@ -159,6 +172,7 @@ def stack(tmp_path_factory):
     data["scheduler"]["start_after_workers"] = 99  # no lease is ever granted: the run idles
     launcher = Launcher(RunConfig.model_validate(data), show_trainer_output=False)
     launcher.start()
+    wait_until_settled(launcher)
     yield launcher
     launcher.shutdown()
 

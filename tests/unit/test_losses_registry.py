@@ -173,10 +173,12 @@ def test_none_ignores_the_behaviour_policy():
     assert loss == pytest.approx(-1.0) and grad == pytest.approx([-0.5, -0.5])
 
 
-@pytest.mark.parametrize("adv,grad", [(1.0, [-0.75, 0.0]), (-1.0, [0.75, 0.0])])
+@pytest.mark.parametrize("adv,grad", [(1.0, [-0.75, -1.0]), (-1.0, [0.75, 1.0])])
 def test_aipo_truncates_pi_over_mu_one_sidedly(adv, grad):
-    # pi/mu = [1.5, 3]; pi_old is garbage and must not matter. Term -A min(r, 2):
-    # dlogp = -A r / 2 tokens below the cap, 0 above it whatever the sign of A
+    # pi/mu = [1.5, 3]; pi_old is garbage and must not matter. LlamaRL's update is
+    # min(r, 2) A grad log pi (the weight carries no gradient), so the term's value is
+    # -A min(r, 2) and dlogp = -A min(r, 2) / 2 tokens: -A 1.5 / 2 below the cap, and
+    # -A 2 / 2 above it, whatever the sign of A (not 0: the token still pulls, at the cap)
     logp = [[-1.0, -1.0]]
     behaviour = [[-1.0 - math.log(1.5), -1.0 - math.log(3.0)]]
     old = [[-7.0, -0.01]]

@@ -24,6 +24,7 @@ from trainer_svc.losses.policy import (
     RatioLevel,
     aggregate,
     clipped_surrogate,
+    log_ratio_at_level,
     masked,
     masked_mean,
     per_token_advantages,
@@ -110,11 +111,12 @@ class PolicyLoss:
         mask = inp.mask
         corr = correct(s.correction, inp.logprobs, inp.old_logprobs, inp.behaviour_logprobs,
                        mask, s.tis_cap)
-        ratio = ratio_at_level(corr.log_ratio, mask, self.ratio_level)
         adv = per_token_advantages(inp.advantages)
         if corr.truncated:
-            per_token, clipped = truncated_surrogate(ratio, adv, s.tis_cap)
+            per_token, clipped = truncated_surrogate(
+                log_ratio_at_level(corr.log_ratio, mask, self.ratio_level), adv, s.tis_cap)
         else:
+            ratio = ratio_at_level(corr.log_ratio, mask, self.ratio_level)
             per_token, clipped = clipped_surrogate(ratio, adv, *self.clip_range(s))
 
         def reduce(x: torch.Tensor) -> torch.Tensor:

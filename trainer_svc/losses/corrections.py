@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer_svc.losses.policy import masked, masked_log_ratio, masked_mean
+from trainer_svc.losses.policy import bounded_exp, masked, masked_log_ratio, masked_mean
 
 CORRECTIONS = ("none", "tis_token", "tis_seq", "aipo", "decoupled")
-_MAX_LOG_WEIGHT = 80.0  # exp(80) ~ 5e34: finite in float32, far above any sensible cap
 
 
 @dataclass
@@ -43,12 +42,12 @@ def correct(name: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
                          f"{list(CORRECTIONS)}")
     with torch.no_grad():
         token_log_w = masked_log_ratio(old_logprobs, behaviour_logprobs, mask)
-        token_w = torch.exp(token_log_w.clamp(max=_MAX_LOG_WEIGHT))
+        token_w = bounded_exp(token_log_w)
         ones = torch.ones_like(token_w)
     if name == "aipo":
         log_ratio = masked_log_ratio(logprobs, behaviour_logprobs, mask)
         with torch.no_grad():
-            ratio = torch.exp(log_ratio.clamp(max=_MAX_LOG_WEIGHT))
+            ratio = bounded_exp(log_ratio)
         return Correction(log_ratio, ones, True, _token_stats(ratio, ratio > cap, mask))
     log_ratio = masked_log_ratio(logprobs, old_logprobs, mask)
     if name == "none":
@@ -65,10 +64,10 @@ def correct(name: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     # sequence cannot overflow
     with torch.no_grad():
         seq_log_w = token_log_w.sum(-1)
-        seq_w = torch.exp(seq_log_w.clamp(max=math.log(cap)))
+        seq_w = bounded_exp(seq_log_w.clamp(max=math.log(cap)))
         weight = seq_w[:, None].expand_as(token_w)
         has_tokens = mask.sum(-1) > 0
-        raw = torch.exp(seq_log_w.clamp(max=_MAX_LOG_WEIGHT))
+        raw = bounded_exp(seq_log_w)
         stats = {
             "is_weight_mean": raw[has_tokens].mean().item() if has_tokens.any() else 1.0,
             "is_weight_max": raw[has_tokens].max().item() if has_tokens.any() else 1.0,

@@ -9,12 +9,24 @@ gradient.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 
 Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
 RatioLevel = Literal["token", "sequence"]
+# Every log-ratio is clamped to +-LOG_RATIO_BOUND before it is exponentiated. exp(20) ~ 5e8
+# is far past any clip range or importance-weight cap in use (around 1 to 10), so the bound
+# changes no value an objective can use; yet a ratio of that size times an advantage, summed
+# over millions of tokens, stays well inside float32, where exp(89) alone is already inf.
+# Past the bound the ratio is constant, so such a token passes no gradient through it.
+LOG_RATIO_BOUND = 20.0
+
+
+def bounded_exp(log_ratio: torch.Tensor) -> torch.Tensor:
+    """exp of a log-ratio clamped to +-LOG_RATIO_BOUND."""
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
 def masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -58,16 +70,27 @@ def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     return masked(log_ratio, mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
 
 
+def log_ratio_at_level(log_ratio: torch.Tensor, mask: torch.Tensor,
+                       level: RatioLevel) -> torch.Tensor:
+    """Per-token log-ratios [B, T] at `level`. At sequence level (GSPO-token) every token
+    carries its sequence's mean log-ratio in value, and its own log-ratio's gradient."""
+    if level == "token":
+        return log_ratio
+    if level != "sequence":
+        raise ValueError(f"unknown ratio level {level!r}")
+    seq = sequence_log_ratio(log_ratio, mask).detach()[:, None]
+    return seq + (log_ratio - log_ratio.detach())
+
+
 def ratio_at_level(log_ratio: torch.Tensor, mask: torch.Tensor, level: RatioLevel):
     """Per-token ratios [B, T]. At sequence level (GSPO-token) every token carries the value
     of its sequence's ratio s = exp(mean log-ratio), and the gradient reaching token t is
     s * dlog pi_t, so a token-mean over the sequence has exactly the gradient of s itself."""
+    at_level = log_ratio_at_level(log_ratio, mask, level)
     if level == "token":
-        return torch.exp(log_ratio)
-    if level != "sequence":
-        raise ValueError(f"unknown ratio level {level!r}")
-    seq = sequence_log_ratio(log_ratio, mask).detach()[:, None]
-    return torch.exp(seq + log_ratio - log_ratio.detach())
+        return bounded_exp(at_level)
+    # the bound on the value only: the gradient s * dlog pi_t keeps flowing
+    return bounded_exp(at_level.detach()) * torch.exp(at_level - at_level.detach())
 
 
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float):
@@ -79,10 +102,16 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: 
     return loss, (ratio < low) | (ratio > high)
 
 
-def truncated_surrogate(ratio: torch.Tensor, adv: torch.Tensor, cap: float):
-    """AIPO's one-sided objective as a per-token loss, -A min(r, cap), and where r > cap:
-    above the cap the term is constant, whatever the sign of A."""
-    return -adv * ratio.clamp(max=cap), ratio > cap
+def truncated_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, cap: float):
+    """AIPO's (LlamaRL's) one-sided objective as a per-token loss, from the log-ratios at
+    their level (log_ratio_at_level), and where r > cap. Its update is
+    min(r, cap) A grad log pi: the weight w = min(r, cap) carries no gradient, so above the
+    cap a token still pulls with cap A rather than not at all. The term is
+    -sg(w) A exp(log r - sg(log r)): its value is -A w, the truncated surrogate; its gradient
+    -w A grad log r, with grad log r = grad log pi at token and sequence level alike."""
+    bounded = log_ratio.detach().clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    weight = torch.exp(bounded).clamp(max=cap)
+    return -adv * weight * torch.exp(log_ratio - log_ratio.detach()), bounded > math.log(cap)
 
 
 def per_token_advantages(adv: torch.Tensor) -> torch.Tensor:

@@ -62,10 +62,12 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
 
 @torch.no_grad()
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Mean 0, std 1 over produced tokens; 0 elsewhere."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
-    return masked((x - mean) / (var.sqrt() + eps), mask)
+    """Mean 0, std 1 over produced tokens; 0 elsewhere. In float64, so returns near the
+    float32 limit cannot overflow the variance; returned in x's dtype."""
+    x64 = x.double()
+    mean = masked_mean(x64, mask)
+    var = masked_mean((x64 - mean) ** 2, mask)
+    return masked((x64 - mean) / (var.sqrt() + eps), mask).to(x.dtype)
 
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer_svc.losses.policy import masked
+from trainer_svc.losses.policy import LOG_RATIO_BOUND, masked
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -27,7 +27,9 @@ def kl_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch
     if estimator == "k2":
         return 0.5 * x * x
     if estimator == "k3":
-        # expm1 keeps the small-difference case accurate; the clamp only absorbs rounding
+        # expm1 keeps the small-difference case accurate; the clamp only absorbs rounding.
+        # x is bounded before exp like every log-ratio (policy.LOG_RATIO_BOUND).
+        x = x.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         return (torch.expm1(x) - x).clamp(min=0.0)
     raise ValueError(f"trainer.kl_estimator: unknown estimator {estimator!r}; known: "
                      f"{list(KL_ESTIMATORS)}")

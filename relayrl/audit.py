@@ -3,7 +3,10 @@
 The services record prompt ids in the run's ledger (relayrl.ledger, one set of ids per
 stage) as they pass each stage: the scheduler `leased` and `failed`, the buffer `batched`,
 the trainer `consumed` and `dropped` (stale, or filtered by the loss) once the step that
-used them is durable in a checkpoint. The trainer also keeps a running count of the
+used them is durable in a checkpoint; `dropped` includes the groups the trainer set aside
+(quarantined as poison, or in a step whose loss was not finite), each of which it also
+records in the run's quarantine (trainer_svc.quarantine), reported here beside the
+books. The trainer also keeps a running count of the
 scheduler prompts it has stepped past, which a set cannot: a group trained twice would
 count twice there but once in the sets. The books balance when
 no stage holds a prompt the previous one never passed on, nothing is both trained and
@@ -12,12 +15,15 @@ dropped, and (once the trainer's last step is durable) its count equals what the
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from redis.exceptions import ResponseError
 
 from relayrl import ledger
 from relayrl.keys import LEDGER_SETS, TRAINER_GROUP, RunKeys, is_external
+
+QUARANTINE_SHOWN = 20  # newest quarantine records listed by render(); audit.json has all
 
 
 @dataclass
@@ -30,6 +36,7 @@ class Check:
 class AuditReport:
     counts: dict[str, int]
     checks: list[Check] = field(default_factory=list)
+    quarantined: dict[str, dict] = field(default_factory=dict)  # "entry id:kind" -> record
 
     @property
     def balanced(self) -> bool:
@@ -37,7 +44,8 @@ class AuditReport:
 
     def to_dict(self) -> dict:
         return {"balanced": self.balanced, "counts": self.counts,
-                "checks": [{"ok": c.ok, "what": c.what} for c in self.checks]}
+                "checks": [{"ok": c.ok, "what": c.what} for c in self.checks],
+                "quarantined": self.quarantined}
 
     def render(self) -> str:
         c = self.counts
@@ -46,23 +54,30 @@ class AuditReport:
             f"  failed after retries              {c['failed']:>8}",
             f"  assembled into batches            {c['batched']:>8}",
             f"    trained (durable)               {c['trained']:>8}",
-            f"    dropped (stale or filtered)     {c['dropped']:>8}",
+            f"    dropped (stale/filtered/poison) {c['dropped']:>8}",
             f"    awaiting the trainer            {c['awaiting_trainer']:>8}",
             f"  still generating or buffered      {c['in_flight']:>8}",
             f"external groups assembled           {c['external_batched']:>8}",
             f"  trained / dropped                 {c['external_trained']:>5} / "
             f"{c['external_dropped']}",
             f"trainer's count of finished prompts {c['trainer_finished']:>8}",
+            f"batch entries quarantined           {c['quarantined_entries']:>8}",
             "",
         ]
+        lines += [f"  {entry} {r.get('kind')}: prompts {r.get('prompt_ids')}: {r.get('reason')}"
+                  for entry, r in sorted(self.quarantined.items(),
+                                         key=lambda kv: _entry_order(kv[0]))[-QUARANTINE_SHOWN:]]
         lines += [f"{'ok  ' if ch.ok else 'FAIL'} {ch.what}" for ch in self.checks]
         lines.append("books balance" if self.balanced else "books do NOT balance")
         return "\n".join(lines)
 
 
-def reconcile(sets: dict[str, set[int]], trainer_finished: int, run_finished: bool) -> AuditReport:
+def reconcile(sets: dict[str, set[int]], trainer_finished: int, run_finished: bool,
+              quarantined: dict[str, dict] | None = None) -> AuditReport:
     """The pure part: ledger sets and the trainer's count in, counts and checks out.
-    `run_finished`: the trainer's last step is durable, so its count must match exactly."""
+    `run_finished`: the trainer's last step is durable, so its count must match exactly.
+    `quarantined`: the trainer's quarantine records ("entry id:kind"), reported as they are
+    (their prompts are in `dropped` once the trainer's next checkpoint is durable)."""
     missing = set(LEDGER_SETS) - set(sets)
     if missing:
         raise ValueError(f"ledger: sets missing: {sorted(missing)}")
@@ -80,6 +95,7 @@ def reconcile(sets: dict[str, set[int]], trainer_finished: int, run_finished: bo
         "external_trained": len(ext["consumed"]),
         "external_dropped": len(ext["dropped"]),
         "trainer_finished": trainer_finished,
+        "quarantined_entries": len(quarantined or {}),
     }
     both = (trained & dropped) | (ext["consumed"] & ext["dropped"])
     unassembled = (finished - batched) | ((ext["consumed"] | ext["dropped"]) - ext["batched"])
@@ -88,7 +104,7 @@ def reconcile(sets: dict[str, set[int]], trainer_finished: int, run_finished: bo
     count_rule = "==" if run_finished else ">="
     count_ok = (trainer_finished == len(finished) if run_finished
                 else trainer_finished >= len(finished))
-    report = AuditReport(counts)
+    report = AuditReport(counts, quarantined=dict(quarantined or {}))
     report.checks = [
         Check(not both, f"no prompt both trained and dropped ({_few(both)})"),
         Check(not unassembled,
@@ -100,6 +116,14 @@ def reconcile(sets: dict[str, set[int]], trainer_finished: int, run_finished: bo
                         f"{count_rule} trained + dropped ({len(finished)}): none trained twice"),
     ]
     return report
+
+
+def _entry_order(key: str) -> tuple[int, ...]:
+    """A quarantine key "ms-seq:kind" as the entry id's numbers, for stream order."""
+    try:
+        return tuple(int(x) for x in key.split(":")[0].split("-"))
+    except ValueError:
+        return ()
 
 
 def _few(ids: set[int], most: int = 5) -> str:
@@ -121,4 +145,10 @@ def audit_redis(redis, run_id: str, max_steps: int | None = None) -> AuditReport
     except ResponseError:  # no batch stream or no trainer yet
         pending = 0
     finished = max_steps is not None and version >= max_steps and pending == 0
-    return reconcile(sets, trainer_finished, finished)
+    return reconcile(sets, trainer_finished, finished, read_quarantine(redis, keys))
+
+
+def read_quarantine(redis, keys: RunKeys) -> dict[str, dict]:
+    """The trainer's quarantine records (trainer_svc.quarantine), by "entry id:kind"."""
+    raw = redis.hgetall(keys.quarantine_index)
+    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in raw.items()}

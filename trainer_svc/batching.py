@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from relayrl.messages import Batch, Group
-from trainer_svc.losses.advantages import group_advantages
+from trainer_svc.losses.advantages import group_advantages, is_uniform
 from trainer_svc.losses.regularizers import entropy_from_logprobs
 
 
@@ -19,7 +19,7 @@ class TrainBatch:
     behaviour_logprobs: torch.Tensor  # [B, L-1]
     token_versions: torch.Tensor  # [B, L-1] version that sampled each response token, else -1
     advantages: torch.Tensor  # [B] GRPO group advantages; the trainer uses its loss's estimator
-    rewards: torch.Tensor  # [B]
+    rewards: torch.Tensor  # [B] float64: a reward near the float32 limit stays finite
     group_ids: torch.Tensor  # [B] position of the sample's group in the batch
     lags: torch.Tensor  # [B] trainer version minus the sample's oldest token version
     response_lengths: torch.Tensor  # [B]
@@ -32,10 +32,11 @@ class Split:
 
 
 def split_stale(batch: Batch, version: int, max_staleness: int) -> Split:
-    """A group is stale when its oldest token lags `version` by more than the bound."""
+    """A group is stale when its oldest token lags `version` by more than the bound
+    (relayrl.messages.is_stale, the rule Submit refuses by too)."""
     kept, stale = [], []
     for g in batch.groups:
-        (stale if version - g.oldest_version > max_staleness else kept).append(g)
+        (stale if g.is_stale(version, max_staleness) else kept).append(g)
     return Split(kept, stale)
 
 
@@ -64,21 +65,22 @@ def lag_histogram(batch: Batch, version: int, max_staleness: int) -> dict[str, i
 
 def split_uniform(groups: list[Group]) -> tuple[list[Group], list[Group]]:
     """(groups whose rewards differ, groups whose rewards all agree): the latter carry no
-    group-relative signal, and DAPO's dynamic sampling leaves them out of the step."""
+    group-relative signal, and DAPO's dynamic sampling leaves them out of the step. Uniform
+    up to float rounding, as the advantage estimators see it (losses.advantages.is_uniform)."""
     varied, uniform = [], []
     for g in groups:
-        rewards = [s.reward for s in g.samples]
-        (uniform if max(rewards) == min(rewards) else varied).append(g)
+        rewards = torch.tensor([s.reward for s in g.samples], dtype=torch.float64)
+        (uniform if is_uniform(rewards) else varied).append(g)
     return varied, uniform
 
 
 def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool) -> TrainBatch:
     samples = [s for g in groups for s in g.samples]
     advantages = torch.cat([
-        group_advantages(torch.tensor([s.reward for s in g.samples], dtype=torch.float32),
+        group_advantages(torch.tensor([s.reward for s in g.samples], dtype=torch.float64),
                          scale_rewards)
         for g in groups
-    ])
+    ]).float()
     width = max(len(s.prompt_tokens) + len(s.response_tokens) for s in samples)
     b = len(samples)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
@@ -98,7 +100,7 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
     return TrainBatch(
         input_ids=ids, attention_mask=attn, response_mask=resp_mask,
         behaviour_logprobs=behaviour, token_versions=versions, advantages=advantages,
-        rewards=torch.tensor([s.reward for s in samples]),
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float64),
         group_ids=torch.tensor([i for i, g in enumerate(groups) for _ in g.samples]),
         lags=torch.tensor([version - s.oldest_version for s in samples]),
         response_lengths=torch.tensor([len(s.response_tokens) for s in samples]),

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer_svc.finite import check_finite
 from trainer_svc.learner import TrainingState
 
 
@@ -26,7 +27,11 @@ class Ledger:
 
 def save(ckpt_dir: Path, step: int, model, state: TrainingState, ledger: Ledger,
          extra: dict[str, Any], keep: int) -> Path:
-    """`model` gives the directory its config; `state` holds the whole weights."""
+    """`model` gives the directory its config; `state` holds the whole weights, which must
+    be finite (NonFiniteError before anything is written: the last checkpoint stays)."""
+    check_finite(state.model, f"write the checkpoint of step {step}")
+    for name, module_state in state.objective.items():
+        check_finite(module_state, f"write the checkpoint of step {step} ({name})")
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step:08d}"
     tmp = ckpt_dir / f".tmp_step_{step:08d}"

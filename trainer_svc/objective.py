@@ -7,6 +7,7 @@ the same whole batch and passes forward and backward over its own share of the g
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ from trainer_svc.micro_batches import assemble, combine_stats, idle_part, split_
 class UpdateResult:
     old_logprobs: torch.Tensor  # [B, T] under the policy before the update
     stats: dict[str, float]  # loss, grad_norm and the loss's own stats, of the last step
+    # an optimizer step was skipped: its loss or gradient norm was not finite (the batch's
+    # remaining steps with it; earlier ones, all finite, stand)
+    nonfinite: bool = False
 
 
 @dataclass
@@ -89,7 +93,8 @@ class Objective:
             self.parallel.load_full_state_dict(self.value_head, state["value_head"])
 
     def shaped_rewards(self, tb: TrainBatch) -> torch.Tensor:
-        return tb.rewards.float() + overlong_penalty(
+        """[B] float64: the estimators' group statistics run in float64 (losses.advantages)."""
+        return tb.rewards.double() + overlong_penalty(
             tb.response_lengths, self.max_response_len, self.overlong_buffer,
             self.overlong_factor)
 
@@ -152,6 +157,7 @@ class Objective:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         old_logprobs: list = [None] * len(parts)
         old_part_values: list = [None] * len(parts)
+        nonfinite = False
         for i in range(self.updates):
             optimizer.zero_grad(set_to_none=True)
             per_part = []
@@ -172,11 +178,15 @@ class Objective:
                 per_part.append(({"loss": loss.item(), **stats}, part))
             self.parallel.sync_gradients(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+                grad_norm = grad_norm.full_tensor()
+            if not self._finite([s["loss"] for s, _ in per_part], grad_norm):
+                optimizer.zero_grad(set_to_none=True)  # nothing non-finite reaches a weight
+                nonfinite = True
+                break
             if i == 0:
                 before_first_step()
             optimizer.step()
-        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
-            grad_norm = grad_norm.full_tensor()
         stats = {**combine_stats(per_part), "grad_norm": grad_norm.item(),
                  "micro_batches": float(real)}
         if self.parallel.active:
@@ -184,7 +194,13 @@ class Objective:
         if self.overlong_buffer:
             stats["reward_shaped_mean"] = rewards.mean().item()
         whole_old = assemble(parts[:real], old_logprobs[:real], local.response_mask)
-        return UpdateResult(self._whole_batch(whole_old, share, size), stats)
+        return UpdateResult(self._whole_batch(whole_old, share, size), stats, nonfinite)
+
+    def _finite(self, losses: list[float], grad_norm: torch.Tensor) -> bool:
+        """Whether every rank's loss and the gradient norm are finite: one answer on every
+        rank (a maximum over them), so all step or all skip, and their collectives line up."""
+        bad = not (all(math.isfinite(x) for x in losses) and bool(torch.isfinite(grad_norm)))
+        return not bool(self.parallel.max(torch.tensor([float(bad)])).item())
 
     def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         if self.reference is None:

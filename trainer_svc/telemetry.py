@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import redis
+
 from relayrl.exporter import MetricSpec, ServiceMetrics
 from trainer_svc.batching import LAG_BUCKETS, lag_bucket_names
+from trainer_svc.setaside import TOTALS as SET_ASIDE_TOTALS
 
 if TYPE_CHECKING:
     from trainer_svc.trainer import Trainer
@@ -54,6 +57,12 @@ TRAINER_METRICS = (
     MetricSpec("train/groups_filtered_uniform", "counter",
                "Groups left out because their rewards all agree (dapo)."),
     MetricSpec("train/external_groups", "counter", "Groups submitted by external producers."),
+    MetricSpec("train/nonfinite_steps", "counter",
+               "Steps skipped because their loss or gradient norm was not finite."),
+    MetricSpec("train/batches_quarantined", "counter",
+               "Batch entries with groups the model cannot train on, set aside."),
+    MetricSpec("train/groups_quarantined", "counter",
+               "Groups set aside: undecodable, or not fitting the model."),
     MetricSpec("weights/published_version", "gauge", "Newest version the relay accepted."),
     MetricSpec("weights/versions_published", "counter", "Versions published."),
     MetricSpec("weights/bytes_published", "counter", "Bytes of weights published."),
@@ -75,6 +84,7 @@ def trainer_metrics(trainer: Trainer) -> ServiceMetrics:
             "train/groups_dropped_stale": totals["groups_dropped_stale"],
             "train/groups_filtered_uniform": totals["groups_filtered_uniform"],
             "train/external_groups": totals["external_groups"],
+            **{f"train/{k}": totals[k] for k in SET_ASIDE_TOTALS},
             "weights/published_version": pub.published_version,
             "weights/versions_published": pub.versions_published,
             "weights/bytes_published": pub.bytes_published,
@@ -82,3 +92,13 @@ def trainer_metrics(trainer: Trainer) -> ServiceMetrics:
         }
 
     return ServiceMetrics(TRAINER_METRICS, snapshot)
+
+
+def tokens_generated(trainer: Trainer) -> int:
+    """Tokens the rollout workers' training loops have generated so far (their own counts in
+    Redis; 0 if Redis does not answer: it is only a throughput figure)."""
+    try:
+        counts = trainer.r.hvals(trainer.keys.tokens_generated)
+    except redis.RedisError:
+        return 0
+    return sum(int(c) for c in counts)

@@ -10,11 +10,10 @@ import threading
 import time
 from pathlib import Path
 
-import redis
 import torch
 
 from relayrl import ledger as prompt_ledger
-from relayrl.backpressure import PressureCounters, retry_on_oom
+from relayrl.backpressure import PressureCounters, StoppedWaiting
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.evaluation import evaluate
@@ -22,6 +21,7 @@ from relayrl.keys import TRAINER_GROUP, RunKeys, is_external
 from relayrl.messages import decode_batch
 from relayrl.metrics import MetricsWriter
 from relayrl.models import LoadedModel
+from relayrl.outage import redis_write, ride_out
 from relayrl.streams import ensure_group, read_group
 from relayrl.tasks import make_task
 from trainer_svc import checkpoint
@@ -30,6 +30,7 @@ from trainer_svc.distributed import Parallel
 from trainer_svc.learner import Learner
 from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
 from trainer_svc.publisher import AsyncPublisher
+from trainer_svc.setaside import TOTALS, SetAside
 
 log = logging.getLogger(__name__)
 CONSUMER = "trainer-0"
@@ -75,7 +76,8 @@ class Trainer:
         self.seen_up_to = b"0"  # id of the last batch entry this process was handed
         self.totals = {"samples_trained": 0, "samples_dropped_stale": 0, "groups_dropped_stale": 0,
                        "samples_filtered_uniform": 0, "groups_filtered_uniform": 0,
-                       "scheduler_prompts_finished": 0, "external_groups": 0}
+                       "scheduler_prompts_finished": 0, "external_groups": 0, **TOTALS}
+        self.set_aside = SetAside(self)  # poison groups, non-finite steps
         self.last_reward = 0.0
         self.latest: dict[str, float] = {}  # newest value of each metric, for /metrics
         self.finished = False
@@ -109,7 +111,8 @@ class Trainer:
             prompt_ledger.add(pipe, self.keys, "dropped", ledger.dropped)
             pipe.execute()
 
-        retry_on_oom(write, self.pressure, "the trainer's acknowledgement")
+        # MULTI/EXEC of XACK, XDEL and SADD: repeating it after a timeout changes nothing
+        redis_write(write, self.pressure, "the trainer's acknowledgement")
 
     def save_checkpoint(self) -> None:
         state = self.learner.training_state()
@@ -121,15 +124,6 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def tokens_generated(self) -> int:
-        """Tokens the rollout workers' training loops have generated so far (their own
-        counts in Redis; 0 if Redis does not answer: it is only a throughput figure)."""
-        try:
-            counts = self.r.hvals(self.keys.tokens_generated)
-        except redis.RedisError:
-            return 0
-        return sum(int(c) for c in counts)
-
     def next_batch(self, stop: threading.Event):
         """The next batch entry for this consumer, in stream order. Entries already delivered
         to it but never seen by this process come first: after a restart, those trained
@@ -137,22 +131,30 @@ class Trainer:
         died after XREADGROUP moved the entry to this consumer's pending list, and the
         client's retry asked for the next new entry)."""
         while not stop.is_set():
-            entries = read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
-                                 count=1, block_ms=0, pending_after=self.seen_up_to)
-            if not entries:
-                entries = read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
-                                     count=1, block_ms=500)
+            try:  # a read whose reply an outage lost is the pending one the next read finds
+                entries = ride_out("redis", self._read_batch, stop)
+            except StoppedWaiting:
+                return None
             if entries:
                 self.seen_up_to = entries[-1][0]
             for entry_id, payload in entries:
                 try:
                     if payload is None:
                         raise CodecError("batch entry has no data")
-                    return entry_id, decode_batch(payload)
-                except CodecError as err:
-                    log.error("skipping malformed batch %s: %s", entry_id, err)
-                    self.ledger.entry_ids.append(entry_id)
+                    batch = decode_batch(payload)
+                except CodecError as err:  # quarantined, and finished: never read again
+                    self.set_aside.undecodable(entry_id, payload, str(err))
+                    continue
+                batch = self.set_aside.screen(entry_id, payload, batch)
+                if batch is not None:
+                    return entry_id, batch
         return None
+
+    def _read_batch(self) -> list[tuple[bytes, bytes | None]]:
+        entries = read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
+                             count=1, block_ms=0, pending_after=self.seen_up_to)
+        return entries or read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
+                                     count=1, block_ms=500)
 
     def train_step(self, entry_id: bytes, batch) -> dict:
         t0 = time.monotonic()
@@ -163,7 +165,6 @@ class Trainer:
             kept, uniform = split_uniform(split.kept)
         # A filtered group is finished like a stale one: not trained on, never re-issued.
         self.ledger.entry_ids.append(entry_id)
-        self.ledger.consumed.extend(g.prompt_id for g in kept)
         self.ledger.dropped.extend(g.prompt_id for g in [*split.stale, *uniform])
         external = sum(is_external(g.prompt_id) for g in batch.groups)
         self.totals["external_groups"] += external
@@ -180,28 +181,36 @@ class Trainer:
                         "train/samples_filtered_uniform": filtered_samples,
                         **lag_histogram(batch, version, self.tc.max_staleness)}
         if kept:
-            record.update(self._optimize(kept, version))
+            update, finite = self._optimize(kept, version)
+            if not finite:  # no update, no publish, nothing trained (trainer_svc.finite)
+                return self.set_aside.nonfinite_step(entry_id, batch, kept, update, record)
+            record.update(update)
+        self.ledger.consumed.extend(g.prompt_id for g in kept)
+        self.set_aside.passed()
         self.step += 1
         record["weights/publish_stall_s"] = self.publisher.last_stall_s  # previous version's
         record["weights/publish_copy_s"] = self.publisher.last_copy_s
         record["weights/publish_send_s"] = self.publisher.last_send_s
         self.publisher.publish(self.step, self.step, self.learner.weights())
-        retry_on_oom(self._record_progress, self.pressure, "the trainer's version")
+        redis_write(self.record_progress, self.pressure, "the trainer's version")  # two SETs
         record["train/external_groups"] = external
         record["weights/versions_published"] = self.publisher.versions_published
         record["weights/bytes_published"] = self.publisher.bytes_published
         record["weights/publish_failures"] = self.publisher.failures
+        record.update(self.set_aside.counters())
         record["time/step_s"] = time.monotonic() - t0
         record["time/elapsed_s"] = time.monotonic() - self.started
         return record
 
-    def _record_progress(self) -> None:
+    def record_progress(self) -> None:
         pipe = self.r.pipeline(transaction=True)
         pipe.set(self.keys.trainer_version, self.step)
         pipe.set(self.keys.prompts_finished, self.totals["scheduler_prompts_finished"])
         pipe.execute()
 
-    def _optimize(self, groups, version: int) -> dict:
+    def _optimize(self, groups, version: int) -> tuple[dict, bool]:
+        """(the step's record, True), or (the loss's stats, False) for a step not taken
+        because its loss or gradient norm was not finite."""
         tb = collate(groups, version, self.lm.pad_id, self.tc.scale_rewards)
         model = self.lm.model
         rescored = None
@@ -217,6 +226,8 @@ class Trainer:
             self.history.remember(version, model)
 
         result = self.learner.update(tb, before_first_step)
+        if result.nonfinite:
+            return result.stats, False
         n = tb.rewards.numel()
         self.totals["samples_trained"] += n
         self.last_reward = tb.rewards.mean().item()
@@ -231,7 +242,7 @@ class Trainer:
             **logprob_gaps(result.old_logprobs, tb.behaviour_logprobs, tb.response_mask,
                            tb.token_versions, version, rescored),
         }
-        return record
+        return record, True
 
     def run_eval(self) -> dict:
         acc = evaluate(self.lm, self.task.eval_problems(), self.task.reward_name,

@@ -83,6 +83,12 @@ class TrainerConfig(StrictModel):
         0.2, gt=0, le=1e6, description="ppo: a value moves at most this far from its value "
         "before the batch's first update in the clipped value loss.",
     )
+    max_nonfinite_steps: int = Field(
+        3, ge=1, le=1000,
+        description="Steps in a row whose loss or gradient norm is not finite before the "
+        "trainer stops the run; each such step is skipped (no update, no publish) and its "
+        "batch recorded in the quarantine.",
+    )
     engine_check_versions: int = Field(
         2, ge=0, le=64,
         description="Past versions' parameters kept to re-score tokens under the version that "

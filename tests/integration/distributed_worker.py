@@ -45,6 +45,9 @@ SCENARIOS: dict[str, dict] = {
                                        "updates_per_batch": 2}, "groups": 3},
     # fewer groups than ranks: rank 1 has no rows of its own
     "dapo_one_group": {"trainer": {"loss": "dapo"}, "groups": 1},
+    # the first update's loss is NaN on rank 1 alone (its group's rewards): every rank
+    # skips that step, and the next two go on in step
+    "grpo_nonfinite_on_one_rank": {"trainer": {"loss": "grpo"}, "groups": 3, "nan_group": 2},
 }
 
 
@@ -88,13 +91,18 @@ def run_scenario(name: str, model_dir: str, world: World) -> dict | None:
         return None
     batch = collate(fixed_groups(learner.lm, SCENARIOS[name]["groups"]), version=0,
                     pad_id=learner.lm.pad_id, scale_rewards=True)
-    results = [learner.update(batch) for _ in range(2)]
+    first = batch
+    if "nan_group" in SCENARIOS[name]:
+        first = copy.deepcopy(batch)
+        first.rewards[first.group_ids == SCENARIOS[name]["nan_group"]] = float("nan")
+    results = [learner.update(first), learner.update(batch)]
     state = copy.deepcopy(learner.training_state())  # in one process it holds live tensors
     learner.update(batch)  # a step the restore takes back
     learner.restore(state.objective, state.model, state.optimizer, state.optimizer_by_name)
     results.append(learner.update(batch))
     out = {"weights": learner.weights(), "stats": [r.stats for r in results],
            "old_logprobs": results[0].old_logprobs,
+           "nonfinite": [r.nonfinite for r in results],
            "objective": copy.deepcopy(learner.training_state().objective)}
     learner.stop_followers()
     return out

@@ -54,3 +54,20 @@ def test_missing_sets_are_named():
     with pytest.raises(ValueError, match="consumed"):
         reconcile({"leased": set(), "failed": set(), "batched": set(), "dropped": set()}, 0,
                   True)
+
+
+def test_quarantined_groups_are_dropped_in_the_books_and_reported_beside_them():
+    # prompt 2's group was poison (a token past the vocabulary): the trainer finished it as
+    # dropped and recorded the entry in its quarantine
+    sets = books(leased={0, 1, 2}, batched={0, 1, 2}, consumed={0, 1}, dropped={2})
+    record = {"entry": "1700000000000-0", "kind": "poison", "prompt_ids": [2], "step": 3,
+              "batch_id": "b7",
+              "reason": "prompt 2 samples[0].response_tokens: token id 1000 is past the "
+                        "vocabulary of the trainer's model (15 tokens)"}
+    report = reconcile(sets, trainer_finished=3, run_finished=True,
+                       quarantined={"1700000000000-0:poison": record})
+    assert report.balanced, report.render()
+    assert report.counts["quarantined_entries"] == 1
+    assert report.counts["awaiting_trainer"] == 0
+    assert "token id 1000" in report.render()
+    assert report.to_dict()["quarantined"] == {"1700000000000-0:poison": record}

@@ -19,6 +19,7 @@ from rollout_svc.telemetry import rollout_metrics
 from scheduler_svc.policy import LeasePolicy, WorkerState
 from scheduler_svc.telemetry import scheduler_metrics
 from tests.unit.exported import ALL_SPECS
+from trainer_svc.setaside import TOTALS as SET_ASIDE_TOTALS
 from trainer_svc.telemetry import STEP_METRICS, trainer_metrics
 
 LEGAL = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
@@ -104,7 +105,7 @@ def test_buffer_snapshot_gives_what_it_declares():
         lock=threading.Lock(), samples_read=5, samples_rejected=0, batches_emitted=1,
         batches_held=0, pressure=PressureCounters(), unread_batches=lambda: 1,
         asm=GroupAssembler(group_size=2, groups_per_batch=1),
-        submissions=SimpleNamespace(accepted=0, refused=0),
+        submissions=SimpleNamespace(accepted=0, refused=0, stale=0, repeated=0),
         keys=SimpleNamespace(trajectories="t", batches="b"),
         r=SimpleNamespace(xlen=lambda key: {"t": 4, "b": 1}[key]))
     exported = buffer_metrics(svc)
@@ -132,7 +133,7 @@ def test_rollout_snapshot_gives_what_it_declares():
 
 def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded():
     totals = dict.fromkeys(["samples_trained", "samples_dropped_stale", "groups_dropped_stale",
-                            "groups_filtered_uniform", "external_groups"], 0)
+                            "groups_filtered_uniform", "external_groups", *SET_ASIDE_TOTALS], 0)
     publisher = SimpleNamespace(published_version=1, versions_published=1, bytes_published=10,
                                 failures=0)
     trainer = SimpleNamespace(step=1, finished=False, totals=totals, publisher=publisher,

@@ -45,9 +45,13 @@ class Backoff:
         self.first_s, self.max_s = first_s, max_s
         self.next_s = first_s
 
+    def next_delay(self) -> float:
+        delay, self.next_s = self.next_s, min(self.next_s * 2, self.max_s)
+        return delay
+
     def wait(self, stop: threading.Event | None) -> None:
         """Sleep the next interval; StoppedWaiting if `stop` is set before or meanwhile."""
-        delay, self.next_s = self.next_s, min(self.next_s * 2, self.max_s)
+        delay = self.next_delay()
         if stop is None:
             time.sleep(delay)
         elif stop.wait(delay):

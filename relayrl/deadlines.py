@@ -2,9 +2,10 @@
 
 No call to a peer may wait forever: a peer that hangs (stopped, deadlocked, partitioned)
 must look to the caller like one that died, so the caller's own recovery path (fail over,
-retry later, let a lease lapse) runs. Config fields override these where a run needs it
-(scheduler.call_timeout_s, relay.timeout_s, redis.socket_timeout_s); the static check in
-tests/unit/test_deadlines.py keeps every gRPC call site passing one.
+retry later with relayrl.outage's backoff, let a lease lapse) runs. Config fields override
+these where a run needs it (scheduler.call_timeout_s, relay.timeout_s,
+redis.socket_timeout_s); the static check in tests/unit/test_deadlines.py keeps every gRPC
+call site passing one.
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ from relayrl.deadlines import REDIS_COMMAND_S
 
 log = logging.getLogger(__name__)
 # A server that restarts (relayrl.redis_server; a failover) refuses connections for a moment:
-# a command whose connection fails is tried again for ~8 s (0.05 s doubling to 1 s, 12 times)
-# rather than crash its service. Only connection errors: a command that timed out met a hung
-# server, and its caller treats that like a dead peer at once (relayrl.deadlines).
+# a command whose connection fails is tried again for ~8 s (0.05 s doubling to 1 s, 12 times),
+# quietly. Only connection errors: a command that timed out met a hung server, and it fails
+# at once (relayrl.deadlines). Either failure past that reaches the caller, whose loop rides
+# the outage out (relayrl.outage) with its service unready, rather than end the process.
 RECONNECT_TRIES = 12
 
 

@@ -13,9 +13,14 @@ from typing import Any
 from grpc_health.v1 import health_pb2
 
 from relayrl.exporter import MetricsEndpoint, ServiceMetrics
-from relayrl.grpc_util import Registrar, make_server
+from relayrl.grpc_util import MAX_MESSAGE_BYTES, Registrar, make_server
+from relayrl.outage import readiness
 
 log = logging.getLogger(__name__)
+# The health service name a liveness probe asks: SERVING from start to the drain, also while
+# the process waits out a peer's outage (then "", readiness, is NOT_SERVING): a service that
+# is correctly waiting must not be restarted for it.
+LIVENESS = "liveness"
 
 
 class ServiceRunner:
@@ -24,20 +29,30 @@ class ServiceRunner:
     SIGTERM and SIGINT set the stop event; the loop is expected to return promptly, after
     which health goes NOT_SERVING and the server drains for `grace_s`. With `metrics_port`
     set, /metrics (the runner's own figures plus `metrics`) and /healthz are served over HTTP
-    on that port of the gRPC host, from start to the end of the drain.
+    on that port of the gRPC host, from start to the end of the drain. While the process
+    waits out a peer's outage (relayrl.outage.readiness) both report it unready: health
+    NOT_SERVING, /healthz 503; health's LIVENESS service stays SERVING.
     """
 
     def __init__(self, name: str, address: str, servicers: list[tuple[Registrar, Any]],
-                 metrics: ServiceMetrics | None = None, metrics_port: int = 0):
+                 metrics: ServiceMetrics | None = None, metrics_port: int = 0,
+                 max_receive_bytes: int = MAX_MESSAGE_BYTES):
         self.name = name
         self.address = address
         self.stop_event = threading.Event()
         self.serving = False
-        self.server, self.health = make_server(address, servicers)
+        self.server, self.health = make_server(address, servicers,
+                                               max_receive_bytes=max_receive_bytes)
         self.metrics_endpoint = None
         if metrics_port:
             self.metrics_endpoint = MetricsEndpoint(name, address.rsplit(":", 1)[0],
-                                                    metrics_port, metrics, lambda: self.serving)
+                                                    metrics_port, metrics,
+                                                    lambda: self.serving and readiness.ready)
+
+    def _on_readiness(self, ready: bool) -> None:
+        if self.serving:  # the drain's NOT_SERVING stays (health ignores sets after it anyway)
+            self.health.set("", health_pb2.HealthCheckResponse.SERVING if ready
+                            else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         # Only a plain flag: the handler runs in the main thread, possibly inside a lock it
@@ -61,8 +76,9 @@ class ServiceRunner:
             self.metrics_endpoint.start()
             log.info("%s metrics on %s/metrics", self.name, self.metrics_endpoint.address)
         self.server.start()
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.serving = True
+        self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        readiness.subscribe(self._on_readiness)  # sets SERVING, or NOT_SERVING while waiting
         log.info("%s serving on %s", self.name, self.address)
         try:
             if loop is None:
@@ -72,6 +88,7 @@ class ServiceRunner:
         finally:
             log.info("%s stopping", self.name)
             self.serving = False
+            readiness.unsubscribe(self._on_readiness)
             self.health.enter_graceful_shutdown()
             self.server.stop(grace_s).wait()
             if self.metrics_endpoint is not None:

@@ -8,9 +8,10 @@ import time
 
 import redis
 
-from relayrl.backpressure import Backoff, PressureCounters, retry_on_oom
+from relayrl.backpressure import Backoff, PressureCounters
 from relayrl.keys import RunKeys
 from relayrl.messages import Sample, encode_sample
+from relayrl.outage import redis_write
 
 log = logging.getLogger(__name__)
 FIELD = b"data"
@@ -85,13 +86,15 @@ class TrajectoryWriter:
         return list(reply[1:])
 
     def append(self, samples: list[Sample], stop: threading.Event | None = None) -> list[bytes]:
-        """Append, waiting (with backoff) while the buffer is full or Redis refuses writes;
-        StoppedWaiting if `stop` is set first, with nothing written."""
+        """Append, waiting (with backoff) while the buffer is full, Redis refuses writes or
+        is away (relayrl.outage); StoppedWaiting if `stop` is set first. An append repeated
+        after a timeout may land twice: the buffer keeps one group per prompt and discards
+        the copy (buffer_svc.assembler)."""
         backoff, full_since = Backoff(), None
         while True:
             try:
-                ids = retry_on_oom(lambda: self.try_append(samples), self.counters,
-                                   "a producer's append", stop)
+                ids = redis_write(lambda: self.try_append(samples), self.counters,
+                                  "a producer's append", stop)
             except BufferFull as full:
                 if full_since is None:
                     full_since = time.monotonic()

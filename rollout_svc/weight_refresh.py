@@ -1,5 +1,9 @@
 """Follow the relays' newest weights: pull and load a newer version, or wait a while for one
-the scheduler requires."""
+the scheduler requires.
+
+While no relay can be reached (relayrl.outage.is_outage: down, or hung past its deadline) the
+worker asks again only as often as a jittered backoff allows, reports itself unready, and
+goes on generating with the weights it has; the wait is logged once, and the recovery."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import time
 import grpc
 import torch
 
+from relayrl.outage import Outage, is_outage
 from relayrl.weights import WeightError, WeightPlane
 from relayrl.weights.layout import flat_size
 from rollout_svc.engine import Engine
@@ -19,7 +24,7 @@ CATCH_UP_POLL_S = 0.02
 
 
 class WeightRefresher:
-    def __init__(self, engine: Engine, relays: list[WeightPlane]):
+    def __init__(self, engine: Engine, relays: list[WeightPlane], outage: Outage | None = None):
         if not relays:
             raise ValueError("rollout.relays: a worker needs at least one relay")
         self.engine = engine
@@ -30,15 +35,23 @@ class WeightRefresher:
         self.last_pull_s = 0.0
         self.catch_up_timeouts = 0  # leases started below the version the scheduler asked
         self._staging: torch.Tensor | None = None  # receive buffer reused across pulls
+        self.outage = outage or Outage("relay")  # no relay reachable: unready meanwhile
+        self._retry_at = 0.0  # during an outage, the next try (monotonic seconds)
 
     def refresh(self) -> bool:
         """Move to the newest version any relay offers, trying relays in order. A relay that
         is down or serves anything that fails verification is skipped; if none succeeds the
-        engine stays, whole, on the version it has. True if the engine moved."""
+        engine stays, whole, on the version it has. True if the engine moved. While every
+        relay is unreachable, a call before the backoff's next try returns False at once."""
+        if self.outage.down and time.monotonic() < self._retry_at:
+            return False
+        unreachable: Exception | None = None
+        answered = False  # some relay answered, if only to refuse
         for relay in self.relays:
             try:
                 manifest = relay.manifest(0)
                 if manifest is None or manifest.version <= self.engine.version:
+                    self.outage.recovered()
                     return False
                 t0 = time.monotonic()
                 size = flat_size(manifest)
@@ -48,14 +61,23 @@ class WeightRefresher:
                 self.engine.load_weights(tensors, manifest.version)
             except (WeightError, ValueError, grpc.RpcError) as err:
                 self.pull_failures += 1
+                if is_outage(err):  # logged once, by the outage, if no relay answers
+                    unreachable = unreachable or err
+                    continue
                 log.warning("weight refresh from %s failed, still on version %d: %s",
                             getattr(relay, "address", "relay"), self.engine.version, err)
+                answered = True
                 continue
+            self.outage.recovered()
             self.weight_swaps += 1
             self.bytes_pulled += manifest.total_bytes
             self.last_pull_s = time.monotonic() - t0
             log.info("now on version %d (%.0f ms)", manifest.version, 1e3 * self.last_pull_s)
             return True
+        if answered or unreachable is None:
+            self.outage.recovered()
+        else:
+            self._retry_at = time.monotonic() + self.outage.failed(unreachable)
         return False
 
     def catch_up(self, min_version: int, stop: threading.Event, patience_s: float) -> None:

@@ -5,7 +5,13 @@ step's forward and backward passes; the training loop waits only if that snapsho
 running when the optimizer is about to change the weights (`fence`). A second thread sends
 snapshots to the relay. While one set is being sent, the next snapshot goes into the other;
 if another snapshot arrives before that one was sent, it replaces it (rollouts only ever want
-the newest version), so a slow relay never stalls training."""
+the newest version), so a slow relay never stalls training.
+
+Latest wins, and is never lost: a send that fails because the relay is unreachable or hung
+(relayrl.outage.is_outage) is tried again with jittered backoff until it goes through or a
+newer snapshot replaces it, the trainer unready meanwhile; `wait` at the end of the run lasts
+until the final version is at the relay, or until the trainer is told to stop. A send the
+relay refuses (an invalid or out-of-order version) is logged as an error and not repeated."""
 
 from __future__ import annotations
 
@@ -15,9 +21,12 @@ import time
 
 import torch
 
+from relayrl.outage import Outage, is_outage
 from relayrl.weights import WeightPlane
+from trainer_svc.finite import NonFiniteError, check_finite
 
 log = logging.getLogger(__name__)
+STOP_POLL_S = 0.1  # how often a wait for an unreachable relay looks at its stop event
 
 
 class _Snapshot:
@@ -40,8 +49,9 @@ class _Snapshot:
 
 
 class AsyncPublisher:
-    def __init__(self, plane: WeightPlane):
+    def __init__(self, plane: WeightPlane, outage: Outage | None = None):
         self.plane = plane
+        self.relay = outage or Outage("relay")  # logs a wait once; unready meanwhile
         self._sets = (_Snapshot(), _Snapshot())
         self._cond = threading.Condition()
         self._request: tuple[int, int, dict[str, torch.Tensor]] | None = None
@@ -50,11 +60,13 @@ class AsyncPublisher:
         self._snapshotted = threading.Event()
         self._snapshotted.set()
         self._closed = False
+        self._give_up = False  # wait(stop) stopped waiting for an unreachable relay
         self.published_version = 0
         self.versions_published = 0
         self.versions_skipped = 0
         self.bytes_published = 0
         self.failures = 0
+        self.refused: NonFiniteError | None = None  # a snapshot that was not finite
         self.last_stall_s = 0.0   # publish() plus the fence that followed it
         self.last_copy_s = 0.0
         self.last_send_s = 0.0
@@ -69,6 +81,7 @@ class AsyncPublisher:
         `fence()` before it next modifies `state`."""
         t0 = time.perf_counter()
         self.fence()  # a snapshot still reading the previous state must finish first
+        self._raise_refused()
         with self._cond:
             self._snapshotted.clear()
             self._request = (version, step, state)
@@ -93,13 +106,20 @@ class AsyncPublisher:
                     self._pending = None
                     self.versions_skipped += 1
             t0 = time.perf_counter()
+            refused = None
             try:
                 target.fill(version, step, state)
+                check_finite(target.buffers, f"publish version {version}")
+            except NonFiniteError as err:  # never sent; publish() and wait() raise it
+                refused = err
             finally:
                 self.last_copy_s = time.perf_counter() - t0
                 with self._cond:
                     self._request = None
-                    self._pending = target
+                    if refused is None:
+                        self._pending = target
+                    else:
+                        self.refused, self.failures = refused, self.failures + 1
                     self._snapshotted.set()
                     self._cond.notify_all()
 
@@ -111,34 +131,87 @@ class AsyncPublisher:
                     return
                 snap, self._pending = self._pending, None
                 self._sending = snap
-            t0 = time.perf_counter()
-            try:
-                self.plane.publish(snap.version, snap.step, snap.buffers)
-            except Exception as err:  # a failed publish must not kill training
-                log.warning("publish of version %d failed: %s", snap.version, err)
-                with self._cond:
-                    self.failures += 1
-                    self._sending = None
-                    self._cond.notify_all()
-                continue
+            while snap is not None:
+                snap = self._send(snap)
+
+    def _send(self, snap: _Snapshot) -> _Snapshot | None:
+        """One try at sending `snap`; the snapshot to try next (after an outage: the same
+        one, or a newer one that replaced it), or None."""
+        t0 = time.perf_counter()
+        try:
+            self.plane.publish(snap.version, snap.step, snap.buffers)
+        except Exception as err:  # a failed publish must not kill training
             with self._cond:
+                self.failures += 1
+            if is_outage(err):
+                return self._after_outage(snap, self.relay.failed(err))
+            log.error("the relay refused version %d; it is not sent again (the next version "
+                      "will be): %s", snap.version, err)
+            self._sent(None, 0.0)
+            return None
+        self.relay.recovered()
+        self._sent(snap, time.perf_counter() - t0)
+        return None
+
+    def _sent(self, snap: _Snapshot | None, send_s: float) -> None:
+        with self._cond:
+            if snap is not None:
                 self.published_version = snap.version
                 self.versions_published += 1
                 self.bytes_published += snap.nbytes
-                self.last_send_s = time.perf_counter() - t0
-                self._sending = None
-                self._cond.notify_all()
+                self.last_send_s = send_s
+            self._sending = None
+            self._cond.notify_all()
 
-    def wait(self) -> None:
-        """Until the newest version asked for has been sent (or failed)."""
+    def _after_outage(self, snap: _Snapshot, delay_s: float) -> _Snapshot | None:
+        """Wait `delay_s` before the next try, which takes the newest snapshot."""
         with self._cond:
-            self._cond.wait_for(lambda: self._request is None and self._pending is None
-                                and self._sending is None)
+            self._cond.wait_for(lambda: self._give_up, timeout=delay_s)
+            if not self._give_up:
+                if self._pending is not None:  # never sent: the newer version replaces it
+                    snap, self._pending = self._pending, None
+                    self._sending = snap
+                    self.versions_skipped += 1
+                return snap
+            self._pending = self._sending = None
+            self._cond.notify_all()
+        self.relay.abandon()
+        return None
+
+    def wait(self, stop: threading.Event | None = None) -> None:
+        """Until the newest version asked for is at the relay or was refused by it. While the
+        relay is unreachable that lasts until it is back, unless `stop` is set meanwhile:
+        then that version is given up (logged) and so is any later wait (close)."""
+        with self._cond:
+            while not self._idle() and not self._give_up:
+                if stop is not None and stop.is_set() and self.relay.down:
+                    self._give_up = True
+                    newest = self._pending or self._sending
+                    log.error("stopping with version %s not at the relay (unreachable for "
+                              "%.0f s); the newest it took is %d",
+                              newest.version if newest else "?", self.relay.elapsed_s(),
+                              self.published_version)
+                    self._cond.notify_all()
+                    break
+                self._cond.wait(STOP_POLL_S if stop is not None else None)
+        self._raise_refused()
+
+    def _idle(self) -> bool:
+        return self._request is None and self._pending is None and self._sending is None
+
+    def _raise_refused(self) -> None:
+        """NonFiniteError if a snapshot held values that are not finite (never published)."""
+        if self.refused is not None:
+            raise self.refused
 
     def close(self) -> None:
-        self.wait()
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        for t in self._threads:
-            t.join()
+        try:
+            self.wait()
+        finally:
+            with self._cond:
+                self._closed = True
+                given_up = self._give_up
+                self._cond.notify_all()
+            for t in self._threads:  # a given-up send may be in a call the relay never
+                if not (given_up and t.name == "publish"):  # answers, until its deadline
+                    t.join()

@@ -22,7 +22,7 @@ from trainer_svc.distributed import Parallel, close_world, init_world
 from trainer_svc.learner import Learner
 from trainer_svc.operator import OperatorSignals
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.telemetry import trainer_metrics
+from trainer_svc.telemetry import tokens_generated, trainer_metrics
 from trainer_svc.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,13 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         got = trainer.next_batch(halt)
         if got is None:
             break
+        before = trainer.step
         record = trainer.train_step(*got)
+        if trainer.step == before:  # skipped: not finite (trainer_svc.finite); no new version
+            trainer.metrics.write(record)
+            operator.publish(record)
+            trainer.latest = {**trainer.latest, **record}
+            continue
         record["control/max_staleness"] = operator.settings.max_staleness
         record["control/temperature"] = operator.settings.temperature
         if trainer.evaluates and (tc.eval_every and trainer.step % tc.eval_every == 0
@@ -84,7 +90,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         now = time.monotonic()
         window = [w for w in window if now - w[0] < 30] + \
             [(now, record.get("train/samples", 0), record.get("train/tokens", 0),
-              trainer.tokens_generated())]
+              tokens_generated(trainer))]
         span = max(now - window[0][0], 1e-6)
         rate = sum(w[1] for w in window) / span if len(window) > 1 else 0
         record["throughput/samples_per_s"] = rate
@@ -106,8 +112,8 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         bar.set_postfix(reward=f"{trainer.last_reward:.2f}", acc=f"{acc:.2f}",
                         sps=f"{rate:.0f}", lag=f"{record.get('staleness/lag_mean', 0):.1f}")
     bar.close()
-    trainer.publisher.wait()
-    trainer.save_checkpoint()
+    trainer.save_checkpoint()  # first: the wait for the relay may be long (an outage)
+    trainer.publisher.wait(stop)  # the final version at the relay, unless told to stop
     draw_plots(trainer)
     trainer.finished = trainer.step >= tc.max_steps
     halt.set()  # ends the watcher

@@ -29,7 +29,7 @@ class RelayClient(WeightPlane):
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
         self.plane = plane
-        self._channel = channel(address)
+        self._channel = channel(address)  # a trainer's publishes carry its own token
         self._stub = relay_pb2_grpc.RelayStub(self._channel)
         self._pull_bytes = self._channel.unary_stream(
             "/relayrl.v1.Relay/PullBytes",
@@ -44,6 +44,7 @@ class RelayClient(WeightPlane):
         self._channel.close()
 
     def _error(self, what: str, err: grpc.RpcError) -> WeightError:
+        """Raised `from err`: relayrl.outage.is_outage reads the status code of the cause."""
         return WeightError(f"{what} ({self.address}, {self.plane}): {err.details()}")
 
     # -- publishing ----------------------------------------------------------------------
@@ -59,7 +60,7 @@ class RelayClient(WeightPlane):
         try:
             self._publish_raw(self._messages(manifest, tensors), timeout=self.timeout_s)
         except grpc.RpcError as err:
-            raise self._error(f"publish of version {version}", err) from None
+            raise self._error(f"publish of version {version}", err) from err
         return manifest
 
     # -- pulling -------------------------------------------------------------------------
@@ -71,7 +72,7 @@ class RelayClient(WeightPlane):
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND and version == 0:
                 return None
-            raise self._error(f"manifest of version {version}", err) from None
+            raise self._error(f"manifest of version {version}", err) from err
         return Manifest.from_proto(m)
 
     def pull(self, version: int, staging: torch.Tensor | None = None
@@ -89,7 +90,7 @@ class RelayClient(WeightPlane):
             else:
                 manifest, flat = self._pull_ticketed(version, staging)
         except grpc.RpcError as err:
-            raise self._error(f"pull of version {version}", err) from None
+            raise self._error(f"pull of version {version}", err) from err
         return unpack(manifest, flat)
 
     def _pull_grpc(self, manifest: Manifest, staging: torch.Tensor | None) -> torch.Tensor:

@@ -108,6 +108,8 @@ class StoredVersion:
             self.fail(str(err))
             raise
         with self._cond:
+            if self.state is not State.PENDING:  # failed meanwhile: replaced by a retry
+                raise WeightError(f"version {self.version} is {self.state.value}: {self.error}")
             self.state = State.COMPLETE
             self._cond.notify_all()
 

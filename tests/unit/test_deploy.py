@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from relayrl.config import RunConfig, load_run_config
+from relayrl.service import LIVENESS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -98,7 +99,7 @@ def render_compose(env: dict[str, str]) -> dict:
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return render_compose({"RELAYRL_TOKEN": "test-token"})
+    return render_compose({"RELAYRL_TOKEN": "test-token", "RELAYRL_TRAINER_TOKEN": "trainer-token"})
 
 
 def compose_config(svc: dict) -> tuple[str, RunConfig]:
@@ -157,8 +158,12 @@ def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
     workers = sorted(cfg.rollout.worker_index for m, cfg in runs.values() if m == "rollout_svc")
     cfg = runs["scheduler"][1]
     assert workers == list(range(cfg.rollout.num_workers))
-    for name, (_, run) in runs.items():  # the REST API takes the run's token too
-        assert services[name]["environment"][run.auth.token_env] == "test-token", name
+    for name, (module, run) in runs.items():  # the REST API takes the run's token too
+        env = services[name]["environment"]
+        assert env[run.auth.token_env] == "test-token", name
+        assert {run.auth.agent_token_env, run.auth.operator_token_env} <= set(env), name
+        publishes = module in ("trainer_svc", "relay_svc")  # only they see the trainer's
+        assert (env.get(run.auth.trainer_token_env) == "trainer-token") == publishes, name
     assert cfg.scheduler.rest_host == "0.0.0.0"
     assert [p.rsplit(":", 1)[1] for p in services["scheduler"]["ports"]] == [
         str(cfg.scheduler.rest_port)]
@@ -282,6 +287,13 @@ def test_k8s_workloads_ports_and_peers_agree_with_the_run_config(manifests, k8s_
         assert ep.host == "0.0.0.0", f"{w['metadata']['name']} binds {ep.host}"
         for probe in ("readinessProbe", "livenessProbe"):
             assert c[probe]["grpc"]["port"] == ep.port, f"{w['metadata']['name']} {probe}"
+        # readiness is lost while a service waits out a peer's outage; liveness (and the
+        # startup probe that stands in for it) must not be, or the wait gets it restarted
+        assert "service" not in c["readinessProbe"]["grpc"], w["metadata"]["name"]
+        for probe in ("livenessProbe", "startupProbe"):
+            if probe in c:
+                assert c[probe]["grpc"].get("service") == LIVENESS, \
+                    f"{w['metadata']['name']} {probe}"
         assert ep.port in [p["containerPort"] for p in c["ports"]]
         for host, port, peer in dials(module, cfg):
             assert host in services, f"{w['metadata']['name']} dials {host}: no such Service"
@@ -314,6 +326,13 @@ def test_k8s_shape(manifests, k8s_run_config, tmp_path):
         env = {e["name"]: e for e in c.get("env", [])}  # the REST API takes the run's token
         assert env.get(run.auth.token_env, {}).get("valueFrom", {}).get("secretKeyRef") == {
             "name": "relayrl-token", "key": "token"}, f"{w['metadata']['name']} gets no token"
+        keys = {name: e["valueFrom"]["secretKeyRef"]["key"] for name, e in env.items()
+                if "secretKeyRef" in e.get("valueFrom", {})}
+        assert keys.get(run.auth.agent_token_env) == "agent-token"
+        assert keys.get(run.auth.operator_token_env) == "operator-token"
+        publishes = w["metadata"]["name"] in ("trainer", "relay-root")  # not the followers
+        assert (keys.get(run.auth.trainer_token_env) == "trainer-token") == publishes, \
+            w["metadata"]["name"]
     assert cfg.scheduler.rest_port in [
         p["port"] for p in by_kind(manifests, "Service")["scheduler"]["spec"]["ports"]]
     claims = set(by_kind(manifests, "PersistentVolumeClaim"))

@@ -1,0 +1,150 @@
+"""relayrl.outage: the backoff's bounds, cap and reset; which errors count as an outage;
+ride_out's retries, stop and give-up; readiness as the health service reports it."""
+
+import logging
+import random
+import threading
+
+import grpc
+import pytest
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from relayrl.backpressure import StoppedWaiting
+from relayrl.grpc_util import channel, check_health, free_ports
+from relayrl.outage import (
+    MAX_WAIT_S,
+    JitteredBackoff,
+    Outage,
+    Readiness,
+    is_outage,
+    readiness,
+    ride_out,
+)
+from relayrl.service import ServiceRunner
+
+
+def test_the_bound_doubles_to_the_cap_and_a_reset_starts_over():
+    b = JitteredBackoff(0.1, 1.0, draw=lambda: 1.0)  # the top of each range
+    assert [round(b.next_delay(), 6) for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    b.reset()
+    assert b.next_delay() == pytest.approx(0.1)
+
+
+def test_every_wait_is_drawn_within_zero_and_its_bound():
+    rng = random.Random(0)
+    b = JitteredBackoff(draw=rng.random)
+    bound = b.first_s
+    waits = []
+    for _ in range(200):
+        delay = b.next_delay()
+        assert 0.0 <= delay <= bound
+        waits.append(delay)
+        bound = min(bound * 2, MAX_WAIT_S)
+    assert max(waits) <= MAX_WAIT_S
+    tail = waits[20:]  # at the cap: spread over the range, not bunched at the top
+    assert min(tail) < MAX_WAIT_S / 4 and max(tail) > 3 * MAX_WAIT_S / 4
+
+
+def test_a_dead_port_and_a_passed_deadline_are_outages_a_refusal_is_not():
+    dead = free_ports(1)[0]
+    stub = health_pb2_grpc.HealthStub(channel(f"127.0.0.1:{dead}"))
+    with pytest.raises(grpc.RpcError) as unavailable:
+        stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert unavailable.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert is_outage(unavailable.value)
+    with pytest.raises(grpc.RpcError) as late:  # waiting for the port until the deadline
+        stub.Check(health_pb2.HealthCheckRequest(), timeout=0.2, wait_for_ready=True)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert is_outage(late.value)
+    assert is_outage(redis.TimeoutError("Timeout reading from socket"))
+    assert is_outage(redis.ConnectionError("Connection refused"))
+    assert is_outage(redis.BusyLoadingError("loading the dataset"))  # a restarted server
+    assert not is_outage(redis.ResponseError("WRONGTYPE"))
+    assert not is_outage(ValueError("bad input"))
+
+
+def test_readiness_is_lost_with_the_first_wait_and_back_with_the_last():
+    board, heard = Readiness(), []
+    board.subscribe(heard.append)
+    board.enter("redis")
+    board.enter("scheduler")
+    board.enter("redis")  # two callers wait for one peer
+    board.leave("redis")
+    board.leave("scheduler")
+    assert not board.ready and board.waiting_on() == ["redis"]
+    board.leave("redis")
+    assert board.ready
+    assert heard == [True, False, True]  # told the state at once, then each change
+
+
+def failing(times: int, err: Exception):
+    calls = []
+
+    def call():
+        calls.append(readiness.ready)
+        if len(calls) <= times:
+            raise err
+        return "answer"
+
+    return call, calls
+
+
+def test_ride_out_retries_an_outage_unready_meanwhile_and_logs_it_once(caplog):
+    call, calls = failing(4, redis.TimeoutError("Timeout reading from socket"))
+    with caplog.at_level(logging.INFO, logger="relayrl.outage"):
+        assert ride_out("redis", call) == "answer"
+    assert calls == [True, False, False, False, False]  # unready from the first failure
+    assert readiness.ready
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("redis unreachable" in line for line in lines) == 1, lines
+    assert sum("redis is back after" in line and "(4 tries)" in line for line in lines) == 1
+
+
+def test_an_error_that_is_no_outage_propagates_at_once():
+    call, calls = failing(1, redis.ResponseError("WRONGTYPE"))
+    with pytest.raises(redis.ResponseError):
+        ride_out("redis", call)
+    assert len(calls) == 1 and readiness.ready
+
+
+def test_a_stop_ends_the_wait_and_give_up_raises_the_last_error():
+    stop = threading.Event()
+    stop.set()
+    call, _ = failing(100, redis.ConnectionError("refused"))
+    with pytest.raises(StoppedWaiting):
+        ride_out("redis", call, stop)
+    assert readiness.ready
+    call, calls = failing(10_000, redis.ConnectionError("refused"))
+    with pytest.raises(redis.ConnectionError):
+        ride_out("redis", call, give_up_s=0.3)
+    assert len(calls) > 1 and readiness.ready
+
+
+def test_an_outage_object_backs_off_until_recovered_then_starts_over():
+    outage = Outage("scheduler", JitteredBackoff(0.1, 0.4, draw=lambda: 1.0), Readiness())
+    err = redis.ConnectionError("refused")
+    assert [outage.failed(err) for _ in range(4)] == pytest.approx([0.1, 0.2, 0.4, 0.4])
+    assert outage.down and not outage.board.ready
+    outage.recovered()
+    assert not outage.down and outage.board.ready
+    assert outage.failed(err) == pytest.approx(0.1)
+    assert outage.outages == 2
+    outage.abandon()
+
+
+def test_health_says_not_serving_while_the_service_waits_for_a_peer():
+    port = free_ports(1)[0]
+    address = f"127.0.0.1:{port}"
+    runner = ServiceRunner("probe", address, [])
+    seen = []
+
+    def loop(stop):
+        seen.append(check_health(address))
+        readiness.enter("redis")
+        seen.append(check_health(address))
+        readiness.leave("redis")
+        seen.append(check_health(address))
+
+    runner.run(loop, grace_s=0)
+    assert seen == [True, False, True]

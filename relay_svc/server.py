@@ -11,6 +11,7 @@ from relay_svc.follower import Follower
 from relay_svc.planes import RelayPlanes
 from relay_svc.telemetry import relay_metrics
 from relayrl.config import RunConfig
+from relayrl.config.relay import RelayConfig
 from relayrl.logs import setup_logging
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.service import ServiceRunner
@@ -19,27 +20,40 @@ from relayrl.weights.store import AlreadyHeld
 from relayrl.weights.wire import with_fast_pull_bytes
 
 log = logging.getLogger(__name__)
+DEFAULT_MAX_GAP = RelayConfig.model_fields["max_version_gap"].default
 
 
 class RelayServicer(relay_pb2_grpc.RelayServicer):
+    """Publish takes versions from the trainer's token alone (relayrl.roles): the first any,
+    then each newer than the latest and at most `max_gap` past it. A version is immutable:
+    the same version with the same manifest again (a retry whose reply was lost, a resumed
+    trainer's bit-exact replay) answers OK and changes nothing; other weights are refused."""
+
     def __init__(self, store: VersionStore, chunk_bytes: int, planes: RelayPlanes | None = None,
-                 stall_timeout_s: float = 60.0):
+                 stall_timeout_s: float = 60.0, max_gap: int | None = DEFAULT_MAX_GAP,
+                 upstream: list[str] | None = None):
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.planes = planes or RelayPlanes(["grpc"], "127.0.0.1", stall_timeout_s)
         self.stall_timeout_s = stall_timeout_s
+        self.max_gap = max_gap
+        self.upstream = upstream or []
 
     def Publish(self, request_iterator, context):
+        if self.upstream:  # its versions come from upstream; a second source would fork them
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"Publish: this relay follows {', '.join(self.upstream)} "
+                          "(relay.upstream); publish to the root relay")
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("payload") != "manifest":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "Publish: the first message must carry the manifest")
         try:
-            stored = self.store.begin(Manifest.from_proto(first.manifest))
+            stored = self.store.begin(Manifest.from_proto(first.manifest), self.max_gap)
         except AlreadyHeld as err:
             for _ in request_iterator:  # the same bytes again: read to the end, keep none
                 pass
-            log.info("%s (a resumed trainer's replay)", err)
+            log.info("%s (a retried publish, or a resumed trainer's replay)", err)
             return relay_pb2.PublishResponse(version=first.manifest.version, bytes_received=0)
         except WeightError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Publish: {err}")
@@ -134,7 +148,8 @@ def serve(cfg: RunConfig) -> None:
     rc = cfg.relay
     store = VersionStore(rc.keep_versions, shm_dir=rc.shm_dir, wait_timeout_s=rc.timeout_s)
     planes = RelayPlanes(rc.data_planes, rc.endpoint.host, rc.timeout_s)
-    servicer = RelayServicer(store, rc.chunk_bytes, planes, rc.timeout_s)
+    servicer = RelayServicer(store, rc.chunk_bytes, planes, rc.timeout_s, rc.max_version_gap,
+                             rc.upstream)
     runner = ServiceRunner("relay", rc.endpoint.address, [(add_relay_servicer, servicer)],
                            relay_metrics(store), rc.metrics_port)
     follower = None

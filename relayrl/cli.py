@@ -5,8 +5,10 @@ and the control API's status, pause, resume, stop and workers (relayrl.control_c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import os
 import sys
 
 from relayrl.config import ConfigError, load_run_config
@@ -57,6 +59,7 @@ def cmd_services(args) -> int:
     import grpc
     from google.protobuf.json_format import MessageToDict
 
+    from relayrl import auth
     from relayrl.grpc_util import channel
     from relayrl.proto.v1 import (
         buffer_pb2,
@@ -87,8 +90,11 @@ def cmd_services(args) -> int:
         calls[worker.worker_id] = (worker.endpoint.address, rollout_pb2_grpc.RolloutStub,
                                    rollout_pb2.RolloutStatusRequest())
     methods = {"buffer": "Stats", "relay": "ListVersions"}
+    creds = auth.current()  # an operator's token, if set, reads every status (relayrl.roles)
+    if operator := os.environ.get(cfg.auth.operator_token_env):
+        creds = dataclasses.replace(creds, token=operator)
     for name, (addr, stub_cls, req) in calls.items():
-        stub = stub_cls(channel(addr))
+        stub = stub_cls(channel(addr, creds))
         method = getattr(stub, methods.get(name, "Status"))
         try:
             out[name] = MessageToDict(method(req, timeout=3), preserving_proto_field_name=True)

@@ -3,8 +3,9 @@ workers` commands and for scripts.
 
 Where the API is: --url, else $RELAYRL_API_URL, else the run config's scheduler.rest_host
 and rest_port. The bearer token: --token, else the variable named by the config's
-scheduler.rest_token_env ($RELAYRL_API_TOKEN by default), else $RELAYRL_TOKEN (the run's
-shared token, which the scheduler falls back to as well).
+scheduler.rest_token_env ($RELAYRL_API_TOKEN by default), else the operator token
+($RELAYRL_OPERATOR_TOKEN, auth.operator_token_env: `relayrl up` writes the one it made to
+<run_dir>/tokens.env), else $RELAYRL_TOKEN (the service token, which may operate too).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 URL_ENV = "RELAYRL_API_URL"
 DEFAULT_TOKEN_ENV = "RELAYRL_API_TOKEN"
 RUN_TOKEN_ENV = "RELAYRL_TOKEN"
+OPERATOR_TOKEN_ENV = "RELAYRL_OPERATOR_TOKEN"
 
 
 class ControlError(Exception):
@@ -42,9 +44,11 @@ def resolve_endpoint(url: str | None, token: str | None, cfg=None) -> Endpoint:
     if not url:
         raise ControlError(f"no control API address: pass --url, set ${URL_ENV}, or pass "
                            "--config with a run config whose scheduler.rest_port is set")
-    token = token or os.environ.get(token_env) or os.environ.get(RUN_TOKEN_ENV, "")
+    operator_env = cfg.auth.operator_token_env if cfg is not None else OPERATOR_TOKEN_ENV
+    token = (token or os.environ.get(token_env) or os.environ.get(operator_env)
+             or os.environ.get(RUN_TOKEN_ENV, ""))
     if not token:
-        raise ControlError(f"no API token: pass --token or set ${token_env}")
+        raise ControlError(f"no API token: pass --token or set ${operator_env}")
     return Endpoint(url.rstrip("/"), token, token_env)
 
 

@@ -1,5 +1,6 @@
-"""gRPC side of access control: a server interceptor that refuses calls without the run's
-token, a client interceptor that attaches it, and TLS credentials from the run's certificates.
+"""gRPC side of access control: a server interceptor that admits a call only with a token of
+a role its method allows (relayrl.roles), a client interceptor that attaches the token, and
+TLS credentials from the run's certificates.
 
 The standard health service stays open: liveness/readiness probes (the launcher's, Docker's,
 Kubernetes' grpc probes) carry no credentials, and it reveals nothing but SERVING or not.
@@ -11,16 +12,18 @@ import collections
 
 import grpc
 
-from relayrl.auth import Credentials, TlsMaterial, bearer_matches
+from relayrl.auth import Credentials, TlsMaterial
+from relayrl.roles import TokenBook, method_roles
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 AUTH_KEY = "authorization"
 
 
-def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
+             ) -> grpc.RpcMethodHandler:
     """A handler of the same kind as `handler` that aborts before reading any request."""
     def abort(_request, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        context.abort(code, message)
 
     kind = {
         (False, False): grpc.unary_unary_rpc_method_handler,
@@ -32,21 +35,27 @@ def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHand
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
-    def __init__(self, token: str, token_env: str):
-        assert token, "an empty token would let anyone in"
-        self._token = token
-        self._hint = f"send metadata 'authorization: Bearer <token>' (the run's ${token_env})"
+    """UNAUTHENTICATED without a token this server knows, PERMISSION_DENIED with one whose
+    role the method does not admit; both before the request is read."""
+
+    def __init__(self, book: TokenBook):
+        assert book.holders, "no token would let anyone in"
+        self._book = book
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
+        method = handler_call_details.method
+        if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
         given = [v for k, v in handler_call_details.invocation_metadata or () if k == AUTH_KEY]
-        if not given:
-            return _refusal(handler, f"missing bearer token: {self._hint}")
-        if len(given) > 1 or not bearer_matches(given[0], self._token):
-            return _refusal(handler, f"invalid bearer token: {self._hint}")
-        return handler
+        header = given[0] if len(given) == 1 else ("" if not given else "several")
+        refused = self._book.check(header, method_roles(method), method.lstrip("/"))
+        if refused is None:
+            return handler
+        authenticated, message = refused
+        code = (grpc.StatusCode.PERMISSION_DENIED if authenticated
+                else grpc.StatusCode.UNAUTHENTICATED)
+        return _refusal(handler, code, message)
 
 
 class _CallDetails(
@@ -61,14 +70,17 @@ class BearerClientInterceptor(grpc.UnaryUnaryClientInterceptor,
                               grpc.StreamUnaryClientInterceptor,
                               grpc.StreamStreamClientInterceptor):
     """Adds `authorization: Bearer <token>` to every call (works on plaintext channels too,
-    where gRPC's call credentials are refused)."""
+    where gRPC's call credentials are refused): `header`, or the one `by_method` names for
+    the call's method (a trainer's own token on Relay.Publish)."""
 
-    def __init__(self, header: str):
+    def __init__(self, header: str, by_method: dict[str, str] | None = None):
         self._header = header
+        self._by_method = by_method or {}
 
     def _with_token(self, details: grpc.ClientCallDetails) -> _CallDetails:
         metadata = [(k, v) for k, v in details.metadata or () if k != AUTH_KEY]
-        metadata.append((AUTH_KEY, self._header))
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        metadata.append((AUTH_KEY, self._by_method.get(method, self._header)))
         return _CallDetails(details.method, details.timeout, metadata, details.credentials,
                             details.wait_for_ready, details.compression)
 
@@ -94,4 +106,5 @@ def channel_credentials(tls: TlsMaterial) -> grpc.ChannelCredentials:
 
 
 def server_interceptors(creds: Credentials) -> list[grpc.ServerInterceptor]:
-    return [TokenInterceptor(creds.token, creds.token_env)] if creds.token else []
+    book = creds.book
+    return [TokenInterceptor(book)] if book is not None else []

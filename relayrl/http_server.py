@@ -6,29 +6,42 @@ import json
 import threading
 import time
 
-from relayrl.auth import bearer_matches
+from relayrl.roles import OPENAI_API, TokenBook
 
-UNAUTHORIZED = json.dumps({"error": {
-    "message": "missing or invalid bearer token: send 'Authorization: Bearer <the run's "
-               "token>' (what the openai client sends as its api_key)",
-    "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}).encode()
+
+def _openai_error(message: str, code: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                 "param": None, "code": code}}).encode()
+
+
+def token_book(token: str | TokenBook) -> TokenBook:
+    """A bare token (a test's, a schema's) may do everything."""
+    return token if isinstance(token, TokenBook) else TokenBook.single(token, "RELAYRL_TOKEN")
 
 
 class BearerGuard:
-    """ASGI middleware: 401 for any HTTP request without `Authorization: Bearer <token>`,
-    before routing or reading the body, so a refused request reaches no handler."""
+    """ASGI middleware in front of an API open to `roles`: 401 for a request without a known
+    `Authorization: Bearer <token>` (what the openai client sends as its api_key), 403 for
+    a token of another role, before routing or reading the body, so a refused request
+    reaches no handler."""
 
-    def __init__(self, app, token: str):
+    def __init__(self, app, token: str | TokenBook, roles: frozenset[str] = OPENAI_API):
         assert token, "an empty token would let anyone in"
         self.app = app
-        self.token = token
+        self.book = token_book(token)
+        self.roles = roles
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            if not bearer_matches(dict(scope["headers"]).get(b"authorization"), self.token):
-                await send({"type": "http.response.start", "status": 401, "headers": [
+            header = dict(scope["headers"]).get(b"authorization")
+            refused = self.book.check(header, self.roles, f"{scope['method']} {scope['path']}")
+            if refused is not None:
+                authenticated, message = refused
+                status, code = (403, "permission_denied") if authenticated else \
+                    (401, "invalid_api_key")
+                await send({"type": "http.response.start", "status": status, "headers": [
                     (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
-                await send({"type": "http.response.body", "body": UNAUTHORIZED})
+                await send({"type": "http.response.body", "body": _openai_error(message, code)})
                 return
         await self.app(scope, receive, send)
 

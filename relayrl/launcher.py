@@ -26,6 +26,7 @@ from relayrl.procs import child_env
 from relayrl.restarts import RestartBudget
 
 log = logging.getLogger(__name__)
+PUBLISH_PARTIES = ("trainer", "relay")  # the children that see the trainer token
 
 @dataclass
 class Child:
@@ -71,7 +72,10 @@ class Launcher:
         from relayrl.redis_server import RedisServer
 
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        install_launcher_credentials(self.cfg.auth)  # children inherit the token by env
+        tokens = install_launcher_credentials(self.cfg.auth, self.run_dir)  # children: by env
+        if tokens is not None:
+            log.info("the agent and operator tokens of this run are in %s (mode 0600): "
+                     "`source` it before starting an agent or `relayrl status`", tokens)
         updates = {}
         if not self.cfg.redis.url:
             self.embedded = RedisServer(self.run_dir, self.cfg.redis.appendfsync,
@@ -88,6 +92,8 @@ class Launcher:
     def _spawn(self, child: Child) -> None:
         log_path = self.run_dir / "logs" / f"{child.name}.log"
         env = {**child_env(), "RELAYRL_LOG_FILE": str(log_path), "PYTHONUNBUFFERED": "1"}
+        if child.name not in PUBLISH_PARTIES:  # who holds the trainer token can publish
+            env.pop(self.cfg.auth.trainer_token_env, None)
         out = open(log_path, "ab")
         cmd = [sys.executable, "-m", child.module, "--config", str(self.config_path)]
         for o in child.overrides:

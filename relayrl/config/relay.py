@@ -25,6 +25,12 @@ class RelayConfig(StrictModel):
         "/dev/shm) so workers on the same host map them without a copy; unset keeps them in "
         "process memory.",
     )
+    max_version_gap: int = Field(
+        1000, ge=1, le=1_000_000,
+        description="How far past the newest version held a publish may go (1: only the "
+        "next); room for the versions the trainer skips when it cannot send them in time or "
+        "reach the relay. Further is refused; an empty relay takes any version.",
+    )
     upstream: list[str] = Field(
         default_factory=list, max_length=64,
         description="host:port of relays to follow, in order of preference: this relay "

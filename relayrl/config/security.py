@@ -1,7 +1,8 @@
-"""Access control settings every service shares: the run token and optional gRPC TLS.
+"""Access control settings every service shares: the role tokens and optional gRPC TLS.
 
-The token itself is never part of a config: a config names the environment variable that
-holds it, so config files, run directories and command lines stay free of secrets.
+A token itself is never part of a config: a config names the environment variable that
+holds it, so config files and command lines stay free of secrets. Who may call what is
+relayrl.roles.
 """
 
 from __future__ import annotations
@@ -35,11 +36,25 @@ class TlsConfig(StrictModel):
         return bool(self.cert)
 
 
+def _env_field(default: str, description: str):
+    return Field(default, min_length=1, max_length=128, pattern=ENV_NAME,
+                 description=description)
+
+
 class AuthConfig(StrictModel):
-    token_env: str = Field(
-        "RELAYRL_TOKEN", min_length=1, max_length=128, pattern=ENV_NAME,
-        description="Environment variable holding the run's shared token, sent as "
-        "`authorization: Bearer <token>` on every gRPC call and HTTP request.")
+    token_env: str = _env_field(
+        "RELAYRL_TOKEN", "Environment variable holding the service token, the run's own "
+        "(its processes send it as `authorization: Bearer <token>`); it may also do what an "
+        "agent or an operator may.")
+    agent_token_env: str = _env_field(
+        "RELAYRL_AGENT_TOKEN", "Environment variable holding the agent token: Generate, the "
+        "OpenAI-compatible API, Buffer.Submit; unset: only the service token does these.")
+    operator_token_env: str = _env_field(
+        "RELAYRL_OPERATOR_TOKEN", "Environment variable holding the operator token: the REST "
+        "control API and status methods; unset: only the service token does these.")
+    trainer_token_env: str = _env_field(
+        "RELAYRL_TRAINER_TOKEN", "Environment variable holding the trainer token, the only "
+        "one a relay takes a Publish from; unset: the service token publishes.")
     required: bool = Field(
         True, description="Refuse calls without the token; false opens every endpoint (local "
         "use only) and starts services even when the variable is unset.")
@@ -49,3 +64,17 @@ class AuthConfig(StrictModel):
         description="Environment variable holding the Redis password: sent when redis.url "
         "carries none, and the embedded server's requirepass; empty: none (a URL like "
         "redis://:password@host:6379/0 works too).")
+
+    @model_validator(mode="after")
+    def _distinct_variables(self) -> AuthConfig:
+        names = [self.token_env, self.agent_token_env, self.operator_token_env,
+                 self.trainer_token_env]
+        if len(set(names)) != len(names):
+            raise ValueError(f"auth: the role token variables must differ, got {names}")
+        return self
+
+    @property
+    def role_envs(self) -> dict[str, str]:
+        """Role name -> the variable its token is in (relayrl.roles)."""
+        return {"service": self.token_env, "agent": self.agent_token_env,
+                "operator": self.operator_token_env, "trainer": self.trainer_token_env}

@@ -49,8 +49,10 @@ class VersionStore(WeightPlane):
 
     # -- writing -------------------------------------------------------------------------
 
-    def begin(self, manifest: Manifest) -> StoredVersion:
-        """Open a version for writing; readers can follow it from now on."""
+    def begin(self, manifest: Manifest, max_gap: int | None = None) -> StoredVersion:
+        """Open a version for writing; readers can follow it from now on. With `max_gap`, a
+        version more than that past the newest held is refused (a publish's bound; a
+        follower copies whatever its upstream has)."""
         with self._lock:
             held = self._versions.get(manifest.version)
             if held is not None and held.state is State.COMPLETE:
@@ -61,9 +63,23 @@ class VersionStore(WeightPlane):
                     "immutable (a trainer resumed from a checkpoint whose replay is not "
                     "bit-exact publishes different weights under the same version)")
             latest = next(reversed(self._versions), 0)
+            if (held is not None and held.state is State.PENDING and latest == manifest.version
+                    and (held.manifest.step, held.manifest.shards)
+                    == (manifest.step, manifest.shards)):
+                # a retry of a publish whose first stream this relay has not yet seen end
+                # (the publisher's deadline passed while the relay was stalled): it replaces
+                # that stream, which fails when it next writes
+                held.fail("replaced by a retry of the same publish")
+                del self._versions[manifest.version]
+                latest = next(reversed(self._versions), 0)
             if manifest.version <= latest:
                 raise WeightError(
                     f"version {manifest.version} is not newer than the latest ({latest})")
+            if max_gap is not None and latest and manifest.version > latest + max_gap:
+                raise WeightError(
+                    f"manifest.version {manifest.version} is more than relay.max_version_gap "
+                    f"({max_gap}) past the latest version {latest}: at most "
+                    f"{latest + max_gap} is taken")
             stored = StoredVersion(manifest, self.shm_dir)
             self._versions[manifest.version] = stored
         return stored

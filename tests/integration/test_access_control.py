@@ -1,14 +1,20 @@
 """Access control on the real stack: every gRPC method of every service and every HTTP route
 of the rollout's OpenAI server and the scheduler's REST API refuses a call without the run's
 token or with a wrong one, and the refused call changes nothing (each service's durable
-counters, every Redis key and size). The token `relayrl up` makes (and the Redis password)
-is in no command line, log or config file; the embedded Redis wants its password; health and
-/metrics stay open for probes; TLS round-trips on a real service process, which refuses to
-start without its token."""
+counters, every Redis key and size). Roles (relayrl.roles): an agent's token generates and
+submits but cannot publish, lease, heartbeat or stop the run; an operator's pauses and stops
+but cannot publish or lease; only the trainer's publishes. The tokens `relayrl up` makes (and
+the Redis password) are in no command line, log or config file (the agent's and operator's
+are in a 0600 tokens.env for the user; the trainer's only in the trainer's and relay's
+environment); the embedded Redis wants its password; health and /metrics stay open for
+probes; TLS round-trips on a real service process, which refuses to start without its
+token."""
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +28,18 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from relayrl import auth
+from relayrl.cli import main as cli_main
 from relayrl.config import RunConfig
 from relayrl.grpc_util import channel, free_ports
 from relayrl.launcher import Launcher
-from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc, relay_pb2, relay_pb2_grpc
+from relayrl.proto.v1 import (
+    buffer_pb2,
+    buffer_pb2_grpc,
+    relay_pb2,
+    relay_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+)
 from relayrl.redis_conn import connect
 from tests.conftest import small_stack_config
 from tests.integration.test_grpc_wrong_messages import MODULES, state, wait_until_settled
@@ -35,6 +49,8 @@ pytestmark = pytest.mark.integration
 
 GROUP_SIZE = 4
 WRONG = ([], [("authorization", "Bearer not-the-token")])
+ROLE_VARS = ("RELAYRL_TOKEN", "RELAYRL_AGENT_TOKEN", "RELAYRL_OPERATOR_TOKEN",
+             "RELAYRL_TRAINER_TOKEN")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +63,8 @@ def stack(tmp_path_factory):
     data["scheduler"].update(rest_port=rest_port, metrics_port=metrics_port)
     data["auth"] = {"redis_password_env": "ACCESS_TEST_REDIS_PASSWORD"}
     with pytest.MonkeyPatch.context() as env:
-        env.delenv("RELAYRL_TOKEN", raising=False)  # `relayrl up` makes one
+        for var in ROLE_VARS:  # `relayrl up` makes each
+            env.delenv(var, raising=False)
         env.delenv("RELAYRL_API_TOKEN", raising=False)  # the REST API uses the run's
         env.setenv("ACCESS_TEST_REDIS_PASSWORD", "stack-redis-s3cret")  # embedded requirepass
         launcher = Launcher(RunConfig.model_validate(data), show_trainer_output=False)
@@ -90,7 +107,9 @@ def test_every_grpc_method_refuses_a_missing_or_wrong_token_and_changes_nothing(
                     raw_call(ch, path, method, b"", metadata)
                 assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, (path, err.value)
                 assert "bearer token" in err.value.details(), path
-                assert "RELAYRL_TOKEN" in err.value.details(), path
+                wanted = "$RELAYRL_TRAINER_TOKEN" if path.endswith("/Publish") else \
+                    "$RELAYRL_TOKEN"  # a token that may call it
+                assert wanted in err.value.details(), path
                 assert token not in err.value.details()
                 refused += 1
     assert refused >= 18 * 4
@@ -140,15 +159,18 @@ def test_no_secret_is_in_a_command_line_log_or_config_file(stack):
     for child in launcher.children:
         cmdline = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes()
         assert token.encode() not in cmdline, child.name
-        environ = Path(f"/proc/{child.proc.pid}/environ").read_bytes()
-        assert f"RELAYRL_TOKEN={token}".encode() in environ.split(b"\0"), child.name
+        environ = Path(f"/proc/{child.proc.pid}/environ").read_bytes().split(b"\0")
+        assert f"RELAYRL_TOKEN={token}".encode() in environ, child.name
+        trainer = f"RELAYRL_TRAINER_TOKEN={os.environ['RELAYRL_TRAINER_TOKEN']}".encode()
+        assert (trainer in environ) == (child.name in ("trainer", "relay")), child.name
     run_dir = Path(launcher.cfg.run_dir)
     files = [p for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".log", ".yaml",
                                                                          ".jsonl", ".json")]
     assert any(p.suffix == ".log" for p in files)
+    secrets = [token, "stack-redis-s3cret", *(os.environ[v] for v in ROLE_VARS)]
     for path in files:
         text = path.read_text(errors="replace")
-        assert token not in text and "stack-redis-s3cret" not in text, path
+        assert not any(secret in text for secret in secrets), path
 
 
 def test_openai_http_server_needs_the_token(stack):
@@ -238,3 +260,88 @@ def test_tls_round_trip_on_a_real_service(tmp_path):
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+def role_tokens(launcher) -> dict[str, str]:
+    """What a user finds: the agent's and operator's tokens in the run's tokens.env."""
+    path = Path(launcher.cfg.run_dir) / "tokens.env"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    lines = [line.removeprefix("export ").split("=", 1) for line in
+             path.read_text().splitlines() if line.startswith("export ")]
+    return {"agent": dict(lines)["RELAYRL_AGENT_TOKEN"],
+            "operator": dict(lines)["RELAYRL_OPERATOR_TOKEN"]}
+
+
+def bearer(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")]
+
+
+def denied(address: str, path: str, token: str, role: str) -> None:
+    """The call is refused for its role, before its request (empty here) is read."""
+    kinds = {m: method for _, m, method in methods()}
+    with grpc.insecure_channel(address) as ch, pytest.raises(grpc.RpcError) as err:
+        raw_call(ch, path, kinds[path], b"", bearer(token))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, (path, err.value)
+    assert err.value.details().startswith(f"{path[1:]} needs the {role} role"), path
+    assert token not in err.value.details()
+
+
+def test_an_agents_token_generates_and_submits_but_cannot_publish_lease_or_stop(stack):
+    launcher, _ = stack
+    agent = role_tokens(launcher)["agent"]
+    cfg = launcher.cfg
+    before = state(launcher)
+    denied(cfg.relay.endpoint.address, "/relayrl.v1.Relay/Publish", agent, "trainer")
+    for method in ("AcquireLeases", "Heartbeat", "Register", "Complete", "Release"):
+        denied(cfg.scheduler.endpoint.address, f"/relayrl.v1.Scheduler/{method}", agent,
+               "service")
+    denied(cfg.relay.endpoint.address, "/relayrl.v1.Relay/PullBytes", agent, "service")
+    rest = f"http://127.0.0.1:{cfg.scheduler.rest_port}"
+    for route in ("/v1/stop", "/v1/pause"):
+        refused = httpx.post(rest + route, headers={"Authorization": f"Bearer {agent}"},
+                             timeout=10)
+        assert refused.status_code == 403 and "needs the operator role" in refused.text
+    assert state(launcher) == before
+    worker = next(c.address for c in launcher.children if c.name == "rollout-0")
+    with grpc.insecure_channel(worker) as ch:
+        reply = rollout_pb2_grpc.RolloutStub(ch).Generate(
+            rollout_pb2.GenerateRequest(text="1+2=", max_new_tokens=2, seed=1),
+            metadata=bearer(agent), timeout=60)
+    assert len(reply.sequences[0].token_ids) >= 1
+    with grpc.insecure_channel(cfg.buffer.endpoint.address) as ch:
+        buffer_pb2_grpc.BufferStub(ch).Submit(buffer_pb2.SubmitRequest(
+            source="agent-role-test", trajectories=[buffer_pb2.Trajectory(
+                prompt_token_ids=[1, 2], response_token_ids=[3], logprobs=[-0.5],
+                versions=[0], reward=float(i % 2), finish_reason="stop")
+                for i in range(GROUP_SIZE)]), metadata=bearer(agent), timeout=10)
+    base = f"http://127.0.0.1:{cfg.rollout.http_base_port}"
+    models = openai.OpenAI(base_url=f"{base}/v1", api_key=agent, max_retries=0).models.list()
+    assert [m.id for m in models] == [cfg.rollout.served_model_name]
+
+
+def test_an_operators_token_pauses_and_stops_but_cannot_publish_or_lease(stack, capsys):
+    launcher, token = stack
+    operator = role_tokens(launcher)["operator"]
+    cfg = launcher.cfg
+    denied(cfg.relay.endpoint.address, "/relayrl.v1.Relay/Publish", operator, "trainer")
+    denied(cfg.scheduler.endpoint.address, "/relayrl.v1.Scheduler/AcquireLeases", operator,
+           "service")
+    denied(cfg.buffer.endpoint.address, "/relayrl.v1.Buffer/Submit", operator, "agent")
+    worker = next(c.address for c in launcher.children if c.name == "rollout-0")
+    denied(worker, "/relayrl.v1.Rollout/Generate", operator, "agent")
+    # the service token (every worker holds it) cannot publish either: only the trainer's
+    denied(cfg.relay.endpoint.address, "/relayrl.v1.Relay/Publish", token, "trainer")
+    with grpc.insecure_channel(cfg.relay.endpoint.address) as ch:  # the operator reads status
+        relay_pb2_grpc.RelayStub(ch).ListVersions(relay_pb2.ListVersionsRequest(),
+                                                  metadata=bearer(operator), timeout=10)
+    assert os.environ["RELAYRL_OPERATOR_TOKEN"] == operator  # as after `source tokens.env`
+    assert cli_main(["services", str(launcher.config_path)]) == 0
+    statuses = json.loads(capsys.readouterr().out)
+    assert len(statuses) == 4 + cfg.rollout.num_workers
+    assert not [name for name, s in statuses.items() if "error" in s], statuses
+    rest = httpx.Client(base_url=f"http://127.0.0.1:{cfg.scheduler.rest_port}", timeout=10,
+                        headers={"Authorization": f"Bearer {operator}"})
+    assert rest.post("/v1/pause").json()["state"] == "paused"
+    assert rest.post("/v1/resume").json()["state"] == "running"
+    # stop last: the idle run ends; this module's other tests take their state before it
+    assert rest.post("/v1/stop").json()["state"] == "stopping"

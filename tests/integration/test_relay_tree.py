@@ -12,7 +12,7 @@ from relay_svc.follower import Follower
 from relay_svc.server import RelayServicer, add_relay_servicer
 from relayrl.grpc_util import channel, make_server
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
-from relayrl.weights import VersionStore, build_manifest
+from relayrl.weights import VersionStore, WeightError, build_manifest
 from relayrl.weights.client import RelayClient
 from relayrl.weights.wire import decode_bytes_chunk
 from tests.conftest import free_ports
@@ -29,8 +29,9 @@ def tree():
         store = VersionStore(2, wait_timeout_s=10)
         (port,) = free_ports(1)
         address = f"127.0.0.1:{port}"
-        server, _ = make_server(address, [(add_relay_servicer,
-                                           RelayServicer(store, CHUNK, stall_timeout_s=10))])
+        upstream = addresses[-1:] if i else []  # as relay_svc.server.serve wires it
+        server, _ = make_server(address, [(add_relay_servicer, RelayServicer(
+            store, CHUNK, stall_timeout_s=10, upstream=upstream))])
         server.start()
         if i:
             follower = Follower(store, [addresses[-1]], CHUNK, poll_s=0.01, timeout_s=10)
@@ -133,3 +134,20 @@ def test_a_version_that_fails_upstream_never_completes_downstream(tree):
     for store in stores:
         assert store.versions() == [2]
     assert torch.equal(RelayClient(addresses[2]).pull(2)["a"], good["a"])
+
+
+def test_a_follower_refuses_a_publish_and_copies_any_gap_its_upstream_has(tree):
+    """A follower's versions come from upstream alone: a publish to it would fork them. It
+    copies the newest upstream version, however far past its own (the root's rule bounds
+    what the trainer may publish)."""
+    addresses, stores, _ = tree
+    leaf, root = RelayClient(addresses[2], timeout_s=10), RelayClient(addresses[0], timeout_s=10)
+    with pytest.raises(WeightError, match="follows .* publish to the root relay"):
+        leaf.publish(1, 1, weights(1))
+    assert stores[2].versions() == []
+    root.publish(1, 1, weights(1))
+    wait_for(stores[2], 1)
+    root.publish(1000, 2, weights(2))
+    wait_for(stores[2], 1000)
+    leaf.close()
+    root.close()

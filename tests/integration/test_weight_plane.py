@@ -1,6 +1,7 @@
 """One contract for every implementation: the in-process VersionStore and a relay reached
 over gRPC with each data plane (gRPC stream, shared memory, torch.distributed, NIXL)."""
 
+import dataclasses
 import os
 
 import grpc
@@ -186,3 +187,54 @@ def test_a_pulled_tensor_does_not_alias_the_relay(plane):
     first = plane.pull(1)
     first["embed"].add_(1.0)
     assert torch.equal(plane.pull(1)["embed"], weights(1)["embed"])
+
+
+def test_relay_refuses_a_far_future_version_and_the_next_one_goes_through(relay_server):
+    """Item 4 of issue 18: latest + 1,000,000 used to be stored and then refuse every later
+    publish of the trainer as "not newer". A publish may go at most relay.max_version_gap past
+    the latest (the trainer's skipped versions); an empty relay takes any version."""
+    address, store = relay_server
+    client = RelayClient(address, timeout_s=10)
+    client.publish(7, 7, weights(7))  # first: any version
+    with pytest.raises(WeightError, match=r"max_version_gap \(1000\) past the latest version 7"):
+        client.publish(7 + 1_000_000, 1, weights(1))
+    assert store.versions() == [7] and store.pending_version() == 0
+    client.publish(8, 8, weights(8))  # the trainer's next version is taken
+    client.publish(8 + 1000, 9, weights(9))  # a gap the trainer may leave: at the bound
+    assert store.versions() == [8, 1008]
+    client.close()
+
+
+def test_a_repeated_publish_of_the_latest_version_answers_ok_and_changes_nothing(relay_server):
+    """A publish whose reply was lost is retried: the same version, the same manifest."""
+    address, store = relay_server
+    client = RelayClient(address, timeout_s=10)
+    client.publish(1, 1, weights(1))
+    stats = dataclasses.replace(store.stats)
+    publish = channel(address).stream_unary(
+        "/relayrl.v1.Relay/Publish", request_serializer=lambda raw: raw,
+        response_deserializer=relay_pb2.PublishResponse.FromString)
+    reply = publish(client._messages(client.manifest(1), weights(1)), timeout=10)
+    assert (reply.version, reply.bytes_received) == (1, 0)
+    assert store.versions() == [1] and store.stats == stats
+    assert all(torch.equal(client.pull(1)[k], t) for k, t in weights(1).items())
+    client.close()
+
+
+def test_a_resumed_trainer_replays_what_is_held_and_goes_on_from_the_latest(relay_server):
+    """A trainer restarted from a checkpoint at version 2 while the relay holds up to 4
+    publishes 2, 3, 4 again, then 5. A version is immutable: an identical replay is a no-op,
+    a different one is refused (the workers keep 4), and 5 = latest + 1 is taken."""
+    address, store = relay_server
+    client = RelayClient(address, timeout_s=10)
+    for v in (1, 2, 3, 4):
+        client.publish(v, v, weights(v))
+    client.publish(3, 3, weights(3))  # bit-exact replay, still held: OK, nothing changes
+    with pytest.raises(WeightError, match="held with other weights"):
+        client.publish(4, 4, weights(40))
+    with pytest.raises(WeightError, match="not newer"):
+        client.publish(2, 2, weights(20))  # no longer held (keep_versions=2)
+    assert store.versions() == [3, 4]
+    client.publish(5, 5, weights(5))
+    assert store.versions() == [4, 5]
+    client.close()

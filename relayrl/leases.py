@@ -2,11 +2,18 @@
 
 `scheduler_svc.core.SchedulerCore` implements it in process; `GrpcLeaseClient` implements it
 over gRPC. Workers only see this interface, and one contract test runs against both.
+
+Every call is safe to repeat when its reply was lost: a retried acquire sends the same
+request id and gets the same leases; a repeated complete or release answers as the first
+did and changes nothing; a repeated register from the same incarnation keeps its leases.
+A worker's heartbeat names the leases it holds; the scheduler renews only those and
+re-issues any other lease granted to it once that grant cannot still be on its way.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from relayrl.deadlines import CONTROL_CALL_S
@@ -41,14 +48,19 @@ class LeaseBatch:
 
 class LeaseClient(ABC):
     @abstractmethod
-    def register(self, worker_id: str, address: str) -> None: ...
+    def register(self, worker_id: str, address: str, incarnation: str = "") -> None:
+        """`incarnation` names this process: registering again under it keeps its leases;
+        a new one (or none) lapses those of an earlier process under this worker id."""
 
     @abstractmethod
-    def acquire(self, worker_id: str, max_prompts: int) -> LeaseBatch: ...
+    def acquire(self, worker_id: str, max_prompts: int, request_id: str = "") -> LeaseBatch:
+        """New leases; with the `request_id` of this worker's last call, that call's leases
+        (those still its own) again: a retry after a lost reply."""
 
     @abstractmethod
     def complete(self, worker_id: str, lease_id: str) -> bool:
-        """True if the delivery counted; False if the lease had lapsed and was re-issued."""
+        """True if the delivery counted (a repeated call answers True again, counted once);
+        False if the lease had lapsed and was re-issued."""
 
     @abstractmethod
     def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> ProgressReply:
@@ -68,8 +80,10 @@ class LeaseClient(ABC):
         optionally its sequences' KV states for the next holder."""
 
     @abstractmethod
-    def heartbeat(self, worker_id: str, policy_version: int) -> bool:
-        """False asks the worker to register again."""
+    def heartbeat(self, worker_id: str, policy_version: int,
+                  held: Collection[str] | None = None) -> bool:
+        """Renews the leases in `held` (all of the worker's if None). False asks the worker
+        to register again."""
 
 
 class GrpcLeaseClient(LeaseClient):
@@ -81,13 +95,15 @@ class GrpcLeaseClient(LeaseClient):
     def close(self) -> None:
         self._channel.close()
 
-    def register(self, worker_id: str, address: str) -> None:
-        self._stub.Register(scheduler_pb2.RegisterRequest(worker_id=worker_id, address=address),
-                            timeout=self.timeout_s)
+    def register(self, worker_id: str, address: str, incarnation: str = "") -> None:
+        self._stub.Register(scheduler_pb2.RegisterRequest(
+            worker_id=worker_id, address=address, incarnation=incarnation),
+            timeout=self.timeout_s)
 
-    def acquire(self, worker_id: str, max_prompts: int) -> LeaseBatch:
+    def acquire(self, worker_id: str, max_prompts: int, request_id: str = "") -> LeaseBatch:
         resp = self._stub.AcquireLeases(
-            scheduler_pb2.LeaseRequest(worker_id=worker_id, max_prompts=max_prompts),
+            scheduler_pb2.LeaseRequest(worker_id=worker_id, max_prompts=max_prompts,
+                                       request_id=request_id),
             timeout=self.timeout_s)
         leases = [LeasedPrompt(lease.lease_id, lease.prompt.prompt_id, lease.prompt.text,
                                lease.prompt.reference, lease.attempt, lease.partial_state,
@@ -119,7 +135,11 @@ class GrpcLeaseClient(LeaseClient):
             worker_id=worker_id, lease_id=lease_id, state=state, kv_states=kv_states),
             timeout=self.timeout_s).accepted
 
-    def heartbeat(self, worker_id: str, policy_version: int) -> bool:
-        return self._stub.Heartbeat(
-            scheduler_pb2.HeartbeatRequest(worker_id=worker_id, policy_version=policy_version),
-            timeout=self.timeout_s).known
+    def heartbeat(self, worker_id: str, policy_version: int,
+                  held: Collection[str] | None = None) -> bool:
+        request = scheduler_pb2.HeartbeatRequest(worker_id=worker_id,
+                                                 policy_version=policy_version)
+        if held is not None:
+            request.held.SetInParent()  # an empty list says "none", unlike no list
+            request.held.lease_ids.extend(held)
+        return self._stub.Heartbeat(request, timeout=self.timeout_s).known

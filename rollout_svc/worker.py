@@ -5,7 +5,10 @@ at once, in shared engine calls. With `rollout.segment_tokens` set, a call gener
 segment, so finished groups leave and newly leased ones join at every boundary (continuous
 batching at segment granularity) and no group waits for another's longest sample. At a
 boundary the scheduler may also recall a group for a repack: it is handed back, with its
-token state, for a fuller worker to continue."""
+token state, for a fuller worker to continue.
+
+The lease calls go through rollout_svc.worker_leases, which makes them safe when a reply is
+lost and names the leases held in the heartbeats."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from relayrl.config import RunConfig
 from relayrl.leases import LeaseClient, LeasedPrompt
 from relayrl.messages import Sample
 from relayrl.models import LoadedModel
+from relayrl.outage import Outage, is_outage, ride_out
 from relayrl.partial import PartialGroup
 from relayrl.repack import is_tail
 from relayrl.rewards import get_reward, score
@@ -33,6 +37,7 @@ from relayrl.weights import WeightPlane
 from rollout_svc.engine import Engine
 from rollout_svc.generation import GroupGenerator
 from rollout_svc.weight_refresh import WeightRefresher
+from rollout_svc.worker_leases import WorkerLeases
 
 log = logging.getLogger(__name__)
 SERVE_ONLY_POLL_S = 1.0
@@ -84,6 +89,8 @@ class RolloutWorker:
         self.leases_released = 0
         self.groups_moved_out = 0  # handed over to another worker by a repack
         self.scheduler_call_failures = 0  # calls that failed or passed their deadline
+        self.leases = WorkerLeases(scheduler, self.worker_id, self._scheduler_call_failed)
+        self.scheduler_outage = Outage("scheduler")  # logs a wait once; unready meanwhile
         # where the training loop's time goes: generate, weights, lease, deliver, save, idle
         self.loop_s: Counter[str] = Counter()
         self._last_report = time.monotonic()
@@ -106,17 +113,25 @@ class RolloutWorker:
         return self.weights.refresh()
 
     def register(self) -> None:
-        self.scheduler.register(self.worker_id, self.cfg.rollout.endpoint.address)
+        self.leases.register(self.cfg.rollout.endpoint.address)
+
+    def _scheduler_call_failed(self) -> None:
+        self.scheduler_call_failures += 1
 
     def heartbeat_loop(self, stop: threading.Event) -> None:
         interval = self.cfg.scheduler.heartbeat_interval_s
         while not stop.wait(interval):
             try:
-                if not self.scheduler.heartbeat(self.worker_id, self.engine.version):
+                if not self.leases.heartbeat(self.engine.version):
                     self.register()
             except grpc.RpcError as err:
                 self.scheduler_call_failures += 1
-                log.warning("heartbeat failed: %s", err.code())
+                if is_outage(err):
+                    self.scheduler_outage.failed(err)
+                else:
+                    log.warning("heartbeat failed: %s", err.code())
+                continue
+            self.scheduler_outage.recovered()
 
     def activate(self, lease: LeasedPrompt) -> ActiveGroup:
         return ActiveGroup(lease, self.generator.start(lease), self.clock())
@@ -142,14 +157,20 @@ class RolloutWorker:
         if not due:
             return going, delivered
         with self._timed("save"):
-            replies = self.scheduler.save_progress_many(
-                self.worker_id, [(a.lease.lease_id, a.group.encode()) for a in due])
+            try:
+                replies = self.scheduler.save_progress_many(
+                    self.worker_id, [(a.lease.lease_id, a.group.encode()) for a in due])
+            except grpc.RpcError as err:  # saved or not, the next boundary saves again
+                self.scheduler_call_failures += 1
+                log.warning("saving %d groups' progress failed (%s)", len(due), err.code())
+                return going, delivered
         let_go = set()
         for a, reply in zip(due, replies, strict=True):
             a.saved_at = now
             if not reply.accepted:
                 log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
                 let_go.add(a.lease.lease_id)
+                self.leases.let_go([a.lease.lease_id])
             elif reply.release and self.hand_over(a):
                 let_go.add(a.lease.lease_id)
         return [a for a in going if a.lease.lease_id not in let_go], delivered
@@ -173,7 +194,7 @@ class RolloutWorker:
         kv = [self.engine.export_state(a.group.prompt_tokens + s.tokens)
               for s in a.group.unfinished()]
         kv_states = tuple(state.encode() for state in kv if state is not None)
-        if not self.scheduler.release(self.worker_id, a.lease.lease_id, b"", kv_states):
+        if not self.leases.hand_over(a.lease.lease_id, kv_states):
             return False
         self.leases_released += 1
         self.groups_moved_out += 1
@@ -182,8 +203,12 @@ class RolloutWorker:
     def release_all(self, active: list[ActiveGroup]) -> None:
         """Hand unfinished groups back with their token state, for another worker."""
         for a in active:
-            self.scheduler.release(self.worker_id, a.lease.lease_id, a.group.encode())
-            self.leases_released += 1
+            self._release(a.lease.lease_id, a.group.encode())
+
+    def _release(self, lease_id: str, state: bytes = b"") -> bool:
+        released = self.leases.hand_back(lease_id, state)
+        self.leases_released += released
+        return released
 
     def run_lease(self, lease: LeasedPrompt, stop: threading.Event | None = None) -> bool:
         """Generate, score and deliver one prompt's group, segment by segment, moving to newer
@@ -203,7 +228,8 @@ class RolloutWorker:
                 stop: threading.Event | None = None) -> None:
         samples = []
         for seq in group.sequences:
-            reward, error = score(self.reward_fn, self.lm.decode(seq.tokens), lease.reference)
+            reward, error = score(self.reward_fn, self.lm.decode(seq.tokens), lease.reference,
+                                  self.cfg.buffer.reward_range)
             samples.append(Sample(
                 prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
                 prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,
@@ -212,7 +238,7 @@ class RolloutWorker:
             self.versions_used.update(seq.versions)
         self.writer.append(samples, stop)  # waits for room: this worker takes no new prompt
         self.samples_generated += len(samples)
-        self.scheduler.complete(self.worker_id, lease.lease_id)
+        self.leases.delivered(lease.lease_id)
 
     def run(self, stop: threading.Event) -> None:
         if not self.cfg.rollout.train_loop:  # custom rollouts only: just follow the weights
@@ -220,7 +246,10 @@ class RolloutWorker:
                 self.refresh_weights()
                 stop.wait(SERVE_ONLY_POLL_S)
             return
-        self.register()
+        try:
+            ride_out("scheduler", self.register, stop)  # registering again changes nothing
+        except StoppedWaiting:
+            return
         beats = threading.Thread(target=self.heartbeat_loop, args=(stop,), daemon=True)
         beats.start()
         active: list[ActiveGroup] = []
@@ -228,6 +257,7 @@ class RolloutWorker:
             with self._timed("weights"):
                 self.refresh_weights()
             with self._timed("lease"):
+                self.leases.confirm_deliveries()
                 wait_s = self._refill(active, stop)
             self._report_loop()
             if not active:
@@ -249,10 +279,8 @@ class RolloutWorker:
                 active = []
                 stop.wait(1.0)
         self._report_loop(every_s=0.0)
-        try:
-            self.release_all(active)
-        except grpc.RpcError as err:  # they lapse instead
-            log.warning("could not hand back %d leases: %s", len(active), err)
+        self.leases.confirm_deliveries()
+        self.release_all(active)
 
     def _report_loop(self, every_s: float = 60.0) -> None:
         """A log line now and then: where the loop's time went and how full its engine calls
@@ -269,16 +297,12 @@ class RolloutWorker:
                  fill, self.seats)
 
     def _hand_back_abandoned(self, active: list[ActiveGroup]) -> None:
-        """Release abandoned leases without state: this worker's heartbeats would otherwise
-        keep them alive, and their prompts out of everyone's reach, for as long as it runs."""
-        for a in active:
-            try:
-                self.scheduler.release(self.worker_id, a.lease.lease_id)
-                self.leases_released += 1
-            except grpc.RpcError as err:
-                self.scheduler_call_failures += 1
-                log.warning("could not hand back lease %s (%s); it lapses instead",
-                            a.lease.lease_id, err.code())
+        """Release abandoned leases without state, for another worker to take now. Once a
+        call fails the rest are only let go: the scheduler re-issues them when this worker's
+        heartbeats no longer name them."""
+        for i, a in enumerate(active):
+            if not self._release(a.lease.lease_id):
+                self.leases.let_go(rest.lease.lease_id for rest in active[i + 1:])
                 return
 
     def _catch_up(self, min_version: int, stop: threading.Event) -> None:
@@ -301,11 +325,14 @@ class RolloutWorker:
         # worker may need only that seat (a fresh group may then overfill by < n sequences)
         want = max(1, free // n)
         try:
-            resp = self.scheduler.acquire(self.worker_id, want)
+            resp = self.leases.acquire(want)
         except grpc.RpcError as err:
             self.scheduler_call_failures += 1
+            if is_outage(err):  # the wait is logged once, and drawn with backoff
+                return self.scheduler_outage.failed(err)
             log.warning("scheduler unavailable (%s); retrying", err.code())
             return 1.0
+        self.scheduler_outage.recovered()
         if resp.done and not active:
             log.info("scheduler has no more prompts; idling")
             return 1.0
@@ -313,8 +340,7 @@ class RolloutWorker:
             self._catch_up(resp.min_version, stop)
         for lease in resp.leases:
             if stop.is_set():  # not started: hand it back for re-issue now
-                self.scheduler.release(self.worker_id, lease.lease_id)
-                self.leases_released += 1
+                self._release(lease.lease_id)
                 continue
             active.append(self.activate(lease))
         return resp.retry_after_s or 0.05

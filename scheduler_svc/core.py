@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Collection
 
 import redis
 
@@ -24,9 +25,20 @@ from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt, ProgressReply
 from relayrl.partial import PartialGroup
 from relayrl.repack import Move
 from relayrl.tasks import make_task
+from scheduler_svc.idempotency import check_id
 from scheduler_svc.policy import LeasePolicy
 
 log = logging.getLogger(__name__)
+MAX_HELD_LEASES = 65_536  # lease ids one heartbeat may name
+
+
+def unheld_grace_s(cfg: RunConfig) -> float:
+    """How long a lease absent from its worker's heartbeats may be a grant still on its way:
+    a heartbeat the scheduler acts on was sent at most one call deadline before (a later
+    one is ignored), by a worker that had the grant's reply at most one deadline after the
+    grant. A heartbeat interval on top covers the worker's own delay."""
+    s = cfg.scheduler
+    return 2 * s.call_timeout_s + s.heartbeat_interval_s
 
 
 class SchedulerCore(LeaseClient):
@@ -40,7 +52,8 @@ class SchedulerCore(LeaseClient):
                                   group_size=cfg.rollout.samples_per_prompt,
                                   worker_capacity=cfg.repack_capacity,
                                   repack_below=cfg.scheduler.repack_below,
-                                  reservation_s=cfg.scheduler.repack_reservation_s)
+                                  reservation_s=cfg.scheduler.repack_reservation_s,
+                                  unheld_grace_s=unheld_grace_s(cfg))
         self.last_repack = 0.0
         self.trainer_version = 0  # as of the last refresh
         self.redis = redis
@@ -160,21 +173,23 @@ class SchedulerCore(LeaseClient):
                      m.source, m.target)
         return moves
 
-    def register(self, worker_id: str, address: str) -> None:
+    def register(self, worker_id: str, address: str, incarnation: str = "") -> None:
         if not worker_id:
             raise ValueError("Register: worker_id is empty")
+        check_id(incarnation, "Register.incarnation")
         with self.lock:
-            self.policy.register(worker_id, self.clock())
+            self.policy.register(worker_id, self.clock(), incarnation)
         log.info("worker %s registered (%s)", worker_id, address)
 
-    def acquire(self, worker_id: str, max_prompts: int) -> LeaseBatch:
+    def acquire(self, worker_id: str, max_prompts: int, request_id: str = "") -> LeaseBatch:
         if not worker_id:
             raise ValueError("AcquireLeases: worker_id is empty")
         if not 1 <= max_prompts <= 1024:
             raise ValueError(f"AcquireLeases: max_prompts must be in 1..1024, got {max_prompts}")
+        check_id(request_id, "AcquireLeases.request_id")
         with self.lock:
             first_new = self.policy.cursor
-            grants = self.policy.acquire(worker_id, max_prompts, self.clock())
+            grants = self.policy.acquire(worker_id, max_prompts, self.clock(), request_id)
             new_ids = list(range(first_new, self.policy.cursor))
             done = self.policy.done
         if new_ids:
@@ -256,6 +271,9 @@ class SchedulerCore(LeaseClient):
 
     def release(self, worker_id: str, lease_id: str, state: bytes = b"",
                 kv_states: tuple[bytes, ...] = ()) -> bool:
+        with self.lock:  # a retry's state is older than what a new holder may have saved
+            if self.policy.released_before(lease_id, worker_id):
+                return True
         prompt_id = self._prompt_of(worker_id, lease_id)
         if prompt_id is None:
             return False
@@ -278,6 +296,23 @@ class SchedulerCore(LeaseClient):
                  " with its token state" if state else "")
         return True
 
-    def heartbeat(self, worker_id: str, policy_version: int) -> bool:
+    def heartbeat(self, worker_id: str, policy_version: int,
+                  held: Collection[str] | None = None, fresh: bool = True) -> bool:
+        """`held`: the leases the worker holds, if it says; only those are renewed. Its
+        other leases are re-issued unless `fresh` is False (a heartbeat that arrived past its
+        deadline, whose list may predate a grant the worker has since received)."""
+        if held is not None:
+            if len(held) > MAX_HELD_LEASES:
+                raise ValueError(f"Heartbeat.held.lease_ids: {len(held)} ids, more than "
+                                 f"{MAX_HELD_LEASES}")
+            held = {check_id(i, "Heartbeat.held.lease_ids[]") for i in held}
         with self.lock:
-            return self.policy.heartbeat(worker_id, policy_version, self.clock())
+            now = self.clock()
+            known = self.policy.heartbeat(worker_id, policy_version, now, held)
+            unheld = self.policy.release_unheld(worker_id, held, now) if (
+                known and fresh and held is not None) else []
+        for lease in unheld:
+            log.warning("lease %s of prompt %d is not among the leases %s holds: its grant "
+                        "never reached it; re-issued", lease.lease_id, lease.prompt_id,
+                        worker_id)
+        return known

@@ -6,56 +6,33 @@ lapses, the prompt goes back to the front of the queue until `max_attempts` leas
 failed, after which the prompt is reported failed. The number of prompts out at once
 (handed out but not yet finished by the trainer) is capped, which bounds staleness.
 
-Repacking (relayrl.repack's rule): a lease can be recalled from a worker stuck on a few long
-sequences; the worker hands it back with its token state at its next segment boundary, and
-the prompt is reserved for the fuller worker chosen to continue it, for `reservation_s`.
+Repacking (scheduler_svc.repack_rules): a lease can be recalled from a worker left with a
+tail, for a fuller worker to continue it.
+
+Lost replies (scheduler_svc.idempotency): a retried acquire with the same request id gets
+the leases the first call was granted, and a repeated complete, release or register
+changes nothing. A worker that names the leases it holds in its heartbeats renews only
+those; one granted to it but absent from them for `unheld_grace_s` (longer than its grant
+can take to reach the worker) is re-issued, so a grant whose reply was lost for good does
+not stay out forever.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from relayrl.repack import Move, plan_moves
+from scheduler_svc.idempotency import COMPLETED, RELEASED, ReplyMemory
+from scheduler_svc.lease_state import ActiveLease, Counters, Grant, WorkerState
+from scheduler_svc.repack_rules import RepackRules
 from scheduler_svc.run_control import RunControl
 
-
-@dataclass
-class ActiveLease:
-    lease_id: str
-    prompt_id: int
-    worker_id: str
-    attempt: int
-    deadline: float
-    unfinished: int = -1  # sequences still generating, as last reported; -1: not yet
-    recall_to: str = ""  # a repack chose this worker to continue it; the holder hands it back
-
-
-@dataclass(frozen=True)
-class Grant:
-    lease_id: str
-    prompt_id: int
-    attempt: int
+__all__ = ["ActiveLease", "Counters", "Grant", "LeasePolicy", "WorkerState"]
 
 
 @dataclass
-class WorkerState:
-    last_seen: float
-    policy_version: int = 0
-
-
-@dataclass
-class Counters:
-    leases_granted: int = 0
-    leases_completed: int = 0
-    leases_expired: int = 0
-    leases_released: int = 0
-    leases_recalled: int = 0
-    leases_moved: int = 0  # recalled, handed back, and taken by the chosen worker
-
-
-@dataclass
-class LeasePolicy:
+class LeasePolicy(RepackRules):
     lease_ttl_s: float
     max_attempts: int
     max_inflight: int
@@ -65,6 +42,7 @@ class LeasePolicy:
     worker_capacity: int = 0  # sequences a worker runs at once; 0 turns repacking off
     repack_below: float = 0.25  # a worker holding at most this share of capacity is a tail
     reservation_s: float = 5.0  # how long a handed-back prompt waits for the chosen worker
+    unheld_grace_s: float = 20.0  # longer than a grant's reply can take to reach its worker
     started: bool = False
     cursor: int = 0  # next never-handed-out prompt id
     finished: int = 0  # prompts the trainer has stepped past (trained or dropped as stale)
@@ -80,6 +58,7 @@ class LeasePolicy:
     reserved: dict[int, tuple[str, float]] = field(default_factory=dict)  # prompt -> (to, until)
     counters: Counters = field(default_factory=Counters)
     control: RunControl = field(default_factory=RunControl)  # pause, resume, stop
+    memory: ReplyMemory = field(default_factory=ReplyMemory)  # to answer retries
     lease_prefix: str = "L"  # the live service makes it unique per process
     _next_lease: int = 0
 
@@ -115,14 +94,20 @@ class LeasePolicy:
         self.requeue.extend(p for p in range(self.cursor)
                             if p not in settled and p not in self.failed)
 
-    def register(self, worker_id: str, now: float) -> None:
+    def register(self, worker_id: str, now: float, incarnation: str = "") -> None:
         """A worker (re)starts: leases an earlier process under its name held lapse now,
-        since the new process knows nothing of them and its heartbeats would keep them."""
+        since the new process knows nothing of them and its heartbeats would keep them.
+        The same process registering again (its first reply lost) keeps them."""
+        state = self.workers.get(worker_id)
+        if state is not None and incarnation and state.incarnation == incarnation:
+            state.last_seen = now
+            return
         for lease in self.leases.values():
             if lease.worker_id == worker_id:
                 lease.deadline = now
         self.expire(now)
-        self.workers[worker_id] = WorkerState(last_seen=now)
+        self.workers[worker_id] = WorkerState(last_seen=now, incarnation=incarnation)
+        self.memory.forget_worker(worker_id)
 
     def drain(self, worker_id: str, lapse_leases: bool, now: float) -> None:
         """No new leases for the worker; its current ones finish, or lapse now (re-issued
@@ -141,28 +126,67 @@ class LeasePolicy:
             raise KeyError(worker_id)
         self.draining.discard(worker_id)
 
-    def heartbeat(self, worker_id: str, policy_version: int, now: float) -> bool:
-        """Renews the worker's leases. False means the worker is unknown and must register."""
+    def heartbeat(self, worker_id: str, policy_version: int, now: float,
+                  held: Collection[str] | None = None) -> bool:
+        """Renews the worker's leases, only those in `held` when it names them. False means
+        the worker is unknown and must register."""
         state = self.workers.get(worker_id)
         if state is None:
             return False
         state.last_seen = now
         state.policy_version = policy_version
         for lease in self.leases.values():
-            if lease.worker_id == worker_id:
+            if lease.worker_id == worker_id and (held is None or lease.lease_id in held):
                 lease.deadline = now + self.lease_ttl_s
         return True
+
+    def release_unheld(self, worker_id: str, held: Collection[str], now: float
+                       ) -> list[ActiveLease]:
+        """Re-issue the worker's leases absent from `held`, the leases its heartbeat says
+        it holds, once granted unheld_grace_s ago: the grant's reply never reached it, or it
+        let the lease go unheard. A later grant may still be on its way to it. The hand-back
+        costs no attempt, and a late delivery still counts while the prompt waits."""
+        gone = [lease for lease in self.leases.values()
+                if lease.worker_id == worker_id and lease.lease_id not in held
+                and now - lease.granted_at >= self.unheld_grace_s]
+        for lease in gone:
+            self._hand_back(lease, now)
+            self.expired[lease.lease_id] = lease.prompt_id
+            self.counters.leases_unheld += 1
+        return gone
 
     def set_finished(self, finished: int) -> None:
         self.finished = max(self.finished, finished)
 
-    def acquire(self, worker_id: str, max_prompts: int, now: float) -> list[Grant]:
+    def acquire(self, worker_id: str, max_prompts: int, now: float,
+                request_id: str = "") -> list[Grant]:
+        """Up to `max_prompts` new leases; the same ones again for a repeated `request_id`."""
         if max_prompts < 1:
             raise ValueError(f"max_prompts must be >= 1, got {max_prompts}")
         self.expire(now)
         if worker_id not in self.workers:
             self.register(worker_id, now)
         self.workers[worker_id].last_seen = now
+        again = self._grant_again(worker_id, request_id, now)
+        if again:
+            return again
+        grants = self._grant(worker_id, max_prompts, now)
+        self.memory.note_grant(worker_id, request_id, [g.lease_id for g in grants])
+        return grants
+
+    def _grant_again(self, worker_id: str, request_id: str, now: float) -> list[Grant]:
+        """A retry of the worker's last call: the leases it was granted that the worker may
+        still take up, renewed, since this reply is on its way now. None left (or none
+        granted) grants anew: a call answered with nothing can be made again."""
+        grants = []
+        for lease_id in self.memory.granted(worker_id, request_id) or ():
+            lease = self.leases.get(lease_id)
+            if lease is not None and lease.worker_id == worker_id:
+                lease.granted_at, lease.deadline = now, now + self.lease_ttl_s
+                grants.append(Grant(lease.lease_id, lease.prompt_id, lease.attempt))
+        return grants
+
+    def _grant(self, worker_id: str, max_prompts: int, now: float) -> list[Grant]:
         if worker_id in self.draining or not self.control.leases_allowed:
             return []
         if not self.started:
@@ -180,25 +204,6 @@ class LeasePolicy:
             grants.append(self._lease(prompt_id, worker_id, now))
         return grants
 
-    def _next_queued(self, worker_id: str, now: float) -> int | None:
-        """A re-queued prompt for this worker: one reserved for it first, else the first one
-        not reserved for another worker that can still take it."""
-        pick = None
-        for prompt_id in self.requeue:
-            to, until = self.reserved.get(prompt_id, ("", 0.0))
-            if to == worker_id:
-                pick = prompt_id
-                break
-            if pick is None and (not to or until <= now or to not in self.workers
-                                 or to in self.draining):
-                pick = prompt_id
-        if pick is None:
-            return None
-        self.requeue.remove(pick)
-        if self.reserved.pop(pick, ("", 0.0))[0] == worker_id:
-            self.counters.leases_moved += 1
-        return pick
-
     def _may_hand_out_new(self) -> bool:
         if not self.control.new_prompts_allowed:
             return False
@@ -212,26 +217,28 @@ class LeasePolicy:
         attempt = self.attempts.get(prompt_id, 0) + 1
         self.attempts[prompt_id] = attempt
         self.leases[lease_id] = ActiveLease(lease_id, prompt_id, worker_id, attempt,
-                                            now + self.lease_ttl_s)
+                                            now + self.lease_ttl_s, granted_at=now)
         self.counters.leases_granted += 1
         return Grant(lease_id, prompt_id, attempt)
 
     def complete(self, lease_id: str, worker_id: str) -> bool:
-        """The worker delivered every sample of the lease to the buffer."""
+        """The worker delivered every sample of the lease to the buffer. Its repeated call
+        (the first reply lost) is accepted again and counted once."""
         lease = self.leases.get(lease_id)
         if lease is not None and lease.worker_id == worker_id:
             del self.leases[lease_id]
-            self._settled(lease.prompt_id)
-            self.counters.leases_completed += 1
+            prompt_id = lease.prompt_id
+        elif self.memory.ended(lease_id, worker_id, COMPLETED):
             return True
-        # A late delivery still counts if its prompt is waiting to be leased again.
-        prompt_id = self.expired.pop(lease_id, None)
-        if prompt_id is not None and prompt_id in self.requeue:
+        else:  # a late delivery still counts if its prompt is waiting to be leased again
+            prompt_id = self.expired.pop(lease_id, None)
+            if prompt_id is None or prompt_id not in self.requeue:
+                return False
             self.requeue.remove(prompt_id)
-            self._settled(prompt_id)
-            self.counters.leases_completed += 1
-            return True
-        return False
+        self._settled(prompt_id)
+        self.counters.leases_completed += 1
+        self.memory.note_outcome(lease_id, worker_id, COMPLETED)
+        return True
 
     def _settled(self, prompt_id: int) -> None:
         """The prompt's group reached the buffer (or it failed): it is never leased again, so
@@ -248,55 +255,29 @@ class LeasePolicy:
             return None
         return lease.prompt_id
 
+    def released_before(self, lease_id: str, worker_id: str) -> bool:
+        """Whether the worker already handed this lease back: its Release is a retry."""
+        return self.memory.ended(lease_id, worker_id, RELEASED)
+
     def release(self, lease_id: str, worker_id: str, now: float) -> bool:
         """The worker hands an unfinished lease back: its prompt goes to the front of the
         queue at once (reserved for the worker a repack chose, if it was recalled), and the
-        hand-back does not count as a failed attempt."""
+        hand-back does not count as a failed attempt. A repeated call changes nothing."""
+        if self.released_before(lease_id, worker_id):
+            return True
         if self.holder_prompt(lease_id, worker_id) is None:
             return False
-        lease = self.leases.pop(lease_id)
+        self._hand_back(self.leases[lease_id], now)
+        self.counters.leases_released += 1
+        self.memory.note_outcome(lease_id, worker_id, RELEASED)
+        return True
+
+    def _hand_back(self, lease: ActiveLease, now: float) -> None:
+        del self.leases[lease.lease_id]
         self.attempts[lease.prompt_id] = lease.attempt - 1
         self.requeue.appendleft(lease.prompt_id)
         if lease.recall_to:
             self.reserved[lease.prompt_id] = (lease.recall_to, now + self.reservation_s)
-        self.counters.leases_released += 1
-        return True
-
-    def note_progress(self, lease_id: str, worker_id: str, unfinished: int) -> bool | None:
-        """The holder saved the lease's token state with `unfinished` sequences left. Returns
-        None if it does not hold the lease, else whether a repack recalled it."""
-        lease = self.leases.get(lease_id)
-        if lease is None or lease.worker_id != worker_id:
-            return None
-        lease.unfinished = unfinished
-        return bool(lease.recall_to)
-
-    def plan_repack(self, now: float, force: bool = False) -> list[Move]:
-        """Recall the leases of workers left with a tail, for the fullest workers with room.
-        Unless forced, only when no prompt waits to be handed out (idle room is then filled
-        by new prompts instead). Workers with a move under way sit this round out."""
-        if not self.worker_capacity:
-            return []
-        if not force and (self.requeue or self._may_hand_out_new()):
-            return []
-        self.expire(now)
-        busy = {lease.worker_id for lease in self.leases.values() if lease.recall_to}
-        busy |= {lease.recall_to for lease in self.leases.values() if lease.recall_to}
-        holdings: dict[str, list[tuple[str, int]]] = {
-            w: [] for w in self.workers if w not in busy}
-        for lease in self.leases.values():
-            if lease.worker_id in holdings:
-                holdings[lease.worker_id].append(
-                    (lease.lease_id,
-                     self.group_size if lease.unfinished < 0 else lease.unfinished))
-        alive = [w for w, state in self.workers.items()
-                 if w in holdings and w not in self.draining
-                 and now - state.last_seen < self.lease_ttl_s]
-        moves = plan_moves(holdings, self.worker_capacity, self.repack_below, alive)
-        for move in moves:
-            self.leases[move.item].recall_to = move.target
-        self.counters.leases_recalled += len(moves)
-        return moves
 
     def expire(self, now: float) -> list[ActiveLease]:
         lapsed = [lease for lease in self.leases.values() if lease.deadline <= now]

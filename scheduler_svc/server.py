@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import grpc
 
+from relayrl.auth import control_api_book
 from relayrl.auth import current as current_credentials
+from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
 from relayrl.logs import setup_logging
+from relayrl.outage import ride_out
 from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
 from relayrl.redis_conn import redis_session
+from relayrl.reply_faults import with_lost_replies
 from relayrl.service import ServiceRunner
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.telemetry import scheduler_metrics
 
 log = logging.getLogger(__name__)
+# what a chaos test may lose the replies of (relayrl.reply_faults); Status is how it watches
+LOSABLE_METHODS = ("Register", "AcquireLeases", "Complete", "SaveProgress", "Release",
+                   "Heartbeat")
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -26,7 +32,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def Register(self, request, context):
         try:
-            self.core.register(request.worker_id, request.address)
+            self.core.register(request.worker_id, request.address, request.incarnation)
         except ValueError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         s = self.core.cfg.scheduler
@@ -36,7 +42,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def AcquireLeases(self, request, context):
         try:
-            batch = self.core.acquire(request.worker_id, request.max_prompts)
+            batch = self.core.acquire(request.worker_id, request.max_prompts,
+                                      request.request_id)
         except ValueError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         ttl = self.core.cfg.scheduler.lease_ttl_s
@@ -70,8 +77,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.ReleaseResponse(accepted=accepted)
 
     def Heartbeat(self, request, context):
-        return scheduler_pb2.HeartbeatResponse(
-            known=self.core.heartbeat(request.worker_id, request.policy_version))
+        held = list(request.held.lease_ids) if request.HasField("held") else None
+        remaining = context.time_remaining()
+        try:
+            known = self.core.heartbeat(request.worker_id, request.policy_version, held,
+                                        fresh=remaining is None or remaining > 0)
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return scheduler_pb2.HeartbeatResponse(known=known)
 
     def Status(self, request, context):
         p = self.core.policy
@@ -83,6 +96,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 leases_released=p.counters.leases_released,
                 leases_recalled=p.counters.leases_recalled,
                 leases_moved=p.counters.leases_moved,
+                leases_unheld=p.counters.leases_unheld,
                 partial_groups=len(self.core.partials),
                 failed=len(p.failed), finished=p.finished, workers=len(p.workers), done=p.done,
                 worker_versions={w: s.policy_version for w, s in p.workers.items()},
@@ -93,16 +107,16 @@ def serve(cfg: RunConfig) -> None:
     setup_logging("scheduler")
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         core = SchedulerCore(cfg, redis)
+        servicer = with_lost_replies(SchedulerServicer(core), "Scheduler", LOSABLE_METHODS)
         runner = ServiceRunner("scheduler", cfg.scheduler.endpoint.address,
-                               [(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
-                                 SchedulerServicer(core))],
+                               [(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer)],
                                scheduler_metrics(core), cfg.scheduler.metrics_port)
 
         rest = None
         sc = cfg.scheduler
         if sc.rest_port:
-            token = os.environ.get(sc.rest_token_env) or current_credentials().token
-            if not token:
+            token = control_api_book(current_credentials(), sc.rest_token_env)
+            if token is None:
                 raise ValueError(f"scheduler.rest_port is set but ${sc.rest_token_env} is empty "
                                  f"and so is the run token (auth.required is false): "
                                  "the control API needs a bearer token")
@@ -114,8 +128,11 @@ def serve(cfg: RunConfig) -> None:
             rest.start()
 
         def loop(stop: threading.Event) -> None:
-            while not stop.wait(0.2):
-                core.refresh()
+            try:
+                while not stop.wait(0.2):
+                    ride_out("redis", core.refresh, stop)  # each of its writes is idempotent
+            except StoppedWaiting:
+                pass
 
         try:
             runner.run(loop)

@@ -36,7 +36,8 @@ def setup(request, redis):
     cfg = RunConfig.model_validate({
         "run_id": "leases",
         "scheduler": {"lease_ttl_s": 10, "max_attempts": 2, "max_inflight_prompts": 3,
-                      "max_prompts": 5, "repack": True, "repack_interval_s": 0},
+                      "max_prompts": 5, "repack": True, "repack_interval_s": 0,
+                      "call_timeout_s": 2, "heartbeat_interval_s": 1},  # 5 s unheld grace
         "rollout": {"segment_tokens": 4, "max_active_groups": 2}})
     clock = FakeClock()
     core = SchedulerCore(cfg, redis, clock=clock)
@@ -163,7 +164,9 @@ def test_release_hands_back_at_once_with_its_state(setup):
     assert client.release("w0", lease.lease_id, state)
     again = client.acquire("w1", 1).leases[0]
     assert (again.prompt_id, again.attempt, again.partial_state) == (lease.prompt_id, 1, state)
-    assert not client.release("w0", lease.lease_id)
+    assert not client.release("w1", lease.lease_id)  # not w1's to hand back
+    assert client.release("w0", lease.lease_id)  # w0's repeated call: answered, no change
+    assert client.complete("w1", again.lease_id)
 
 
 def test_malformed_progress_is_refused_naming_the_field_and_nothing_changes(setup):
@@ -240,3 +243,112 @@ def test_leases_name_the_oldest_weights_worth_starting_with(setup, redis):
     batch = client.acquire("w0", 1)
     # tokens older than trainer version 6 - trainer.max_staleness (4) would be dropped
     assert batch.leases and batch.min_version == 6 - core.cfg.trainer.max_staleness
+
+
+# A lost or repeated reply changes nothing (issue 18, item 7 and must-show 5): each call
+# below is made twice, as a client does when the first reply never reached it.
+
+def test_a_retried_acquire_is_answered_with_the_same_leases(setup, redis):
+    client, core, _, _ = setup
+    client.register("w0", "here", "proc-1")
+    first = client.acquire("w0", 2, "req-1")
+    again = client.acquire("w0", 2, "req-1")
+    assert [lp.lease_id for lp in again.leases] == [lp.lease_id for lp in first.leases]
+    assert [lp.prompt_id for lp in again.leases] == [0, 1]
+    assert core.policy.handed_out == 2 and core.policy.counters.leases_granted == 2
+    assert [lp.prompt_id for lp in client.acquire("w0", 2, "req-2").leases] == [2]
+    assert ledger.members(redis, RunKeys("leases"), "leased") == {0, 1, 2}
+
+
+def test_a_repeated_complete_is_accepted_and_counted_once(setup):
+    client, core, _, _ = setup
+    lease = client.acquire("w0", 1, "req-1").leases[0]
+    assert client.complete("w0", lease.lease_id)
+    assert client.complete("w0", lease.lease_id)
+    assert not client.complete("w1", lease.lease_id)
+    assert core.policy.counters.leases_completed == 1
+
+
+def test_a_repeated_release_changes_nothing(setup):
+    client, core, _, _ = setup
+    lease = client.acquire("w0", 1).leases[0]
+    old = _state(core, lease.prompt_id, 1)
+    assert client.release("w0", lease.lease_id, old)
+    again = client.acquire("w1", 1).leases[0]
+    newer = _state(core, lease.prompt_id, 2)
+    assert client.save_progress("w1", again.lease_id, newer).accepted
+    assert client.release("w0", lease.lease_id, old)  # the retry, with its older state
+    assert core.partials[lease.prompt_id] == newer
+    assert set(core.policy.leases) == {again.lease_id}
+    assert core.policy.counters.leases_released == 1
+    assert client.save_progress("w1", again.lease_id, newer).accepted  # saved twice: same
+
+
+def test_a_repeated_register_of_the_same_process_keeps_its_leases(setup):
+    client, core, _, _ = setup
+    client.register("w0", "here", "proc-1")
+    lease = client.acquire("w0", 1).leases[0]
+    client.register("w0", "here", "proc-1")
+    assert set(core.policy.leases) == {lease.lease_id}
+    client.register("w0", "here", "proc-2")  # a new process: the old one's leases lapse
+    assert core.policy.leases == {} and core.policy.counters.leases_expired == 1
+
+
+def test_a_lease_absent_from_the_holders_heartbeats_is_reissued(setup):
+    """The hang of issue 18 item 7: a worker whose lease request timed out never learns of
+    the grant, and its heartbeats used to renew the orphan for as long as it ran."""
+    client, core, clock, _ = setup
+    client.register("w0", "here", "proc-1")
+    kept, orphan = client.acquire("w0", 2, "lost").leases
+    for t in (1.0, 4.0):  # within the grace the grant may still be on its way
+        clock.now = t
+        assert client.heartbeat("w0", 0, [kept.lease_id])
+    assert set(core.policy.leases) == {kept.lease_id, orphan.lease_id}
+    for t in (5.0, 8.0, 12.0, 16.0):
+        clock.now = t
+        assert client.heartbeat("w0", 0, [kept.lease_id])
+        core.refresh()
+    assert set(core.policy.leases) == {kept.lease_id}  # renewed; the orphan is out
+    assert core.policy.counters.leases_unheld == 1
+    again = client.acquire("w1", 1).leases[0]
+    assert (again.prompt_id, again.attempt) == (orphan.prompt_id, 1)
+
+
+def test_a_heartbeat_past_its_deadline_renews_but_reissues_nothing(setup):
+    """Its list may predate a grant the worker has received since (the servicer passes
+    fresh=False for a call whose deadline has passed)."""
+    _, core, clock, _ = setup
+    core.register("w0", "here")
+    lease = core.acquire("w0", 1).leases[0]
+    clock.now = 9.0
+    assert core.heartbeat("w0", 0, [], fresh=False)
+    assert set(core.policy.leases) == {lease.lease_id}
+    assert core.heartbeat("w0", 0, [lease.lease_id], fresh=False)
+    clock.now = 18.0
+    core.refresh()
+    assert core.complete("w0", lease.lease_id)  # renewed at 9.0
+
+
+def test_a_heartbeat_that_names_no_leases_renews_them_all(setup):
+    client, core, clock, _ = setup
+    client.register("w0", "here")
+    lease = client.acquire("w0", 1).leases[0]
+    for t in (6.0, 12.0, 18.0):
+        clock.now = t
+        assert client.heartbeat("w0", 0)  # an older client: no list
+    core.refresh()
+    assert client.complete("w0", lease.lease_id)
+    assert core.policy.counters.leases_unheld == 0
+
+
+def test_malformed_ids_are_refused_naming_the_field(setup):
+    client, _, _, _ = setup
+    errors = (ValueError, grpc.RpcError)
+    for call, field in ((lambda: client.acquire("w0", 1, "x" * 129), "request_id"),
+                        (lambda: client.acquire("w0", 1, "a b"), "request_id"),
+                        (lambda: client.register("w0", "", "\n"), "incarnation"),
+                        (lambda: client.heartbeat("w0", 0, ["ok", "no/"]), "lease_ids")):
+        with pytest.raises(errors) as info:
+            call()
+        msg = str(info.value) if isinstance(info.value, ValueError) else info.value.details()
+        assert field in msg

@@ -68,7 +68,9 @@ def test_late_completion_of_requeued_prompt_is_accepted_once():
     assert list(p.requeue) == [0]
     assert p.complete(lease.lease_id, "w0")
     assert not p.requeue and p.counters.leases_completed == 1
-    assert not p.complete(lease.lease_id, "w0")
+    assert p.complete(lease.lease_id, "w0")  # its retry: accepted again, counted once
+    assert not p.complete(lease.lease_id, "w1")
+    assert p.counters.leases_completed == 1
 
 
 def test_completion_by_another_worker_is_refused():
@@ -149,3 +151,95 @@ def test_a_failed_prompt_leaves_only_its_failure():
     p.acquire("w0", 1, now=0.0)
     p.expire(now=10.0)
     assert p.failed == {0} and p.attempts == {} and p.expired == {}
+
+
+def test_a_retried_acquire_gets_the_same_leases_and_no_new_ones():
+    p = policy(max_inflight=3)
+    first = p.acquire("w0", 2, now=0.0, request_id="r1")
+    assert p.acquire("w0", 2, now=5.0, request_id="r1") == first  # the first reply was lost
+    assert p.handed_out == 2 and p.counters.leases_granted == 2
+    assert p.expire(now=12.0) == []  # granted again at 5.0: renewed
+    assert [g.prompt_id for g in p.acquire("w0", 2, now=6.0, request_id="r2")] == [2]
+    assert p.acquire("w1", 1, now=6.0, request_id="r1") == []  # ids are per worker
+
+
+def test_a_retry_gets_only_the_leases_still_its_own_and_an_empty_one_grants_anew():
+    p = policy(max_inflight=1)
+    lease = p.acquire("w0", 1, now=0.0, request_id="r1")[0]
+    p.expire(now=10.0)  # lapsed before the retry came
+    assert [g.prompt_id for g in p.acquire("w1", 1, now=10.0)] == [lease.prompt_id]
+    assert p.acquire("w0", 1, now=11.0, request_id="r1") == []
+    assert p.acquire("w0", 1, now=11.0, request_id="r1") == []  # nothing out: asks again
+
+
+def test_a_restarted_worker_does_not_get_its_old_process_grants():
+    p = policy()
+    p.register("w0", now=0.0, incarnation="a")
+    old = p.acquire("w0", 1, now=0.0, request_id="r1")[0]
+    p.register("w0", now=1.0, incarnation="b")
+    again = p.acquire("w0", 1, now=1.0, request_id="r1")[0]
+    assert again.lease_id != old.lease_id and again.attempt == 2
+
+
+def test_a_repeated_register_of_the_same_process_keeps_its_leases():
+    p = policy()
+    p.register("w0", now=0.0, incarnation="a")
+    lease = p.acquire("w0", 1, now=0.0)[0]
+    p.register("w0", now=1.0, incarnation="a")  # its first reply was lost
+    assert set(p.leases) == {lease.lease_id}
+    p.register("w0", now=2.0)  # a process that does not say which it is: a restart
+    assert p.leases == {}
+
+
+def test_heartbeats_renew_only_the_leases_the_worker_names():
+    p = policy(unheld_grace_s=4.0)
+    p.register("w0", now=0.0)
+    kept, orphan = p.acquire("w0", 2, now=0.0)
+    assert p.heartbeat("w0", 0, now=3.0, held={kept.lease_id})
+    assert p.release_unheld("w0", {kept.lease_id}, now=3.0) == []  # may still be on its way
+    gone = p.release_unheld("w0", {kept.lease_id}, now=4.0)
+    assert [lease.lease_id for lease in gone] == [orphan.lease_id]
+    assert p.counters.leases_unheld == 1 and set(p.leases) == {kept.lease_id}
+    again = p.acquire("w1", 1, now=4.0)[0]  # re-issued at once, costing no attempt
+    assert (again.prompt_id, again.attempt) == (orphan.prompt_id, 1)
+    assert p.expire(now=12.0) == []  # renewed at 3.0
+
+
+def test_an_unheld_lease_lapses_even_while_its_worker_keeps_beating():
+    """The hang of issue 18 item 7: a grant whose reply was lost, renewed by every
+    heartbeat of its worker, kept the in-flight cap full for ever."""
+    p = policy(max_inflight=1, unheld_grace_s=5.0)
+    p.register("w0", now=0.0)
+    p.acquire("w0", 1, now=0.0, request_id="lost")
+    for now in range(1, 30):
+        p.heartbeat("w0", 0, now=float(now), held=set())
+        p.release_unheld("w0", set(), now=float(now))
+    assert [g.prompt_id for g in p.acquire("w0", 1, now=30.0, request_id="next")] == [0]
+
+
+def test_a_late_delivery_of_an_unheld_lease_still_counts_once():
+    p = policy(unheld_grace_s=0.0)
+    lease = p.acquire("w0", 1, now=0.0)[0]
+    p.release_unheld("w0", set(), now=1.0)
+    assert p.complete(lease.lease_id, "w0") and p.complete(lease.lease_id, "w0")
+    assert p.counters.leases_completed == 1 and not p.requeue
+
+
+def test_a_repeated_release_changes_nothing():
+    p = policy()
+    lease = p.acquire("w0", 1, now=0.0)[0]
+    assert p.release(lease.lease_id, "w0", now=0.0)
+    again = p.acquire("w1", 1, now=1.0)[0]
+    assert p.release(lease.lease_id, "w0", now=2.0)  # the retry: accepted, nothing moves
+    assert set(p.leases) == {again.lease_id} and not p.requeue
+    assert p.counters.leases_released == 1
+    assert not p.release(lease.lease_id, "w1", now=2.0)
+
+
+def test_retry_memory_stays_bounded():
+    p = policy(max_inflight=10_000)
+    for i in range(3 * p.memory.limit):
+        g = p.acquire("w0", 1, now=0.0, request_id=f"r{i}")[0]
+        p.complete(g.lease_id, "w0")
+        p.finished += 1
+    assert len(p.memory.outcomes) == p.memory.limit and len(p.memory.last_acquire) == 1

@@ -24,17 +24,24 @@ class RegisterRequest(_message.Message):
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     address: _builtins.str
+    incarnation: _builtins.str
+    """Names this process of the worker (at most 128 characters). A repeated Register of the
+    same process (its first reply lost) keeps the leases it holds; a new or empty one (a
+    restarted worker) lapses the leases an earlier process under this name held.
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         address: _builtins.str = ...,
+        incarnation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "incarnation", b"incarnation", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -138,17 +145,24 @@ class LeaseRequest(_message.Message):
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     MAX_PROMPTS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     max_prompts: _builtins.int
+    request_id: _builtins.str
+    """Idempotency key (at most 128 characters): a retry of a call whose reply was lost sends
+    the same id and is answered with the leases the first call granted, not new ones. The
+    scheduler remembers each worker's last id; empty grants anew every time.
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         max_prompts: _builtins.int = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_prompts", b"max_prompts", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_prompts", b"max_prompts", "request_id", b"request_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -217,7 +231,9 @@ class CompleteResponse(_message.Message):
 
     ACCEPTED_FIELD_NUMBER: _builtins.int
     accepted: _builtins.bool
-    """false when the lease had already expired or completed"""
+    """false when the lease had lapsed and was re-issued (or is not this worker's); a repeated
+    Complete of a lease this worker completed answers true again and counts once
+    """
     def __init__(
         self,
         *,
@@ -326,6 +342,7 @@ class ReleaseResponse(_message.Message):
 
     ACCEPTED_FIELD_NUMBER: _builtins.int
     accepted: _builtins.bool
+    """a repeated Release of a lease handed back answers true again"""
     def __init__(
         self,
         *,
@@ -340,22 +357,53 @@ class ReleaseResponse(_message.Message):
 Global___ReleaseResponse: _TypeAlias = ReleaseResponse  # noqa: Y015
 
 @_typing.final
+class HeldLeases(_message.Message):
+    """The leases a worker holds now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        lease_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_ids", b"lease_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldLeases: _TypeAlias = HeldLeases  # noqa: Y015
+
+@_typing.final
 class HeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     policy_version: _builtins.int
+    @_builtins.property
+    def held(self) -> Global___HeldLeases:
+        """Set, the heartbeat renews only these leases, and a lease granted to the worker but
+        absent from them (once its grant cannot still be in flight) is re-issued; unset, every
+        lease of the worker is renewed.
+        """
+
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         policy_version: _builtins.int = ...,
+        held: Global___HeldLeases | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["held", b"held"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_version", b"policy_version", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "policy_version", b"policy_version", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -455,6 +503,7 @@ class SchedulerStatus(_message.Message):
     WORKER_LEASES_FIELD_NUMBER: _builtins.int
     LEASES_RECALLED_FIELD_NUMBER: _builtins.int
     LEASES_MOVED_FIELD_NUMBER: _builtins.int
+    LEASES_UNHELD_FIELD_NUMBER: _builtins.int
     handed_out: _builtins.int
     """distinct prompts ever leased"""
     leases_granted: _builtins.int
@@ -473,6 +522,8 @@ class SchedulerStatus(_message.Message):
     """chosen by a repack to move to a fuller worker"""
     leases_moved: _builtins.int
     """of those, taken up by the chosen worker"""
+    leases_unheld: _builtins.int
+    """granted, then absent from the holder's heartbeats: re-issued"""
     @_builtins.property
     def worker_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
@@ -497,10 +548,11 @@ class SchedulerStatus(_message.Message):
         worker_leases: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         leases_recalled: _builtins.int = ...,
         leases_moved: _builtins.int = ...,
+        leases_unheld: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "done", b"done", "failed", b"failed", "finished", b"finished", "handed_out", b"handed_out", "leases_completed", b"leases_completed", "leases_expired", b"leases_expired", "leases_granted", b"leases_granted", "leases_moved", b"leases_moved", "leases_recalled", b"leases_recalled", "leases_released", b"leases_released", "partial_groups", b"partial_groups", "worker_leases", b"worker_leases", "worker_versions", b"worker_versions", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "done", b"done", "failed", b"failed", "finished", b"finished", "handed_out", b"handed_out", "leases_completed", b"leases_completed", "leases_expired", b"leases_expired", "leases_granted", b"leases_granted", "leases_moved", b"leases_moved", "leases_recalled", b"leases_recalled", "leases_released", b"leases_released", "leases_unheld", b"leases_unheld", "partial_groups", b"partial_groups", "worker_leases", b"worker_leases", "worker_versions", b"worker_versions", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -19,22 +19,27 @@ from redis import ResponseError
 
 from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.emit import BatchAppender
-from buffer_svc.submit import Submissions
+from buffer_svc.submit import StaleGroup, Submissions
 from buffer_svc.telemetry import buffer_metrics
 from relayrl import control, ledger
-from relayrl.backpressure import PressureCounters, StoppedWaiting, is_oom, retry_on_oom
+from relayrl.backpressure import PressureCounters, StoppedWaiting, is_oom
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import BUFFER_GROUP, TRAINER_GROUP, RunKeys
 from relayrl.logs import setup_logging
 from relayrl.messages import decode_sample, encode_batch
+from relayrl.model_limits import model_limits
+from relayrl.outage import is_outage, redis_write, ride_out
 from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
 from relayrl.redis_conn import redis_session
+from relayrl.reply_faults import with_lost_replies
 from relayrl.service import ServiceRunner
 from relayrl.streams import BufferFull, ensure_group, read_group
 
 log = logging.getLogger(__name__)
 CONSUMER = "buffer-0"
+# what a chaos test may lose the replies of (relayrl.reply_faults); Stats is how it watches
+LOSABLE_METHODS = ("Submit",)
 
 
 class BufferService(buffer_pb2_grpc.BufferServicer):
@@ -50,9 +55,13 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         self.batches_held = 0  # polls that kept a complete batch back for want of room
         self.pressure = PressureCounters()  # this service's own writes refused for memory
         self.appender = BatchAppender(redis, self.keys)
-        self.submissions = Submissions(redis, self.keys, cfg.buffer.group_size,
-                                       cfg.buffer.max_pending_samples)
+        # learned once: Submit checks every token against the model the run trains
+        model = model_limits(cfg.model, cfg.task)
+        log.info("Submit limits: vocabulary %d, context %d tokens (%s); rewards in %s",
+                 model.vocab_size, model.context_length, model.source, cfg.buffer.reward_range)
+        self.submissions = Submissions(redis, cfg, model)
         self.stop = threading.Event()
+        self.taken_up_to = b"0"  # the last trajectory entry read into the assembler
         ensure_group(self.r, self.keys.trajectories, BUFFER_GROUP)
         # created here too (both from the start), so unread batches can be counted at once
         ensure_group(self.r, self.keys.batches, TRAINER_GROUP)
@@ -61,7 +70,9 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         return control.read_run_state(self.r, self.keys) is control.RunState.STOPPING
 
     def _already_batched(self, prompt_id: int) -> bool:
-        return ledger.contains(self.r, self.keys, "batched", prompt_id)
+        # waited out here: the assembler has taken the group's other samples already
+        return ride_out("redis", lambda: ledger.contains(self.r, self.keys, "batched",
+                                                         prompt_id), self.stop)
 
     def unread_batches(self) -> int:
         """Batches on the batch stream the trainer has not been handed yet (a read batch
@@ -81,9 +92,9 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                 log.warning("batch %s had been appended already (a repeated call); not "
                             "appended again", ready.batch.batch_id[:8])
 
-        # a refused transaction wrote nothing; if we stop meanwhile, the entries stay pending
-        # and are read again after a restart
-        retry_on_oom(write, self.pressure, "the buffer's batch append", self.stop)
+        # a refused transaction wrote nothing, a repeated one appends nothing (BatchAppender);
+        # if we stop meanwhile, the entries stay pending and are read again after a restart
+        redis_write(write, self.pressure, "the buffer's batch append", self.stop)
         self.batches_emitted += 1
         log.info("batch %s: %d groups, prompts %s", ready.batch.batch_id[:8],
                  len(prompt_ids), prompt_ids)
@@ -96,7 +107,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
             pipe.execute()
 
         if entry_ids:  # at its memory limit Redis refuses any MULTI, even one that frees
-            retry_on_oom(write, self.pressure, "the buffer's drop of duplicates", self.stop)
+            redis_write(write, self.pressure, "the buffer's drop of duplicates", self.stop)
 
     def poll(self, pending_after: bytes | None = None) -> list[bytes]:
         entries = read_group(self.r, self.keys.trajectories, BUFFER_GROUP, CONSUMER, count=256,
@@ -112,8 +123,9 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                     self.samples_rejected += 1
                     log.warning("rejected trajectory entry %s: %s", entry_id, err)
                     self.asm.discard.append(entry_id)
-                    continue
-                self.asm.add(entry_id, sample, self._already_batched)
+                else:
+                    self.asm.add(entry_id, sample, self._already_batched)
+                self.taken_up_to = entry_id
             self._drop(self.asm.take_discard())
         self._emit_ready()
         return [e for e, _ in entries]
@@ -135,14 +147,18 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
             self._emit(ready)
             room -= 1
 
+    def _poll_round(self) -> None:
+        """First the entries this consumer was handed but never took in: after a restart,
+        those read before it; after an outage, those of a read whose reply was lost. Then
+        new ones."""
+        if not self.poll(pending_after=self.taken_up_to):
+            self.poll()
+
     def run(self, stop: threading.Event) -> None:
         self.stop = stop
         try:
-            after = b"0"  # first the entries read before a restart and never acknowledged
-            while ids := self.poll(pending_after=after):
-                after = ids[-1]
             while not stop.is_set():
-                self.poll()
+                ride_out("redis", self._poll_round, stop)
         except StoppedWaiting:
             log.info("stopped while Redis refused writes; unbatched entries stay pending")
 
@@ -156,13 +172,17 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                 batch_stream_len=self.r.xlen(self.keys.batches),
                 samples_rejected=self.samples_rejected,
                 groups_submitted=self.submissions.accepted,
-                submits_refused=self.submissions.refused)
+                submits_refused=self.submissions.refused,
+                submits_stale=self.submissions.stale,
+                submits_repeated=self.submissions.repeated)
 
     def Submit(self, request, context):
         try:
-            prompt_id = self.submissions.submit(request)
+            prompt_id, repeated = self.submissions.submit(request)
         except CodecError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except StaleGroup as err:  # well-formed; the trainer's version has moved past it
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except BufferFull as err:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         except ResponseError as err:
@@ -170,7 +190,13 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                 raise
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"Redis is at its memory limit; retry later ({err})")
-        log.info("accepted an external group from %s as prompt %d",
+        except Exception as err:
+            if not is_outage(err):
+                raise
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"Redis is unreachable; retry later "
+                          f"({type(err).__name__}: {err})")
+        log.info("%s an external group from %s as prompt %d",
+                 "repeated Submit: already had" if repeated else "accepted",
                  request.source or "an unnamed source", prompt_id)
         return buffer_pb2.SubmitResponse(prompt_id=prompt_id)
 
@@ -179,7 +205,8 @@ def serve(cfg: RunConfig) -> None:
     setup_logging("buffer")
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         svc = BufferService(cfg, redis)
+        servicer = with_lost_replies(svc, "Buffer", LOSABLE_METHODS)
         runner = ServiceRunner("buffer", cfg.buffer.endpoint.address,
-                               [(buffer_pb2_grpc.add_BufferServicer_to_server, svc)],
+                               [(buffer_pb2_grpc.add_BufferServicer_to_server, servicer)],
                                buffer_metrics(svc), cfg.buffer.metrics_port)
         runner.run(svc.run)

@@ -1,74 +1,196 @@
 """Externally produced groups (custom rollouts) into the trajectory stream.
 
-A submitted group is checked whole before anything is written, given a prompt id from the
-external range, and appended in one transaction, so the buffer assembles and batches it on
-the same exactly-once path as the workers' samples.
+Submit is where an agent's samples enter the run, so this is where they are checked, once,
+against the model the run trains and the run's bounds: token ids inside the vocabulary, the
+sequence inside the context length, rewards inside buffer.reward_range, and versions the
+trainer would still train on. A group passes whole or writes nothing; it is then given a
+prompt id from the external range and appended in one step, so the buffer assembles and
+batches it on the same exactly-once path as the workers' samples.
+
+A client's request_id makes a retried Submit (its reply lost) a repeat, not a second group:
+the script that appends the group records the id with it, so an id is remembered exactly
+when its group went in.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+from dataclasses import dataclass
+
 import numpy as np
 
+from relayrl import control
 from relayrl.codec import CodecError
+from relayrl.config import RunConfig
 from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.messages import Sample
+from relayrl.messages import Group, Sample, encode_sample, is_stale
+from relayrl.model_limits import ModelLimits
 from relayrl.proto.v1 import buffer_pb2
-from relayrl.streams import TrajectoryWriter
+from relayrl.streams import BufferFull
 
-MAX_TOKENS = 1 << 20
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# Sample's names for the fields the wire calls otherwise
+_WIRE_NAMES = {"prompt_tokens": "prompt_token_ids", "response_tokens": "response_token_ids"}
+
+# KEYS: the trajectory stream[, the request's id key]. ARGV: the stream's bound, the id's
+# time to live, what to remember under it, then the samples. A known id appends nothing;
+# otherwise the group goes in whole, under the bound (relayrl.streams.ADMIT_SCRIPT's rule),
+# and the id with it. Redis refuses a script for its memory limit at its first write (XADD),
+# so a refused group writes nothing.
+SUBMIT_SCRIPT = """
+if KEYS[2] then
+  local seen = redis.call('GET', KEYS[2])
+  if seen then return {2, seen} end
+end
+local depth = redis.call('XLEN', KEYS[1])
+if depth + #ARGV - 3 > tonumber(ARGV[1]) then return {0, depth} end
+for i = 4, #ARGV do redis.call('XADD', KEYS[1], '*', 'data', ARGV[i]) end
+if KEYS[2] then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[2]) end
+return {1}
+"""
 
 
-def to_samples(request: buffer_pb2.SubmitRequest, group_size: int, latest_version: int,
-               prompt_id: int = EXTERNAL_PROMPT_BASE) -> list[Sample]:
-    """The group as samples, or a CodecError that names the field."""
+class StaleGroup(Exception):
+    """A well-formed group the trainer would drop unseen: its tokens are too old already."""
+
+
+@dataclass(frozen=True)
+class SubmitLimits:
+    group_size: int  # buffer.group_size
+    model: ModelLimits
+    reward_range: tuple[float, float]  # buffer.reward_range
+
+
+def _token_ids(values, where: str, model: ModelLimits) -> np.ndarray:
+    ids = np.asarray(values, dtype=np.int64)
+    bad = np.flatnonzero((ids < 0) | (ids >= model.vocab_size))
+    if bad.size:
+        j = int(bad[0])
+        raise CodecError(f"{where}[{j}]: token id {int(ids[j])} is outside the model's "
+                         f"vocabulary [0, {model.vocab_size}) ({model.source})")
+    return ids
+
+
+def to_samples(request: buffer_pb2.SubmitRequest, limits: SubmitLimits,
+               latest_version: int) -> list[Sample]:
+    """The group as samples (under a placeholder prompt id), or a CodecError that names the
+    field, the value and the limit."""
     trajs = request.trajectories
-    if len(trajs) != group_size:
+    if len(trajs) != limits.group_size:
         raise CodecError(f"SubmitRequest.trajectories: {len(trajs)} given, a group is "
-                         f"buffer.group_size ({group_size})")
+                         f"buffer.group_size ({limits.group_size})")
+    low, high = limits.reward_range
+    context = limits.model.context_length
     samples = []
     for i, t in enumerate(trajs):
         where = f"SubmitRequest.trajectories[{i}]"
-        n = len(t.response_token_ids)
-        if len(t.prompt_token_ids) + n > MAX_TOKENS:
-            raise CodecError(f"{where}: more than {MAX_TOKENS} tokens")
+        p, r = len(t.prompt_token_ids), len(t.response_token_ids)
+        if p + r > context:
+            raise CodecError(f"{where}: prompt_token_ids ({p}) + response_token_ids ({r}) = "
+                             f"{p + r} tokens, over the model's context length {context} "
+                             f"({limits.model.source})")
+        prompt = _token_ids(t.prompt_token_ids, f"{where}.prompt_token_ids", limits.model)
+        response = _token_ids(t.response_token_ids, f"{where}.response_token_ids", limits.model)
         if t.versions and max(t.versions) > latest_version:
-            raise CodecError(f"{where}.versions: version {max(t.versions)} is newer than the "
+            j = int(np.argmax(t.versions))
+            raise CodecError(f"{where}.versions[{j}]: version {t.versions[j]} is newer than the "
                              f"latest policy version ({latest_version})")
+        if not low <= t.reward <= high:  # NaN fails this too
+            raise CodecError(f"{where}.reward: {t.reward!r} is outside buffer.reward_range "
+                             f"[{low:g}, {high:g}]")
         mask = np.asarray(t.loss_mask, dtype=np.int64) if len(t.loss_mask) else None
         if mask is not None and np.any((mask != 0) & (mask != 1)):
             raise CodecError(f"{where}.loss_mask: values must be 0 or 1")
         try:
             samples.append(Sample(
-                prompt_id=prompt_id, lease_id=f"external:{prompt_id}",
-                worker_id=request.source or "external",
-                prompt_tokens=list(t.prompt_token_ids), response_tokens=list(t.response_token_ids),
-                logprobs=list(t.logprobs), versions=list(t.versions), reward=t.reward,
-                finish_reason=t.finish_reason or "stop",
+                prompt_id=EXTERNAL_PROMPT_BASE, lease_id="", worker_id=request.source or "external",
+                prompt_tokens=prompt, response_tokens=response, logprobs=list(t.logprobs),
+                versions=list(t.versions), reward=t.reward, finish_reason=t.finish_reason or "stop",
                 loss_mask=None if mask is None else mask.astype(np.uint8)))
         except CodecError as err:
-            raise CodecError(f"{where}.{str(err).removeprefix('sample.')}") from None
+            field = str(err).removeprefix("sample.")
+            for name, wire in _WIRE_NAMES.items():
+                field = field.replace(name, wire, 1) if field.startswith(name) else field
+            raise CodecError(f"{where}.{field}") from None
     return samples
 
 
+def check_fresh(samples: list[Sample], latest_version: int, max_staleness: int) -> None:
+    """StaleGroup when the trainer, already at `latest_version`, would drop the group as
+    stale (relayrl.messages.is_stale: its version only grows from here)."""
+    oldest = Group(EXTERNAL_PROMPT_BASE, samples).oldest_version
+    if is_stale(oldest, latest_version, max_staleness):
+        i = next(i for i, s in enumerate(samples) if s.oldest_version == oldest)
+        raise StaleGroup(
+            f"SubmitRequest.trajectories[{i}].versions: the group's oldest policy token is of "
+            f"version {oldest}, {latest_version - oldest} behind the trainer's latest version "
+            f"{latest_version}, over trainer.max_staleness ({max_staleness}); the trainer "
+            "would drop it unseen. Generate it again with current weights")
+
+
 class Submissions:
-    def __init__(self, redis, keys: RunKeys, group_size: int, max_pending: int):
+    def __init__(self, redis, cfg: RunConfig, model: ModelLimits):
         self.r = redis
-        self.keys = keys
-        self.group_size = group_size
-        self.writer = TrajectoryWriter(redis, keys, max_pending)
+        self.cfg = cfg
+        self.keys = RunKeys(cfg.run_id)
+        self.limits = SubmitLimits(cfg.buffer.group_size, model, cfg.buffer.reward_range)
+        self._append = redis.register_script(SUBMIT_SCRIPT)
         self.accepted = 0
         self.refused = 0
+        self.stale = 0
+        self.repeated = 0
 
-    def submit(self, request: buffer_pb2.SubmitRequest) -> int:
-        latest = int(self.r.get(self.keys.trainer_version) or 0)
+    def _request_key(self, request: buffer_pb2.SubmitRequest) -> str | None:
+        if not request.request_id:
+            return None
+        if not REQUEST_ID.fullmatch(request.request_id):
+            raise CodecError(f"SubmitRequest.request_id: {request.request_id[:140]!r} is not "
+                             f"1 to 128 of A-Z a-z 0-9 . _ : -")
+        return self.keys.submit_request(request.request_id)
+
+    def _repeat(self, request: buffer_pb2.SubmitRequest, record: bytes, digest: str) -> int:
+        """The prompt id a request_id was given, if this request is the same group."""
+        prompt_id, first_digest = record.decode().split(" ")
+        if first_digest != digest:
+            raise CodecError(f"SubmitRequest.request_id: {request.request_id!r} was given to a "
+                             f"different group (prompt {prompt_id}) within "
+                             f"buffer.submit_dedup_ttl_s; use a new id for each group")
+        self.repeated += 1
+        return int(prompt_id)
+
+    def submit(self, request: buffer_pb2.SubmitRequest) -> tuple[int, bool]:
+        """(prompt id, whether a previous call with this request_id had appended it)."""
         try:
-            to_samples(request, self.group_size, latest)  # all checks before an id is taken
+            key = self._request_key(request)
+            digest = hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
+            if key and (record := self.r.get(key)) is not None:
+                return self._repeat(request, record, digest), True
+            pipe = self.r.pipeline(transaction=False)
+            pipe.get(self.keys.trainer_version).hgetall(self.keys.live_settings)
+            version, stored = pipe.execute()
+            latest = int(version or 0)
+            samples = to_samples(request, self.limits, latest)  # all checks before an id
+            max_staleness = control.settings_from_hash(stored, self.cfg).max_staleness
+            check_fresh(samples, latest, max_staleness)
         except CodecError:
             self.refused += 1
             raise
+        except StaleGroup:
+            self.stale += 1
+            raise
+        # an id taken for a group then refused for room is simply never used
         prompt_id = EXTERNAL_PROMPT_BASE + int(self.r.incr(self.keys.external_ids))
+        for s in samples:
+            s.prompt_id, s.lease_id = prompt_id, f"external:{prompt_id}"
         # never waits: a full buffer or a Redis at its memory limit is the caller's to retry
-        # (an id taken for a refused group is simply never used)
-        self.writer.try_append(to_samples(request, self.group_size, latest, prompt_id))
+        reply = self._append(keys=[self.keys.trajectories, *([key] if key else [])],
+                             args=[self.cfg.buffer.max_pending_samples,
+                                   self.cfg.buffer.submit_dedup_ttl_s, f"{prompt_id} {digest}",
+                                   *(encode_sample(s) for s in samples)])
+        if reply[0] == 0:
+            raise BufferFull(int(reply[1]), self.cfg.buffer.max_pending_samples)
+        if reply[0] == 2:  # the same request, sent again, went in while this one was checked
+            return self._repeat(request, reply[1], digest), True
         self.accepted += 1
-        return prompt_id
+        return prompt_id, False

@@ -41,6 +41,11 @@ class RunKeys:
         """Counter of prompt ids given to externally submitted groups."""
         return self._k("buffer:external_ids")
 
+    def submit_request(self, request_id: str) -> str:
+        """The prompt id (and request digest) Submit gave a client's request_id, kept for
+        buffer.submit_dedup_ttl_s so that a retried Submit appends nothing."""
+        return self._k(f"buffer:submit:{request_id}")
+
     @property
     def partials(self) -> str:
         """Hash of prompt id -> saved PartialGroup of prompts being generated in segments."""
@@ -61,6 +66,19 @@ class RunKeys:
         """Set once a stopping run has nothing left out: the scheduler prompts the trainer
         must have finished before it writes its last checkpoint and exits."""
         return self._k("control:stop_target")
+
+    @property
+    def quarantine(self) -> str:
+        """Stream of the newest quarantine records with their batch entries' payloads
+        (entry, record, payload), capped (trainer_svc.quarantine)."""
+        return self._k("trainer:quarantine")
+
+    @property
+    def quarantine_index(self) -> str:
+        """Hash of "batch entry id:kind" -> JSON record (reason, prompt ids, step) of every
+        batch entry the trainer quarantined groups of or skipped a step on; `relayrl audit`
+        reports it."""
+        return self._k("trainer:quarantine:index")
 
     @property
     def recent_metrics(self) -> str:

@@ -9,6 +9,14 @@ import numpy as np
 
 from relayrl.codec import CodecError, decode_array, encode_array, pack, unpack
 
+LOGPROB_TOLERANCE = 1e-4
+
+
+def is_stale(oldest_version: int, version: int, max_staleness: int) -> bool:
+    """The staleness rule, the trainer's and Submit's alike: tokens whose oldest version lags
+    `version` by more than `max_staleness` (trainer.max_staleness) are not trained on."""
+    return version - oldest_version > max_staleness
+
 
 @dataclass
 class Sample:
@@ -140,13 +148,17 @@ def validate_sample(s: Sample) -> None:
             raise CodecError("sample.loss_mask: values must be 0 or 1")
         if not s.loss_mask.any():
             raise CodecError("sample.loss_mask: no token is the policy's (all zero)")
-    mine = s.policy_token_mask
-    if not np.all(np.isfinite(s.logprobs)) or np.any(s.logprobs[mine] > 1e-4):
-        raise CodecError("sample.logprobs: must be finite and <= 0")
+    # a log-probability above 0 is no probability; the tolerance admits an engine's rounding
+    bad = ~np.isfinite(s.logprobs) | (s.policy_token_mask & (s.logprobs > LOGPROB_TOLERANCE))
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        raise CodecError(f"sample.logprobs[{j}]: {float(s.logprobs[j])!r} is not a finite "
+                         f"log-probability <= 0 (tolerance {LOGPROB_TOLERANCE:g})")
     if np.any(s.versions < 0):
-        raise CodecError("sample.versions: must be >= 0")
+        j = int(np.flatnonzero(s.versions < 0)[0])
+        raise CodecError(f"sample.versions[{j}]: {int(s.versions[j])} is below 0")
     if not np.isfinite(s.reward):
-        raise CodecError("sample.reward: must be finite")
+        raise CodecError(f"sample.reward: {s.reward!r} is not finite")
     if s.finish_reason not in ("stop", "length"):
         raise CodecError(f"sample.finish_reason: {s.finish_reason!r} is not 'stop' or 'length'")
 
@@ -169,6 +181,9 @@ class Group:
     @property
     def oldest_version(self) -> int:
         return min(s.oldest_version for s in self.samples)
+
+    def is_stale(self, version: int, max_staleness: int) -> bool:
+        return is_stale(self.oldest_version, version, max_staleness)
 
 
 @dataclass

@@ -11,7 +11,9 @@ staleness exactly as for its own workers.
         --http 127.0.0.1:50580 --buffer 127.0.0.1:50553 --groups 4 --group-size 8
 
 Both servers want the run's shared token as `Authorization: Bearer <token>`: the openai client
-sends its api_key that way, and the gRPC call carries it as metadata.
+sends its api_key that way, and the gRPC call carries it as metadata. Each group is submitted
+with its own request_id and retried with it when the buffer is unreachable or slow
+(relayrl.buffer_client), so a lost reply never trains a group twice.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import grpc
 import httpx
 import openai
 
+from relayrl.buffer_client import submit_group
 from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
 
 
@@ -93,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     for g in range(args.groups):
         a, b, c = (rng.randint(0, hi) for _ in range(3))
         trajs = episodes.group(a, b, c, args.group_size)
-        resp = buffer.Submit(buffer_pb2.SubmitRequest(trajectories=trajs, source="chain-agent"),
-                             metadata=auth, timeout=30)
+        resp = submit_group(buffer, trajs, source="chain-agent", metadata=auth, timeout_s=30)
         mean = sum(t.reward for t in trajs) / len(trajs)
         print(f"group {g}: {a}+{b}, +{c}: mean reward {mean:.2f} -> prompt {resp.prompt_id}",
               flush=True)

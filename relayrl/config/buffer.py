@@ -1,10 +1,18 @@
-"""The trajectory buffer: group and batch sizes and its backpressure bounds."""
+"""The trajectory buffer: group and batch sizes, its backpressure bounds, and what a sample
+entering it may carry."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated
+
+from pydantic import Field, model_validator
 
 from relayrl.config.base import Endpoint, StrictModel
+
+# Rewards a range may admit: a group's squared deviations from its mean, summed in float32
+# by the trainer, stay far below float32's largest value (3.4e38) for any group size.
+MAX_REWARD_MAGNITUDE = 1e12
+RewardBound = Annotated[float, Field(ge=-MAX_REWARD_MAGNITUDE, le=MAX_REWARD_MAGNITUDE)]
 
 
 class BufferConfig(StrictModel):
@@ -23,8 +31,28 @@ class BufferConfig(StrictModel):
         description="Most batches waiting on the batch stream that the trainer has not read "
         "yet; beyond it the buffer holds complete groups back, and the trajectory stream fills.",
     )
+    reward_range: tuple[RewardBound, RewardBound] = Field(
+        (-1e4, 1e4),
+        description="[lowest, highest] reward a sample may carry, from a worker's reward "
+        "function (outside: a reward error on that sample, scored 0) or from Submit (outside: "
+        "refused). Every built-in reward lies in [0, 1]; the default leaves room for weighted "
+        "sums and shaped rewards.",
+    )
+    submit_dedup_ttl_s: int = Field(
+        3600, ge=1, le=7 * 86400,
+        description="How long Submit remembers a request_id: a retry with the same id within "
+        "it returns the first prompt id and appends nothing.",
+    )
     metrics_port: int = Field(
         0, ge=0, le=65535,
         description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host; 0 serves "
         "none.",
     )
+
+    @model_validator(mode="after")
+    def _range_ordered(self) -> BufferConfig:
+        low, high = self.reward_range
+        if not low < high:
+            raise ValueError(f"buffer.reward_range: lowest ({low:g}) must be below highest "
+                             f"({high:g})")
+        return self

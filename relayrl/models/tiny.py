@@ -17,11 +17,12 @@ from pathlib import Path
 import torch
 
 from relayrl.config import ModelConfig, TaskConfig
+from relayrl.model_limits import TINY_CONTEXT, TINY_SPECIALS, tiny_vocab_size
 from relayrl.tasks import make_task
 
 log = logging.getLogger(__name__)
 
-SPECIALS = ["<pad>", "<bos>", "<eos>"]
+SPECIALS = list(TINY_SPECIALS)
 BUILD_VERSION = 1
 
 
@@ -46,7 +47,7 @@ def build_tokenizer(alphabet: str, out_dir: Path) -> None:
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>",
-        "model_max_length": 256, "clean_up_tokenization_spaces": False,
+        "model_max_length": TINY_CONTEXT, "clean_up_tokenization_spaces": False,
     }, indent=2))
 
 
@@ -61,7 +62,7 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, out_dir: Path):
         num_hidden_layers=model_cfg.num_layers,
         num_attention_heads=model_cfg.num_heads,
         num_key_value_heads=model_cfg.num_heads,
-        max_position_embeddings=256,
+        max_position_embeddings=TINY_CONTEXT,
         pad_token_id=0, bos_token_id=1, eos_token_id=2,
         tie_word_embeddings=True,
     )
@@ -141,7 +142,7 @@ def _build(out: Path, model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
     tmp.mkdir(parents=True)
     log.info("building tiny model in %s", out)
     build_tokenizer(task.alphabet, tmp)
-    vocab_size = len(SPECIALS) + len(set(task.alphabet))
+    vocab_size = tiny_vocab_size(task.alphabet)
     build_model(model_cfg, vocab_size, tmp).save_pretrained(tmp)
     lm = load_model(tmp)
     torch.manual_seed(model_cfg.seed)

@@ -35,13 +35,19 @@ def register(name: str) -> Callable[[RewardFn], RewardFn]:
     return add
 
 
-def score(fn: RewardFn, completion: str, reference: str) -> tuple[float, str]:
-    """(reward, error). An exception scores 0 and is reported with the sample."""
+def score(fn: RewardFn, completion: str, reference: str,
+          reward_range: tuple[float, float] | None = None) -> tuple[float, str]:
+    """(reward, error). An exception, or a reward that is not finite or lies outside
+    `reward_range` (buffer.reward_range, where the caller enforces one), scores 0 and is
+    reported with the sample."""
     try:
         reward = float(fn(completion, reference))
     except Exception as err:  # a user's reward function may raise anything
         return 0.0, f"{type(err).__name__}: {err}"
-    # a NaN or infinite reward would poison every advantage in its group
+    # a NaN, infinite or huge reward would poison every advantage in its group
     if not math.isfinite(reward):
         return 0.0, f"ValueError: reward is not finite: {reward}"
+    if reward_range is not None and not reward_range[0] <= reward <= reward_range[1]:
+        return 0.0, (f"ValueError: reward {reward:g} is outside buffer.reward_range "
+                     f"[{reward_range[0]:g}, {reward_range[1]:g}]")
     return reward, ""

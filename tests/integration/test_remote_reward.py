@@ -104,6 +104,21 @@ def test_a_slow_server_times_out_into_an_error():
         server.stop(0)
 
 
+def test_a_huge_remote_reward_is_an_error_on_its_sample():
+    """A reward model answering 1e308 (finite, but far past buffer.reward_range) is scored as a
+    worker scores it: 0 with the error on the sample, so its group stays trainable."""
+    (port,) = free_ports(1)
+    server = serve_reward_model(lambda p, c, r: 1e308 if c == "huge" else 1.0,
+                                f"127.0.0.1:{port}")
+    try:
+        with RemoteReward(f"127.0.0.1:{port}", timeout_s=5) as remote:
+            assert score(remote, "huge", "", (-1e4, 1e4)) == (
+                0.0, "ValueError: reward 1e+308 is outside buffer.reward_range [-10000, 10000]")
+            assert score(remote, "fine", "", (-1e4, 1e4)) == (1.0, "")
+    finally:
+        server.stop(0)
+
+
 class ShortAnswers(reward_pb2_grpc.RewardServicer):
     """A broken server: one reward whatever the batch, and NaN when asked for 'nan'."""
 

@@ -146,6 +146,20 @@ def test_score_turns_an_exception_into_an_error():
         0.0, "ValueError: reward is not finite: nan")
 
 
+@pytest.mark.parametrize("value, error", [
+    (3e38, "ValueError: reward 3e+38 is outside buffer.reward_range [-10000, 10000]"),
+    (1e308, "ValueError: reward 1e+308 is outside buffer.reward_range [-10000, 10000]"),
+    (-10000.5, "ValueError: reward -10000.5 is outside buffer.reward_range [-10000, 10000]"),
+    (float("inf"), "ValueError: reward is not finite: inf"),
+    (10000.0, ""),
+])
+def test_score_keeps_rewards_inside_the_range(value, error):
+    """What a worker scores with (buffer.reward_range): a huge reward is an error on its
+    sample, scored 0, instead of overflowing its group's float32 mean."""
+    assert score(lambda c, r: value, "a", "b", (-1e4, 1e4)) == (
+        (0.0, error) if error else (value, ""))
+
+
 def test_register_adds_a_name_and_refuses_bad_ones():
     @register("test_always_half")
     def half(completion, reference):

@@ -74,14 +74,29 @@ Global___Trajectory: _TypeAlias = Trajectory  # noqa: Y015
 
 @_typing.final
 class SubmitRequest(_message.Message):
-    """A whole group: every trajectory of one task instance, as GRPO normalises over groups."""
+    """A whole group: every trajectory of one task instance, as GRPO normalises over groups.
+    Refused (INVALID_ARGUMENT, naming the field, the value and the limit): a group not of
+    buffer.group_size; a token id outside the model's vocabulary [0, vocab_size); a prompt
+    plus response longer than the model's context length; a version newer than the trainer's
+    or below 0; a log-probability not finite or above 0; a reward outside
+    buffer.reward_range. Refused with FAILED_PRECONDITION: a group whose oldest policy token
+    is already more than trainer.max_staleness versions behind the trainer (it would be
+    dropped unseen). RESOURCE_EXHAUSTED: the buffer is full; retry later.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TRAJECTORIES_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """who produced it, for the logs"""
+    request_id: _builtins.str
+    """Optional idempotency key chosen by the client (1-128 of A-Z a-z 0-9 . _ : -, e.g. a
+    UUID), one per group: a Submit repeated with the same key within
+    buffer.submit_dedup_ttl_s (a retry after a lost reply) answers the first call's
+    prompt_id and appends nothing; the same key with a different group is refused.
+    """
     @_builtins.property
     def trajectories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Trajectory]:
         """exactly buffer.group_size of them"""
@@ -91,10 +106,11 @@ class SubmitRequest(_message.Message):
         *,
         trajectories: _abc.Iterable[Global___Trajectory] | None = ...,
         source: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["source", b"source", "trajectories", b"trajectories"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "source", b"source", "trajectories", b"trajectories"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -150,6 +166,8 @@ class BufferStats(_message.Message):
     SAMPLES_REJECTED_FIELD_NUMBER: _builtins.int
     GROUPS_SUBMITTED_FIELD_NUMBER: _builtins.int
     SUBMITS_REFUSED_FIELD_NUMBER: _builtins.int
+    SUBMITS_STALE_FIELD_NUMBER: _builtins.int
+    SUBMITS_REPEATED_FIELD_NUMBER: _builtins.int
     samples_read: _builtins.int
     groups_assembled: _builtins.int
     groups_duplicate: _builtins.int
@@ -165,7 +183,11 @@ class BufferStats(_message.Message):
     groups_submitted: _builtins.int
     """external groups accepted through Submit"""
     submits_refused: _builtins.int
-    """Submit calls refused as malformed"""
+    """Submit calls refused as malformed or out of bounds"""
+    submits_stale: _builtins.int
+    """Submit calls refused as already too stale to train"""
+    submits_repeated: _builtins.int
+    """Submit retries answered from their request_id"""
     def __init__(
         self,
         *,
@@ -180,10 +202,12 @@ class BufferStats(_message.Message):
         samples_rejected: _builtins.int = ...,
         groups_submitted: _builtins.int = ...,
         submits_refused: _builtins.int = ...,
+        submits_stale: _builtins.int = ...,
+        submits_repeated: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_stream_len", b"batch_stream_len", "batches_emitted", b"batches_emitted", "groups_assembled", b"groups_assembled", "groups_duplicate", b"groups_duplicate", "groups_submitted", b"groups_submitted", "partial_groups", b"partial_groups", "ready_groups", b"ready_groups", "samples_read", b"samples_read", "samples_rejected", b"samples_rejected", "submits_refused", b"submits_refused", "trajectory_stream_len", b"trajectory_stream_len"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_stream_len", b"batch_stream_len", "batches_emitted", b"batches_emitted", "groups_assembled", b"groups_assembled", "groups_duplicate", b"groups_duplicate", "groups_submitted", b"groups_submitted", "partial_groups", b"partial_groups", "ready_groups", b"ready_groups", "samples_read", b"samples_read", "samples_rejected", b"samples_rejected", "submits_refused", b"submits_refused", "submits_repeated", b"submits_repeated", "submits_stale", b"submits_stale", "trajectory_stream_len", b"trajectory_stream_len"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

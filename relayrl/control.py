@@ -10,16 +10,20 @@ leases). Living in Redis, they survive a restart of any service, the scheduler's
 from __future__ import annotations
 
 import json
+import logging
 import math
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from relayrl.config import RunConfig
 from relayrl.config.rollout import RolloutConfig
 from relayrl.config.trainer import TrainerConfig
+from relayrl.json_types import json_int
 from relayrl.keys import RunKeys
+
+log = logging.getLogger(__name__)
 
 # trainer records kept in Redis for the API's GET /v1/metrics (metrics.jsonl has every one);
 # few enough that the list is full within a run's first minutes and Redis stops growing
@@ -32,15 +36,17 @@ class RunState(str, Enum):
     STOPPING = "stopping"  # no new prompt; the ones out finish, are trained, the run ends
 
 
-# The bounds of the config fields the settings start from, so the two cannot disagree.
-Staleness = Annotated[(int, *TrainerConfig.model_fields["max_staleness"].metadata)]
-Temperature = Annotated[(float, *RolloutConfig.model_fields["temperature"].metadata)]
+# The bounds of the config fields the settings start from, so the two cannot disagree;
+# strict: an operator's true or "1" is not a number (and NaN is refused, JSON has none).
+Staleness = json_int(*TrainerConfig.model_fields["max_staleness"].metadata)
+Temperature = Annotated[(float, Strict(),
+                         *RolloutConfig.model_fields["temperature"].metadata)]
 
 
 class LiveSettings(BaseModel):
     """The settings that may change while the run goes on."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     max_staleness: Staleness = Field(
         description="trainer.max_staleness: drop samples whose oldest token lags the trainer "
         "by more versions; also bounds the prompts out at once, unless "
@@ -53,7 +59,7 @@ class LiveSettings(BaseModel):
 class SettingsChange(BaseModel):
     """A change of some live settings; a field left out (or null) keeps its value."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     max_staleness: Staleness | None = Field(
         None, description=LiveSettings.model_fields["max_staleness"].description)
     temperature: Temperature | None = Field(
@@ -75,11 +81,33 @@ def read_settings(redis, keys: RunKeys, cfg: RunConfig) -> LiveSettings:
 
 def settings_from_hash(stored: dict | None, cfg: RunConfig) -> LiveSettings:
     """The live settings from the raw hash (HGETALL of keys.live_settings), for a caller
-    that read it in a pipeline with other keys."""
+    that read it in a pipeline with other keys. A stored value outside today's bounds (kept
+    from an older version, or written by hand) keeps the config's value, with an error
+    logged once per value: every service reads this hash, and a value that crashed them
+    would crash them again at every restart."""
     changed = {k.decode() if isinstance(k, bytes) else k: v for k, v in (stored or {}).items()}
-    base = configured_settings(cfg).model_dump()
-    known = {k: json.loads(v) for k, v in changed.items() if k in base}
-    return LiveSettings.model_validate({**base, **known})
+    settings = configured_settings(cfg)
+    for name, raw in sorted(changed.items()):
+        if name not in LiveSettings.model_fields:
+            continue
+        try:
+            settings = LiveSettings.model_validate(
+                {**settings.model_dump(), name: json.loads(raw)})
+        except ValueError as err:  # a ValidationError, or JSON that does not parse
+            _refuse_stored(name, raw, settings, err)
+    return settings
+
+
+_refused: set[tuple[str, Any]] = set()
+
+
+def _refuse_stored(name: str, raw: Any, settings: LiveSettings, err: Exception) -> None:
+    if (name, raw) in _refused:
+        return
+    _refused.add((name, raw))
+    reason = (err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err))
+    log.error("live setting %s=%r in Redis ignored (%s); using %r until an operator sets it "
+              "again (PATCH /v1/settings)", name, raw, reason, getattr(settings, name))
 
 
 def write_settings(redis, keys: RunKeys, settings: LiveSettings) -> None:

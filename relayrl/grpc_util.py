@@ -18,24 +18,27 @@ from relayrl.grpc_auth import (
     server_credentials,
     server_interceptors,
 )
+from relayrl.grpc_decode import DecodeErrorInterceptor
 
 MAX_MESSAGE_BYTES = 64 << 20
-_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
+RECONNECT_BACKOFF_MAX_MS = 5000  # relayrl.outage.MAX_WAIT_S
 
 Registrar = Callable[[Any, grpc.Server], None]
 
 
 def make_server(
     address: str, servicers: list[tuple[Registrar, Any]], max_workers: int = 16,
-    credentials: auth.Credentials | None = None,
+    credentials: auth.Credentials | None = None, max_receive_bytes: int = MAX_MESSAGE_BYTES,
 ) -> tuple[grpc.Server, health.HealthServicer]:
-    """`credentials` defaults to the process's (auth.current())."""
+    """`credentials` defaults to the process's (auth.current()). A request larger than
+    `max_receive_bytes` is refused by gRPC before it is read (RESOURCE_EXHAUSTED)."""
     creds = credentials or auth.current()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS,
-                         interceptors=server_interceptors(creds))
+    options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_receive_message_length", max_receive_bytes)]
+    # the access check first: a refused caller's bytes are never parsed
+    interceptors = [*server_interceptors(creds), DecodeErrorInterceptor()]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options,
+                         interceptors=interceptors)
     for register, servicer in servicers:
         register(servicer, server)
     health_servicer = health.HealthServicer()
@@ -55,14 +58,18 @@ def channel(address: str, credentials: auth.Credentials | None = None,
     process's) say."""
     creds = credentials or auth.current()
     options = [("grpc.max_send_message_length", max_message_bytes),
-               ("grpc.max_receive_message_length", max_message_bytes)]
+               ("grpc.max_receive_message_length", max_message_bytes),
+               # gRPC's own reconnect backoff grows to 120 s: a peer back from a long outage
+               # would stay unreached that long, whatever relayrl.outage's waits (5 s at most)
+               ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)]
     if creds.tls is not None:
         ch = grpc.secure_channel(address, channel_credentials(creds.tls), options=options)
     else:
         ch = grpc.insecure_channel(address, options=options)
     if creds.header is None:
         return ch
-    return grpc.intercept_channel(ch, BearerClientInterceptor(creds.header))
+    return grpc.intercept_channel(ch, BearerClientInterceptor(creds.header,
+                                                              creds.method_headers))
 
 
 def check_health(address: str, timeout_s: float = 1.0) -> bool:

@@ -4,10 +4,12 @@ and report every token's log-probability and policy version."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from relayrl.config import RolloutConfig
+from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
 from relayrl.generation import Completion
 from relayrl.models import LoadedModel
 from rollout_svc.batcher import RequestBatcher
@@ -46,35 +48,62 @@ class CustomGenerator:
     def request(self, *, text: str = "", token_ids: list[int] | None = None,
                 max_new_tokens: int = 0, temperature: float = 0.0, n: int = 0,
                 greedy: bool = False, seed: int = 0, ignore_eos: bool = False,
-                where: str = "") -> Request:
-        """Check a request and fill in the worker's defaults; ValueError names the field."""
+                where: str = "", prompt_field: str = "") -> Request:
+        """Check a request and fill in the worker's defaults; ValueError names the field, the
+        value and the limit. Sizes are checked before the work they would cost (tokenizing,
+        scanning ids); `prompt_field` names the prompt as the caller's API does."""
         pre = f"{where}." if where else ""
+        limits = self.defaults
         if token_ids:
+            field = f"{pre}{prompt_field or 'token_ids'}"
+            self._check_prompt_tokens(field, len(token_ids))
             bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise ValueError(f"{pre}token_ids: {bad[:3]} outside the vocabulary "
+                raise ValueError(f"{field}: {bad[:3]} outside the vocabulary "
                                  f"(0..{self.vocab_size - 1})")
             prompt = list(token_ids)
         elif text:
+            field = f"{pre}{prompt_field or 'text'}"
+            size = len(text.encode())
+            if size > limits.max_request_bytes:
+                raise ValueError(f"{field}: {size} bytes, more than rollout.max_request_bytes "
+                                 f"({limits.max_request_bytes})")
             prompt = self.lm.encode_prompt(text)
+            self._check_prompt_tokens(field, len(prompt))
         else:
             raise ValueError(f"{pre}prompt: give text or token_ids")
-        limit = self.defaults.max_new_tokens
-        max_new = max_new_tokens or limit
+        room = self.engine.context_length - len(prompt)
+        if room < 1:
+            raise ValueError(f"{field}: {len(prompt)} tokens leave no room to generate in the "
+                             f"model's context of {self.engine.context_length} tokens")
+        limit = limits.max_new_tokens
+        max_new = max_new_tokens or min(limit, room)  # unasked: what the context leaves
         if not 1 <= max_new <= limit:
             raise ValueError(f"{pre}max_new_tokens: must be in 1..{limit} "
                              f"(rollout.max_new_tokens), got {max_new}")
-        if temperature < 0 or temperature > 10:
-            raise ValueError(f"{pre}temperature: must be in (0, 10], got {temperature}")
+        if max_new > room:
+            raise ValueError(f"{pre}max_new_tokens: {len(prompt)} prompt tokens + {max_new} "
+                             f"exceed the model's context length "
+                             f"({self.engine.context_length})")
+        if temperature != 0 and not (math.isfinite(temperature)
+                                     and MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+            raise ValueError(f"{pre}temperature: must be 0 or in [{MIN_TEMPERATURE}, "
+                             f"{MAX_TEMPERATURE}], got {temperature!r}")
         n = n or 1
         if not 1 <= n <= MAX_N:
             raise ValueError(f"{pre}n: must be in 1..{MAX_N}, got {n}")
-        if seed < 0:
-            raise ValueError(f"{pre}seed: must be >= 0, got {seed}")
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"{pre}seed: must be in 0..{MAX_SEED}, got {seed}")
         spec = SamplingSpec(max_new_tokens=max_new,
-                            temperature=temperature or self.defaults.temperature,
+                            temperature=temperature or limits.temperature,
                             greedy=greedy, seed=seed or None, ignore_eos=ignore_eos)
         return Request(prompt, spec, n)
+
+    def _check_prompt_tokens(self, field: str, count: int) -> None:
+        limit = self.defaults.max_prompt_tokens
+        if count > limit:
+            raise ValueError(f"{field}: {count} tokens, more than rollout.max_prompt_tokens "
+                             f"({limit})")
 
     def generate(self, req: Request) -> tuple[int, list[Completion]]:
         """All n completions under one version: (version, completions). Concurrent requests
@@ -96,7 +125,8 @@ class CustomGenerator:
             room = req.spec.max_new_tokens - len(made[live[0]])
             spec = SamplingSpec(max_new_tokens=min(chunk_tokens, room),
                                 temperature=req.spec.temperature, greedy=req.spec.greedy,
-                                seed=None if req.spec.seed is None else req.spec.seed + step,
+                                seed=None if req.spec.seed is None
+                                else (req.spec.seed + step) % (MAX_SEED + 1),
                                 ignore_eos=req.spec.ignore_eos, keep_state=True)
             with self.engine.lock:
                 version = self.engine.version

@@ -16,12 +16,14 @@ not fit the importing engine's model or version.
 
 from __future__ import annotations
 
+import math
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
+from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
 from relayrl.generation import Completion
 from relayrl.kv_state import SequenceKV
 
@@ -42,8 +44,13 @@ class SamplingSpec:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature: must be > 0, got {self.temperature}")
+        # every caller checked its own input against these: the engine's last line of defence
+        if not (math.isfinite(self.temperature)
+                and MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):
+            raise ValueError(f"temperature: must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], "
+                             f"got {self.temperature}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed: must be in 0..{MAX_SEED}, got {self.seed}")
 
 
 class Engine(ABC):
@@ -51,6 +58,8 @@ class Engine(ABC):
     APIs share one engine from several threads."""
 
     name: str = "engine"
+    # most tokens (context + generated) one sequence may hold: the model's context length
+    context_length: int = 1 << 30
 
     def __init__(self) -> None:
         self.lock = threading.RLock()

@@ -37,13 +37,36 @@ class GroupGenerator:
         self.kv_imported = 0  # KV states taken over with a moved group (no re-prefill)
         self.kv_refused = 0  # ... that this engine could not use (another version, ...)
         self.groups_restarted_stale = 0  # started over: the trainer could no longer use them
+        self.prompts_cut = 0  # leased prompts too long for the model, cut to fit (start)
+        self.prompt_limit = self._prompt_limit()
         # the run's live settings and the trainer's version, as last read
         self.temperature = cfg.rollout.temperature
         self.max_staleness = cfg.trainer.max_staleness
         self.trainer_version = 0
 
+    def _prompt_limit(self) -> int:
+        """The longest leased prompt a group can start from: within rollout.max_prompt_tokens
+        and leaving the model's context room for a whole response."""
+        rc = self.cfg.rollout
+        room = self.engine.context_length - rc.max_new_tokens
+        if room < 1:
+            raise ValueError(f"rollout.max_new_tokens: {rc.max_new_tokens} leaves no room for a "
+                             f"prompt in the model's context of {self.engine.context_length} "
+                             "tokens")
+        return min(rc.max_prompt_tokens, room)
+
     def start(self, lease: LeasedPrompt) -> PartialGroup:
         prompt_tokens = self.lm.encode_task(lease.text, self.prompt_format)
+        if len(prompt_tokens) > self.prompt_limit:
+            # The task's own prompt, not a caller's: refusing it would leave the prompt
+            # re-issued to every worker in turn, so it is trained on its last tokens that fit
+            # (as vLLM's truncate_prompt_tokens cuts), counted and logged.
+            self.prompts_cut += 1
+            log.error("prompt %d: %d tokens, more than %d (rollout.max_prompt_tokens, or what "
+                      "the model's context leaves after rollout.max_new_tokens); keeping its "
+                      "last %d", lease.prompt_id, len(prompt_tokens), self.prompt_limit,
+                      self.prompt_limit)
+            prompt_tokens = prompt_tokens[-self.prompt_limit:]
         self._import_kv(lease)
         return self._start_group(lease, prompt_tokens)
 

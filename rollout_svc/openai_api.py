@@ -17,21 +17,34 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl import auth
+from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE
+from relayrl.http_limits import BodyLimit
 from relayrl.http_server import BackgroundHTTPServer, BearerGuard
+from relayrl.json_types import json_int
+from relayrl.roles import TokenBook
 from rollout_svc.custom import CustomGenerator
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # no unknown fields, no coercion (true is not 1, "1" is not 1), no NaN or infinities
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+Count = json_int(Field(ge=1))
+Choices = json_int(Field(ge=1, le=64))
+Seed = json_int(Field(ge=0, le=MAX_SEED))
+OnlySampled = json_int(Field(ge=0, le=0))
 
 
 class _Sampling(_Strict):
     """What completions and chat requests share."""
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=10)
-    n: int = Field(1, ge=1, le=64)
-    seed: int | None = Field(None, ge=0)
+    max_tokens: Count | None = None
+    temperature: float | None = Field(
+        None, ge=0, le=MAX_TEMPERATURE,
+        description="0 samples greedily; otherwise at least 0.01 (rollout.MIN_TEMPERATURE).")
+    n: Choices = 1
+    seed: Seed | None = None
     ignore_eos: bool = Field(False, description="Generate max_tokens even past the end of "
                              "sequence (as vLLM's extra parameter; for benchmarks).")
     stream: bool = False
@@ -40,7 +53,7 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=0, description="Only the sampled token's.")
+    logprobs: OnlySampled | None = Field(None, description="Only the sampled token's.")
     echo: Literal[False] = False
 
 
@@ -53,9 +66,9 @@ class ChatMessage(_Strict):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=0)
+    top_logprobs: OnlySampled | None = None
 
 
 class TokenizeRequest(_Strict):
@@ -64,13 +77,13 @@ class TokenizeRequest(_Strict):
 
 
 def _sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, n, seed,
-              ignore_eos: bool, where: str):
+              ignore_eos: bool, where: str, prompt_field: str):
     # OpenAI's temperature 0 means greedy
     greedy = temperature == 0
     return gen.request(token_ids=prompt, max_new_tokens=max_tokens or 0,
                        temperature=0.0 if greedy or temperature is None else temperature,
                        n=n, greedy=greedy, seed=seed or 0, ignore_eos=ignore_eos,
-                       where=where)
+                       where=where, prompt_field=prompt_field)
 
 
 STREAM_CHUNK_TOKENS = 8  # tokens per streamed event; the worker may change version between them
@@ -101,21 +114,39 @@ def _sse(events):
     yield "data: [DONE]\n\n"
 
 
-def _error(status: int, message: str, param: str | None = None):
-    from fastapi.responses import JSONResponse
+def _error_body(message: str, param: str | None = None, status: int = 400) -> bytes:
+    import json
 
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse(status_code=status, content={"error": {
-        "message": message, "type": kind, "param": param, "code": None}})
+    return json.dumps({"error": {"message": message, "type": kind, "param": param,
+                                 "code": None}}).encode()
+
+
+def _error(status: int, message: str, param: str | None = None):
+    from fastapi.responses import Response
+
+    return Response(_error_body(message, param, status), status_code=status,
+                    media_type="application/json")
+
+
+def _shown(value) -> str:
+    """A value sent, as a refusal quotes it (NaN and infinities included), cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def build_app(gen: CustomGenerator, model_name: str,
-              stream_chunk_tokens: int = STREAM_CHUNK_TOKENS, token: str | None = None):
+              stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
+              token: str | TokenBook | None = None):
     """`token` None serves everyone (auth.required false)."""
     from fastapi import FastAPI, HTTPException
     from fastapi.exceptions import RequestValidationError
 
     app = FastAPI(title="RelayRL rollout worker (OpenAI-compatible)", version="1")
+    # added last, the token check runs first: an unauthorised body is never read
+    app.add_middleware(BodyLimit, limit=gen.defaults.max_request_bytes,
+                       field="rollout.max_request_bytes",
+                       render=lambda message: _error_body(message, "body"))
     if token is not None:
         app.add_middleware(BearerGuard, token=token)
 
@@ -128,7 +159,8 @@ def build_app(gen: CustomGenerator, model_name: str,
     def invalid(request, exc: RequestValidationError):
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or "body"
-        return _error(400, f"{param}: {first.get('msg', 'invalid')}", param)
+        got = f", got {_shown(first['input'])}" if "input" in first else ""
+        return _error(400, f"{param}: {first.get('msg', 'invalid')}{got}", param)
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -137,7 +169,8 @@ def build_app(gen: CustomGenerator, model_name: str,
     def check(prompt: list[int], body, max_tokens, where: str):
         try:
             return _sampling(gen, prompt, max_tokens, body.temperature, body.n, body.seed,
-                             body.ignore_eos, where)
+                             body.ignore_eos, where,
+                             "messages" if where == "chat.completions" else "prompt")
         except ValueError as err:  # named as OpenAI names the field
             raise HTTPException(400, str(err).replace("max_new_tokens", "max_tokens")) from None
 
@@ -258,6 +291,6 @@ class OpenAIServer(BackgroundHTTPServer):
     def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str,
                  stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
                  credentials: auth.Credentials | None = None):
-        token = (credentials or auth.current()).token
+        token = (credentials or auth.current()).book  # agent, service (relayrl.roles)
         super().__init__(build_app(gen, model_name, stream_chunk_tokens, token), host, port,
                          "openai-http")

@@ -100,7 +100,8 @@ def serve(cfg: RunConfig) -> None:
         runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.address,
                                [(rollout_pb2_grpc.add_RolloutServicer_to_server,
                                  RolloutServicer(worker, generator))],
-                               rollout_metrics(worker, generator.batcher), cfg.rollout.metrics_port)
+                               rollout_metrics(worker, generator.batcher), cfg.rollout.metrics_port,
+                               max_receive_bytes=cfg.rollout.max_request_bytes)
         http = None
         if cfg.rollout.http_base_port:
             from rollout_svc.openai_api import OpenAIServer

@@ -9,6 +9,7 @@ drops them all.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -39,6 +40,9 @@ class TorchEngine(Engine):
                  kv_cache_tokens: int = 0):
         super().__init__()
         self.lm = lm
+        config = lm.model.config
+        self.context_length = (getattr(config, "max_position_embeddings", None)
+                               or getattr(config, "n_positions", None) or self.context_length)
         self._version = version
         self.generator = torch.Generator().manual_seed(seed)
         self.states = StateCache(kv_cache_tokens)
@@ -52,6 +56,12 @@ class TorchEngine(Engine):
         return self._version
 
     def generate(self, contexts: list[list[int]], spec: SamplingSpec) -> list[Completion]:
+        longest = max((len(c) for c in contexts), default=0)
+        if longest >= self.context_length:
+            raise ValueError(f"context of {longest} tokens leaves no room to generate: the "
+                             f"model's context length is {self.context_length}")
+        if longest + spec.max_new_tokens > self.context_length:  # as vLLM stops at its end
+            spec = dataclasses.replace(spec, max_new_tokens=self.context_length - longest)
         generator = self.generator
         if spec.seed is not None:
             generator = torch.Generator().manual_seed(spec.seed)

@@ -160,7 +160,7 @@ class VllmEngine(Engine):
             # for the thread binding of its multiprocess executor, which in-process runs skip
             torch.set_num_threads = set_num_threads
         model_config = self.llm.llm_engine.model_config
-        self.max_model_len = int(model_config.max_model_len)
+        self.max_model_len = self.context_length = int(model_config.max_model_len)
         if eos_id is None:
             eos_id = model_config.hf_config.eos_token_id
             eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id

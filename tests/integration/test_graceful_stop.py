@@ -1,7 +1,8 @@
 """The whole stack under `relayrl up`'s launcher with the control API on: a live settings
-change reaches the trainer (its metrics say which bound and temperature each step used), and
-a graceful stop ends the run before max_steps with what was out trained, a last checkpoint,
-every process exiting cleanly and the books balanced."""
+change reaches the trainer (its metrics say which bound and temperature each step used), a
+temperature no engine can sample at is refused and, left in Redis from before the bound, is
+ignored by every service, and a graceful stop ends the run before max_steps with what was
+out trained, a last checkpoint, every process exiting cleanly and the books balanced."""
 
 import time
 
@@ -9,7 +10,9 @@ import httpx
 import pytest
 
 from relayrl.config import RunConfig
+from relayrl.keys import RunKeys
 from relayrl.launcher import Launcher
+from relayrl.redis_conn import connect
 from tests.conftest import free_ports, small_stack_config, snapshot
 
 pytestmark = pytest.mark.integration
@@ -28,6 +31,25 @@ def test_settings_reach_the_trainer_and_a_graceful_stop_ends_the_run(tmp_path, m
                        headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
     try:
         launcher.start()
+        # 1e-300 once crash-looped the workers and made the trainer's weights NaN: refused
+        # now, and as left in Redis by an older version, ignored by the workers and trainer
+        resp = api.patch("/v1/settings", json={"temperature": 1e-300})
+        assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][-1] == "temperature"
+        redis = connect(launcher.cfg.redis.url)
+        redis.hset(RunKeys(cfg.run_id).live_settings, "temperature", "1e-300")
+        def latest_step() -> int:
+            return max((r["step"] for r in api.get("/v1/metrics").json()), default=0)
+
+        def dead() -> list[str]:  # the launcher restarts them only when supervising
+            return [c.name for c in launcher.children if c.proc.poll() is not None]
+
+        start = latest_step()
+        while latest_step() < start + 3:  # on groups sampled while the value was there
+            assert not dead(), f"{dead()} died with the stored temperature"
+            time.sleep(0.2)
+        recent = api.get("/v1/metrics", params={"last": 3}).json()
+        assert all(r["control/temperature"] == 1.0 for r in recent), recent
+        assert not dead()
         assert api.patch("/v1/settings", json={"max_staleness": 3, "temperature": 0.8}
                          ).status_code == 200
         seen = []

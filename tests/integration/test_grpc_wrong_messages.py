@@ -14,8 +14,10 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from relayrl.buffer_client import submit_group
 from relayrl.config import RunConfig
 from relayrl.grpc_util import channel, check_health
+from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
 from relayrl.launcher import Launcher
 from relayrl.proto.v1 import (
     buffer_pb2,
@@ -225,3 +227,75 @@ def test_a_refused_message_names_the_problem_and_changes_nothing(stack, name, mo
     assert child.proc.poll() is None, f"{name} died"
     assert check_health(child.address, 5.0), f"{name} stopped serving"
     print(f"{path}: {sum(outcomes.values())} inputs, {outcomes}")
+
+
+class LostReply(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "the reply was lost on its way back"
+
+
+class LoseFirstReply(grpc.UnaryUnaryClientInterceptor):
+    """The network between an agent and the buffer: the first call reaches the buffer and
+    completes there, but its reply never arrives."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def intercept_unary_unary(self, continuation, details, request):
+        self.calls += 1
+        outcome = continuation(details, request)
+        outcome.result()  # done on the server
+        if self.calls == 1:
+            raise LostReply()
+        return outcome
+
+
+def test_submit_checks_the_model_and_a_retry_after_a_lost_reply_appends_once(stack):
+    """The real buffer learned the tiny model's vocabulary (15 ids) and context (256 tokens)
+    from the config.json `relayrl up` prepared: a group naming token 1000, a reward of 3e38 or
+    300 prompt tokens is refused by name and changes nothing. Then an agent's client
+    (relayrl.buffer_client) whose first reply is lost retries with the same request_id, and
+    the group goes in once. Runs last: the group it submits stays in the idle stack."""
+    address = stack.cfg.buffer.endpoint.address
+    size = stack.cfg.buffer.group_size
+
+    def trajectory(**kw):
+        base = dict(prompt_token_ids=[1, 5, 11], response_token_ids=[6, 7, 2],
+                    logprobs=[-0.5] * 3, versions=[0] * 3, reward=1.0, finish_reason="stop")
+        return buffer_pb2.Trajectory(**{**base, **kw})
+
+    refusals = [
+        (trajectory(response_token_ids=[6, 7, 1000]), "SubmitRequest.trajectories[1]."
+         "response_token_ids[2]: token id 1000 is outside the model's vocabulary [0, 15)"),
+        (trajectory(reward=3e38), "SubmitRequest.trajectories[1].reward: 3e+38 is outside "
+         "buffer.reward_range [-10000, 10000]"),
+        (trajectory(prompt_token_ids=[1] * 300), "SubmitRequest.trajectories[1]: "
+         "prompt_token_ids (300) + response_token_ids (3) = 303 tokens, over the model's "
+         "context length 256"),
+    ]
+    with channel(address) as ch:
+        stub = buffer_pb2_grpc.BufferStub(ch)
+        before = state(stack)
+        for bad, message in refusals:
+            group = [trajectory(), bad, *[trajectory()] * (size - 2)]
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Submit(buffer_pb2.SubmitRequest(trajectories=group), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in err.value.details()
+        assert state(stack) == before
+        stats = stub.Stats(buffer_pb2.BufferStatsRequest(), timeout=10)
+
+        lossy = LoseFirstReply()
+        reply = submit_group(buffer_pb2_grpc.BufferStub(grpc.intercept_channel(ch, lossy)),
+                             [trajectory(reward=float(i % 2)) for i in range(size)],
+                             source="lossy-agent", timeout_s=10)
+        after = stub.Stats(buffer_pb2.BufferStatsRequest(), timeout=10)
+    assert lossy.calls == 2 and reply.prompt_id > EXTERNAL_PROMPT_BASE
+    assert after.groups_submitted == stats.groups_submitted + 1
+    assert after.submits_repeated == stats.submits_repeated + 1
+    assert after.trajectory_stream_len == stats.trajectory_stream_len + size  # not batched yet
+    taken = connect(stack.cfg.redis.url).get(RunKeys(stack.cfg.run_id).external_ids)
+    assert EXTERNAL_PROMPT_BASE + int(taken) == reply.prompt_id  # the retry took no id

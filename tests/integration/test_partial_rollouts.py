@@ -13,6 +13,7 @@ from relayrl.messages import Batch, Group, decode_sample
 from relayrl.models import load_model
 from relayrl.partial import PartialGroup
 from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.rewards import REWARDS, register
 from relayrl.streams import TrajectoryWriter
 from relayrl.weights import VersionStore
 from rollout_svc.torch_engine import TorchEngine
@@ -194,7 +195,7 @@ def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stac
     data["rollout"]["save_every_s"] = save_every_s
     data["scheduler"].update(repack=True, repack_below=0.5, repack_interval_s=0,
                              max_inflight_prompts=3)
-    data["rollout"].update(max_active_groups=3, temperature=1e-3)  # 12 seats; eos-free-ish
+    data["rollout"].update(max_active_groups=3, temperature=0.01)  # 12 seats; eos-free-ish
     cfg = RunConfig.model_validate(data)
     core = SchedulerCore(cfg, r, clock=Clock())
     a = make_worker(cfg, r, core, tiny_lm, 0, None, kv_cache_tokens=4096)
@@ -245,3 +246,25 @@ def test_a_worker_behind_the_required_version_catches_up_before_it_starts(stack)
     assert worker.engine.version == 2 and worker.catch_up_timeouts == 0
     worker._catch_up(5, threading.Event())  # no relay serves 5: it waits, then goes on
     assert worker.engine.version == 2 and worker.catch_up_timeouts == 1
+
+
+def test_a_reward_outside_the_range_is_an_error_on_its_sample(stack):
+    """A user's reward function answering 3e38 (finite, but its group's float32 mean would
+    overflow) scores 0 with the error on each sample (buffer.reward_range), and the group is
+    delivered, not poisoned."""
+    cfg, r, core, _, tiny_lm = stack
+    store = VersionStore(8)
+    store.publish(1, 1, load_model(tiny_lm.path).model.state_dict())
+    register("test_huge_reward")(lambda completion, reference: 3e38)
+    try:
+        lm = load_model(tiny_lm.path)
+        worker = RolloutWorker(cfg, PublishingEngine(lm, None), lm, core, [store],
+                               TrajectoryWriter(r, RunKeys("partial"), 64), "test_huge_reward")
+        worker.refresh_weights()
+        assert worker.run_lease(core.acquire(worker.worker_id, 1).leases[0])
+    finally:
+        REWARDS.pop("test_huge_reward")
+    samples = delivered(r)
+    assert len(samples) == N
+    assert {(s.reward, s.reward_error) for s in samples} == {
+        (0.0, "ValueError: reward 3e+38 is outside buffer.reward_range [-10000, 10000]")}

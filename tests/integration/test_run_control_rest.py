@@ -83,10 +83,23 @@ def test_settings_are_checked_by_field_and_reach_redis_and_the_lease_cap(stack):
                         ({"temperature": 0}, "temperature"),
                         ({"temperature": 11}, "temperature"),
                         ({"max_staleness": "many"}, "max_staleness"),
-                        ({"top_p": 0.5}, "top_p")):
+                        ({"top_p": 0.5}, "top_p"),
+                        # inside the old bounds: sampled, it made every token NaN
+                        ({"temperature": 1e-300}, "temperature"),
+                        ({"max_staleness": True}, "max_staleness"),  # not 1
+                        ({"max_staleness": "1"}, "max_staleness"),
+                        ({"max_staleness": 2.5}, "max_staleness"),
+                        ({"temperature": "0.5"}, "temperature")):
         resp = client.patch("/v1/settings", json=body)
         assert resp.status_code == 422, body
         assert [e["loc"][-1] for e in resp.json()["detail"]] == [field]
+    for raw in ('{"temperature": NaN}', '{"temperature": -Infinity}', '{"max_staleness": 1e999}',
+                "NaN"):  # Python's JSON parser takes these; they once answered 500
+        resp = client.patch("/v1/settings", content=raw,
+                            headers={"Content-Type": "application/json"})
+        assert resp.status_code == 422, raw
+        assert resp.json()["detail"][0]["input"] in ("nan", "-inf", "inf")
+    assert client.post("/v1/workers/w0/drain", json={"lapse_leases": 1}).status_code == 422
     assert client.get("/v1/settings").json() == before
     assert core.policy.max_inflight == 2 * 2  # two batches at staleness 1
     resp = client.patch("/v1/settings", json={"max_staleness": 3})
@@ -98,6 +111,20 @@ def test_settings_are_checked_by_field_and_reach_redis_and_the_lease_cap(stack):
         "max_staleness": 3, "temperature": 0.7}
     assert SchedulerCore(core.cfg, core.redis).policy.max_inflight == 6
     assert client.get("/v1/status").json()["run"]["settings"]["temperature"] == 0.7
+
+
+def test_a_bad_setting_left_in_redis_is_ignored_by_every_reader(stack):
+    """A value stored before today's bounds (the 1e-300 that crash-looped the workers): the
+    services read the config's value instead, and the API shows what they use."""
+    core, client = stack
+    core.redis.hset(core.keys.live_settings, mapping={"temperature": "1e-300",
+                                                      "max_staleness": "4"})
+    assert control.read_settings(core.redis, core.keys, core.cfg).model_dump() == {
+        "max_staleness": 4, "temperature": 1.0}
+    restarted = SchedulerCore(core.cfg, core.redis)
+    assert restarted.settings.temperature == 1.0 and restarted.policy.max_inflight == 2 * 4
+    assert client.patch("/v1/settings", json={"temperature": 0.5}).status_code == 200
+    assert core.redis.hget(core.keys.live_settings, "temperature") == b"0.5"
 
 
 def test_status_reads_the_trainer_workers_and_buffer(stack):

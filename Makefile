@@ -38,7 +38,7 @@ integration: install
 	$(PY) -m pytest tests/integration -q
 
 test: install lint
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=25
 
 clean:
 	rm -rf runs .pytest_cache

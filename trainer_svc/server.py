@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
 from relayrl.logs import setup_logging
 from relayrl.metrics import plot_rewards, plot_throughput
@@ -57,6 +58,7 @@ def draw_plots(trainer: Trainer) -> None:
 
 def run_loop(trainer: Trainer, stop: threading.Event) -> None:
     tc = trainer.tc
+    trainer.stop = stop
     if trainer.step == 0 and tc.eval_every and trainer.evaluates:
         record = {"step": 0, **trainer.run_eval()}
         trainer.metrics.write(record)
@@ -75,7 +77,10 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         if got is None:
             break
         before = trainer.step
-        record = trainer.train_step(*got)
+        try:
+            record = trainer.train_step(*got)
+        except StoppedWaiting:  # told to stop while Redis was away: the checkpoint decides
+            break
         if trainer.step == before:  # skipped: not finite (trainer_svc.finite); no new version
             trainer.metrics.write(record)
             operator.publish(record)
@@ -112,7 +117,11 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         bar.set_postfix(reward=f"{trainer.last_reward:.2f}", acc=f"{acc:.2f}",
                         sps=f"{rate:.0f}", lag=f"{record.get('staleness/lag_mean', 0):.1f}")
     bar.close()
-    trainer.save_checkpoint()  # first: the wait for the relay may be long (an outage)
+    try:
+        trainer.save_checkpoint()  # first: the wait for the relay may be long (an outage)
+    except StoppedWaiting:  # on disk, unacknowledged: a resume acknowledges it again
+        log.error("stopping with Redis unreachable: checkpoint %d is written but its batches "
+                  "are not acknowledged; a resumed trainer acknowledges them", trainer.step)
     trainer.publisher.wait(stop)  # the final version at the relay, unless told to stop
     draw_plots(trainer)
     trainer.finished = trainer.step >= tc.max_steps

@@ -34,7 +34,7 @@ class SetAside:
         self.limits = live_limits(trainer.lm.model)  # what a batch's groups must fit
         self.guard = StepGuard(trainer.tc.max_nonfinite_steps)
         self.quarantine = Quarantine(trainer.r, trainer.keys, lambda write: redis_write(
-            write, trainer.pressure, "the trainer's quarantine"))
+            write, trainer.pressure, "the trainer's quarantine", trainer.stop))
 
     def _finish(self, prompt_ids: list[int]) -> None:
         """Finish prompts untrained: dropped in the ledger, counted as finished."""
@@ -89,7 +89,7 @@ class SetAside:
                                batch.batch_id, encode_batch(batch))
         t.ledger.dropped.extend(ids)  # train_step has counted them finished
         t.totals["nonfinite_steps"] += 1
-        redis_write(t.record_progress, t.pressure, "the trainer's version")
+        redis_write(t.record_progress, t.pressure, "the trainer's version", t.stop)
         last = checkpoint.latest(t.ckpt_dir)
         self.guard.skipped(t.step + 1, loss, grad_norm,
                         str(last) if last else "none written yet")

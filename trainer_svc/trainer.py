@@ -81,6 +81,9 @@ class Trainer:
         self.last_reward = 0.0
         self.latest: dict[str, float] = {}  # newest value of each metric, for /metrics
         self.finished = False
+        # the service's stop (SIGTERM): once set, a Redis write gives up at its first failure
+        # rather than wait out an outage nobody will end (the launcher and Redis may be gone)
+        self.stop = threading.Event()
         self.started = time.monotonic()
         ensure_group(self.r, self.keys.batches, TRAINER_GROUP)
 
@@ -112,7 +115,7 @@ class Trainer:
             pipe.execute()
 
         # MULTI/EXEC of XACK, XDEL and SADD: repeating it after a timeout changes nothing
-        redis_write(write, self.pressure, "the trainer's acknowledgement")
+        redis_write(write, self.pressure, "the trainer's acknowledgement", self.stop)
 
     def save_checkpoint(self) -> None:
         state = self.learner.training_state()
@@ -192,7 +195,8 @@ class Trainer:
         record["weights/publish_copy_s"] = self.publisher.last_copy_s
         record["weights/publish_send_s"] = self.publisher.last_send_s
         self.publisher.publish(self.step, self.step, self.learner.weights())
-        redis_write(self.record_progress, self.pressure, "the trainer's version")  # two SETs
+        redis_write(self.record_progress, self.pressure, "the trainer's version",  # two SETs
+                    self.stop)
         record["train/external_groups"] = external
         record["weights/versions_published"] = self.publisher.versions_published
         record["weights/bytes_published"] = self.publisher.bytes_published

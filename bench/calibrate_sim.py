@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from relayrl.config import load_run_config  # noqa: E402
-from relayrl.models import load_model, resolve_model_path  # noqa: E402
+from relayrl.models import resolve_model_path  # noqa: E402
+from relayrl.models.loading import load_model  # noqa: E402
 from relayrl.sim.costs import fit_decode_cost, save_costs  # noqa: E402
 from rollout_svc.engine import SamplingSpec  # noqa: E402
 from rollout_svc.engines import make_engine  # noqa: E402

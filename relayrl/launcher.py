@@ -1,4 +1,4 @@
-"""`relayrl up`: every service as its own local process, in dependency order.
+"""`relayrl up`: every service as its own local process, all started at once.
 
 The launcher owns the embedded Redis (when no URL is configured) and builds the model once
 before any service starts. A process that dies is restarted (relayrl.restarts). Ctrl-C or
@@ -106,15 +106,16 @@ class Launcher:
             self.children.append(child)
 
     def start(self) -> None:
+        """Every process at once: each waits out a peer that is not up yet (relayrl.outage),
+        so start-up costs the slowest import and load, not their sum."""
         self.prepare()
-        for stage in self._plan():
-            for child in stage:
-                self._spawn(child)
-            for child in stage:
-                proc = child.proc
-                wait_healthy(child.address, timeout_s=120,
-                             alive=lambda p=proc: p.poll() is None)
-                log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
+        children = [child for stage in self._plan() for child in stage]
+        for child in children:
+            self._spawn(child)
+        for child in children:
+            proc = child.proc
+            wait_healthy(child.address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
+            log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
 
     def wait(self, timeout_s: float | None = None) -> int:
         """Until the trainer exits with 0 (it reached max_steps), or a process exits with 0

@@ -38,6 +38,8 @@ GRPC_OUTAGE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_E
 def is_outage(err: BaseException) -> bool:
     """The peer is away or hung, as opposed to refusing this call: worth waiting out. An
     error raised `from` one (a relay call's WeightError) is one too."""
+    if isinstance(err, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
+        return False  # a wrong password: waiting will not change it
     if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
         return True
     code = getattr(err, "code", None) if isinstance(err, grpc.RpcError) else None

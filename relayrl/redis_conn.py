@@ -28,9 +28,34 @@ log = logging.getLogger(__name__)
 RECONNECT_TRIES = 12
 
 
+# redis-py counts a refused password as a connection error: it is no outage, and is raised
+REFUSED = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
+
+
+class _Refused(Exception):
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+class OutageRetry(Retry):
+    """Connection errors tried again quietly, except a refused password (at once)."""
+
+    def call_with_retry(self, do, fail, *args, **kwargs):
+        def do_unless_refused():
+            try:
+                return do()
+            except REFUSED as err:
+                raise _Refused(err) from None
+
+        try:
+            return super().call_with_retry(do_unless_refused, fail, *args, **kwargs)
+        except _Refused as refused:
+            raise refused.error from None
+
+
 def outage_retry() -> Retry:
-    return Retry(ExponentialBackoff(cap=1.0, base=0.05), RECONNECT_TRIES,
-                 supported_errors=(redis.ConnectionError,))
+    return OutageRetry(ExponentialBackoff(cap=1.0, base=0.05), RECONNECT_TRIES,
+                       supported_errors=(redis.ConnectionError,))
 
 
 def connect(url: str, timeout_s: float = REDIS_COMMAND_S) -> redis.Redis:
@@ -111,7 +136,17 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Exited, waiting for its parent to reap it: a daemonized server's parent is init,
+    which in a container may take its time."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 def open_redis(url: str | None, run_dir: str | Path, timeout_s: float = REDIS_COMMAND_S):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from relayrl.config import RolloutConfig
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
 from relayrl.generation import Completion
-from relayrl.models import LoadedModel
+from relayrl.models.loading import LoadedModel
 from rollout_svc.batcher import RequestBatcher
 from rollout_svc.engine import Engine, SamplingSpec
 

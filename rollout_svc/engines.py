@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from relayrl.config import RunConfig
-from relayrl.models import LoadedModel
+from relayrl.models.loading import LoadedModel
 from rollout_svc.engine import Engine
 from rollout_svc.torch_engine import TorchEngine
 

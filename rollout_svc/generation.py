@@ -13,7 +13,7 @@ from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
 from relayrl.kv_state import SequenceKV
 from relayrl.leases import LeasedPrompt
-from relayrl.models import LoadedModel
+from relayrl.models.loading import LoadedModel
 from relayrl.partial import PartialGroup, PartialSequence
 from relayrl.streams import TrajectoryWriter
 from rollout_svc.engine import Engine, SamplingSpec

@@ -12,7 +12,8 @@ from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
 from relayrl.leases import GrpcLeaseClient
 from relayrl.logs import setup_logging
-from relayrl.models import load_model, resolve_model_path
+from relayrl.models import resolve_model_path
+from relayrl.models.loading import load_model
 from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from relayrl.redis_conn import redis_session
 from relayrl.service import ServiceRunner

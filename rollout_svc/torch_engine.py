@@ -16,7 +16,7 @@ import torch
 
 from relayrl.generation import Completion, sample_with_kv
 from relayrl.kv_state import ModelFingerprint, SequenceKV, StateCache
-from relayrl.models import LoadedModel
+from relayrl.models.loading import LoadedModel
 from rollout_svc.engine import Engine, SamplingSpec
 
 

@@ -27,7 +27,7 @@ from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
 from relayrl.leases import LeaseClient, LeasedPrompt
 from relayrl.messages import Sample
-from relayrl.models import LoadedModel
+from relayrl.models.loading import LoadedModel
 from relayrl.outage import Outage, is_outage, ride_out
 from relayrl.partial import PartialGroup
 from relayrl.repack import is_tail

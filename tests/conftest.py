@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,14 @@ from relayrl.proto.v1 import (
 
 TIERS = ("unit", "integration", "chaos")
 
+# One tiny-model cache for the session: the warm start is most of a small stack's start-up,
+# and a model's directory is named by its settings, so tests never see another's model.
+MODEL_CACHE = Path(tempfile.mkdtemp(prefix="relayrl-test-models-"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(MODEL_CACHE, ignore_errors=True)
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
@@ -36,12 +46,12 @@ def pytest_collection_modifyitems(config, items):
 
 def small_stack_config(tmp: Path, *, steps: int, groups_per_batch: int = 2,
                        group_size: int = 4) -> dict:
-    """A run config for the whole stack that starts in seconds: a tiny model, few steps,
-    every prompt accounted for (max_prompts = steps * groups_per_batch)."""
+    """A run config for the whole stack that starts in seconds: a tiny model (built once per
+    session), few steps, every prompt accounted for (max_prompts = steps * groups_per_batch)."""
     ports = free_ports(6)
     return {
         "run_id": "itest", "run_dir": str(tmp / "run"),
-        "model": {"cache_dir": str(tmp / "models"), "hidden_size": 32, "num_layers": 2,
+        "model": {"cache_dir": str(MODEL_CACHE), "hidden_size": 32, "num_layers": 2,
                   "num_heads": 2, "sft_steps": 20, "sft_stop_accuracy": 1.0},
         "task": {"digits": 1, "eval_size": 8},
         "relay": {"endpoint": {"port": ports[0]}, "keep_versions": 3},
@@ -63,7 +73,7 @@ def tiny_lm(tmp_path_factory):
     import torch
 
     from relayrl.config import ModelConfig
-    from relayrl.models import load_model
+    from relayrl.models.loading import load_model
     from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.tasks import AdditionTask
 

@@ -34,13 +34,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -186,31 +179,48 @@ class Parallel:
         must call it. In one process, the live tensors."""
         if not self.active:
             return module.state_dict()
-        return get_model_state_dict(module, options=_FULL_TO_CPU)
+        dcp = _dcp()
+        return dcp.get_model_state_dict(module, options=_full_to_cpu(dcp))
 
     def load_full_state_dict(self, module: nn.Module, state: dict[str, torch.Tensor]) -> None:
         """Rank 0's `state` (the whole module's) into every rank's module."""
         if not self.active:
             module.load_state_dict(state)
             return
-        set_model_state_dict(module, state, options=_FULL_FROM_RANK0)
+        dcp = _dcp()
+        dcp.set_model_state_dict(module, state, options=_full_from_rank0(dcp))
 
     def full_optimizer_state(self, modules: nn.Module, optimizer) -> dict:
         """`optimizer`'s state over the parameters of `modules`, whole, on rank 0 (keyed by
         parameter name; {} on the others). In one process, `optimizer.state_dict()`."""
         if not self.active:
             return optimizer.state_dict()
-        return get_optimizer_state_dict(modules, optimizer, options=_FULL_TO_CPU)
+        dcp = _dcp()
+        return dcp.get_optimizer_state_dict(modules, optimizer, options=_full_to_cpu(dcp))
 
     def load_optimizer_state(self, modules: nn.Module, optimizer, state: dict) -> None:
         if not self.active:
             optimizer.load_state_dict(state)
             return
-        set_optimizer_state_dict(modules, optimizer, state, options=_FULL_FROM_RANK0)
+        dcp = _dcp()
+        dcp.set_optimizer_state_dict(modules, optimizer, state,
+                                     options=_full_from_rank0(dcp))
 
 
-_FULL_TO_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
-_FULL_FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+def _dcp():
+    # torch.distributed.checkpoint costs every trainer a second of start-up; one rank never
+    # needs it
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
+
+def _full_to_cpu(dcp):
+    return dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _full_from_rank0(dcp):
+    return dcp.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
 def decoder_layers(module: nn.Module) -> list[nn.Module]:

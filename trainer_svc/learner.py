@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from relayrl.config import RunConfig
-from relayrl.models import LoadedModel
+from relayrl.models.loading import LoadedModel
 from trainer_svc.batching import TrainBatch
 from trainer_svc.distributed import Parallel
 from trainer_svc.objective import Objective, UpdateResult

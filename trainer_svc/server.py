@@ -14,7 +14,8 @@ from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
 from relayrl.logs import setup_logging
 from relayrl.metrics import plot_rewards, plot_throughput
-from relayrl.models import load_model, resolve_model_path
+from relayrl.models import resolve_model_path
+from relayrl.models.loading import load_model
 from relayrl.proto.v1 import trainer_pb2, trainer_pb2_grpc
 from relayrl.redis_conn import redis_session
 from relayrl.service import ServiceRunner

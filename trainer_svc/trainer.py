@@ -20,7 +20,7 @@ from relayrl.evaluation import evaluate
 from relayrl.keys import TRAINER_GROUP, RunKeys, is_external
 from relayrl.messages import decode_batch
 from relayrl.metrics import MetricsWriter
-from relayrl.models import LoadedModel
+from relayrl.models.loading import LoadedModel
 from relayrl.outage import redis_write, ride_out
 from relayrl.streams import ensure_group, read_group
 from relayrl.tasks import make_task

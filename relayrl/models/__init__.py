@@ -1,5 +1,6 @@
-"""Loading Hugging Face causal LMs and building the tiny task model."""
+"""Hugging Face causal LMs: where a run's model is (relayrl.models.cache, no torch import)
+and loading it (relayrl.models.loading)."""
 
-from relayrl.models.loading import LoadedModel, load_model, resolve_model_path
+from relayrl.models.cache import resolve_model_path
 
-__all__ = ["LoadedModel", "load_model", "resolve_model_path"]
+__all__ = ["resolve_model_path"]

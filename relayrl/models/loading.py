@@ -8,8 +8,6 @@ from typing import Any
 
 import torch
 
-from relayrl.config import ModelConfig, TaskConfig
-
 
 @dataclass
 class LoadedModel:
@@ -60,17 +58,3 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMo
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, path=path)
-
-
-def resolve_model_path(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
-    """The configured model directory, a converted pretrained model, or the cached tiny model
-    (each built if missing)."""
-    if model_cfg.path:
-        return Path(model_cfg.path)
-    if model_cfg.pretrained == "smollm2-135m-instruct":
-        from relayrl.models.smollm2 import ensure_smollm2
-
-        return ensure_smollm2(model_cfg.cache_dir)
-    from relayrl.models.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(model_cfg, task_cfg)

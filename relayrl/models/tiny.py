@@ -7,8 +7,6 @@ task's own data gives it a starting accuracy that reinforcement learning then ra
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import logging
 import shutil
@@ -17,22 +15,14 @@ from pathlib import Path
 import torch
 
 from relayrl.config import ModelConfig, TaskConfig
+from relayrl.evaluation import evaluate
 from relayrl.model_limits import TINY_CONTEXT, TINY_SPECIALS, tiny_vocab_size
+from relayrl.models.loading import load_model
 from relayrl.tasks import make_task
 
 log = logging.getLogger(__name__)
 
 SPECIALS = list(TINY_SPECIALS)
-BUILD_VERSION = 1
-
-
-def _cache_key(model_cfg: ModelConfig, task_cfg: TaskConfig) -> str:
-    spec = {
-        "build": BUILD_VERSION,
-        "model": model_cfg.model_dump(exclude={"path", "pretrained", "cache_dir"}),
-        "task": task_cfg.model_dump(),
-    }
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def build_tokenizer(alphabet: str, out_dir: Path) -> None:
@@ -89,8 +79,6 @@ def warm_start(lm, task, model_cfg: ModelConfig, max_new_tokens: int, show_progr
     sampled accuracy reaches `sft_stop_accuracy`. Returns the last eval."""
     from tqdm import tqdm
 
-    from relayrl.evaluation import evaluate
-
     opt = torch.optim.AdamW(lm.model.parameters(), lr=model_cfg.sft_lr)
     # SFT draws from its own id range, far above the ids the scheduler hands out
     next_id = 10_000_000
@@ -119,23 +107,9 @@ def warm_start(lm, task, model_cfg: ModelConfig, max_new_tokens: int, show_progr
     return acc
 
 
-def ensure_tiny_model(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
-    """Return the cached model directory, building it first when it is not there."""
-    out = Path(model_cfg.cache_dir) / f"{task_cfg.name}-{_cache_key(model_cfg, task_cfg)}"
-    if (out / "build_info.json").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # services started by hand may all ask at once: one builds, the others wait for it
-    with open(out.with_name(out.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / "build_info.json").is_file():
-            return out
-        return _build(out, model_cfg, task_cfg)
-
-
-def _build(out: Path, model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
-    from relayrl.models.loading import load_model
-
+def build(out: Path, model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
+    """Build, warm-start and save into `out`, by way of a temporary directory renamed at the
+    end (a crash never leaves a half-built model where the cache looks)."""
     task = make_task(task_cfg)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

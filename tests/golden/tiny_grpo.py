@@ -32,7 +32,7 @@ import torch
 from relayrl.config import ModelConfig, RunConfig
 from relayrl.messages import Batch, Group, Sample, decode_batch, encode_batch
 from relayrl.model_limits import tiny_vocab_size
-from relayrl.models import load_model
+from relayrl.models.loading import load_model
 from relayrl.models.tiny import build_model, build_tokenizer, warm_start
 from relayrl.rewards import get_reward, score
 from relayrl.tasks import make_task

@@ -22,13 +22,9 @@ from relayrl.launcher import Launcher
 from tests.conftest import small_stack_config
 
 
-def stack_config(tmp: Path, steps: int, models: Path | None = None,
-                 **sections: dict) -> RunConfig:
-    """small_stack_config with worker /metrics on and `sections` merged in; `models` shares
-    a model cache between tests (the warm start is most of a small run's start-up)."""
+def stack_config(tmp: Path, steps: int, **sections: dict) -> RunConfig:
+    """small_stack_config with worker /metrics on and `sections` merged in."""
     data = small_stack_config(tmp, steps=steps)
-    if models is not None:
-        data["model"]["cache_dir"] = str(models)
     data["rollout"]["metrics_base_port"] = free_port_block(data["rollout"]["num_workers"])
     for name, fields in sections.items():
         data.setdefault(name, {}).update(fields)

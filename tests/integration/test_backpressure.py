@@ -27,11 +27,6 @@ STEPS, GROUPS, GROUP_SIZE = 10, 2, 4  # small_stack_config's batch: 2 groups of 
 MAX_SAMPLES, MAX_BATCHES = 2 * GROUPS * GROUP_SIZE, 1
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tmp_path_factory.mktemp("models")
-
-
 def assert_run_finished_exactly(launcher) -> dict:
     assert launcher.wait() == 0
     cfg = launcher.cfg
@@ -42,9 +37,9 @@ def assert_run_finished_exactly(launcher) -> dict:
     return state
 
 
-def test_a_stopped_trainer_fills_the_buffer_to_its_bound_and_workers_wait(tmp_path, models):
+def test_a_stopped_trainer_fills_the_buffer_to_its_bound_and_workers_wait(tmp_path):
     cfg = stack_config(
-        tmp_path, STEPS, models,
+        tmp_path, STEPS,
         # the scheduler's in-flight cap would hold workers back first: let the buffer do it
         scheduler={"max_inflight_prompts": 10_000},
         buffer={"max_pending_samples": MAX_SAMPLES, "max_pending_batches": MAX_BATCHES})
@@ -55,11 +50,13 @@ def test_a_stopped_trainer_fills_the_buffer_to_its_bound_and_workers_wait(tmp_pa
         def sample() -> None:
             depths.append(buffer_depth(r, cfg.run_id))
 
-        def workers_waiting() -> bool:
-            return all(worker_metric(launcher.cfg, "relayrl_rollout_buffer_waiting"))
+        def full_and_waiting() -> bool:  # only true once the frozen trainer left it full
+            return (bool(depths) and depths[-1] == (MAX_SAMPLES, MAX_BATCHES)
+                    and all(worker_metric(launcher.cfg, "relayrl_rollout_buffer_waiting")))
 
         with frozen(pid_of(launcher, "trainer")):
-            wait_for(workers_waiting, 120, "every worker waiting for room", every=sample)
+            wait_for(full_and_waiting, 120, "the buffer at its bound, every worker waiting",
+                     every=sample)
             full_at = len(depths)
             for _ in range(20):  # while they wait, nothing more comes in
                 sample()
@@ -78,8 +75,8 @@ def test_a_stopped_trainer_fills_the_buffer_to_its_bound_and_workers_wait(tmp_pa
     assert "buffer full" in logs and "waiting for the trainer" in logs
 
 
-def test_redis_at_its_memory_limit_makes_producers_back_off_and_lose_nothing(tmp_path, models):
-    cfg = stack_config(tmp_path, STEPS, models)
+def test_redis_at_its_memory_limit_makes_producers_back_off_and_lose_nothing(tmp_path):
+    cfg = stack_config(tmp_path, STEPS)
     with running(cfg) as launcher:
         r = redis_of(launcher.cfg)
         wait_for(lambda: trainer_version(launcher.cfg) >= 2, 120, "two trainer steps")

@@ -18,7 +18,7 @@ from relayrl.exporter import MetricsEndpoint
 from relayrl.grpc_util import check_health
 from relayrl.keys import RunKeys
 from relayrl.leases import GrpcLeaseClient
-from relayrl.models import load_model
+from relayrl.models.loading import load_model
 from relayrl.redis_conn import EmbeddedRedis, connect
 from relayrl.streams import TrajectoryWriter
 from relayrl.weights.client import RelayClient

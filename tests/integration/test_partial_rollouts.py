@@ -10,7 +10,7 @@ import pytest
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
 from relayrl.messages import Batch, Group, decode_sample
-from relayrl.models import load_model
+from relayrl.models.loading import load_model
 from relayrl.partial import PartialGroup
 from relayrl.redis_conn import EmbeddedRedis, connect
 from relayrl.rewards import REWARDS, register

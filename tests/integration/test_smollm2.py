@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relayrl.models import load_model
+from relayrl.models.loading import load_model
 from relayrl.models.smollm2 import MARKER, ensure_smollm2, find_gguf
 
 ROOT = Path(__file__).resolve().parents[2]

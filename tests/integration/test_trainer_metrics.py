@@ -13,7 +13,7 @@ from relayrl.exporter import MetricsEndpoint
 from relayrl.keys import RunKeys
 from relayrl.messages import Batch, Group, Sample, encode_batch
 from relayrl.metrics import read_metrics
-from relayrl.models import load_model
+from relayrl.models.loading import load_model
 from relayrl.redis_conn import EmbeddedRedis, connect
 from relayrl.streams import FIELD
 from relayrl.weights import VersionStore

@@ -10,7 +10,7 @@ from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.keys import TRAINER_GROUP, RunKeys
 from relayrl.messages import Batch, Group, Sample, encode_batch
-from relayrl.models import load_model
+from relayrl.models.loading import load_model
 from relayrl.redis_conn import EmbeddedRedis, connect
 from relayrl.streams import FIELD
 from relayrl.weights import VersionStore

@@ -44,7 +44,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lm(model_dir):
-    from relayrl.models import load_model
+    from relayrl.models.loading import load_model
 
     return load_model(model_dir)
 

@@ -7,7 +7,7 @@ import torch
 from relayrl.codec import CodecError
 from relayrl.config import ModelConfig
 from relayrl.kv_state import SequenceKV
-from relayrl.models import load_model
+from relayrl.models.loading import load_model
 from relayrl.models.tiny import build_model
 from rollout_svc.engine import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine

@@ -21,6 +21,7 @@ from relayrl.outage import (
     readiness,
     ride_out,
 )
+from relayrl.redis_conn import outage_retry
 from relayrl.service import ServiceRunner
 
 
@@ -62,6 +63,29 @@ def test_a_dead_port_and_a_passed_deadline_are_outages_a_refusal_is_not():
     assert is_outage(redis.BusyLoadingError("loading the dataset"))  # a restarted server
     assert not is_outage(redis.ResponseError("WRONGTYPE"))
     assert not is_outage(ValueError("bad input"))
+    # redis-py files a refused password under ConnectionError: waiting will not change it
+    assert not is_outage(redis.AuthenticationError("invalid password"))
+
+
+def test_a_refused_password_is_not_tried_again_a_dropped_connection_is():
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise redis.AuthenticationError("invalid password")
+
+    retry = outage_retry()
+    with pytest.raises(redis.AuthenticationError):
+        retry.call_with_retry(refused, lambda err: None)
+    assert len(calls) == 1
+
+    def dropped_once():
+        calls.append(1)
+        if len(calls) == 2:
+            raise redis.ConnectionError("Connection reset by peer")
+        return "ok"
+
+    assert retry.call_with_retry(dropped_once, lambda err: None) == "ok" and len(calls) == 3
 
 
 def test_readiness_is_lost_with_the_first_wait_and_back_with_the_last():

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from relay_svc.server import RelayServicer, add_relay_servicer
 from relayrl.grpc_util import channel, check_health, free_ports, make_server
-from relayrl.models import load_model
+from relayrl.models.loading import load_model
 from relayrl.outage import JitteredBackoff, Outage, Readiness, is_outage, readiness
 from relayrl.service import LIVENESS, ServiceRunner
 from relayrl.weights import VersionStore, WeightError

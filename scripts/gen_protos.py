@@ -1,8 +1,11 @@
 """Regenerate the gRPC stubs in relayrl/proto/ from protos/.
 
-The .proto files live in protos/relayrl/v1/ (package relayrl.v1). They are compiled under the
-virtual path relayrl/proto/v1/, so the generated modules import each other as
+The .proto files live in protos/relayrl_api/v1/ (package relayrl.v1). They are compiled under
+the virtual path relayrl/proto/v1/, so the generated modules import each other as
 `relayrl.proto.v1.*` with no rewriting. `--check` fails when the checked-in stubs differ.
+
+The directory is not named `relayrl` so that a user who compiles protos/ for a client of
+their own (`-Iprotos`) gets the package `relayrl_api.v1`, not one that shadows this project.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[1]
-PROTO_DIR = ROOT / "protos" / "relayrl" / "v1"
+PROTO_DIR = ROOT / "protos" / "relayrl_api" / "v1"
 OUT_PKG = ROOT / "relayrl" / "proto"
 
 

@@ -3,63 +3,59 @@ streams' depth, read at scrape time."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relayrl.exporter import MetricSpec, ServiceMetrics
+from relayrl.exporter import ServiceMetrics
+from relayrl.stats import Stats, counter, gauge
 
 if TYPE_CHECKING:  # buffer_svc.server imports this module
     from buffer_svc.server import BufferService
 
-BUFFER_METRICS = (
-    MetricSpec("buffer/samples_read", "counter", "Trajectory entries read."),
-    MetricSpec("buffer/samples_rejected", "counter", "Trajectory entries that did not decode."),
-    MetricSpec("buffer/groups_assembled", "counter", "Complete groups assembled."),
-    MetricSpec("buffer/groups_duplicate", "counter", "Groups dropped as already batched."),
-    MetricSpec("buffer/batches_emitted", "counter", "Batches appended to the batch stream."),
-    MetricSpec("buffer/groups_submitted", "counter", "External groups accepted by Submit."),
-    MetricSpec("buffer/submits_refused", "counter",
-               "External groups refused by Submit as malformed or out of bounds."),
-    MetricSpec("buffer/submits_stale", "counter",
-               "External groups refused by Submit as older than trainer.max_staleness."),
-    MetricSpec("buffer/submits_repeated", "counter",
-               "Submit retries answered from their request_id, appending nothing."),
-    MetricSpec("buffer/batches_held", "counter",
-               "Polls that held complete batches back: buffer.max_pending_batches unread."),
-    MetricSpec("buffer/redis_oom_refusals", "counter",
-               "Batch appends Redis refused at its memory limit (retried, never dropped)."),
-    MetricSpec("buffer/partial_groups", "gauge", "Groups still waiting for samples."),
-    MetricSpec("buffer/ready_groups", "gauge", "Complete groups waiting for a batch."),
-    MetricSpec("buffer/trajectory_stream_len", "gauge",
-               "Entries on the trajectory stream (not yet batched)."),
-    MetricSpec("buffer/batch_stream_len", "gauge",
-               "Batches on the batch stream (not yet acknowledged by the trainer)."),
-    MetricSpec("buffer/batches_unread", "gauge",
-               "Batches on the batch stream the trainer has not read yet."),
-)
+
+@dataclass
+class BufferStats(Stats, section="buffer"):
+    samples_read: int = counter("Trajectory entries read.")
+    samples_rejected: int = counter("Trajectory entries that did not decode.")
+    groups_assembled: int = counter("Complete groups assembled.")
+    groups_duplicate: int = counter("Groups dropped as already batched.")
+    batches_emitted: int = counter("Batches appended to the batch stream.")
+    groups_submitted: int = counter("External groups accepted by Submit.")
+    submits_refused: int = counter(
+        "External groups refused by Submit as malformed or out of bounds.")
+    submits_stale: int = counter(
+        "External groups refused by Submit as older than trainer.max_staleness.")
+    submits_repeated: int = counter(
+        "Submit retries answered from their request_id, appending nothing.")
+    batches_held: int = counter(
+        "Polls that held complete batches back: buffer.max_pending_batches unread.")
+    redis_oom_refusals: int = counter(
+        "Batch appends Redis refused at its memory limit (retried, never dropped).")
+    partial_groups: int = gauge("Groups still waiting for samples.")
+    ready_groups: int = gauge("Complete groups waiting for a batch.")
+
+
+@dataclass
+class StreamStats(Stats, section="buffer"):
+    trajectory_stream_len: int = gauge("Entries on the trajectory stream (not yet batched).")
+    batch_stream_len: int = gauge(
+        "Batches on the batch stream (not yet acknowledged by the trainer).")
+    batches_unread: int = gauge("Batches on the batch stream the trainer has not read yet.")
 
 
 def buffer_metrics(svc: BufferService) -> ServiceMetrics:
-    def snapshot() -> dict[str, float]:
+    def read() -> tuple[BufferStats, StreamStats]:
         with svc.lock:
-            figures = {
-                "buffer/samples_read": svc.samples_read,
-                "buffer/samples_rejected": svc.samples_rejected,
-                "buffer/groups_assembled": svc.asm.groups_assembled,
-                "buffer/groups_duplicate": svc.asm.groups_duplicate,
-                "buffer/batches_emitted": svc.batches_emitted,
-                "buffer/batches_held": svc.batches_held,
-                "buffer/redis_oom_refusals": svc.pressure.oom_refusals,
-                "buffer/groups_submitted": svc.submissions.accepted,
-                "buffer/submits_refused": svc.submissions.refused,
-                "buffer/submits_stale": svc.submissions.stale,
-                "buffer/submits_repeated": svc.submissions.repeated,
-                "buffer/partial_groups": len(svc.asm.partial),
-                "buffer/ready_groups": len(svc.asm.ready),
-            }
+            subs = svc.submissions
+            own = BufferStats.from_attributes(
+                svc, svc.asm, redis_oom_refusals=svc.pressure.oom_refusals,
+                groups_submitted=subs.accepted, submits_refused=subs.refused,
+                submits_stale=subs.stale, submits_repeated=subs.repeated,
+                partial_groups=len(svc.asm.partial), ready_groups=len(svc.asm.ready))
         # Redis round trips outside the lock: the poll loop needs it
-        figures["buffer/trajectory_stream_len"] = svc.r.xlen(svc.keys.trajectories)
-        figures["buffer/batch_stream_len"] = svc.r.xlen(svc.keys.batches)
-        figures["buffer/batches_unread"] = svc.unread_batches()
-        return figures
+        streams = StreamStats(trajectory_stream_len=svc.r.xlen(svc.keys.trajectories),
+                              batch_stream_len=svc.r.xlen(svc.keys.batches),
+                              batches_unread=svc.unread_batches())
+        return own, streams
 
-    return ServiceMetrics(BUFFER_METRICS, snapshot)
+    return ServiceMetrics((BufferStats, StreamStats), read)

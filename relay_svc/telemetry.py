@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
-from relayrl.exporter import MetricSpec, ServiceMetrics
+from dataclasses import dataclass
+
+from relayrl.exporter import ServiceMetrics
+from relayrl.stats import Stats, counter, gauge
 from relayrl.weights import VersionStore
 
-RELAY_METRICS = (
-    MetricSpec("relay/latest_version", "gauge", "Newest complete version held (0: none)."),
-    MetricSpec("relay/pending_version", "gauge", "Version being received (0: none)."),
-    MetricSpec("relay/versions_held", "gauge", "Complete versions held."),
-    MetricSpec("relay/versions_published", "counter", "Versions received whole."),
-    MetricSpec("relay/failed_publishes", "counter", "Versions that failed to arrive whole."),
-    MetricSpec("relay/pulls_served", "counter", "Pulls of a version (any data plane)."),
-    MetricSpec("relay/bytes_served", "counter", "Bytes of weights served."),
-)
+
+@dataclass
+class RelayStats(Stats, section="relay"):
+    latest_version: int = gauge("Newest complete version held (0: none).")
+    pending_version: int = gauge("Version being received (0: none).")
+    versions_held: int = gauge("Complete versions held.")
+    versions_published: int = counter("Versions received whole.")
+    failed_publishes: int = counter("Versions that failed to arrive whole.")
+    pulls_served: int = counter("Pulls of a version (any data plane).")
+    bytes_served: int = counter("Bytes of weights served.")
 
 
 def relay_metrics(store: VersionStore) -> ServiceMetrics:
-    def snapshot() -> dict[str, float]:
+    def read() -> tuple[RelayStats]:
         versions = store.versions()
-        s = store.stats
-        return {
-            "relay/latest_version": max(versions, default=0),
-            "relay/pending_version": store.pending_version(),
-            "relay/versions_held": len(versions),
-            "relay/versions_published": s.versions_published,
-            "relay/failed_publishes": s.failed_publishes,
-            "relay/pulls_served": s.pulls_served,
-            "relay/bytes_served": s.bytes_served,
-        }
+        return (RelayStats.from_attributes(
+            store.stats, latest_version=max(versions, default=0),
+            pending_version=store.pending_version(), versions_held=len(versions)),)
 
-    return ServiceMetrics(RELAY_METRICS, snapshot)
+    return ServiceMetrics((RelayStats,), read)

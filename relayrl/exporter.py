@@ -1,76 +1,56 @@
 """Prometheus export of a service's live figures: `GET /metrics` and `GET /healthz`.
 
-A service declares what it exports as a table of `MetricSpec`s named hierarchically, as in
-metrics.jsonl (`rollout/tokens_generated`, `weights/pull_s`), plus a `snapshot()` that reads
-its live objects. Nothing is counted twice: the collector calls the snapshot at scrape time
-and turns each declared name into a Prometheus-legal one (`relayrl_rollout_tokens_generated_
-total`, `relayrl_weights_pull_seconds`).
+A service declares what it exports as `Stats` dataclasses (relayrl.stats), named
+hierarchically as in metrics.jsonl (`rollout/tokens_generated`, `weights/pull_s`), plus a
+`read()` that fills them from its live objects. Nothing is counted twice: the collector reads
+them at scrape time and turns each declared name into a Prometheus-legal one
+(`relayrl_rollout_tokens_generated_total`, `relayrl_weights_pull_seconds`).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from relayrl.stats import Figure, MetricSpec, Stats, gauge, specs_of
+
 log = logging.getLogger(__name__)
-PREFIX = "relayrl_"
 
 # A snapshot maps a spec's name to a number, or, for a spec with a `label`, to
 # {label value: number}; a name it leaves out is not exported this scrape.
-Snapshot = Mapping[str, float | Mapping[str, float]]
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    name: str  # hierarchical: section/figure, seconds end in _s, rates in _per_s
-    kind: Literal["counter", "gauge"]
-    help: str
-    label: str | None = None  # the value is a mapping keyed by this label (e.g. "worker")
-
-    @property
-    def prometheus_name(self) -> str:
-        return prometheus_name(self.name)
-
-    @property
-    def sample_name(self) -> str:
-        """The name a scrape shows and a query uses (counters end in _total)."""
-        return self.prometheus_name + ("_total" if self.kind == "counter" else "")
-
-
-def prometheus_name(name: str) -> str:
-    """`weights/pull_s` -> `relayrl_weights_pull_seconds`; Prometheus wants base units
-    spelled out and no slashes."""
-    base = re.sub(r"[^a-zA-Z0-9_]", "_", name)
-    if base.endswith("_per_s"):
-        base = base[:-len("_per_s")] + "_per_second"
-    elif base.endswith("_s"):
-        base = base[:-len("_s")] + "_seconds"
-    return PREFIX + base
+Snapshot = Mapping[str, Figure]
 
 
 @dataclass(frozen=True)
 class ServiceMetrics:
-    """What a service hands its ServiceRunner to export; `labels` go on every sample (the
-    runner adds `service`, its own name, unless they name it)."""
+    """What a service hands its ServiceRunner to export: the Stats classes it declares and a
+    `read` that fills them now; `labels` go on every sample (the runner adds `service`, its
+    own name, unless they name it)."""
 
-    specs: tuple[MetricSpec, ...]
-    snapshot: Callable[[], Snapshot]
+    kinds: tuple[type[Stats], ...]
+    read: Callable[[], Iterable[Stats]]
     labels: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def specs(self) -> tuple[MetricSpec, ...]:
+        return specs_of(self.kinds)
 
-# Every service exports these, filled in by the ServiceRunner itself.
-RUNNER_METRICS = (
-    MetricSpec("service/up", "gauge", "1 while the service's gRPC health says SERVING."),
-    MetricSpec("service/uptime_s", "gauge", "Seconds since the service process started."),
-)
+    def snapshot(self) -> dict[str, Figure]:
+        return {name: value for stats in self.read() for name, value in stats.figures().items()}
+
+
+@dataclass
+class RunnerStats(Stats, section="service"):
+    """Every service exports these, filled in by the ServiceRunner itself."""
+
+    up: float = gauge("1 while the service's gRPC health says SERVING.")
+    uptime_s: float = gauge("Seconds since the service process started.")
 
 
 class SnapshotCollector(Collector):
@@ -135,9 +115,9 @@ class MetricsEndpoint:
         labels = {"service": service, **(exported.labels if exported else {})}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(
-            RUNNER_METRICS,
-            lambda: {"service/up": float(is_serving()),
-                     "service/uptime_s": time.monotonic() - started},
+            RunnerStats.specs(),
+            lambda: RunnerStats(up=float(is_serving()),
+                                uptime_s=time.monotonic() - started).figures(),
             labels))
         if exported is not None:
             self.registry.register(SnapshotCollector(exported.specs, exported.snapshot,

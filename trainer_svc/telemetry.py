@@ -1,97 +1,132 @@
 """What the trainer exports on /metrics: its totals, the publisher's counters, and the newest
-value of each per-step figure it also writes to metrics.jsonl."""
+value of each per-step figure it also writes to metrics.jsonl (the `from_figures` classes,
+read back from the last record; None, so not exported, until a step records them)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, make_dataclass
 from typing import TYPE_CHECKING
 
 import redis
 
-from relayrl.exporter import MetricSpec, ServiceMetrics
+from relayrl.exporter import ServiceMetrics
+from relayrl.stats import Stats, counter, gauge
 from trainer_svc.batching import LAG_BUCKETS, lag_bucket_names
-from trainer_svc.setaside import TOTALS as SET_ASIDE_TOTALS
 
 if TYPE_CHECKING:
+    from trainer_svc.publisher import AsyncPublisher
     from trainer_svc.trainer import Trainer
 
-# per-step figures of metrics.jsonl, exported as gauges under the same names
-STEP_METRICS = (
-    MetricSpec("train/reward_mean", "gauge", "Mean reward of the last step's samples."),
-    MetricSpec("train/reward_std", "gauge", "Reward std of the last step's samples."),
-    MetricSpec("train/loss", "gauge", "Loss of the last step."),
-    MetricSpec("train/grad_norm", "gauge", "Gradient norm of the last step, before clipping."),
-    MetricSpec("train/entropy", "gauge", "Mean token entropy of the last step."),
-    MetricSpec("train/clip_frac", "gauge", "Share of tokens whose ratio was clipped."),
-    MetricSpec("train/is_weight_mean", "gauge", "Mean off-policy importance weight."),
-    MetricSpec("train/response_len_mean", "gauge", "Mean response length, tokens."),
-    MetricSpec("throughput/samples_per_s", "gauge", "Samples trained per second (30 s window)."),
-    MetricSpec("throughput/tokens_per_s", "gauge",
-               "Response tokens trained per second (30 s window)."),
-    MetricSpec("throughput/generated_tokens_per_s", "gauge",
-               "Tokens the rollout workers generated per second (30 s window), kept or not."),
-    MetricSpec("throughput/trainer_tokens_per_s", "gauge",
-               "Response tokens per second of the trainer's own step time."),
-    MetricSpec("staleness/lag_mean", "gauge",
-               "Mean versions between a sample's oldest token and the trainer."),
-    MetricSpec("staleness/lag_max", "gauge", "Largest such lag in the last step."),
-    *(MetricSpec(name, "gauge", f"Samples of the last batch with lag {name.rsplit('_', 1)[1]}.")
-      for name in lag_bucket_names(LAG_BUCKETS + 1)),
-    MetricSpec("weights/publish_stall_s", "gauge", "Seconds the last publish held training."),
-    MetricSpec("weights/publish_copy_s", "gauge", "Seconds the last snapshot copy took."),
-    MetricSpec("weights/publish_send_s", "gauge", "Seconds the last send to the relay took."),
-    MetricSpec("time/step_s", "gauge", "Seconds the last step took."),
-    MetricSpec("eval/accuracy_sampled", "gauge", "Held-out accuracy at the last eval, sampled."),
-    MetricSpec("eval/accuracy_greedy", "gauge", "Held-out accuracy at the last eval, greedy."),
-    MetricSpec("rollout/engine_logp_absdiff", "gauge",
-               "Mean |engine - trainer| log-probability on same-version tokens."),
-    MetricSpec("rollout/engine_kl", "gauge", "KL (k3) of engine to trainer, same version."),
-)
 
-TRAINER_METRICS = (
-    MetricSpec("train/step", "gauge", "Optimizer steps taken."),
-    MetricSpec("train/finished", "gauge", "1 once trainer.max_steps is reached."),
-    MetricSpec("train/samples_trained", "counter", "Samples trained on."),
-    MetricSpec("train/samples_dropped_stale", "counter",
-               "Samples dropped by the staleness bound."),
-    MetricSpec("train/groups_dropped_stale", "counter", "Groups dropped by the staleness bound."),
-    MetricSpec("train/groups_filtered_uniform", "counter",
-               "Groups left out because their rewards all agree (dapo)."),
-    MetricSpec("train/external_groups", "counter", "Groups submitted by external producers."),
-    MetricSpec("train/nonfinite_steps", "counter",
-               "Steps skipped because their loss or gradient norm was not finite."),
-    MetricSpec("train/batches_quarantined", "counter",
-               "Batch entries with groups the model cannot train on, set aside."),
-    MetricSpec("train/groups_quarantined", "counter",
-               "Groups set aside: undecodable, or not fitting the model."),
-    MetricSpec("weights/published_version", "gauge", "Newest version the relay accepted."),
-    MetricSpec("weights/versions_published", "counter", "Versions published."),
-    MetricSpec("weights/bytes_published", "counter", "Bytes of weights published."),
-    MetricSpec("weights/publish_failures", "counter", "Publishes that failed."),
-    *STEP_METRICS,
-)
+@dataclass
+class TrainerStats(Stats, section="train"):
+    step: int = gauge("Optimizer steps taken.")
+    finished: float = gauge("1 once trainer.max_steps is reached.")
+    published_version: int = gauge("Newest version the relay accepted.", section="weights")
+
+
+@dataclass
+class TrainTotals(Stats, section="train"):
+    """Running totals: the fields are keys of Trainer.totals."""
+
+    samples_trained: int = counter("Samples trained on.")
+    samples_dropped_stale: int = counter("Samples dropped by the staleness bound.")
+    groups_dropped_stale: int = counter("Groups dropped by the staleness bound.")
+    groups_filtered_uniform: int = counter(
+        "Groups left out because their rewards all agree (dapo).")
+    external_groups: int = counter("Groups submitted by external producers.")
+    nonfinite_steps: int = counter(
+        "Steps skipped because their loss or gradient norm was not finite.")
+    batches_quarantined: int = counter(
+        "Batch entries with groups the model cannot train on, set aside.")
+    groups_quarantined: int = counter("Groups set aside: undecodable, or not fitting the model.")
+
+
+@dataclass
+class PublishCounts(Stats, section="weights"):
+    """The publisher's totals, in every step's record and on /metrics."""
+
+    versions_published: int = counter("Versions published.")
+    bytes_published: int = counter("Bytes of weights published.")
+    publish_failures: int = counter("Publishes that failed.")
+
+
+@dataclass
+class PublishTimes(Stats, section="weights"):
+    """How long the previous publish took, in every step's record."""
+
+    publish_stall_s: float | None = gauge("Seconds the last publish held training.")
+    publish_copy_s: float | None = gauge("Seconds the last snapshot copy took.")
+    publish_send_s: float | None = gauge("Seconds the last send to the relay took.")
+
+
+@dataclass
+class StepStats(Stats, section="train"):
+    """Figures of the last step's (or eval's) record."""
+
+    reward_mean: float | None = gauge("Mean reward of the last step's samples.")
+    reward_std: float | None = gauge("Reward std of the last step's samples.")
+    loss: float | None = gauge("Loss of the last step.")
+    grad_norm: float | None = gauge("Gradient norm of the last step, before clipping.")
+    entropy: float | None = gauge("Mean token entropy of the last step.")
+    clip_frac: float | None = gauge("Share of tokens whose ratio was clipped.")
+    is_weight_mean: float | None = gauge("Mean off-policy importance weight.")
+    response_len_mean: float | None = gauge("Mean response length, tokens.")
+    samples_per_s: float | None = gauge("Samples trained per second (30 s window).",
+                                        section="throughput")
+    tokens_per_s: float | None = gauge("Response tokens trained per second (30 s window).",
+                                       section="throughput")
+    generated_tokens_per_s: float | None = gauge(
+        "Tokens the rollout workers generated per second (30 s window), kept or not.",
+        section="throughput")
+    trainer_tokens_per_s: float | None = gauge(
+        "Response tokens per second of the trainer's own step time.", section="throughput")
+    lag_mean: float | None = gauge(
+        "Mean versions between a sample's oldest token and the trainer.", section="staleness")
+    lag_max: float | None = gauge("Largest such lag in the last step.", section="staleness")
+    step_s: float | None = gauge("Seconds the last step took.", section="time")
+    accuracy_sampled: float | None = gauge("Held-out accuracy at the last eval, sampled.",
+                                           section="eval")
+    accuracy_greedy: float | None = gauge("Held-out accuracy at the last eval, greedy.",
+                                          section="eval")
+    engine_logp_absdiff: float | None = gauge(
+        "Mean |engine - trainer| log-probability on same-version tokens.", section="rollout")
+    engine_kl: float | None = gauge("KL (k3) of engine to trainer, same version.",
+                                    section="rollout")
+
+
+# staleness/samples_lag_<bucket>, every bucket any max_staleness can give
+LagStats = make_dataclass("LagStats", [
+    (name.split("/")[1], "float | None",
+     gauge(f"Samples of the last batch with lag {name.rsplit('_', 1)[1]}."))
+    for name in lag_bucket_names(LAG_BUCKETS + 1)], bases=(Stats,),
+    namespace={"section": "staleness"})
+
+STEP_KINDS: tuple[type[Stats], ...] = (StepStats, LagStats, PublishTimes)
+TRAINER_KINDS = (TrainerStats, TrainTotals, PublishCounts, *STEP_KINDS)
+
+
+def publish_counts(pub: AsyncPublisher) -> PublishCounts:
+    return PublishCounts(versions_published=pub.versions_published,
+                         bytes_published=pub.bytes_published, publish_failures=pub.failures)
+
+
+def publish_times(pub: AsyncPublisher) -> PublishTimes:
+    return PublishTimes(publish_stall_s=pub.last_stall_s, publish_copy_s=pub.last_copy_s,
+                        publish_send_s=pub.last_send_s)
 
 
 def trainer_metrics(trainer: Trainer) -> ServiceMetrics:
-    def snapshot() -> dict[str, float]:
-        t, totals, pub = trainer, trainer.totals, trainer.publisher
+    def read() -> list[Stats]:
+        t, pub = trainer, trainer.publisher
         latest = t.latest  # replaced whole by the loop, never changed in place
-        return {
-            **{s.name: latest[s.name] for s in STEP_METRICS if s.name in latest},
-            "train/step": t.step,
-            "train/finished": float(t.finished),
-            "train/samples_trained": totals["samples_trained"],
-            "train/samples_dropped_stale": totals["samples_dropped_stale"],
-            "train/groups_dropped_stale": totals["groups_dropped_stale"],
-            "train/groups_filtered_uniform": totals["groups_filtered_uniform"],
-            "train/external_groups": totals["external_groups"],
-            **{f"train/{k}": totals[k] for k in SET_ASIDE_TOTALS},
-            "weights/published_version": pub.published_version,
-            "weights/versions_published": pub.versions_published,
-            "weights/bytes_published": pub.bytes_published,
-            "weights/publish_failures": pub.failures,
-        }
+        return [TrainerStats(step=t.step, finished=float(t.finished),
+                             published_version=pub.published_version),
+                TrainTotals(**{f.name: t.totals[f.name] for f in fields(TrainTotals)}),
+                publish_counts(pub),
+                *(kind.from_figures(latest) for kind in STEP_KINDS)]
 
-    return ServiceMetrics(TRAINER_METRICS, snapshot)
+    return ServiceMetrics(TRAINER_KINDS, read)
 
 
 def tokens_generated(trainer: Trainer) -> int:

@@ -31,6 +31,7 @@ from trainer_svc.learner import Learner
 from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.setaside import TOTALS, SetAside
+from trainer_svc.telemetry import publish_counts, publish_times
 
 log = logging.getLogger(__name__)
 CONSUMER = "trainer-0"
@@ -191,16 +192,12 @@ class Trainer:
         self.ledger.consumed.extend(g.prompt_id for g in kept)
         self.set_aside.passed()
         self.step += 1
-        record["weights/publish_stall_s"] = self.publisher.last_stall_s  # previous version's
-        record["weights/publish_copy_s"] = self.publisher.last_copy_s
-        record["weights/publish_send_s"] = self.publisher.last_send_s
+        record.update(publish_times(self.publisher).figures())  # the previous version's
         self.publisher.publish(self.step, self.step, self.learner.weights())
         redis_write(self.record_progress, self.pressure, "the trainer's version",  # two SETs
                     self.stop)
         record["train/external_groups"] = external
-        record["weights/versions_published"] = self.publisher.versions_published
-        record["weights/bytes_published"] = self.publisher.bytes_published
-        record["weights/publish_failures"] = self.publisher.failures
+        record.update(publish_counts(self.publisher).figures())
         record.update(self.set_aside.counters())
         record["time/step_s"] = time.monotonic() - t0
         record["time/elapsed_s"] = time.monotonic() - self.started

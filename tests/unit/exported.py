@@ -1,12 +1,13 @@
-"""Every metric the services can export, taken from their exporter tables."""
+"""Every metric the services can export, taken from their Stats classes."""
 
-from buffer_svc.telemetry import BUFFER_METRICS
-from relay_svc.telemetry import RELAY_METRICS
-from relayrl.exporter import RUNNER_METRICS
-from rollout_svc.telemetry import ROLLOUT_METRICS
-from scheduler_svc.telemetry import SCHEDULER_METRICS
-from trainer_svc.telemetry import TRAINER_METRICS
+from buffer_svc.telemetry import BufferStats, StreamStats
+from relay_svc.telemetry import RelayStats
+from relayrl.exporter import RunnerStats
+from relayrl.stats import specs_of
+from rollout_svc.telemetry import PullStats, RolloutStats
+from scheduler_svc.telemetry import SchedulerStats
+from trainer_svc.telemetry import TRAINER_KINDS
 
-ALL_SPECS = (*RUNNER_METRICS, *RELAY_METRICS, *SCHEDULER_METRICS, *BUFFER_METRICS,
-             *ROLLOUT_METRICS, *TRAINER_METRICS)
+ALL_SPECS = specs_of((RunnerStats, RelayStats, SchedulerStats, BufferStats, StreamStats,
+                      RolloutStats, PullStats, *TRAINER_KINDS))
 SAMPLE_NAMES = frozenset(s.sample_name for s in ALL_SPECS)

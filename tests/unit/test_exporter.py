@@ -1,8 +1,9 @@
 """The Prometheus export: legal names with base units, counters as _total, labelled figures,
-a failing snapshot that costs only its own figures, and every service's snapshot giving
-exactly the figures its table declares."""
+a failing snapshot that costs only its own figures, Stats classes declaring each figure once,
+and every service's snapshot giving exactly the figures its Stats classes declare."""
 
 import threading
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -13,14 +14,15 @@ from buffer_svc.assembler import GroupAssembler
 from buffer_svc.telemetry import buffer_metrics
 from relay_svc.telemetry import relay_metrics
 from relayrl.backpressure import PressureCounters
-from relayrl.exporter import RUNNER_METRICS, MetricSpec, SnapshotCollector, prometheus_name
+from relayrl.exporter import RunnerStats, SnapshotCollector
+from relayrl.stats import MetricSpec, Stats, counter, gauge, prometheus_name
 from relayrl.weights import VersionStore
 from rollout_svc.telemetry import rollout_metrics
 from scheduler_svc.policy import LeasePolicy, WorkerState
 from scheduler_svc.telemetry import scheduler_metrics
 from tests.unit.exported import ALL_SPECS
 from trainer_svc.setaside import TOTALS as SET_ASIDE_TOTALS
-from trainer_svc.telemetry import STEP_METRICS, trainer_metrics
+from trainer_svc.telemetry import STEP_KINDS, trainer_metrics
 
 LEGAL = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 
@@ -60,6 +62,25 @@ def test_counters_gauges_and_labelled_figures():
     }
 
 
+@dataclass
+class Example(Stats, section="a"):
+    done: int = counter("Done.")
+    last_s: float | None = gauge("Last.", section="b")
+    per_worker: dict[str, int] = gauge("Per worker.", label="worker")
+
+
+def test_stats_fields_declare_name_kind_help_and_unit():
+    assert Example.specs() == (MetricSpec("a/done", "counter", "Done."),
+                               MetricSpec("b/last_s", "gauge", "Last."),
+                               MetricSpec("a/per_worker", "gauge", "Per worker.", "worker"))
+    assert [s.unit for s in Example.specs()] == ["", "seconds", ""]
+    stats = Example(done=3, last_s=None, per_worker={"w0": 1})
+    assert stats.figures() == {"a/done": 3, "a/per_worker": {"w0": 1}}  # None: not reported
+    assert Example.from_figures({"b/last_s": 0.5, "other": 1}) == Example(None, 0.5, None)
+    with pytest.raises(TypeError):  # a figure left unfilled is a mistake, not a zero
+        Example(done=1, last_s=0.5)
+
+
 def test_a_failing_snapshot_exports_nothing_and_does_not_raise():
     def broken():
         raise ConnectionError("redis went away")
@@ -75,7 +96,7 @@ def test_every_exported_name_is_legal_unique_and_described():
         assert spec.help.endswith(".") and len(spec.help) > 5, spec
         assert not spec.name.endswith("_total"), spec  # the exporter adds it to counters
         assert "/" in spec.name, spec
-    assert {s.name for s in RUNNER_METRICS} <= {s.name for s in ALL_SPECS}
+    assert {s.name for s in RunnerStats.specs()} <= {s.name for s in ALL_SPECS}
 
 
 def declared(exported) -> set[str]:
@@ -139,6 +160,7 @@ def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded(
     trainer = SimpleNamespace(step=1, finished=False, totals=totals, publisher=publisher,
                               latest={})
     exported = trainer_metrics(trainer)
-    assert set(exported.snapshot()) == declared(exported) - {s.name for s in STEP_METRICS}
-    trainer.latest = {s.name: 0.5 for s in STEP_METRICS} | {"train/unexported": 1.0}
+    step_names = {s.name for kind in STEP_KINDS for s in kind.specs()}
+    assert set(exported.snapshot()) == declared(exported) - step_names
+    trainer.latest = dict.fromkeys(step_names, 0.5) | {"train/unexported": 1.0}
     assert set(exported.snapshot()) == declared(exported)

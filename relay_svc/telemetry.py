@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from relay_svc.version_store import VersionStore
 from relayrl.exporter import MetricSpec, ServiceMetrics
-from relayrl.weights import VersionStore
 
 RELAY_METRICS = (
     MetricSpec("relay/latest_version", "gauge", "Newest complete version held (0: none)."),

@@ -14,8 +14,8 @@ import yaml
 from relayrl.auth import install_launcher_credentials
 from relayrl.config import AuthConfig, RunConfig
 from relayrl.grpc_util import free_ports, wait_healthy
-from relayrl.launcher import Launcher
 from relayrl.metrics import read_metrics
+from relayrl.ops.launcher import Launcher
 from relayrl.procs import child_env
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -46,8 +46,8 @@ from relayrl.models import resolve_model_path  # noqa: E402
 from relayrl.models.loading import load_model  # noqa: E402
 from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc  # noqa: E402
 from relayrl.tasks import make_task  # noqa: E402
-from rollout_svc.engine import SamplingSpec  # noqa: E402
-from rollout_svc.engines import make_engine  # noqa: E402
+from rollout_svc.engine_api import SamplingSpec  # noqa: E402
+from rollout_svc.engine_factory import make_engine  # noqa: E402
 
 
 def raw_tokens_per_s(engine, cfg, prompts, args) -> float:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import assign_free_ports  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.launcher import Launcher  # noqa: E402
+from relayrl.ops.launcher import Launcher  # noqa: E402
 
 TARGET_GROWTH_PCT = 5.0
 WINDOW = 3  # samples whose median is taken at each end
@@ -100,7 +100,7 @@ def report_progress(now_s: float, minutes: float, cfg: RunConfig,
 
 def audit_stopped_run(cfg: RunConfig) -> dict:
     """The ledger of the stopped run, from its Redis file (as `relayrl audit <run dir>`)."""
-    from relayrl.audit import audit_redis
+    from relayrl.ops.audit import audit_redis
     from relayrl.redis_conn import redis_session
 
     with redis_session(None, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:

@@ -10,9 +10,10 @@ import time
 
 import grpc
 
+from relay_svc.version_store import VersionStore
 from relayrl.grpc_util import channel
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
-from relayrl.weights import Manifest, VersionStore, WeightError
+from relayrl.weights import Manifest, WeightError
 from relayrl.weights.wire import decode_bytes_chunk
 
 log = logging.getLogger(__name__)

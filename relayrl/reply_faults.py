@@ -3,8 +3,9 @@ whose replies a seeded schedule drops (the caller sees UNAVAILABLE) or holds pas
 caller's deadline (the caller sees DEADLINE_EXCEEDED), as a network failing after the work
 was done would. Every caller must then be safe to retry: tests/chaos/test_lost_replies.py.
 
-Process faults (kill -9, restart) are relayrl.faults and relayrl.fault_injector; this is
-the other half of fault injection: a peer that did the work and whose answer never came.
+Process faults (kill -9, restart) are relayrl.ops.fault_schedule and
+relayrl.ops.fault_injector; this is the other half of fault injection: a peer that did the
+work and whose answer never came.
 
 Only the environment variable RELAYRL_TEST_LOST_REPLIES turns it on, never a config file,
 so no deployment's settings can carry it by accident; a service started with it logs a

@@ -15,8 +15,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from relayrl.generation import Completion
-from rollout_svc.engine import Engine, SamplingSpec
+from relayrl.sampling.sampler import Completion
+from rollout_svc.engine_api import Engine, SamplingSpec
 
 
 @dataclass

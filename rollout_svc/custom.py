@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from relayrl.config import RolloutConfig
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
-from relayrl.generation import Completion
 from relayrl.models.loading import LoadedModel
+from relayrl.sampling.sampler import Completion
 from rollout_svc.batcher import RequestBatcher
-from rollout_svc.engine import Engine, SamplingSpec
+from rollout_svc.engine_api import Engine, SamplingSpec
 
 MAX_N = 64
 

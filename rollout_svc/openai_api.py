@@ -18,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl import auth
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE
-from relayrl.http_limits import BodyLimit
 from relayrl.http_server import BackgroundHTTPServer, BearerGuard
 from relayrl.json_types import json_int
 from relayrl.roles import TokenBook
 from rollout_svc.custom import CustomGenerator
+from rollout_svc.http_limits import BodyLimit
 
 
 class _Strict(BaseModel):

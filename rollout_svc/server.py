@@ -21,7 +21,7 @@ from relayrl.streams import TrajectoryWriter
 from relayrl.tasks import make_task
 from relayrl.weights.client import RelayClient
 from rollout_svc.custom import CustomGenerator
-from rollout_svc.engines import make_engine
+from rollout_svc.engine_factory import make_engine
 from rollout_svc.telemetry import rollout_metrics
 from rollout_svc.worker import RolloutWorker
 

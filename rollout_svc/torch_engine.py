@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from relayrl.generation import Completion, sample_with_kv
-from relayrl.kv_state import ModelFingerprint, SequenceKV, StateCache
 from relayrl.models.loading import LoadedModel
-from rollout_svc.engine import Engine, SamplingSpec
+from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache
+from relayrl.sampling.sampler import Completion, sample_with_kv
+from rollout_svc.engine_api import Engine, SamplingSpec
 
 
 def check_state_dict(current: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor],

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from relayrl.generation import Completion
-from rollout_svc.engine import Engine, SamplingSpec
+from relayrl.sampling.sampler import Completion
+from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.torch_engine import check_state_dict
 
 GREEDY_TEMPERATURE_KEY = "relayrl_greedy_temperature"

@@ -17,7 +17,7 @@ import torch
 from relayrl.outage import Outage, is_outage
 from relayrl.weights import WeightError, WeightPlane
 from relayrl.weights.layout import flat_size
-from rollout_svc.engine import Engine
+from rollout_svc.engine_api import Engine
 
 log = logging.getLogger(__name__)
 CATCH_UP_POLL_S = 0.02

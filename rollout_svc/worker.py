@@ -34,8 +34,8 @@ from relayrl.repack import is_tail
 from relayrl.rewards import get_reward, score
 from relayrl.streams import TrajectoryWriter
 from relayrl.weights import WeightPlane
-from rollout_svc.engine import Engine
-from rollout_svc.generation import GroupGenerator
+from rollout_svc.engine_api import Engine
+from rollout_svc.group_generator import GroupGenerator
 from rollout_svc.weight_refresh import WeightRefresher
 from rollout_svc.worker_leases import WorkerLeases
 

@@ -10,10 +10,10 @@ import pytest
 import redis as redis_lib
 
 from relayrl import ledger as prompt_ledger
-from relayrl.audit import audit_redis
 from relayrl.config import RunConfig
 from relayrl.grpc_util import channel, free_ports  # noqa: F401 (tests import it from here)
 from relayrl.keys import RunKeys
+from relayrl.ops.audit import audit_redis
 from relayrl.proto.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,

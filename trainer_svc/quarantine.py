@@ -11,7 +11,8 @@ or gradient norm was not finite is recorded there too (trainer_svc.objective ski
 The quarantine is two Redis keys (relayrl.keys): a hash from "entry id:kind" to a record,
 which `relayrl audit` reports and which makes recording idempotent (a restart re-reads the
 entries since its last checkpoint and meets the same batch again), and a stream holding the
-newest records with their payloads, to inspect or replay (relayrl.audit reads the hash).
+newest records with their payloads, to inspect or replay (relayrl.ops.audit reads the
+hash).
 """
 
 from __future__ import annotations

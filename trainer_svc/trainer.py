@@ -16,12 +16,12 @@ from relayrl import ledger as prompt_ledger
 from relayrl.backpressure import PressureCounters, StoppedWaiting
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
-from relayrl.evaluation import evaluate
 from relayrl.keys import TRAINER_GROUP, RunKeys, is_external
 from relayrl.messages import decode_batch
 from relayrl.metrics import MetricsWriter
 from relayrl.models.loading import LoadedModel
 from relayrl.outage import redis_write, ride_out
+from relayrl.sampling.evaluation import evaluate
 from relayrl.streams import ensure_group, read_group
 from relayrl.tasks import make_task
 from trainer_svc import checkpoint

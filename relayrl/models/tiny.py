@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from relayrl.config import ModelConfig, TaskConfig
-from relayrl.evaluation import evaluate
 from relayrl.model_limits import TINY_CONTEXT, TINY_SPECIALS, tiny_vocab_size
 from relayrl.models.loading import load_model
+from relayrl.sampling.evaluation import evaluate
 from relayrl.tasks import make_task
 
 log = logging.getLogger(__name__)

@@ -1,13 +1,12 @@
-"""Versioned, verified policy weights: manifests, the in-process store and the relay client."""
+"""Versioned, verified policy weights: manifests, the weight-plane contract and the relay
+client. The relay's store of versions is its own (relay_svc/version_store.py)."""
 
 from relayrl.weights.manifest import Manifest, ShardInfo, WeightError, build_manifest, verify_shard
 from relayrl.weights.plane import WeightPlane
-from relayrl.weights.store import VersionStore
 
 __all__ = [
     "Manifest",
     "ShardInfo",
-    "VersionStore",
     "WeightError",
     "WeightPlane",
     "build_manifest",

@@ -1,6 +1,9 @@
 """The NIXL data plane: the relay registers each version's flat host buffer with a NIXL (UCX)
 agent and hands out its agent metadata and buffer address; the worker READs the buffer
-straight into its own registered memory, without the relay's CPU copying bytes."""
+straight into its own registered memory, without the relay's CPU copying bytes.
+
+This module holds the agent setup both sides share and the worker's reader (NixlClient);
+the relay's side is relay_svc/nixl_server.py."""
 
 from __future__ import annotations
 
@@ -10,20 +13,18 @@ import struct
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import torch
 
 from relayrl.proto.v1 import relay_pb2
 from relayrl.weights.manifest import WeightError
-from relayrl.weights.stored import StoredVersion
 
-_DESCRIPTOR = struct.Struct("<QQQ")  # address, length, device id
+DESCRIPTOR = struct.Struct("<QQQ")  # address, length, device id
 _PROGRESS_POLL_US = 10_000  # longest sleep of the relay's idle UCX progress thread
 _patch_lock = threading.Lock()
 
 
-def _nixl_api():
+def nixl_api():
     try:
         from nixl_cu12 import _api
     except ImportError:
@@ -38,19 +39,19 @@ def _nixl_api():
 
 def available() -> bool:
     try:
-        _nixl_api()
+        nixl_api()
     except WeightError:
         return False
     return True
 
 
-def _nixl_errors(api) -> tuple[type[BaseException], ...]:
+def nixl_errors(api) -> tuple[type[BaseException], ...]:
     bindings = api.nixlBind
     return tuple(v for v in vars(bindings).values()
                  if isinstance(v, type) and issubclass(v, Exception))
 
 
-def _make_agent(api, role: str, progress_thread: bool):
+def make_agent(api, role: str, progress_thread: bool):
     name = f"relayrl-{role}-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     config = api.nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"])
     try:
@@ -70,93 +71,17 @@ def _make_agent(api, role: str, progress_thread: bool):
                 return api.nixl_agent(name, config)
             finally:
                 bindings.nixlAgent = make
-    except (RuntimeError, *_nixl_errors(api)) as err:
+    except (RuntimeError, *nixl_errors(api)) as err:
         raise WeightError(f"data plane 'nixl': cannot start a UCX agent: {err}") from None
-
-
-@dataclass
-class _Offered:
-    stored: StoredVersion
-    registration: object | None
-    descriptors: bytes
-    leases: list[float] = field(default_factory=list)  # deadlines of tickets still out
-
-
-class NixlServer:
-    """The relay's agent. A version stays registered, and its buffer alive, while it is held
-    or any ticket for it is still out: freeing memory a worker still reads would let the
-    relay's UCX progress thread serve a read from unmapped memory."""
-
-    def __init__(self, lease_s: float = 60.0):
-        self._api = _nixl_api()
-        self._errors = _nixl_errors(self._api)
-        self._agent = _make_agent(self._api, "relay", progress_thread=True)
-        self.name = self._agent.name
-        self.lease_s = lease_s
-        self._lock = threading.Lock()
-        self._offered: dict[int, _Offered] = {}  # by id() of the StoredVersion it holds
-        self._metadata = self._agent.get_agent_metadata()
-
-    def offer(self, stored: StoredVersion) -> relay_pb2.NixlTicket:
-        try:
-            return self._offer(stored)
-        except self._errors as err:
-            raise WeightError(f"NIXL registration of version {stored.version} failed: "
-                              f"{type(err).__name__} {err}") from None
-
-    def _offer(self, stored: StoredVersion) -> relay_pb2.NixlTicket:
-        with self._lock:
-            self._drop_unused()
-            offered = self._offered.get(id(stored))
-            if offered is None:
-                offered = self._offered[id(stored)] = self._register(stored)
-            if stored.size:
-                offered.leases.append(time.monotonic() + self.lease_s)
-            return relay_pb2.NixlTicket(agent_name=self.name, agent_metadata=self._metadata,
-                                        descriptors=offered.descriptors)
-
-    def forget(self, version: int) -> None:
-        """A worker is done with a ticket for `version`: end the lease that expires first."""
-        with self._lock:
-            for offered in self._offered.values():
-                if offered.stored.version == version and offered.leases:
-                    offered.leases.remove(min(offered.leases))
-                    break
-            self._drop_unused()
-
-    def close(self) -> None:
-        with self._lock:
-            for offered in self._offered.values():
-                if offered.registration is not None:
-                    self._agent.deregister_memory(offered.registration)
-            self._offered.clear()
-
-    def _register(self, stored: StoredVersion) -> _Offered:
-        if not stored.size:
-            return _Offered(stored, None, b"")
-        registration = self._agent.register_memory(stored.flat)
-        self._metadata = self._agent.get_agent_metadata()
-        return _Offered(stored, registration,
-                        _DESCRIPTOR.pack(stored.flat.data_ptr(), stored.size, 0))
-
-    def _drop_unused(self) -> None:
-        now = time.monotonic()
-        for key, offered in list(self._offered.items()):
-            offered.leases = [d for d in offered.leases if d > now]
-            if offered.stored.released and not offered.leases:
-                if offered.registration is not None:
-                    self._agent.deregister_memory(offered.registration)
-                    self._metadata = self._agent.get_agent_metadata()
-                del self._offered[key]
 
 
 class NixlClient:
     """The worker's agent: one READ of the relay's buffer per pull, polled to completion."""
 
     def __init__(self):
-        self._api = _nixl_api()
-        self._errors = _nixl_errors(self._api)
-        self._agent = _make_agent(self._api, "worker", progress_thread=False)
+        self._api = nixl_api()
+        self._errors = nixl_errors(self._api)
+        self._agent = make_agent(self._api, "worker", progress_thread=False)
         self.name = self._agent.name
         self._lock = threading.Lock()
         self._remote: tuple[str, bytes] | None = None  # relay agent loaded, its metadata
@@ -169,8 +94,8 @@ class NixlClient:
         registered) or into fresh memory."""
         if not size:
             return torch.empty(0, dtype=torch.uint8)
-        whole = len(ticket.descriptors) % _DESCRIPTOR.size == 0
-        remote = list(_DESCRIPTOR.iter_unpack(ticket.descriptors)) if whole else []
+        whole = len(ticket.descriptors) % DESCRIPTOR.size == 0
+        remote = list(DESCRIPTOR.iter_unpack(ticket.descriptors)) if whole else []
         if sum(r[1] for r in remote) != size:
             raise WeightError(f"NIXL ticket from {ticket.agent_name!r} does not describe "
                               f"{size} bytes")

@@ -1,5 +1,5 @@
-"""The weight-plane contract. The in-process VersionStore and the gRPC RelayClient both
-implement it, and the same contract test runs against both."""
+"""The weight-plane contract. The relay's in-process VersionStore (relay_svc/version_store.py)
+and the gRPC RelayClient both implement it, and the same contract test runs against both."""
 
 from __future__ import annotations
 

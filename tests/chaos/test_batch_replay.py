@@ -10,8 +10,8 @@ from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.keys import BUFFER_GROUP, RunKeys
 from relayrl.messages import Batch, Group, Sample
+from relayrl.ops.redis_server import RedisServer
 from relayrl.redis_conn import connect
-from relayrl.redis_server import RedisServer
 from relayrl.streams import TrajectoryWriter, read_group
 
 CFG = RunConfig.model_validate({"run_id": "replay", "buffer": {"group_size": 1,

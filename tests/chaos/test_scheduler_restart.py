@@ -7,8 +7,8 @@ import pytest
 from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
+from relayrl.ops.redis_server import RedisServer
 from relayrl.redis_conn import connect
-from relayrl.redis_server import RedisServer
 from scheduler_svc.core import SchedulerCore
 
 

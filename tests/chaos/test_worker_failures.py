@@ -13,7 +13,7 @@ import redis as redis_lib
 from relayrl.config import RunConfig
 from relayrl.grpc_util import channel, wait_healthy
 from relayrl.keys import RunKeys
-from relayrl.launcher import Launcher
+from relayrl.ops.launcher import Launcher
 from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.conftest import small_stack_config, snapshot
 

@@ -36,7 +36,7 @@ from relayrl.models.loading import load_model
 from relayrl.models.tiny import build_model, build_tokenizer, warm_start
 from relayrl.rewards import get_reward, score
 from relayrl.tasks import make_task
-from rollout_svc.engine import SamplingSpec
+from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
 from trainer_svc.batching import collate, split_stale
 from trainer_svc.learner import Learner

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.common import free_port_block
 from relayrl.config import RunConfig
 from relayrl.keys import TRAINER_GROUP, RunKeys
-from relayrl.launcher import Launcher
+from relayrl.ops.launcher import Launcher
 from tests.conftest import small_stack_config
 
 

@@ -28,10 +28,10 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from relayrl import auth
-from relayrl.cli import main as cli_main
 from relayrl.config import RunConfig
 from relayrl.grpc_util import channel, free_ports
-from relayrl.launcher import Launcher
+from relayrl.ops.cli import main as cli_main
+from relayrl.ops.launcher import Launcher
 from relayrl.proto.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,

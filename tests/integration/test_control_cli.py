@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
-from relayrl.cli import main
 from relayrl.config import RunConfig
 from relayrl.control import RunState
 from relayrl.http_server import BackgroundHTTPServer
+from relayrl.ops.cli import main
 from relayrl.redis_conn import EmbeddedRedis, connect
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest import build_rest_app

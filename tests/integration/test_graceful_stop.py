@@ -11,7 +11,7 @@ import pytest
 
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
-from relayrl.launcher import Launcher
+from relayrl.ops.launcher import Launcher
 from relayrl.redis_conn import connect
 from tests.conftest import free_ports, small_stack_config, snapshot
 

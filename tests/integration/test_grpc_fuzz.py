@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 
 from relayrl.config import RunConfig
 from relayrl.grpc_util import channel, check_health
-from relayrl.launcher import Launcher
+from relayrl.ops.launcher import Launcher
 from relayrl.proto.v1 import buffer_pb2, relay_pb2, rollout_pb2, scheduler_pb2, trainer_pb2
 from tests.conftest import small_stack_config
 

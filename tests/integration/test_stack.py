@@ -7,8 +7,8 @@ import time
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.launcher import Launcher
 from relayrl.metrics import read_metrics
+from relayrl.ops.launcher import Launcher
 from tests.conftest import small_stack_config, snapshot
 
 STEPS, GROUPS, GROUP_SIZE = 10, 2, 4
@@ -108,7 +108,7 @@ def test_every_process_stopped_cleanly(finished_run):
 def test_relayrl_audit_reopens_the_stopped_run_and_balances(finished_run, capsys):
     import json
 
-    from relayrl.cli import main
+    from relayrl.ops.cli import main
 
     cfg, _, _, _, _ = finished_run
     assert main(["audit", cfg.run_dir]) == 0  # the run directory: its Redis file, reloaded

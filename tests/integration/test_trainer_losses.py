@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from relay_svc.version_store import VersionStore
 from relayrl import ledger
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
@@ -15,7 +16,6 @@ from relayrl.messages import Batch, Group, Sample, encode_batch
 from relayrl.models.loading import load_model
 from relayrl.redis_conn import EmbeddedRedis, connect
 from relayrl.streams import FIELD
-from relayrl.weights import VersionStore
 from trainer_svc.losses import LOSSES
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.trainer import Trainer

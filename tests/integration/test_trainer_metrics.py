@@ -8,6 +8,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
 from relayrl.exporter import MetricsEndpoint
 from relayrl.keys import RunKeys
@@ -16,7 +17,6 @@ from relayrl.metrics import read_metrics
 from relayrl.models.loading import load_model
 from relayrl.redis_conn import EmbeddedRedis, connect
 from relayrl.streams import FIELD
-from relayrl.weights import VersionStore
 from tests.conftest import free_ports
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.server import run_loop

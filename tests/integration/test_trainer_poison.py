@@ -11,16 +11,16 @@ import threading
 import pytest
 import torch
 
+from relay_svc.version_store import VersionStore
 from relayrl import ledger
-from relayrl.audit import audit_redis, read_quarantine
 from relayrl.codec import pack
 from relayrl.config import RunConfig
 from relayrl.keys import TRAINER_GROUP, RunKeys
 from relayrl.messages import Batch, Group, Sample, encode_batch
 from relayrl.models.loading import load_model
+from relayrl.ops.audit import audit_redis, read_quarantine
 from relayrl.redis_conn import EmbeddedRedis, connect
 from relayrl.streams import FIELD
-from relayrl.weights import VersionStore
 from trainer_svc import checkpoint
 from trainer_svc.finite import NonFiniteError
 from trainer_svc.publisher import AsyncPublisher

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from relayrl.config import RunConfig
-from relayrl.generation import Completion, left_pad
 from relayrl.messages import Group, Sample
-from rollout_svc.engine import SamplingSpec
-from rollout_svc.engines import make_engine
+from relayrl.sampling.sampler import Completion, left_pad
+from rollout_svc.engine_api import SamplingSpec
+from rollout_svc.engine_factory import make_engine
 from rollout_svc.torch_engine import TorchEngine
 from trainer_svc.batching import collate, token_logprobs
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from relayrl.audit import reconcile
 from relayrl.keys import EXTERNAL_PROMPT_BASE
+from relayrl.ops.audit import reconcile
 
 EXT = EXTERNAL_PROMPT_BASE
 

@@ -4,9 +4,9 @@ import time
 import pytest
 import torch
 
-from relayrl.generation import Completion
+from relayrl.sampling.sampler import Completion
 from rollout_svc.batcher import RequestBatcher
-from rollout_svc.engine import Engine, SamplingSpec
+from rollout_svc.engine_api import Engine, SamplingSpec
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from relayrl.codec import CodecError, decode_array, encode_array, pack
-from relayrl.kv_state import SequenceKV
 from relayrl.messages import Batch, Group, Sample, decode_batch, decode_sample, encode_sample
 from relayrl.partial import PartialGroup
+from relayrl.sampling.kv_state import SequenceKV
 
 DTYPES = ["int32", "int64", "float16", "float32", "float64", "uint8", "bool"]
 FAST = settings(max_examples=300, deadline=None,

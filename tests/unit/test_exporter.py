@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from buffer_svc.assembler import GroupAssembler
 from buffer_svc.telemetry import buffer_metrics
 from relay_svc.telemetry import relay_metrics
+from relay_svc.version_store import VersionStore
 from relayrl.backpressure import PressureCounters
 from relayrl.exporter import RunnerStats, SnapshotCollector
 from relayrl.stats import MetricSpec, Stats, counter, gauge, prometheus_name
-from relayrl.weights import VersionStore
 from rollout_svc.telemetry import rollout_metrics
 from scheduler_svc.policy import LeasePolicy, WorkerState
 from scheduler_svc.telemetry import scheduler_metrics

@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
+from relay_svc.version_store import VersionStore
 from relayrl.config import TrainerConfig
-from relayrl.weights import VersionStore
 from tests.unit.test_losses_trainer import MAX_NEW_TOKENS, tiny_batch
 from trainer_svc import checkpoint
 from trainer_svc.finite import NonFiniteError, StepGuard, check_finite

@@ -6,10 +6,10 @@ import torch
 
 from relayrl.codec import CodecError
 from relayrl.config import ModelConfig
-from relayrl.kv_state import SequenceKV
 from relayrl.models.loading import load_model
 from relayrl.models.tiny import build_model
-from rollout_svc.engine import SamplingSpec
+from relayrl.sampling.kv_state import SequenceKV
+from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
 
 PROMPT_LENGTHS = (5, 12, 3, 9)

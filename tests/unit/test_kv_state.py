@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from relayrl.codec import CodecError
-from relayrl.generation import sample_with_kv
-from relayrl.kv_state import (
+from relayrl.sampling.kv_state import (
     ModelFingerprint,
     SequenceKV,
     StateCache,
@@ -17,6 +16,7 @@ from relayrl.kv_state import (
     checksum_of,
     split,
 )
+from relayrl.sampling.sampler import sample_with_kv
 
 FP = ModelFingerprint("llama", num_layers=2, kv_heads=2, head_dim=4, hidden_size=8,
                       vocab_size=15, dtype="float32")

@@ -5,7 +5,7 @@ import threading
 
 import torch
 
-from relayrl.weights import VersionStore
+from relay_svc.version_store import VersionStore
 from trainer_svc.publisher import AsyncPublisher
 
 

@@ -8,6 +8,7 @@ import stat
 import pytest
 import torch
 
+from relay_svc.version_store import VersionStore
 from relayrl import auth, roles
 from relayrl.config.security import AuthConfig
 from relayrl.proto.v1 import (
@@ -19,7 +20,7 @@ from relayrl.proto.v1 import (
     trainer_pb2,
 )
 from relayrl.roles import AGENT, OPERATOR, SERVICE, TRAINER, method_roles
-from relayrl.weights import VersionStore, WeightError, build_manifest
+from relayrl.weights import WeightError, build_manifest
 
 MODULES = (buffer_pb2, relay_pb2, reward_pb2, rollout_pb2, scheduler_pb2, trainer_pb2)
 ROLE_VARS = ("RELAYRL_TOKEN", "RELAYRL_AGENT_TOKEN", "RELAYRL_OPERATOR_TOKEN",

@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from relayrl import control
 from relayrl.config import RolloutConfig, RunConfig
 from relayrl.config.rollout import MAX_SEED, MIN_TEMPERATURE
-from relayrl.generation import sample
 from relayrl.leases import LeasedPrompt
+from relayrl.sampling.sampler import sample
 from rollout_svc.custom import CustomGenerator
-from rollout_svc.engine import SamplingSpec
-from rollout_svc.generation import GroupGenerator
+from rollout_svc.engine_api import SamplingSpec
+from rollout_svc.group_generator import GroupGenerator
 from rollout_svc.torch_engine import TorchEngine
 
 LOW = 1e-300  # what crash-looped the workers and made the trainer's weights NaN

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relayrl.cli import main
+from relayrl.ops.cli import main
 from relayrl.sim import (
     CostParams,
     LengthDist,

@@ -8,7 +8,7 @@ import pytest
 
 from relayrl.config import RunConfig
 from relayrl.partial import PartialGroup, PartialSequence
-from rollout_svc.generation import GroupGenerator
+from rollout_svc.group_generator import GroupGenerator
 
 
 def group(*versions_per_sequence: list[int]) -> PartialGroup:

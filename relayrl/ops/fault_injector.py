@@ -1,6 +1,7 @@
-"""Carries out a fault schedule (relayrl.faults) on a run the launcher is driving: waits for
-each fault's moment, kills the process with SIGKILL, and measures how long the run takes to
-recover. The launcher's restart policy does the restarting; this only kills and watches.
+"""Carries out a fault schedule (relayrl.ops.fault_schedule) on a run the launcher is
+driving: waits for each fault's moment, kills the process with SIGKILL, and measures how long
+the run takes to recover. The launcher's restart policy does the restarting; this only
+kills and watches.
 
 Recovery seconds: from the kill until both the process answers again (a new process
 healthy on its address; Redis answering a ping) and the trainer has recorded a step past
@@ -19,9 +20,9 @@ from dataclasses import dataclass
 
 import redis as redis_lib
 
-from relayrl.faults import Fault
 from relayrl.grpc_util import check_health
 from relayrl.keys import RunKeys
+from relayrl.ops.fault_schedule import Fault
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05

@@ -2,8 +2,8 @@
 
 import torch
 
-from relayrl.generation import sample
 from relayrl.messages import Group, Sample
+from relayrl.sampling.sampler import sample
 from trainer_svc.batching import collate, token_logprobs
 
 

@@ -6,17 +6,17 @@ prompts of ten tokens with long-tail sequences of hundreds, so one padded forwar
 mostly padding (32 rows x 200 columns for 31 short rows and one long one). Prefill costs
 about the same per token at any batch size, so the rows that need it are run in buckets of
 similar length (relayrl.length_split), each bucket's state is split out per sequence
-(relayrl.kv_state), and the sampler resumes every row from its state as it would from one
-kept from an earlier call.
+(relayrl.sampling.kv_state), and the sampler resumes every row from its state as it would
+from one kept from an earlier call.
 """
 
 from __future__ import annotations
 
 import torch
 
-from relayrl import kv_state
-from relayrl.kv_state import ModelFingerprint, SequenceKV
 from relayrl.length_split import padded_cost, plan_runs
+from relayrl.sampling import kv_state
+from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
 
 # One more forward call costs about as much as this many padded tokens (per-call overhead
 # of a small model on CPU, measured: ~3 ms a call against ~60 us a prefilled token).
@@ -41,7 +41,7 @@ def worth_bucketing(fed: list[int], rows: list[int], covered_lengths: list[int])
 def prefill_states(model, contexts: list[list[int]], pad_id: int, version: int,
                    fingerprint: ModelFingerprint) -> list[SequenceKV]:
     """The KV state of each context, computed in length buckets."""
-    from relayrl.generation import left_pad
+    from relayrl.sampling.sampler import left_pad
 
     states: list[SequenceKV | None] = [None] * len(contexts)
     for bucket in plan_runs([len(c) for c in contexts], CALL_COST_TOKENS):

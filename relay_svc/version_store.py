@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from relay_svc.stored_version import State, StoredVersion
 from relayrl.weights.layout import pack, unpack
 from relayrl.weights.manifest import Manifest, WeightError, build_manifest
 from relayrl.weights.plane import WeightPlane
-from relayrl.weights.stored import State, StoredVersion
 
 
 class AlreadyHeld(WeightError):

@@ -11,12 +11,12 @@ from relayrl import control
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
-from relayrl.kv_state import SequenceKV
 from relayrl.leases import LeasedPrompt
 from relayrl.models.loading import LoadedModel
 from relayrl.partial import PartialGroup, PartialSequence
+from relayrl.sampling.kv_state import SequenceKV
 from relayrl.streams import TrajectoryWriter
-from rollout_svc.engine import Engine, SamplingSpec
+from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.lengths import target_length
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""A whole run under a fault schedule: the real stack (relayrl.launcher), the injector
-(relayrl.fault_injector) beside it, and the run's audit at the end."""
+"""A whole run under a fault schedule: the real stack (relayrl.ops.launcher), the injector
+(relayrl.ops.fault_injector) beside it, and the run's audit at the end."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from relayrl.audit import AuditReport, audit_redis
 from relayrl.config import RunConfig
-from relayrl.fault_injector import FaultInjector, Outcome
-from relayrl.faults import Fault, due_steps
 from relayrl.keys import RunKeys
-from relayrl.launcher import Launcher
+from relayrl.ops.audit import AuditReport, audit_redis
+from relayrl.ops.fault_injector import FaultInjector, Outcome
+from relayrl.ops.fault_schedule import Fault, due_steps
+from relayrl.ops.launcher import Launcher
 from relayrl.redis_conn import connect
 
 
@@ -54,8 +54,8 @@ def run_with_faults(cfg: RunConfig, schedule: list[Fault], steps_per_restart: in
                     timeout_s: float = 900.0, recovery_timeout_s: float = 180.0
                     ) -> FaultRunResult:
     """Run `cfg` to its end while `schedule` is carried out, each fault at its due step
-    (relayrl.faults.due_steps). TimeoutError if the run has
-    not ended after `timeout_s` (a wedged run must not hang its caller)."""
+    (relayrl.ops.fault_schedule.due_steps). TimeoutError if the run has not ended after
+    `timeout_s` (a wedged run must not hang its caller)."""
     t0 = time.monotonic()
     launcher = Launcher(cfg, show_trainer_output=False)
     try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.generation import sample
 from relayrl.models.loading import LoadedModel
 from relayrl.rewards import get_reward, score
+from relayrl.sampling.sampler import sample
 from relayrl.tasks import Problem
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from relayrl.config import RunConfig
 from relayrl.models.loading import LoadedModel
-from rollout_svc.engine import Engine
+from rollout_svc.engine_api import Engine
 from rollout_svc.torch_engine import TorchEngine
 
 

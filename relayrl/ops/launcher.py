@@ -1,9 +1,9 @@
 """`relayrl up`: every service as its own local process, all started at once.
 
 The launcher owns the embedded Redis (when no URL is configured) and builds the model once
-before any service starts. A process that dies is restarted (relayrl.restarts). Ctrl-C or
-SIGTERM stops every child; children also get SIGTERM from the kernel if the launcher itself
-dies, so nothing is left orphaned.
+before any service starts. A process that dies is restarted (relayrl.ops.restarts). Ctrl-C
+or SIGTERM stops every child; children also get SIGTERM from the kernel if the launcher
+itself dies, so nothing is left orphaned.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from relayrl.auth import current as current_credentials
 from relayrl.auth import install_launcher_credentials
 from relayrl.config import RunConfig
 from relayrl.grpc_util import wait_healthy
+from relayrl.ops.restarts import RestartBudget
 from relayrl.procs import child_env
-from relayrl.restarts import RestartBudget
 
 log = logging.getLogger(__name__)
 PUBLISH_PARTIES = ("trainer", "relay")  # the children that see the trainer token
@@ -44,7 +44,7 @@ class Launcher:
         self.run_dir = Path(cfg.run_dir)
         self.show_trainer_output = show_trainer_output
         self.children: list[Child] = []
-        self.embedded = None  # relayrl.redis_server.RedisServer, when no URL is configured
+        self.embedded = None  # relayrl.ops.redis_server.RedisServer, when no URL is configured
         self.redis_budget = RestartBudget.of(cfg.restarts)
         self.config_path = self.run_dir / "config.yaml"
 
@@ -69,7 +69,7 @@ class Launcher:
 
     def prepare(self) -> None:
         from relayrl.models import resolve_model_path
-        from relayrl.redis_server import RedisServer
+        from relayrl.ops.redis_server import RedisServer
 
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         tokens = install_launcher_credentials(self.cfg.auth, self.run_dir)  # children: by env

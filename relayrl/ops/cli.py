@@ -1,6 +1,6 @@
 """The `relayrl` command: up (run every service locally), prepare (build the model), services
 (each service's gRPC status), audit, health, simulate (a large cluster, as discrete events),
-and the control API's status, pause, resume, stop and workers (relayrl.control_client)."""
+and the control API's status, pause, resume, stop and workers (relayrl.ops.control_client)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _summary(cfg) -> None:
 
 def cmd_up(args) -> int:
     cfg = _load(args)
-    from relayrl.launcher import up
+    from relayrl.ops.launcher import up
 
     code = up(cfg)
     _summary(cfg)
@@ -109,7 +109,7 @@ def cmd_audit(args) -> int:
     import json
     from pathlib import Path
 
-    from relayrl.audit import audit_redis
+    from relayrl.ops.audit import audit_redis
     from relayrl.redis_conn import redis_session
 
     target = Path(args.config)
@@ -134,7 +134,7 @@ def cmd_audit(args) -> int:
 
 def cmd_control(args) -> int:
     """status, pause, resume, stop, workers: one call to the scheduler's REST control API."""
-    from relayrl.control_client import ControlError, resolve_endpoint, run_command
+    from relayrl.ops.control_client import ControlError, resolve_endpoint, run_command
 
     cfg = _load(args) if args.config else None
     try:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
-from relayrl.generation import Completion
-from relayrl.kv_state import SequenceKV
+from relayrl.sampling.kv_state import SequenceKV
+from relayrl.sampling.sampler import Completion
 
 __all__ = ["Completion", "Engine", "SamplingSpec"]
 

@@ -3,7 +3,7 @@
 Prompts are left-padded and given explicit position ids, so a sequence's positions do not
 depend on what it is batched with; the trainer's recomputation sees the same positions.
 `sample_with_kv` can also start a sequence from a KV state kept from an earlier call (see
-relayrl/kv_state.py) and hand back each sequence's final state.
+relayrl/sampling/kv_state.py) and hand back each sequence's final state.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl import kv_state, prefill
-from relayrl.kv_state import ModelFingerprint, SequenceKV
+from relayrl.sampling import kv_state, prefill
+from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
 
 
 @dataclass
@@ -132,8 +132,9 @@ def _prefill_in_buckets(model, contexts: list[list[int]], prefixes: list[Sequenc
                         pad_id: int, version: int, fingerprint: ModelFingerprint | None
                         ) -> tuple[list[SequenceKV | None], ModelFingerprint | None]:
     """(prefixes, fingerprint) with states for the rows the first forward would feed more
-    than one token, computed in length buckets (relayrl.prefill) when that is cheaper than
-    padding them all to the longest; every such row is then fed only its last token."""
+    than one token, computed in length buckets (relayrl.sampling.prefill) when that is
+    cheaper than padding them all to the longest; every such row is then fed only its last
+    token."""
     fed = [len(c) - (len(p) if p is not None else 0) for c, p in zip(contexts, prefixes,
                                                                       strict=True)]
     rows = [i for i, (p, n) in enumerate(zip(prefixes, fed, strict=True)) if p is None and n > 1]

@@ -194,6 +194,9 @@ class AsyncPublisher:
                     self._cond.notify_all()
                     break
                 self._cond.wait(STOP_POLL_S if stop is not None else None)
+            given_up = self._give_up
+        if given_up:  # ready again now, not when the send thread next wakes
+            self.relay.abandon()
         self._raise_refused()
 
     def _idle(self) -> bool:

@@ -15,7 +15,7 @@ config, with one mode's edits:
   alternate, every sample is on-policy.
 - async_<k>_<correction>: trainer.max_staleness k and the default in-flight limit
   (max(2, k) batches: relayrl.config.run.inflight_prompts), trained with
-  trainer.correction <correction> (tis_token: truncated importance sampling, the default;
+  trainer.loss.correction <correction> (tis_token: truncated importance sampling, the default;
   none: stale samples trained as if on-policy).
 
 Writes <out>/<name>.md (the table, with its definitions) and <out>/<name>.png (reward
@@ -86,8 +86,9 @@ def mode_config(base: RunConfig, mode: Mode, seed: int, steps: int, eval_every: 
     groups = data["buffer"]["groups_per_batch"]
     data.update(run_id=f"convergence-{mode.name}-s{seed}", run_dir=str(run_dir))
     data["scheduler"]["max_inflight_prompts"] = groups if mode.staleness == 0 else 0
+    data["trainer"]["loss"]["correction"] = mode.correction
     data["trainer"].update(
-        max_staleness=mode.staleness, correction=mode.correction, max_steps=steps,
+        max_staleness=mode.staleness, max_steps=steps,
         seed=data["trainer"]["seed"] + seed, checkpoint_every=steps, keep_checkpoints=1,
         plot_every=steps, progress=False,
         eval_every=data["trainer"]["eval_every"] if eval_every is None else eval_every)
@@ -182,7 +183,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     base = load_run_config(args.config)
     args.steps = args.steps or base.trainer.max_steps
-    modes = study_modes(args.staleness, args.corrections.split(","), base.trainer.correction,
+    modes = study_modes(args.staleness, args.corrections.split(","), base.trainer.loss.correction,
                         args.modes.split(","))
     window = max(1, round(args.smooth * args.steps))
     curves_by_mode: dict[Mode, list[RunCurve]] = {}

@@ -16,7 +16,7 @@ import torch
 from relayrl.config import TrainerConfig
 from trainer_svc.batching import PolicyOutputs, TrainBatch, policy_outputs, select_rows
 from trainer_svc.distributed import Parallel, normaliser, shard_rows
-from trainer_svc.losses import LossInputs, LossSettings, get_loss
+from trainer_svc.losses import LossInputs, get_loss
 from trainer_svc.losses.advantages import overlong_penalty
 from trainer_svc.losses.ppo import ValueHead
 from trainer_svc.micro_batches import assemble, combine_stats, idle_part, split_batch
@@ -47,8 +47,8 @@ class Objective:
                  temperature: float, parallel: Parallel | None = None):
         """`model` not yet sharded: the reference is a copy of it, sharded on its own."""
         self.parallel = parallel or Parallel()
-        self.loss = get_loss(tc.loss)
-        self.settings = LossSettings.from_config(tc, max_response_len)
+        self.loss = get_loss(tc.loss.name)
+        self.settings = tc.loss
         self.updates = tc.updates_per_batch
         # a value loss is a token mean: parts' weights fit it only under the same aggregation
         splittable = not (self.loss.uses_value_model and self.loss.aggregation != "token_mean")
@@ -56,16 +56,16 @@ class Objective:
         self.grad_clip = tc.grad_clip
         self.temperature = temperature
         self.max_response_len = max_response_len
-        self.overlong_buffer = tc.overlong_buffer
-        self.overlong_factor = tc.overlong_penalty
+        self.overlong_buffer = tc.loss.overlong_buffer
+        self.overlong_factor = tc.loss.overlong_penalty
         if self.overlong_buffer > max_response_len:
-            raise ValueError(f"trainer.overlong_buffer ({self.overlong_buffer}) must be at most "
-                             f"rollout.max_new_tokens ({max_response_len})")
+            raise ValueError(f"trainer.loss.overlong_buffer ({self.overlong_buffer}) must be "
+                             f"at most rollout.max_new_tokens ({max_response_len})")
         self.value_head = (ValueHead(model.config.hidden_size) if self.loss.uses_value_model
                            else None)
         # The reference is the policy as the trainer first holds it: built before resume()
         # loads a checkpoint, it stays the initial weights across restarts.
-        self.reference = _frozen_copy(model) if tc.kl_coef > 0 else None
+        self.reference = _frozen_copy(model) if tc.loss.kl_coef > 0 else None
         if self.parallel.active and self.loss.uses_value_model \
                 and self.loss.aggregation != "token_mean":
             # the value loss is a token mean: one scale fits both terms only then
@@ -88,8 +88,8 @@ class Objective:
     def load_state_dict(self, state: dict) -> None:
         if self.value_head is not None:
             if "value_head" not in state:
-                raise ValueError(f"trainer.loss {self.loss.name!r} needs a value head, and the "
-                                 "checkpoint holds none (it was trained with another loss)")
+                raise ValueError(f"trainer.loss.name {self.loss.name!r} needs a value head, and "
+                                 "the checkpoint holds none (it was trained with another loss)")
             self.parallel.load_full_state_dict(self.value_head, state["value_head"])
 
     def shaped_rewards(self, tb: TrainBatch) -> torch.Tensor:
@@ -173,7 +173,7 @@ class Objective:
                     out.logprobs, old_logprobs[k], part.batch.behaviour_logprobs,
                     part.take(advantages), part.batch.response_mask, entropy=out.entropy,
                     ref_logprobs=ref_logprobs[k], values=values, old_values=old_part_values[k],
-                    returns=part.take(returns)), self.settings)
+                    returns=part.take(returns)), self.settings, self.max_response_len)
                 (loss * (part.weight * scale)).backward()
                 per_part.append(({"loss": loss.item(), **stats}, part))
             self.parallel.sync_gradients(params)

@@ -212,7 +212,7 @@ class Trainer:
     def _optimize(self, groups, version: int) -> tuple[dict, bool]:
         """(the step's record, True), or (the loss's stats, False) for a step not taken
         because its loss or gradient norm was not finite."""
-        tb = collate(groups, version, self.lm.pad_id, self.tc.scale_rewards)
+        tb = collate(groups, version, self.lm.pad_id, self.tc.loss.scales_by_group_std)
         model = self.lm.model
         rescored = None
         if self.engine_check_seqs:

@@ -2,6 +2,7 @@
 
 from relayrl.config.base import ConfigError, Endpoint
 from relayrl.config.buffer import BufferConfig
+from relayrl.config.loss import LossConfig, loss_config
 from relayrl.config.model import ModelConfig
 from relayrl.config.redis import RedisConfig
 from relayrl.config.relay import RelayConfig
@@ -17,6 +18,7 @@ __all__ = [
     "BufferConfig",
     "ConfigError",
     "Endpoint",
+    "LossConfig",
     "ModelConfig",
     "RedisConfig",
     "RelayConfig",
@@ -27,4 +29,5 @@ __all__ = [
     "TlsConfig",
     "TrainerConfig",
     "load_run_config",
+    "loss_config",
 ]

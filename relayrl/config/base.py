@@ -30,12 +30,35 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names every offending field."""
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+def format_validation_error(err: ValidationError, source: str, data: Any = None) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        field = ".".join(readable_loc(e["loc"], data, e["type"] == "missing")) or "<root>"
         lines.append(f"  {field}: {e['msg']}")
     return "\n".join(lines)
+
+
+def readable_loc(loc: tuple, data: Any, missing: bool = False) -> list[str]:
+    """The error's path as the user wrote it: pydantic puts a tagged union's tag (the loss
+    recipe's name) into the path, trainer.loss.dapo.clip_eps_high, where the config has
+    trainer.loss.clip_eps_high; the tag is dropped and named after the path instead. A part
+    the data lacks is a tag (the data's `name`, or the default one where it has none) unless
+    the error is that a required field is `missing`."""
+    out, node, tag = [], data, None
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif (isinstance(node, str) and node == part) or (
+                isinstance(node, dict) and isinstance(part, str)
+                and node.get("name", part) == part and not (missing and i == len(loc) - 1)):
+            tag = part
+            continue
+        else:
+            node = None
+        out.append(str(part))
+    if tag is not None and out:
+        out[-1] += f" ({tag})"
+    return out
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -82,4 +105,4 @@ def load_model(cls: type[M], data: dict[str, Any], source: str) -> M:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source)) from None
+        raise ConfigError(format_validation_error(err, source, data)) from None

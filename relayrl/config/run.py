@@ -60,42 +60,107 @@ class RunConfig(StrictModel):
     restarts: RestartConfig = Field(default_factory=RestartConfig,
                                     description="How `relayrl up` restarts a service that dies.")
 
+    # Cross-checks between sections: one validator per rule, run in this order.
+
     @model_validator(mode="after")
-    def _services_agree(self) -> RunConfig:
+    def _groups_hold_every_sample_of_a_prompt(self) -> RunConfig:
+        """rollout.samples_per_prompt equals buffer.group_size: a group is all samples of
+        one prompt."""
         if self.rollout.samples_per_prompt != self.buffer.group_size:
             raise ValueError(
                 f"rollout.samples_per_prompt ({self.rollout.samples_per_prompt}) must equal "
                 f"buffer.group_size ({self.buffer.group_size}): a group is all samples of a prompt"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _weight_plane_is_served(self) -> RunConfig:
+        """rollout.weight_plane is one of relay.data_planes."""
         if self.rollout.weight_plane not in self.relay.data_planes:
             raise ValueError(f"rollout.weight_plane {self.rollout.weight_plane!r} is not in "
                              f"relay.data_planes {self.relay.data_planes}")
+        return self
+
+    @model_validator(mode="after")
+    def _chat_prompts_need_a_real_tokenizer(self) -> RunConfig:
+        """task.prompt_format 'chat' needs model.path or model.pretrained."""
         if self.task.prompt_format == "chat" and not (self.model.path or self.model.pretrained):
             raise ValueError("task.prompt_format 'chat' needs model.path or model.pretrained: "
                              "the tiny model's tokenizer knows only digits, '+' and '='")
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_supports_the_tiny_head_size(self) -> RunConfig:
+        """rollout.engine 'vllm' with the tiny model needs a head size (model.hidden_size /
+        model.num_heads) among vLLM's CPU attention's VLLM_CPU_HEAD_SIZES."""
         if (self.rollout.engine == "vllm" and not (self.model.path or self.model.pretrained)
                 and self.model.hidden_size // self.model.num_heads not in VLLM_CPU_HEAD_SIZES):
             raise ValueError(
                 f"rollout.engine 'vllm' cannot run the tiny model's head size "
                 f"{self.model.hidden_size // self.model.num_heads} (model.hidden_size / "
                 f"model.num_heads); vLLM's CPU attention supports {list(VLLM_CPU_HEAD_SIZES)}")
+        return self
+
+    @model_validator(mode="after")
+    def _repack_needs_segments(self) -> RunConfig:
+        """scheduler.repack needs rollout.segment_tokens > 0."""
         if self.scheduler.repack and not self.rollout.segment_tokens:
             raise ValueError("scheduler.repack needs rollout.segment_tokens > 0: workers hand "
                              "recalled sequences back at segment boundaries")
+        return self
+
+    @model_validator(mode="after")
+    def _pending_samples_hold_a_batch(self) -> RunConfig:
+        """buffer.max_pending_samples is at least groups_per_batch x group_size."""
         batch_samples = self.buffer.groups_per_batch * self.buffer.group_size
         if self.buffer.max_pending_samples < batch_samples:
             raise ValueError(
                 f"buffer.max_pending_samples ({self.buffer.max_pending_samples}) must hold at "
                 f"least one batch, groups_per_batch x group_size ({batch_samples}): with less, "
                 "no batch could ever be assembled and producers would wait forever")
+        return self
+
+    @model_validator(mode="after")
+    def _redis_timeout_outlasts_a_blocking_read(self) -> RunConfig:
+        """redis.socket_timeout_s exceeds buffer.read_block_ms by more than
+        REDIS_BLOCK_MARGIN_S."""
         block_s = self.buffer.read_block_ms / 1000 + REDIS_BLOCK_MARGIN_S
         if self.redis.socket_timeout_s <= block_s:
             raise ValueError(
                 f"redis.socket_timeout_s ({self.redis.socket_timeout_s:g}) must exceed "
                 f"buffer.read_block_ms ({self.buffer.read_block_ms}) by more than "
                 f"{REDIS_BLOCK_MARGIN_S:g} s: a blocking read would otherwise time out idle")
+        return self
+
+    @model_validator(mode="after")
+    def _shm_plane_has_a_directory(self) -> RunConfig:
+        """relay.data_planes with 'shm' needs relay.shm_dir."""
         if "shm" in self.relay.data_planes and not self.relay.shm_dir:
             raise ValueError("relay.data_planes has 'shm' but relay.shm_dir is unset")
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_buffer_fits_the_length_cap(self) -> RunConfig:
+        """trainer.loss.overlong_buffer is at most rollout.max_new_tokens: the penalty ramps
+        over the last that many tokens before the cap."""
+        if self.trainer.loss.overlong_buffer > self.rollout.max_new_tokens:
+            raise ValueError(
+                f"trainer.loss.overlong_buffer ({self.trainer.loss.overlong_buffer}) must be "
+                f"at most rollout.max_new_tokens ({self.rollout.max_new_tokens})")
+        return self
+
+    @model_validator(mode="after")
+    def _ports_are_distinct(self) -> RunConfig:
+        """No two servers of the run (gRPC, REST, metrics, every rollout worker's) share a
+        port."""
+        seen: dict[int, str] = {}
+        for name, port in self._ports().items():
+            if port in seen:
+                raise ValueError(f"{name} and {seen[port]} both use port {port}")
+            seen[port] = name
+        return self
+
+    def _ports(self) -> dict[str, int]:
         ports = {
             "relay.endpoint.port": self.relay.endpoint.port,
             "scheduler.endpoint.port": self.scheduler.endpoint.port,
@@ -115,12 +180,7 @@ class RunConfig(StrictModel):
             if self.rollout.metrics_base_port:
                 ports[f"rollout worker {i} metrics (rollout.metrics_base_port+{i})"] = (
                     self.rollout.metrics_base_port + i)
-        seen: dict[int, str] = {}
-        for name, port in ports.items():
-            if port in seen:
-                raise ValueError(f"{name} and {seen[port]} both use port {port}")
-            seen[port] = name
-        return self
+        return ports
 
     @property
     def relay_addresses(self) -> list[str]:

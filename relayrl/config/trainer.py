@@ -1,23 +1,28 @@
-"""The trainer: loss, off-policy correction, optimizer, checkpoints and reporting."""
+"""The trainer: its loss recipe (relayrl/config/loss.py), optimizer, checkpoints and
+reporting."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from relayrl.config.base import Endpoint, StrictModel
+from relayrl.config.loss import RECIPES, GrpoLoss, LossConfig, shorthand
+
+# Fields that lived flat on the trainer before each loss recipe had its own model.
+MOVED_TO_LOSS = ("correction", "tis_cap", "clip_eps", "clip_eps_low", "clip_eps_high",
+                 "gspo_clip_eps", "scale_rewards", "kl_coef", "kl_estimator", "entropy_coef",
+                 "overlong_buffer", "overlong_penalty", "gamma", "gae_lambda", "value_coef",
+                 "value_clip")
 
 
 class TrainerConfig(StrictModel):
     endpoint: Endpoint = Field(default_factory=lambda: Endpoint(port=50554))
-    loss: Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "ppo"] = Field(
-        "grpo", description="Policy loss from the registry in trainer_svc/losses (README: "
-        "Algorithms).",
-    )
-    correction: Literal["none", "tis_token", "tis_seq", "aipo", "decoupled"] = Field(
-        "tis_token", description="Off-policy correction against the behaviour policy that "
-        "sampled the tokens (trainer_svc/losses/corrections.py).",
+    loss: LossConfig = Field(
+        default_factory=GrpoLoss, description="Policy loss recipe, picked by `name` from "
+        "the registry in trainer_svc/losses (README: Algorithms) with its own fields "
+        "(relayrl/config/loss.py).",
     )
     lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, le=1.0, description="AdamW weight decay.")
@@ -26,22 +31,6 @@ class TrainerConfig(StrictModel):
     max_staleness: int = Field(
         4, ge=0, le=1_000_000,
         description="Drop samples whose oldest token version lags the trainer by more.",
-    )
-    clip_eps: float = Field(
-        0.2, gt=0, lt=1, description="Ratio clip [1 - eps, 1 + eps] of every loss but dapo and "
-        "gspo.",
-    )
-    clip_eps_low: float = Field(0.2, gt=0, lt=1, description="dapo: ratio clip below, 1 - eps.")
-    clip_eps_high: float = Field(
-        0.28, gt=0, le=10, description="dapo: ratio clip above, 1 + eps (clip-higher)."
-    )
-    gspo_clip_eps: float = Field(
-        4e-4, gt=0, lt=1, description="gspo: clip of the sequence-level ratio, which sits "
-        "much closer to 1 than token ratios.",
-    )
-    tis_cap: float = Field(
-        2.0, ge=1.0, le=1e6, description="Importance-weight cap: pi_old/mu above it is capped "
-        "(tis_token, tis_seq) or dropped (decoupled); aipo truncates pi/mu at it.",
     )
     updates_per_batch: int = Field(
         1, ge=1, le=64, description="Optimizer steps on each batch (PPO epochs); above 1 the "
@@ -52,36 +41,6 @@ class TrainerConfig(StrictModel):
         description="Most padded tokens (rows x longest row) in one forward and backward pass. "
         "A batch's rows are sorted by length and split where that saves padding, so a "
         "long-tailed batch no longer pads every row to its longest; 0: one pass per batch.",
-    )
-    scale_rewards: bool = Field(
-        True, description="Divide group advantages by the group std (grpo, dapo, gspo).",
-    )
-    kl_coef: float = Field(
-        0.0, ge=0, le=100, description="Weight of the KL penalty to the frozen initial "
-        "policy; 0 keeps no reference copy and reports no train/kl_ref.",
-    )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="Per-token KL estimator (Schulman): k1 = log pi/ref, k2 = half its "
-        "square, k3 = ref/pi - 1 - log ref/pi.",
-    )
-    entropy_coef: float = Field(
-        0.0, ge=0, le=10, description="Weight of the entropy bonus; the entropy is reported "
-        "as train/entropy either way.",
-    )
-    overlong_buffer: int = Field(
-        0, ge=0, le=1_048_576, description="Overlong reward shaping (DAPO): the last this many "
-        "tokens before rollout.max_new_tokens ramp a penalty up to overlong_penalty; 0 is off.",
-    )
-    overlong_penalty: float = Field(
-        1.0, ge=0, le=1000, description="Reward subtracted from a response of full length "
-        "when overlong_buffer is set.",
-    )
-    gamma: float = Field(1.0, ge=0, le=1, description="ppo: discount per token in GAE.")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="ppo: GAE lambda.")
-    value_coef: float = Field(0.5, ge=0, le=100, description="ppo: weight of the value loss.")
-    value_clip: float = Field(
-        0.2, gt=0, le=1e6, description="ppo: a value moves at most this far from its value "
-        "before the batch's first update in the clipped value loss.",
     )
     max_nonfinite_steps: int = Field(
         3, ge=1, le=1000,
@@ -122,3 +81,29 @@ class TrainerConfig(StrictModel):
     )
     seed: int = Field(0, ge=0, description="Trainer RNG seed.")
     progress: bool = Field(True, description="Show a progress bar on stderr.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_moved_loss_fields(cls, data: Any) -> Any:
+        """An old flat loss field (trainer.clip_eps) is refused saying where it lives now."""
+        if not isinstance(data, dict):
+            return data
+        for key in MOVED_TO_LOSS:
+            if key not in data:
+                continue
+            field = "clip_eps" if key == "gspo_clip_eps" else key
+            owners = ["gspo"] if key == "gspo_clip_eps" else [
+                n for n, c in RECIPES.items() if field in c.model_fields]
+            loss = data.get("loss")
+            current = loss.get("name") if isinstance(loss, dict) else loss
+            name = current if current in owners else owners[0]
+            raise ValueError(
+                f"trainer.{key} moved into the loss recipe: set trainer.loss.{field}, as in "
+                f"`trainer: {{loss: {{name: {name}, {field}: {data[key]!r}}}}}` (a field of "
+                f"{', '.join(owners)})")
+        return data
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss_shorthand(cls, value: Any) -> Any:
+        return shorthand(value)

@@ -77,8 +77,8 @@ def _run(steps: int, trainer: dict) -> list[dict[str, float]]:
         "rollout": {"samples_per_prompt": SAMPLES, "max_new_tokens": 3},
         # two updates per batch: the second one's ratio moves off 1, so the clip and the
         # importance weights take part; a KL term exercises the reference policy
-        "trainer": {"loss": "grpo", "lr": 1e-3, "max_staleness": 0, "engine_check_seqs": 0,
-                    "updates_per_batch": 2, "kl_coef": 0.01, "seed": 0, **trainer},
+        "trainer": {"loss": {"name": "grpo", "kl_coef": 0.01}, "lr": 1e-3, "max_staleness": 0,
+                    "engine_check_seqs": 0, "updates_per_batch": 2, "seed": 0, **trainer},
     })
     task = make_task(cfg.task)
     reward_fn = get_reward(task.reward_name)
@@ -114,7 +114,7 @@ def _run(steps: int, trainer: dict) -> list[dict[str, float]]:
         batch = decode_batch(encode_batch(Batch(f"golden-{step}", groups)))  # the wire
         kept = split_stale(batch, step, cfg.trainer.max_staleness).kept
         assert len(kept) == PROMPTS, "staleness 0: every group is the current version's"
-        tb = collate(kept, step, policy.pad_id, cfg.trainer.scale_rewards)
+        tb = collate(kept, step, policy.pad_id, cfg.trainer.loss.scales_by_group_std)
         result = learner.update(tb)
         assert not result.nonfinite
         out.append({"loss": result.stats["loss"], "reward_mean": float(tb.rewards.mean()),

@@ -35,7 +35,8 @@ SCENARIOS: dict[str, dict] = {
     # a sequence-mean loss, three uneven groups over two ranks
     "grpo": {"trainer": {"loss": "grpo"}, "groups": 3},
     # a token-mean loss with a value head, batch-wide whitening and a frozen reference
-    "ppo_kl": {"trainer": {"loss": "ppo", "kl_coef": 0.05, "entropy_coef": 0.01}, "groups": 3},
+    "ppo_kl": {"trainer": {"loss": {"name": "ppo", "kl_coef": 0.05, "entropy_coef": 0.01}},
+               "groups": 3},
     # batch-wide advantage normalisation, two updates per batch, weights replicated
     "reinforce_pp_replicated": {"trainer": {"loss": "reinforce_pp", "fsdp": False,
                                             "updates_per_batch": 2}, "groups": 3},

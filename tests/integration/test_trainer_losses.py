@@ -28,14 +28,15 @@ def redis_url(tmp_path_factory):
     server.shutdown()
 
 
-def config(tmp_path, url, loss, **trainer):
+def config(tmp_path, url, loss, **loss_fields):
     return RunConfig.model_validate({
         "run_id": f"loss-{loss}", "run_dir": str(tmp_path / loss), "redis": {"url": url},
         "task": {"digits": 1, "eval_size": 4},
         "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
         "buffer": {"group_size": 2, "groups_per_batch": 2},
-        "trainer": {"loss": loss, "max_staleness": 100, "lr": 1e-2, "progress": False,
-                    "kl_coef": 0.05, "entropy_coef": 0.01, "engine_check_seqs": 0, **trainer},
+        "trainer": {"loss": {"name": loss, "kl_coef": 0.05, "entropy_coef": 0.01, **loss_fields},
+                    "max_staleness": 100, "lr": 1e-2, "progress": False,
+                    "engine_check_seqs": 0},
     })
 
 

@@ -7,20 +7,55 @@ from relayrl.config import ConfigError, RunConfig, load_run_config
 from relayrl.config.base import apply_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = sorted([*ROOT.glob("examples/*.yaml"), *ROOT.glob("deploy/**/*.yaml")])
-# run configs, not Kubernetes manifests (test_deploy checks the config a ConfigMap carries)
-SHIPPED = [p for p in SHIPPED
-           if "run_id" in p.read_text() and "kind" not in (yaml.safe_load(p.read_text()) or {})]
+YAMLS = sorted({p for d in ("examples", "deploy", "bench", ".") for ext in ("yaml", "yml")
+                for p in ROOT.glob(f"{d}/**/*.{ext}" if d != "." else f"*.{ext}")})
+
+
+def yaml_docs(path: Path) -> list:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def run_configs(path: Path) -> list[tuple[str, dict]]:
+    """The run configs a shipped YAML file holds: the file itself, or those a Kubernetes
+    ConfigMap carries (as data values that name a run_id)."""
+    out = []
+    for doc in yaml_docs(path):
+        if "run_id" in doc and "kind" not in doc:
+            out.append((str(path.relative_to(ROOT)), doc))
+        if doc.get("kind") == "ConfigMap":
+            for key, text in (doc.get("data") or {}).items():
+                data = yaml.safe_load(text)
+                if isinstance(data, dict) and "run_id" in data:
+                    out.append((f"{path.relative_to(ROOT)}:{key}", data))
+    return out
+
+
+SHIPPED = [pair for p in YAMLS for pair in run_configs(p)]
 
 
 def test_there_are_shipped_configs():
-    assert any(p.parent.name == "examples" for p in SHIPPED)
+    assert any(name.startswith("examples/") for name, _ in SHIPPED)
+    assert any(name.startswith("deploy/k8s/") for name, _ in SHIPPED)
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_shipped_config_loads(path):
-    cfg = load_run_config(path)
+@pytest.mark.parametrize("name,data", SHIPPED, ids=[name for name, _ in SHIPPED])
+def test_every_shipped_config_loads(tmp_path, name, data):
+    cfg = load_run_config(write(tmp_path, data))
     assert cfg.rollout.samples_per_prompt == cfg.buffer.group_size
+
+
+def test_every_shipped_yaml_is_checked():
+    """Every YAML under examples/, deploy/ and bench/ (and at the root) is a run config
+    loaded above, a Kubernetes manifest or compose file (test_deploy), or the simulator's
+    config (test_sim): a file none of them reads could rot unseen."""
+    from relayrl.sim import config_from_mapping
+
+    for path in YAMLS:
+        docs = yaml_docs(path)
+        if run_configs(path) or all("kind" in d for d in docs) or "services" in docs[0]:
+            continue
+        assert "sim" in docs[0], f"{path.relative_to(ROOT)} is checked by no test"
+        config_from_mapping(docs[0])
 
 
 def write(tmp_path, data):
@@ -65,6 +100,55 @@ def test_overrides_apply_and_validate(tmp_path):
         load_run_config(write(tmp_path, {}), ["trainer.lr=-3"])
     with pytest.raises(ConfigError, match="section.field=value"):
         apply_overrides({}, ["no_equals_sign"])
+
+
+# each run-level rule (a RunConfig model validator), a config that breaks it alone, and
+# what its message says
+CROSS_CHECKS = {
+    "_groups_hold_every_sample_of_a_prompt": (
+        {"buffer": {"group_size": 3}}, r"rollout.samples_per_prompt \(8\) must equal "
+        r"buffer.group_size \(3\)"),
+    "_weight_plane_is_served": (
+        {"rollout": {"weight_plane": "shm"}}, "rollout.weight_plane 'shm' is not in "
+        r"relay.data_planes \['grpc', 'torch_dist'\]"),
+    "_chat_prompts_need_a_real_tokenizer": (
+        {"task": {"prompt_format": "chat"}}, "task.prompt_format 'chat' needs model.path"),
+    "_vllm_supports_the_tiny_head_size": (
+        {"rollout": {"engine": "vllm"}, "model": {"hidden_size": 64, "num_heads": 4}},
+        "head size 16 "),
+    "_repack_needs_segments": (
+        {"scheduler": {"repack": True}}, "scheduler.repack needs rollout.segment_tokens > 0"),
+    "_pending_samples_hold_a_batch": (
+        {"buffer": {"max_pending_samples": 8}},
+        r"buffer.max_pending_samples \(8\) must hold at least one batch, groups_per_batch x "
+        r"group_size \(64\)"),
+    "_redis_timeout_outlasts_a_blocking_read": (
+        {"redis": {"socket_timeout_s": 1.0}, "buffer": {"read_block_ms": 2000}},
+        r"redis.socket_timeout_s \(1\) must exceed buffer.read_block_ms \(2000\)"),
+    "_shm_plane_has_a_directory": (
+        {"relay": {"data_planes": ["grpc", "shm"], "shm_dir": ""}},
+        "relay.data_planes has 'shm' but relay.shm_dir is unset"),
+    "_overlong_buffer_fits_the_length_cap": (
+        {"trainer": {"loss": {"overlong_buffer": 9}}},
+        r"trainer.loss.overlong_buffer \(9\) must be at most rollout.max_new_tokens \(8\)"),
+    "_ports_are_distinct": (
+        {"buffer": {"metrics_port": 50554}},
+        "buffer.metrics_port and trainer.endpoint.port both use port 50554"),
+}
+
+
+def test_every_cross_check_is_one_documented_rule():
+    validators = RunConfig.__pydantic_decorators__.model_validators
+    assert set(validators) == set(CROSS_CHECKS)
+    for name, decorator in validators.items():
+        assert decorator.func.__doc__, name
+
+
+@pytest.mark.parametrize("rule", sorted(CROSS_CHECKS))
+def test_each_cross_check_names_fields_values_and_limit(tmp_path, rule):
+    data, message = CROSS_CHECKS[rule]
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(write(tmp_path, data))
 
 
 @pytest.mark.parametrize("staleness,batches", [(0, 1), (1, 2), (2, 2), (3, 3), (8, 8)])

@@ -4,6 +4,9 @@ themselves, so a field added later is covered without touching this test."""
 
 from __future__ import annotations
 
+import types
+import typing
+
 import annotated_types
 import pytest
 import yaml
@@ -16,14 +19,43 @@ from relayrl.config import ConfigError, RunConfig, load_run_config
 pytestmark = pytest.mark.unit
 
 
+class Tagged(str):
+    """A path part holding one member of a tagged union (trainer.loss): nest() sets the
+    member's `name` there."""
+
+    tag: str
+
+    def __new__(cls, part: str, tag: str) -> Tagged:
+        obj = super().__new__(cls, part)
+        obj.tag = tag
+        return obj
+
+
+def union_members(ann) -> list[type[BaseModel]]:
+    """The models of a tagged union annotation, else none."""
+    if typing.get_origin(ann) not in (typing.Union, types.UnionType):
+        return []
+    return [m for m in typing.get_args(ann) if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
 def leaf_fields(model: type[BaseModel], prefix: tuple[str, ...] = ()):
-    """(dotted path, FieldInfo) of every non-model field, nested sections walked."""
+    """(dotted path, FieldInfo) of every non-model field, nested sections and every member
+    of a tagged union walked (its discriminator, `name`, left out)."""
     for name, info in model.model_fields.items():
         ann = info.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             yield from leaf_fields(ann, (*prefix, name))
+        elif members := union_members(ann):
+            for m in members:
+                for path, leaf in leaf_fields(m, (*prefix, Tagged(name, tag_of(m)))):
+                    if path[-1] != "name":
+                        yield path, leaf
         else:
             yield (*prefix, name), info
+
+
+def tag_of(member: type[BaseModel]) -> str:
+    return member.model_fields["name"].default
 
 
 def sections(model: type[BaseModel], prefix: tuple[str, ...] = ()):
@@ -32,15 +64,21 @@ def sections(model: type[BaseModel], prefix: tuple[str, ...] = ()):
         ann = info.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             yield from sections(ann, (*prefix, name))
+        for m in union_members(ann):
+            yield from sections(m, (*prefix, Tagged(name, tag_of(m))))
 
 
 def nest(path: tuple[str, ...], value) -> dict:
     data: dict = {}
     node = data
     for part in path[:-1]:
-        node = node.setdefault(part, {})
-    node[path[-1]] = value
+        node = node.setdefault(str(part), {"name": part.tag} if isinstance(part, Tagged) else {})
+    node[str(path[-1])] = value
     return data
+
+
+def path_id(path: tuple[str, ...]) -> str:
+    return ".".join(f"{p}[{p.tag}]" if isinstance(p, Tagged) else p for p in path) or "<top>"
 
 
 def out_of_bounds(info) -> list:
@@ -72,23 +110,26 @@ def test_the_walk_finds_the_config():
     assert len(FIELDS) > 100 and len(BOUNDED) > 60
 
 
-@pytest.mark.parametrize("path", [p for p, _ in FIELDS], ids=".".join)
+@pytest.mark.parametrize("path", [p for p, _ in FIELDS], ids=path_id)
 def test_a_wrongly_typed_value_names_its_field(tmp_path, path):
     # no field of any section accepts a mapping where a leaf value belongs
     with pytest.raises(ConfigError, match=r"\b" + r"\.".join(path) + r"\b"):
         load(tmp_path, nest(path, {"not": ["a", "value"]}))
 
 
-@pytest.mark.parametrize("path,value", BOUNDED, ids=[f"{'.'.join(p)}={v}" for p, v in BOUNDED])
+@pytest.mark.parametrize("path,value", BOUNDED, ids=[f"{path_id(p)}={v}" for p, v in BOUNDED])
 def test_a_value_past_a_bound_names_its_field(tmp_path, path, value):
     with pytest.raises(ConfigError, match=r"\b" + r"\.".join(path) + r"\b"):
         load(tmp_path, nest(path, value))
 
 
-@pytest.mark.parametrize("prefix", list(sections(RunConfig)), ids=lambda p: ".".join(p) or "<top>")
+@pytest.mark.parametrize("prefix", list(sections(RunConfig)), ids=path_id)
 def test_an_unknown_key_in_any_section_is_named(tmp_path, prefix):
     path = (*prefix, "no_such_field")
-    with pytest.raises(ConfigError, match=r"\.".join(path)):
+    match = r"\.".join(path)
+    if prefix and isinstance(prefix[-1], Tagged):  # the recipe's own refusal names the key
+        match = r"\.".join(prefix) + rf" \({prefix[-1].tag}\): .*'no_such_field' is not a field"
+    with pytest.raises(ConfigError, match=match):
         load(tmp_path, nest(path, 1))
 
 

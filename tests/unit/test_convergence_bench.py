@@ -157,7 +157,7 @@ def test_modes_and_their_config_edits(tmp_path):
         assert sync.trainer.max_staleness == 0 and sync.inflight_limit == groups
         assert sync.trainer.eval_every == base.trainer.eval_every
         stale = mode_config(base, Mode("async_4_none", 4, "none"), 2, 20, 5, tmp_path / "a")
-        assert (stale.trainer.max_staleness, stale.trainer.correction) == (4, "none")
+        assert (stale.trainer.max_staleness, stale.trainer.loss.correction) == (4, "none")
         assert stale.inflight_limit == 4 * groups and stale.trainer.max_steps == 20
         assert stale.trainer.seed == base.trainer.seed + 2
         assert stale.rollout.seed != sync.rollout.seed

@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
+from relayrl.config.loss import loss_config
 from relayrl.messages import Group, Sample
 from trainer_svc.batching import collate, split_uniform
-from trainer_svc.losses import CORRECTIONS, LOSSES, LossInputs, LossSettings
+from trainer_svc.losses import CORRECTIONS, LOSSES, LossInputs
 from trainer_svc.losses.advantages import ADVANTAGE_ESTIMATORS, sequence_advantages
 from trainer_svc.losses.ppo import whiten
 from trainer_svc.losses.regularizers import KL_ESTIMATORS, kl_per_token
@@ -79,8 +80,8 @@ def _run(name, correction, delta, behaviour_gap=0.0, ref_gap=0.0, adv=1.0):
                      torch.ones_like(old), entropy=torch.ones_like(old),
                      ref_logprobs=old + ref_gap, values=torch.zeros_like(old, requires_grad=True),
                      old_values=torch.zeros_like(old), returns=torch.ones_like(old))
-    settings = LossSettings(correction=correction, kl_coef=0.1, max_response_len=4)
-    loss, stats = LOSSES[name](inp, settings)
+    settings = loss_config(name, correction=correction, kl_coef=0.1)
+    loss, stats = LOSSES[name](inp, settings, 4)
     loss.backward()
     return loss, stats, logp.grad
 

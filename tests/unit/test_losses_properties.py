@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from trainer_svc.losses import CORRECTIONS, LOSSES, LossInputs, LossSettings
+from relayrl.config.loss import loss_config
+from trainer_svc.losses import CORRECTIONS, LOSSES, LossInputs
 from trainer_svc.losses.advantages import leave_one_out_advantages
 from trainer_svc.losses.policy import ratio_at_level
 from trainer_svc.losses.ppo import gae, terminal_rewards
@@ -17,7 +18,8 @@ from trainer_svc.losses.regularizers import KL_ESTIMATORS, kl_per_token
 
 SEEDS = range(8)
 COMBOS = list(itertools.product(LOSSES, CORRECTIONS))
-SETTINGS = dict(kl_coef=0.1, entropy_coef=0.01, max_response_len=8, tis_cap=2.0)
+SETTINGS = dict(kl_coef=0.1, entropy_coef=0.01, tis_cap=2.0)
+MAX_LEN = 8
 
 
 def random_case(seed: int, groups: int = 3, group_size: int = 3, width: int = 6) -> dict:
@@ -47,7 +49,7 @@ def random_case(seed: int, groups: int = 3, group_size: int = 3, width: int = 6)
 
 def run_loss(name: str, correction: str, case: dict, **settings):
     """(loss, grad wrt logp), advantages by the loss's own estimator."""
-    s = LossSettings(correction=correction, **{**SETTINGS, **settings})
+    s = loss_config(name, correction=correction, **{**SETTINGS, **settings})
     loss_fn = LOSSES[name]
     adv, returns = loss_fn.advantages(case["rewards"], case["group_ids"], case["mask"], s,
                                       values=case["old_values"])
@@ -55,7 +57,7 @@ def run_loss(name: str, correction: str, case: dict, **settings):
     loss, _ = loss_fn(LossInputs(
         logp, case["old"], case["behaviour"], adv, case["mask"], entropy=case["entropy"],
         ref_logprobs=case["ref"], values=case["values"], old_values=case["old_values"],
-        returns=returns), s)
+        returns=returns), s, MAX_LEN)
     loss.backward()
     return loss.detach(), logp.grad
 
@@ -127,10 +129,10 @@ def test_the_clip_stops_the_gradient_exactly_where_it_binds(name, seed):
     old = -1.0 - torch.rand(b, t, generator=g)
     logp = (old + 0.6 * torch.randn(b, t, generator=g)).requires_grad_(True)
     adv = torch.randn(b, t, generator=g)  # per token, so both signs meet every ratio
-    s = LossSettings(correction="none", max_response_len=t)
+    s = loss_config(name, correction="none")
     inp = LossInputs(logp, old, old, adv, mask, values=torch.zeros(b, t),
                      old_values=torch.zeros(b, t), returns=torch.zeros(b, t))
-    loss, _ = LOSSES[name](inp, s)
+    loss, _ = LOSSES[name](inp, s, t)
     loss.backward()
     low, high = LOSSES[name].clip_range(s)
     ratio = torch.exp(logp.detach() - old)
@@ -159,7 +161,7 @@ def test_gspo_gradient_is_that_of_the_sequence_objective(seed):
     case = random_case(seed)
     mask, old = case["mask"], case["old"]
     adv = torch.randn(mask.shape[0], generator=torch.Generator().manual_seed(seed))
-    s = LossSettings(correction="none", gspo_clip_eps=0.05)
+    s = loss_config("gspo", correction="none", clip_eps=0.05)
     logp = case["logp"].clone().requires_grad_(True)
     LOSSES["gspo"](LossInputs(logp, old, old, adv, mask), s)[0].backward()
 

@@ -2,20 +2,21 @@
 numbers worked out by hand (the arithmetic is in the comments)."""
 
 import math
-from typing import get_args
 
 import pytest
 import torch
 
 from relayrl.config import ConfigError, TrainerConfig, load_run_config
+from relayrl.config.loss import RECIPES, loss_config
 from relayrl.messages import Group, Sample
 from trainer_svc.batching import collate, split_uniform
-from trainer_svc.losses import LOSSES, LossInputs, LossSettings
+from trainer_svc.losses import LOSSES, LossInputs
 from trainer_svc.losses.advantages import (
     leave_one_out_advantages,
     overlong_penalty,
     sequence_advantages,
 )
+from trainer_svc.losses.corrections import correct
 from trainer_svc.losses.policy import ratio_at_level, sequence_log_ratio
 from trainer_svc.losses.ppo import clipped_value_loss, gae, terminal_rewards
 from trainer_svc.losses.regularizers import entropy_from_logprobs, kl_per_token
@@ -23,8 +24,16 @@ from trainer_svc.losses.regularizers import entropy_from_logprobs, kl_per_token
 GROUPS = torch.tensor([0, 0, 1, 1, 1])
 
 
+@pytest.fixture
+def empty(tmp_path):
+    """A config file that sets nothing, for overrides."""
+    path = tmp_path / "c.yaml"
+    path.write_text("{}\n")
+    return path
+
+
 def test_every_loss_name_is_in_the_registry_and_the_config():
-    assert set(get_args(TrainerConfig.model_fields["loss"].annotation)) == set(LOSSES)
+    assert set(RECIPES) == set(LOSSES)
     assert set(LOSSES) == {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "ppo"}
 
 
@@ -62,7 +71,7 @@ def test_overlong_penalty_ramps_over_the_buffer():
     assert overlong_penalty(lengths, 10, 4, 1.0).tolist() == [0, 0, -0.25, -0.5, -1.0, -1.0]
     assert overlong_penalty(lengths, 10, 4, 0.5).tolist() == [0, 0, -0.125, -0.25, -0.5, -0.5]
     assert overlong_penalty(lengths, 10, 0, 1.0).tolist() == [0] * 6
-    with pytest.raises(ValueError, match="trainer.overlong_buffer"):
+    with pytest.raises(ValueError, match="trainer.loss.overlong_buffer"):
         overlong_penalty(lengths, 10, 11, 1.0)
 
 
@@ -73,8 +82,7 @@ def _loss_of(name, delta, adv, mask, settings=None, old=None, behaviour=None):
     logp = (old + delta).requires_grad_(True)
     behaviour = old.clone() if behaviour is None else torch.tensor(behaviour)
     inp = LossInputs(logp, old, behaviour, torch.tensor(adv), torch.tensor(mask))
-    loss, stats = LOSSES[name](inp, settings or LossSettings(correction="none",
-                                                             max_response_len=4))
+    loss, stats = LOSSES[name](inp, settings or loss_config(name, correction="none"), 4)
     loss.backward()
     return loss.item(), stats, logp.grad.flatten().tolist()
 
@@ -109,14 +117,14 @@ def test_dapo_clips_higher_above_than_below(name, ratio, adv, grad):
 def test_gspo_ratio_and_clip_are_per_sequence():
     # token ratios 1.1 and 0.9: s = exp((log 1.1 + log 0.9) / 2) = sqrt(0.99) = 0.994987
     delta = [[math.log(1.1), math.log(0.9)]]
-    wide = LossSettings(correction="none", gspo_clip_eps=0.2)
+    wide = loss_config("gspo", correction="none", clip_eps=0.2)
     loss, _, grad = _loss_of("gspo", delta, [1.0], [[1.0, 1.0]], wide)
     # loss -A s; d(-A s)/dlogp_t = -A s / 2 = -0.497494 for both tokens
     assert loss == pytest.approx(-0.994987, abs=1e-6)
     assert grad == pytest.approx([-0.497494, -0.497494], abs=1e-6)
     # default clip 4e-4: s < 1 - 4e-4 clips the whole sequence for A < 0, the 1.1 token too
     loss, stats, grad = _loss_of("gspo", delta, [-1.0], [[1.0, 1.0]],
-                                 LossSettings(correction="none"))
+                                 loss_config("gspo", correction="none"))
     assert loss == pytest.approx(1 - 4e-4, abs=1e-6)
     assert grad == [0.0, 0.0] and stats["clip_frac"] == 1.0
 
@@ -137,7 +145,7 @@ def _correction(name, behaviour_gap, mask=((1.0, 1.0),), old=None):
     behaviour = [[o - math.log(g) for o, g in zip(orow, grow, strict=True)]
                  for orow, grow in zip(old_t, behaviour_gap, strict=True)]
     return _loss_of("grpo", [[0.0] * len(mask[0]) for _ in mask], [1.0] * len(mask),
-                    [list(m) for m in mask], LossSettings(correction=name, tis_cap=2.0),
+                    [list(m) for m in mask], loss_config(correction=name, tis_cap=2.0),
                     old=old_t, behaviour=behaviour)
 
 
@@ -183,16 +191,18 @@ def test_aipo_truncates_pi_over_mu_one_sidedly(adv, grad):
     behaviour = [[-1.0 - math.log(1.5), -1.0 - math.log(3.0)]]
     old = [[-7.0, -0.01]]
     loss, stats, got = _loss_of("grpo", [[logp[0][0] - old[0][0], logp[0][1] - old[0][1]]],
-                                [adv], [[1.0, 1.0]], LossSettings(correction="aipo"),
+                                [adv], [[1.0, 1.0]], loss_config(correction="aipo"),
                                 old=old, behaviour=behaviour)
     assert loss == pytest.approx(-adv * (1.5 + 2.0) / 2, abs=1e-5)
     assert got == pytest.approx(grad, abs=1e-5)
     assert stats["clip_frac"] == 0.5
 
 
-def test_unknown_correction_is_named():
-    with pytest.raises(ValueError, match="trainer.correction"):
-        _correction("bogus", [[1.0, 1.0]])
+def test_unknown_correction_is_named(empty):
+    with pytest.raises(ValueError, match="trainer.loss.correction"):
+        correct("bogus", *[torch.zeros(1, 1)] * 4, cap=2.0)
+    with pytest.raises(ConfigError, match=r"trainer\.loss\.correction \(grpo\)"):
+        load_run_config(empty, ["trainer.loss.correction=bogus"])
 
 
 # Regularisers
@@ -206,7 +216,7 @@ def test_kl_estimators_hand_computed():
     assert kl_per_token(logp, ref, mask, "k2").item() == pytest.approx(0.240227, abs=1e-6)
     # (0.5 - 1) - log 0.5 = 0.193147
     assert kl_per_token(logp, ref, mask, "k3").item() == pytest.approx(0.193147, abs=1e-6)
-    with pytest.raises(ValueError, match="trainer.kl_estimator"):
+    with pytest.raises(ValueError, match="trainer.loss.kl_estimator"):
         kl_per_token(logp, ref, mask, "k4")
 
 
@@ -215,8 +225,8 @@ def test_kl_and_entropy_enter_the_loss_with_their_coefficients():
     ref = old + math.log(0.5)  # k3 = 0.193147 on each token
     entropy = torch.tensor([[1.0, 3.0]])
     mask = torch.ones(1, 2)
-    base = LossSettings(correction="none")
-    with_reg = LossSettings(correction="none", kl_coef=0.1, entropy_coef=0.01)
+    base = loss_config(correction="none")
+    with_reg = loss_config(correction="none", kl_coef=0.1, entropy_coef=0.01)
     inp = LossInputs(old.clone(), old, old, torch.tensor([1.0]), mask, entropy=entropy,
                      ref_logprobs=ref)
     plain, stats = LOSSES["grpo"](inp, base)
@@ -279,13 +289,13 @@ def test_ppo_adds_the_weighted_value_loss():
     inp = LossInputs(old.clone(), old, old, torch.tensor([[1.0, -1.0]]), mask,
                      values=values, old_values=torch.tensor([[0.5, 0.5]]),
                      returns=torch.tensor([[2.0, 1.0]]))
-    loss, stats = LOSSES["ppo"](inp, LossSettings(correction="none", value_coef=0.5))
+    loss, stats = LOSSES["ppo"](inp, loss_config("ppo", correction="none", value_coef=0.5))
     # policy: token mean of -A = (-1 + 1) / 2 = 0
     # value: 0.5 * [(0.6 - 2)^2, (0.6 - 1)^2] = [0.98, 0.08], mean 0.53; total 0.5 * 0.53
     assert stats["value_loss"] == pytest.approx(0.53, abs=1e-6)
     assert loss.item() == pytest.approx(0.265, abs=1e-6)
     with pytest.raises(ValueError, match="needs values"):
-        LOSSES["ppo"](LossInputs(old, old, old, torch.tensor([1.0]), mask), LossSettings())
+        LOSSES["ppo"](LossInputs(old, old, old, torch.tensor([1.0]), mask), loss_config("ppo"))
 
 
 def test_uniform_groups_are_split_off():
@@ -309,37 +319,110 @@ def test_collate_records_each_samples_group():
     assert tb.group_ids.tolist() == [0, 0, 1, 1, 1]
 
 
-# Config
+# Config: trainer.loss is a union of recipe models, picked by name
 
-LOSS_FIELDS = ["loss", "correction", "clip_eps", "clip_eps_low", "clip_eps_high",
-               "gspo_clip_eps", "tis_cap", "updates_per_batch", "scale_rewards", "kl_coef",
-               "kl_estimator", "entropy_coef", "overlong_buffer", "overlong_penalty", "gamma",
-               "gae_lambda", "value_coef", "value_clip"]
+# every recipe's fields and defaults, as they were when the trainer held them flat
+COMMON = {"correction": "tis_token", "tis_cap": 2.0, "kl_coef": 0.0, "kl_estimator": "k3",
+          "entropy_coef": 0.0, "overlong_buffer": 0, "overlong_penalty": 1.0}
+DEFAULTS = {
+    "grpo": {"clip_eps": 0.2, "scale_rewards": True},
+    "dr_grpo": {"clip_eps": 0.2},
+    "dapo": {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "scale_rewards": True},
+    "rloo": {"clip_eps": 0.2},
+    "reinforce_pp": {"clip_eps": 0.2},
+    "gspo": {"clip_eps": 4e-4, "scale_rewards": True},
+    "ppo": {"clip_eps": 0.2, "gamma": 1.0, "gae_lambda": 0.95, "value_coef": 0.5,
+            "value_clip": 0.2},
+}
 
 
-def test_every_loss_field_is_described_and_feeds_the_settings():
-    for name in LOSS_FIELDS:
-        assert TrainerConfig.model_fields[name].description, name
-    settings = LossSettings.from_config(TrainerConfig(), max_response_len=8)
-    assert settings == LossSettings(max_response_len=8)  # one set of defaults
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_has_only_its_fields_with_the_old_defaults(name):
+    cfg = TrainerConfig(loss=name).loss
+    assert cfg.model_dump() == {"name": name, **COMMON, **DEFAULTS[name]}
+    for field, info in type(cfg).model_fields.items():
+        assert field == "name" or info.description, (name, field)
+
+
+def test_the_default_loss_is_grpo_and_a_mapping_without_a_name_is_grpo():
+    assert TrainerConfig().loss == loss_config("grpo")
+    assert TrainerConfig(loss={"clip_eps": 0.3}).loss == loss_config("grpo", clip_eps=0.3)
+
+
+def test_an_unknown_loss_name_lists_the_known_ones(empty):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(empty, ["trainer.loss.name=trpo"])
+    assert "trainer.loss: Input tag 'trpo'" in str(err.value)
+    for name in RECIPES:
+        assert f"'{name}'" in str(err.value)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["trainer.loss.clip_eps_low=0.1"],
+     "trainer.loss (grpo): Value error, 'clip_eps_low' is not a field of loss 'grpo' "
+     "(a field of dapo)"),
+    (["trainer.loss.name=dapo", "trainer.loss.clip_eps=0.1"],
+     "'clip_eps' is not a field of loss 'dapo' (a field of grpo, dr_grpo, rloo"),
+    (["trainer.loss.name=rloo", "trainer.loss.scale_rewards=false"],
+     "'scale_rewards' is not a field of loss 'rloo' (a field of grpo, dapo, gspo)"),
+    (["trainer.loss.name=grpo", "trainer.loss.gamma=0.9"],
+     "'gamma' is not a field of loss 'grpo' (a field of ppo)"),
+    (["trainer.loss.bogus=1"], "'bogus' is not a field of loss 'grpo' (no loss's field)"),
+])
+def test_a_field_of_another_recipe_is_refused_by_name(overrides, message, empty):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_run_config(empty, overrides)
+
+
+@pytest.mark.parametrize("key,value,moved", [
+    ("clip_eps", 0.3, "set trainer.loss.clip_eps, as in `trainer: {loss: {name: grpo, "
+                      "clip_eps: 0.3}}`"),
+    ("clip_eps_high", 0.3, "trainer.loss.clip_eps_high, as in `trainer: {loss: {name: dapo"),
+    ("gspo_clip_eps", 0.01, "trainer.loss.clip_eps, as in `trainer: {loss: {name: gspo"),
+    ("kl_coef", 0.1, "trainer.loss.kl_coef"),
+    ("correction", "none", "trainer.loss.correction"),
+])
+def test_an_old_flat_loss_field_says_where_it_moved(key, value, moved, empty):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(empty, [f"trainer.{key}={value}"])
+    assert f"trainer.{key} moved into the loss recipe" in str(err.value)
+    assert moved in str(err.value)
+
+
+def test_overrides_reach_into_the_recipe(empty):
+    cfg = load_run_config(empty, ["trainer.loss.name=dapo", "trainer.loss.clip_eps_high=0.3",
+                                     "trainer.loss.kl_coef=0.01"])
+    assert cfg.trainer.loss == loss_config("dapo", clip_eps_high=0.3, kl_coef=0.01)
+    assert load_run_config(empty, ["trainer.loss=ppo"]).trainer.loss.name == "ppo"
+
+
+def test_a_recipe_survives_the_launchers_round_trip(empty):
+    """`relayrl up` writes the validated config back to YAML for the services."""
+    cfg = load_run_config(empty, ["trainer.loss={name: ppo, gamma: 0.9}"])
+    again = TrainerConfig.model_validate(cfg.trainer.model_dump(mode="json"))
+    assert again.loss == loss_config("ppo", gamma=0.9)
 
 
 @pytest.mark.parametrize("override,field", [
-    ("trainer.loss=trpo", "trainer.loss"),
-    ("trainer.correction=vtrace", "trainer.correction"),
-    ("trainer.kl_estimator=k4", "trainer.kl_estimator"),
-    ("trainer.kl_coef=-0.1", "trainer.kl_coef"),
-    ("trainer.entropy_coef=-1", "trainer.entropy_coef"),
-    ("trainer.clip_eps_low=1.0", "trainer.clip_eps_low"),
-    ("trainer.clip_eps=1.5", "trainer.clip_eps"),
-    ("trainer.gae_lambda=1.5", "trainer.gae_lambda"),
-    ("trainer.gamma=-0.1", "trainer.gamma"),
-    ("trainer.overlong_buffer=-1", "trainer.overlong_buffer"),
+    ("trainer.loss.correction=vtrace", "trainer.loss.correction (grpo)"),
+    ("trainer.loss.kl_estimator=k4", "trainer.loss.kl_estimator (grpo)"),
+    ("trainer.loss.kl_coef=-0.1", "trainer.loss.kl_coef (grpo)"),
+    ("trainer.loss.entropy_coef=-1", "trainer.loss.entropy_coef (grpo)"),
+    ("trainer.loss={name: dapo, clip_eps_low: 1.0}", "trainer.loss.clip_eps_low (dapo)"),
+    ("trainer.loss.clip_eps=1.5", "trainer.loss.clip_eps (grpo)"),
+    ("trainer.loss={name: ppo, gae_lambda: 1.5}", "trainer.loss.gae_lambda (ppo)"),
+    ("trainer.loss={name: ppo, gamma: -0.1}", "trainer.loss.gamma (ppo)"),
+    ("trainer.loss.overlong_buffer=-1", "trainer.loss.overlong_buffer (grpo)"),
     ("trainer.updates_per_batch=0", "trainer.updates_per_batch"),
-    ("trainer.value_clip=0", "trainer.value_clip"),
+    ("trainer.loss={name: ppo, value_clip: 0}", "trainer.loss.value_clip (ppo)"),
 ])
-def test_bad_loss_settings_name_the_field(tmp_path, override, field):
-    path = tmp_path / "c.yaml"
-    path.write_text("{}\n")
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        load_run_config(path, [override])
+def test_bad_loss_settings_name_the_field(override, field, empty):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        load_run_config(empty, [override])
+
+
+def test_an_overlong_buffer_past_the_length_cap_is_refused_at_load(empty):
+    with pytest.raises(ConfigError, match=r"trainer\.loss\.overlong_buffer \(9\) must be at "
+                       r"most rollout\.max_new_tokens \(8\)"):
+        load_run_config(empty, ["trainer.loss.overlong_buffer=9"])

@@ -39,8 +39,8 @@ def tiny_batch(lm):
 def test_every_loss_takes_a_finite_step_that_moves_the_weights(tiny_lm, loss):
     torch.manual_seed(0)
     model = copy.deepcopy(tiny_lm.model)
-    tc = TrainerConfig(loss=loss, kl_coef=0.05, entropy_coef=0.01, overlong_buffer=1,
-                       lr=1e-2)
+    tc = TrainerConfig(loss={"name": loss, "kl_coef": 0.05, "entropy_coef": 0.01,
+                             "overlong_buffer": 1}, lr=1e-2)
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0)
     optimizer = torch.optim.AdamW([*model.parameters(), *objective.parameters()], lr=tc.lr)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -66,7 +66,7 @@ def test_every_loss_takes_a_finite_step_that_moves_the_weights(tiny_lm, loss):
 
 def test_the_reference_stays_frozen_at_the_initial_weights(tiny_lm):
     model = copy.deepcopy(tiny_lm.model)
-    tc = TrainerConfig(kl_coef=0.1, lr=1e-2)
+    tc = TrainerConfig(loss={"kl_coef": 0.1}, lr=1e-2)
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr)
     batch = tiny_batch(tiny_lm)
@@ -85,6 +85,6 @@ def test_no_reference_copy_without_a_kl_coefficient(tiny_lm):
 
 
 def test_an_overlong_buffer_past_the_length_cap_is_refused(tiny_lm):
-    with pytest.raises(ValueError, match="trainer.overlong_buffer"):
-        Objective(TrainerConfig(overlong_buffer=MAX_NEW_TOKENS + 1), tiny_lm.model,
+    with pytest.raises(ValueError, match="trainer.loss.overlong_buffer"):
+        Objective(TrainerConfig(loss={"overlong_buffer": MAX_NEW_TOKENS + 1}), tiny_lm.model,
                   MAX_NEW_TOKENS, temperature=1.0)

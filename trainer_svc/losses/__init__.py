@@ -1,13 +1,14 @@
-"""Policy losses by name (`trainer.loss`), each a recipe of independent parts:
+"""Policy losses by name (`trainer.loss.name`), each a recipe of independent parts:
 
   an advantage estimator   advantages.py (group baselines), ppo.py (GAE on a value head)
-  an off-policy correction corrections.py (`trainer.correction`)
+  an off-policy correction corrections.py (`trainer.loss.correction`)
   a surrogate objective    policy.py: PPO-clipped or truncated, token- or sequence-level ratio
   an aggregation           policy.py: how per-token terms become one number
   regularisers             regularizers.py: KL to a frozen reference, entropy bonus
 
 Every loss takes per-token tensors [B, T] on next-token positions and a mask of the response
-tokens the model produced, and returns (scalar loss, stats).
+tokens the model produced, and returns (scalar loss, stats). A recipe's settings are its
+config model (relayrl/config/loss.py), passed to every call.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Literal
 
 import torch
 
+from relayrl.config.loss import DapoLoss, LossConfig, loss_config
 from trainer_svc.losses.advantages import group_advantages, sequence_advantages
 from trainer_svc.losses.corrections import CORRECTIONS, correct
 from trainer_svc.losses.policy import (
@@ -35,8 +37,8 @@ from trainer_svc.losses.policy import (
 from trainer_svc.losses.ppo import clipped_value_loss, gae, terminal_rewards, whiten
 from trainer_svc.losses.regularizers import kl_per_token
 
-__all__ = ["CORRECTIONS", "LOSSES", "LossInputs", "LossSettings", "PolicyLoss", "get_loss",
-           "group_advantages", "grpo_loss", "masked_mean", "seq_mean_token_mean"]
+__all__ = ["CORRECTIONS", "LOSSES", "LossInputs", "PolicyLoss", "get_loss", "group_advantages",
+           "grpo_loss", "masked_mean", "seq_mean_token_mean"]
 
 
 @dataclass(frozen=True)
@@ -54,60 +56,38 @@ class LossInputs:
 
 
 @dataclass(frozen=True)
-class LossSettings:
-    """The hyperparameters of every loss; the defaults match TrainerConfig's."""
-
-    correction: str = "tis_token"
-    clip_eps: float = 0.2
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    gspo_clip_eps: float = 4e-4
-    tis_cap: float = 2.0
-    scale_rewards: bool = True
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    gamma: float = 1.0
-    gae_lambda: float = 0.95
-    value_coef: float = 0.5
-    value_clip: float = 0.2
-    max_response_len: int | None = None  # Dr. GRPO's constant normaliser
-
-    @classmethod
-    def from_config(cls, tc, max_response_len: int) -> LossSettings:
-        """From a TrainerConfig; `max_response_len` is rollout.max_new_tokens."""
-        names = [f for f in cls.__dataclass_fields__ if f != "max_response_len"]
-        return cls(**{f: getattr(tc, f) for f in names}, max_response_len=max_response_len)
-
-
-@dataclass(frozen=True)
 class PolicyLoss:
     name: str
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
     ratio_level: RatioLevel
     aggregation: Aggregation
-    clip: Literal["symmetric", "asymmetric", "sequence"]  # which clip_eps* bound the ratio
     filters_uniform_groups: bool = False  # DAPO's dynamic sampling
     uses_value_model: bool = False
 
-    def clip_range(self, s: LossSettings) -> tuple[float, float]:
-        if self.clip == "asymmetric":
+    @staticmethod
+    def clip_range(s: LossConfig) -> tuple[float, float]:
+        """dapo clips higher above than below; every other recipe by clip_eps both ways (gspo
+        its sequence ratio)."""
+        if isinstance(s, DapoLoss):
             return 1.0 - s.clip_eps_low, 1.0 + s.clip_eps_high
-        if self.clip == "sequence":
-            return 1.0 - s.gspo_clip_eps, 1.0 + s.gspo_clip_eps
         return 1.0 - s.clip_eps, 1.0 + s.clip_eps
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
-                   s: LossSettings, values: torch.Tensor | None = None):
+                   s: LossConfig, values: torch.Tensor | None = None):
         """(advantages [B] or [B, T], returns [B, T] or None). GAE needs `values`."""
+        assert s.name == self.name, (s.name, self.name)
         if self.advantage != "gae":
-            return sequence_advantages(self.advantage, rewards, group_ids, s.scale_rewards), None
+            return sequence_advantages(self.advantage, rewards, group_ids,
+                                       s.scales_by_group_std), None
         if values is None:
             raise ValueError(f"loss {self.name!r} needs the value model's values")
         adv, returns = gae(terminal_rewards(rewards, mask), values, mask, s.gamma, s.gae_lambda)
         return whiten(adv, mask), returns
 
-    def __call__(self, inp: LossInputs, s: LossSettings) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, inp: LossInputs, s: LossConfig, max_response_len: int | None = None
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+        """`max_response_len` is rollout.max_new_tokens, dr_grpo's constant normaliser."""
+        assert s.name == self.name, (s.name, self.name)
         mask = inp.mask
         corr = correct(s.correction, inp.logprobs, inp.old_logprobs, inp.behaviour_logprobs,
                        mask, s.tis_cap)
@@ -120,7 +100,7 @@ class PolicyLoss:
             per_token, clipped = clipped_surrogate(ratio, adv, *self.clip_range(s))
 
         def reduce(x: torch.Tensor) -> torch.Tensor:
-            return aggregate(x, mask, self.aggregation, s.max_response_len)
+            return aggregate(x, mask, self.aggregation, max_response_len)
 
         policy_loss = reduce(per_token * corr.weight)
         loss = policy_loss
@@ -149,22 +129,22 @@ class PolicyLoss:
 
 
 LOSSES: dict[str, PolicyLoss] = {p.name: p for p in (
-    PolicyLoss("grpo", "grpo", "token", "seq_mean_token_mean", "symmetric"),
-    PolicyLoss("dr_grpo", "dr_grpo", "token", "seq_mean_token_sum_norm", "symmetric"),
-    PolicyLoss("dapo", "grpo", "token", "token_mean", "asymmetric", filters_uniform_groups=True),
-    PolicyLoss("rloo", "rloo", "token", "seq_mean_token_mean", "symmetric"),
-    PolicyLoss("reinforce_pp", "reinforce_pp", "token", "token_mean", "symmetric"),
-    PolicyLoss("gspo", "grpo", "sequence", "seq_mean_token_mean", "sequence"),
-    PolicyLoss("ppo", "gae", "token", "token_mean", "symmetric", uses_value_model=True),
+    PolicyLoss("grpo", "grpo", "token", "seq_mean_token_mean"),
+    PolicyLoss("dr_grpo", "dr_grpo", "token", "seq_mean_token_sum_norm"),
+    PolicyLoss("dapo", "grpo", "token", "token_mean", filters_uniform_groups=True),
+    PolicyLoss("rloo", "rloo", "token", "seq_mean_token_mean"),
+    PolicyLoss("reinforce_pp", "reinforce_pp", "token", "token_mean"),
+    PolicyLoss("gspo", "grpo", "sequence", "seq_mean_token_mean"),
+    PolicyLoss("ppo", "gae", "token", "token_mean", uses_value_model=True),
 )}
 
 
 def get_loss(name: str) -> PolicyLoss:
     if name not in LOSSES:
-        raise ValueError(f"trainer.loss: unknown loss {name!r}; known: {sorted(LOSSES)}")
+        raise ValueError(f"trainer.loss.name: unknown loss {name!r}; known: {sorted(LOSSES)}")
     return LOSSES[name]
 
 
 def grpo_loss(inp: LossInputs, clip_eps: float, tis_cap: float):
     """GRPO with token-level truncated importance sampling."""
-    return LOSSES["grpo"](inp, LossSettings(clip_eps=clip_eps, tis_cap=tis_cap))
+    return LOSSES["grpo"](inp, loss_config("grpo", clip_eps=clip_eps, tis_cap=tis_cap))

@@ -96,7 +96,7 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int,
     if buffer <= 0:
         return torch.zeros(lengths.shape, dtype=torch.float32)
     if buffer > max_len:
-        raise ValueError(f"trainer.overlong_buffer ({buffer}) must be at most the response "
+        raise ValueError(f"trainer.loss.overlong_buffer ({buffer}) must be at most the response "
                          f"length cap rollout.max_new_tokens ({max_len})")
     over = (lengths.float() - (max_len - buffer)).clamp(min=0.0, max=float(buffer))
     return -factor * over / buffer

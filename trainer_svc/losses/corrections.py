@@ -38,7 +38,7 @@ class Correction:
 def correct(name: str, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
             behaviour_logprobs: torch.Tensor, mask: torch.Tensor, cap: float) -> Correction:
     if name not in CORRECTIONS:
-        raise ValueError(f"trainer.correction: unknown correction {name!r}; known: "
+        raise ValueError(f"trainer.loss.correction: unknown correction {name!r}; known: "
                          f"{list(CORRECTIONS)}")
     with torch.no_grad():
         token_log_w = masked_log_ratio(old_logprobs, behaviour_logprobs, mask)

@@ -31,7 +31,7 @@ def kl_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch
         # x is bounded before exp like every log-ratio (policy.LOG_RATIO_BOUND).
         x = x.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         return (torch.expm1(x) - x).clamp(min=0.0)
-    raise ValueError(f"trainer.kl_estimator: unknown estimator {estimator!r}; known: "
+    raise ValueError(f"trainer.loss.kl_estimator: unknown estimator {estimator!r}; known: "
                      f"{list(KL_ESTIMATORS)}")
 
 

@@ -27,10 +27,11 @@ BUFFER_METRICS = (
                "Polls that held complete batches back: buffer.max_pending_batches unread."),
     MetricSpec("buffer/redis_oom_refusals", "counter",
                "Batch appends Redis refused at its memory limit (retried, never dropped)."),
-    MetricSpec("buffer/partial_groups", "gauge", "Groups still waiting for samples."),
+    MetricSpec("buffer/partial_groups", "gauge",
+               "Groups still waiting for samples: 0, since a group enters whole."),
     MetricSpec("buffer/ready_groups", "gauge", "Complete groups waiting for a batch."),
     MetricSpec("buffer/trajectory_stream_len", "gauge",
-               "Entries on the trajectory stream (not yet batched)."),
+               "Samples on the trajectory stream (not yet batched)."),
     MetricSpec("buffer/batch_stream_len", "gauge",
                "Batches on the batch stream (not yet acknowledged by the trainer)."),
     MetricSpec("buffer/batches_unread", "gauge",
@@ -53,11 +54,11 @@ def buffer_metrics(svc: BufferService) -> ServiceMetrics:
                 "buffer/submits_refused": svc.submissions.refused,
                 "buffer/submits_stale": svc.submissions.stale,
                 "buffer/submits_repeated": svc.submissions.repeated,
-                "buffer/partial_groups": len(svc.asm.partial),
+                "buffer/partial_groups": 0,
                 "buffer/ready_groups": len(svc.asm.ready),
             }
         # Redis round trips outside the lock: the poll loop needs it
-        figures["buffer/trajectory_stream_len"] = svc.r.xlen(svc.keys.trajectories)
+        figures["buffer/trajectory_stream_len"] = svc.pending_samples()
         figures["buffer/batch_stream_len"] = svc.r.xlen(svc.keys.batches)
         figures["buffer/batches_unread"] = svc.unread_batches()
         return figures

@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # buffer_svc.server imports this module
     from buffer_svc.server import BufferService
 
 BUFFER_METRICS = (
-    MetricSpec("buffer/samples_read", "counter", "Trajectory entries read."),
+    MetricSpec("buffer/samples_read", "counter", "Samples read from the trajectory stream."),
     MetricSpec("buffer/samples_rejected", "counter", "Trajectory entries that did not decode."),
     MetricSpec("buffer/groups_assembled", "counter", "Complete groups assembled."),
     MetricSpec("buffer/groups_duplicate", "counter", "Groups dropped as already batched."),

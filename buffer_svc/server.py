@@ -1,4 +1,4 @@
-"""The buffer service: trajectory stream -> groups -> batch stream, exactly once.
+"""The buffer service: trajectory stream (one entry per group) -> batch stream, exactly once.
 
 Trajectory entries are acknowledged (and deleted) in the same transaction that appends the
 batch holding them, so a crash at any point leaves them pending to be read again.
@@ -27,14 +27,14 @@ from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import BUFFER_GROUP, TRAINER_GROUP, RunKeys
 from relayrl.logs import setup_logging
-from relayrl.messages import decode_sample, encode_batch
+from relayrl.messages import Group, decode_group, encode_batch
 from relayrl.model_limits import model_limits
 from relayrl.outage import is_outage, redis_write, ride_out
 from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
 from relayrl.redis_conn import redis_session
 from relayrl.reply_faults import with_lost_replies
 from relayrl.service import ServiceRunner
-from relayrl.streams import BufferFull, ensure_group, read_group
+from relayrl.streams import BufferFull, ensure_group, pending_samples, read_group
 
 log = logging.getLogger(__name__)
 CONSUMER = "buffer-0"
@@ -47,10 +47,10 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         self.cfg = cfg
         self.r = redis
         self.keys = RunKeys(cfg.run_id)
-        self.asm = GroupAssembler(cfg.buffer.group_size, cfg.buffer.groups_per_batch)
+        self.asm = GroupAssembler(cfg.buffer.groups_per_batch)
         self.lock = threading.Lock()
         self.samples_read = 0
-        self.samples_rejected = 0
+        self.samples_rejected = 0  # entries refused: their samples cannot be counted
         self.batches_emitted = 0
         self.batches_held = 0  # polls that kept a complete batch back for want of room
         self.pressure = PressureCounters()  # this service's own writes refused for memory
@@ -70,9 +70,13 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         return control.read_run_state(self.r, self.keys) is control.RunState.STOPPING
 
     def _already_batched(self, prompt_id: int) -> bool:
-        # waited out here: the assembler has taken the group's other samples already
+        # waited out here: the entries read before this one are in the assembler already
         return ride_out("redis", lambda: ledger.contains(self.r, self.keys, "batched",
                                                          prompt_id), self.stop)
+
+    def pending_samples(self) -> int:
+        """Samples on the trajectory stream (buffer.max_pending_samples bounds them)."""
+        return pending_samples(self.r, self.keys, self.cfg.buffer.group_size)
 
     def unread_batches(self) -> int:
         """Batches on the batch stream the trainer has not been handed yet (a read batch
@@ -109,22 +113,31 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         if entry_ids:  # at its memory limit Redis refuses any MULTI, even one that frees
             redis_write(write, self.pressure, "the buffer's drop of duplicates", self.stop)
 
+    def _decode(self, payload: bytes | None) -> Group:
+        """A trajectory entry as its group; the samples were checked where they entered
+        (the worker's delivery, Submit), so only the decoding by type is left."""
+        if payload is None:
+            raise CodecError("entry has no data field")
+        group = decode_group(payload)
+        if len(group.samples) != self.cfg.buffer.group_size:
+            raise CodecError(f"group.samples: {len(group.samples)} samples, a group is "
+                             f"buffer.group_size ({self.cfg.buffer.group_size})")
+        return group
+
     def poll(self, pending_after: bytes | None = None) -> list[bytes]:
         entries = read_group(self.r, self.keys.trajectories, BUFFER_GROUP, CONSUMER, count=256,
                              block_ms=self.cfg.buffer.read_block_ms, pending_after=pending_after)
         with self.lock:
             for entry_id, payload in entries:
-                self.samples_read += 1
                 try:
-                    if payload is None:
-                        raise CodecError("entry has no data field")
-                    sample = decode_sample(payload)
+                    group = self._decode(payload)
                 except CodecError as err:
                     self.samples_rejected += 1
                     log.warning("rejected trajectory entry %s: %s", entry_id, err)
                     self.asm.discard.append(entry_id)
                 else:
-                    self.asm.add(entry_id, sample, self._already_batched)
+                    self.samples_read += len(group.samples)
+                    self.asm.add(entry_id, group, self._already_batched)
                 self.taken_up_to = entry_id
             self._drop(self.asm.take_discard())
         self._emit_ready()
@@ -167,8 +180,9 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
             return buffer_pb2.BufferStats(
                 samples_read=self.samples_read, groups_assembled=self.asm.groups_assembled,
                 groups_duplicate=self.asm.groups_duplicate, batches_emitted=self.batches_emitted,
-                partial_groups=len(self.asm.partial), ready_groups=len(self.asm.ready),
-                trajectory_stream_len=self.r.xlen(self.keys.trajectories),
+                partial_groups=0,  # a group enters whole (one entry): none is ever partial
+                ready_groups=len(self.asm.ready),
+                trajectory_stream_len=self.pending_samples(),
                 batch_stream_len=self.r.xlen(self.keys.batches),
                 samples_rejected=self.samples_rejected,
                 groups_submitted=self.submissions.accepted,

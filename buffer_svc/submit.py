@@ -4,8 +4,8 @@ Submit is where an agent's samples enter the run, so this is where they are chec
 against the model the run trains and the run's bounds: token ids inside the vocabulary, the
 sequence inside the context length, rewards inside buffer.reward_range, and versions the
 trainer would still train on. A group passes whole or writes nothing; it is then given a
-prompt id from the external range and appended in one step, so the buffer assembles and
-batches it on the same exactly-once path as the workers' samples.
+prompt id from the external range and appended as one entry, so the buffer batches it on the
+same exactly-once path as the workers' groups. Nothing downstream checks a sample again.
 
 A client's request_id makes a retried Submit (its reply lost) a repeat, not a second group:
 the script that appends the group records the id with it, so an id is remembered exactly
@@ -24,7 +24,7 @@ from relayrl import control
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.messages import Group, Sample, encode_sample, is_stale
+from relayrl.messages import Group, Sample, encode_group, is_stale, validate_sample
 from relayrl.model_limits import ModelLimits
 from relayrl.proto.v1 import buffer_pb2
 from relayrl.streams import BufferFull
@@ -34,18 +34,19 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _WIRE_NAMES = {"prompt_tokens": "prompt_token_ids", "response_tokens": "response_token_ids"}
 
 # KEYS: the trajectory stream[, the request's id key]. ARGV: the stream's bound, the id's
-# time to live, what to remember under it, then the samples. A known id appends nothing;
-# otherwise the group goes in whole, under the bound (relayrl.streams.ADMIT_SCRIPT's rule),
-# and the id with it. Redis refuses a script for its memory limit at its first write (XADD),
-# so a refused group writes nothing.
+# time to live, what to remember under it, the group's size, then the group. A known id
+# appends nothing; otherwise the group goes in as one entry, under the bound
+# (relayrl.streams.ADMIT_SCRIPT's rule), and the id with it. Redis refuses a script for its
+# memory limit at its first write (XADD), so a refused group writes nothing.
 SUBMIT_SCRIPT = """
 if KEYS[2] then
   local seen = redis.call('GET', KEYS[2])
   if seen then return {2, seen} end
 end
-local depth = redis.call('XLEN', KEYS[1])
-if depth + #ARGV - 3 > tonumber(ARGV[1]) then return {0, depth} end
-for i = 4, #ARGV do redis.call('XADD', KEYS[1], '*', 'data', ARGV[i]) end
+local size = tonumber(ARGV[4])
+local depth = redis.call('XLEN', KEYS[1]) * size
+if depth + size > tonumber(ARGV[1]) then return {0, depth} end
+redis.call('XADD', KEYS[1], '*', 'data', ARGV[5])
 if KEYS[2] then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[2]) end
 return {1}
 """
@@ -108,6 +109,7 @@ def to_samples(request: buffer_pb2.SubmitRequest, limits: SubmitLimits,
                 prompt_tokens=prompt, response_tokens=response, logprobs=list(t.logprobs),
                 versions=list(t.versions), reward=t.reward, finish_reason=t.finish_reason or "stop",
                 loss_mask=None if mask is None else mask.astype(np.uint8)))
+            validate_sample(samples[-1])
         except CodecError as err:
             field = str(err).removeprefix("sample.")
             for name, wire in _WIRE_NAMES.items():
@@ -187,7 +189,7 @@ class Submissions:
         reply = self._append(keys=[self.keys.trajectories, *([key] if key else [])],
                              args=[self.cfg.buffer.max_pending_samples,
                                    self.cfg.buffer.submit_dedup_ttl_s, f"{prompt_id} {digest}",
-                                   *(encode_sample(s) for s in samples)])
+                                   len(samples), encode_group(Group(prompt_id, samples))])
         if reply[0] == 0:
             raise BufferFull(int(reply[1]), self.cfg.buffer.max_pending_samples)
         if reply[0] == 2:  # the same request, sent again, went in while this one was checked

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # buffer_svc.server imports this module
 
 @dataclass
 class BufferStats(Stats, section="buffer"):
-    samples_read: int = counter("Trajectory entries read.")
+    samples_read: int = counter("Samples read from the trajectory stream.")
     samples_rejected: int = counter("Trajectory entries that did not decode.")
     groups_assembled: int = counter("Complete groups assembled.")
     groups_duplicate: int = counter("Groups dropped as already batched.")
@@ -31,13 +31,13 @@ class BufferStats(Stats, section="buffer"):
         "Polls that held complete batches back: buffer.max_pending_batches unread.")
     redis_oom_refusals: int = counter(
         "Batch appends Redis refused at its memory limit (retried, never dropped).")
-    partial_groups: int = gauge("Groups still waiting for samples.")
+    partial_groups: int = gauge("Groups still waiting for samples: 0, since a group enters whole.")
     ready_groups: int = gauge("Complete groups waiting for a batch.")
 
 
 @dataclass
 class StreamStats(Stats, section="buffer"):
-    trajectory_stream_len: int = gauge("Entries on the trajectory stream (not yet batched).")
+    trajectory_stream_len: int = gauge("Samples on the trajectory stream (not yet batched).")
     batch_stream_len: int = gauge(
         "Batches on the batch stream (not yet acknowledged by the trainer).")
     batches_unread: int = gauge("Batches on the batch stream the trainer has not read yet.")
@@ -51,9 +51,9 @@ def buffer_metrics(svc: BufferService) -> ServiceMetrics:
                 svc, svc.asm, redis_oom_refusals=svc.pressure.oom_refusals,
                 groups_submitted=subs.accepted, submits_refused=subs.refused,
                 submits_stale=subs.stale, submits_repeated=subs.repeated,
-                partial_groups=len(svc.asm.partial), ready_groups=len(svc.asm.ready))
+                partial_groups=0, ready_groups=len(svc.asm.ready))
         # Redis round trips outside the lock: the poll loop needs it
-        streams = StreamStats(trajectory_stream_len=svc.r.xlen(svc.keys.trajectories),
+        streams = StreamStats(trajectory_stream_len=svc.pending_samples(),
                               batch_stream_len=svc.r.xlen(svc.keys.batches),
                               batches_unread=svc.unread_batches())
         return own, streams

@@ -1,10 +1,19 @@
-"""Wire codec: msgpack maps with a schema version; arrays as raw bytes with dtype and shape."""
+"""Wire codec: msgpack maps with a schema version; arrays as raw bytes with dtype and shape.
+
+Wire structs subclass `Wire` (a msgspec.Struct tagged with its kind) and are declared once,
+where they live; `encode` and `decode(payload, Type)` turn them into bytes and back by their
+declared field types, refusing a payload with a CodecError that names the field
+("batch.groups[2].samples[5].versions.data: ...").
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import re
+from typing import Any, Literal, TypeVar
 
 import msgpack
+import msgspec
 import numpy as np
 
 SCHEMA_VERSION = 1
@@ -59,3 +68,61 @@ def unpack(payload: bytes, kind: str) -> dict[str, Any]:
     if obj.get("kind") != kind:
         raise CodecError(f"kind: expected {kind!r}, got {obj.get('kind')!r}")
     return obj
+
+
+class Wire(msgspec.Struct, kw_only=True, tag_field="kind"):
+    """A wire struct: a msgpack map of its fields, tagged "kind" with the subclass's tag.
+    Checks a struct makes of itself (`__post_init__`) raise CodecError with a message that
+    starts with its tag and the field ("sample.versions: ..."), named in full by `decode`."""
+
+    schema: Literal[1] = SCHEMA_VERSION
+
+
+W = TypeVar("W", bound=Wire)
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return encode_array(obj)
+    raise NotImplementedError(f"{type(obj).__name__} is not supported on the wire")
+
+
+def _dec_hook(typ: type, obj: Any) -> Any:
+    if typ is np.ndarray:
+        return decode_array(obj, "array")
+    raise NotImplementedError(f"{typ.__name__} is not supported on the wire")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_AT = re.compile(r"(.*) - at `\$(.*)`", re.S)
+_OWN = re.compile(r"[a-z_]+(?=[.:\[])")
+
+
+@functools.cache
+def _decoder(typ: type[W]) -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(typ, dec_hook=_dec_hook)
+
+
+def encode(obj: Wire) -> bytes:
+    return _ENCODER.encode(obj)
+
+
+def decode(payload: bytes, typ: type[W]) -> W:
+    """`payload` as a `typ`, or a CodecError naming the field from the struct's kind down."""
+    try:
+        return _decoder(typ).decode(payload)
+    except msgspec.ValidationError as err:
+        raise CodecError(_named(str(err), typ.__struct_config__.tag)) from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as err:
+        raise CodecError(f"payload is not valid msgpack: {err}") from None
+
+
+def _named(message: str, root: str) -> str:
+    """msgspec's "Expected `int`, got `str` - at `$.groups[0].prompt_id`" as
+    "batch.groups[0].prompt_id: expected `int`, got `str`"."""
+    at = _AT.fullmatch(message)
+    text, path = (at[1], at[2]) if at else (message, "")
+    own = _OWN.match(text)  # our own checks: "sample.versions: ...", "array.data: ..."
+    if own:
+        return f"{root}{path}{text[own.end():]}"
+    return f"{root}{path}: {text[:1].lower()}{text[1:]}"

@@ -1,13 +1,20 @@
-"""The records that flow through the buffer: samples, groups and batches."""
+"""The records that flow through the buffer: samples, groups and batches.
+
+Each is a typed wire struct (relayrl.codec.Wire), declared once here and encoded and decoded
+by its type: a group is one entry of the trajectory stream, a batch one of the batch stream.
+Decoding checks types (an integer array holds integers its dtype can hold, a finish reason is
+a FinishReason); whether a sample makes sense (`validate_sample`) is checked once, where it
+enters the run: the rollout worker's delivery and Buffer.Submit.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import enum
 
+import msgspec
 import numpy as np
 
-from relayrl.codec import CodecError, decode_array, encode_array, pack, unpack
+from relayrl.codec import CodecError, Wire, decode, encode
 
 LOGPROB_TOLERANCE = 1e-4
 
@@ -18,8 +25,12 @@ def is_stale(oldest_version: int, version: int, max_staleness: int) -> bool:
     return version - oldest_version > max_staleness
 
 
-@dataclass
-class Sample:
+class FinishReason(str, enum.Enum):  # enum.StrEnum once Python 3.10 is dropped
+    STOP = "stop"  # the engine emitted end-of-sequence
+    LENGTH = "length"  # the token budget ran out
+
+
+class Sample(Wire, tag="sample"):
     """One completion of one prompt, with what the trainer needs to correct for staleness."""
 
     prompt_id: int
@@ -30,20 +41,25 @@ class Sample:
     logprobs: np.ndarray  # float32 [R], log-probability under the sampling policy
     versions: np.ndarray  # int64 [R], policy version that produced each token
     reward: float
-    finish_reason: str = "stop"
+    finish_reason: FinishReason = FinishReason.STOP
     reward_error: str = ""
     # uint8 [R]: 1 on tokens the policy produced, 0 on tokens a tool or environment inserted
     # into a multi-turn response; None means every response token is the policy's
     loss_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        self.prompt_tokens = np.asarray(self.prompt_tokens, dtype=np.int32)
-        self.response_tokens = np.asarray(self.response_tokens, dtype=np.int32)
-        self.logprobs = np.asarray(self.logprobs, dtype=np.float32)
-        self.versions = np.asarray(self.versions, dtype=np.int64)
+        self.prompt_tokens = _array(self.prompt_tokens, np.int32, "prompt_tokens", 2**31)
+        self.response_tokens = _array(self.response_tokens, np.int32, "response_tokens", 2**31)
+        self.logprobs = _array(self.logprobs, np.float32, "logprobs")
+        self.versions = _array(self.versions, np.int64, "versions", 2**63)
         if self.loss_mask is not None:
-            self.loss_mask = np.asarray(self.loss_mask, dtype=np.uint8)
-        validate_sample(self)
+            self.loss_mask = _array(self.loss_mask, np.uint8, "loss_mask", 2)
+        self.reward = float(self.reward)
+        try:
+            self.finish_reason = FinishReason(self.finish_reason)
+        except ValueError:
+            raise CodecError(f"sample.finish_reason: {self.finish_reason!r} is not 'stop' or "
+                             "'length'") from None
 
     @property
     def policy_token_mask(self) -> np.ndarray:
@@ -56,76 +72,25 @@ class Sample:
         """The oldest version among the tokens the policy produced: what staleness is."""
         return int(self.versions[self.policy_token_mask].min())
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "prompt_id": self.prompt_id,
-            "lease_id": self.lease_id,
-            "worker_id": self.worker_id,
-            "prompt_tokens": encode_array(self.prompt_tokens),
-            "response_tokens": encode_array(self.response_tokens),
-            "logprobs": encode_array(self.logprobs),
-            "versions": encode_array(self.versions),
-            "reward": float(self.reward),
-            "finish_reason": self.finish_reason,
-            "reward_error": self.reward_error,
-            **({} if self.loss_mask is None else {"loss_mask": encode_array(self.loss_mask)}),
-        }
 
-    @classmethod
-    def from_wire(cls, obj: Any, where: str = "sample") -> Sample:
-        if not isinstance(obj, dict):
-            raise CodecError(f"{where}: expected a map")
-        _require(obj, where, prompt_id=int, lease_id=str, worker_id=str, reward=(int, float),
-                 finish_reason=str, reward_error=str)
-        try:
-            return cls(
-                prompt_id=obj["prompt_id"],
-                lease_id=obj["lease_id"],
-                worker_id=obj["worker_id"],
-                prompt_tokens=_ints(obj, "prompt_tokens", where, 2**31),
-                response_tokens=_ints(obj, "response_tokens", where, 2**31),
-                logprobs=_floats(obj, "logprobs", where),
-                versions=_ints(obj, "versions", where, 2**63),
-                reward=float(obj["reward"]),
-                finish_reason=obj["finish_reason"],
-                reward_error=obj["reward_error"],
-                loss_mask=_ints(obj, "loss_mask", where, 2) if "loss_mask" in obj else None,
-            )
-        except CodecError as err:  # name the sample's place, e.g. batch.groups[2].samples[5]
-            msg = str(err)
-            if where != "sample" and msg.startswith("sample."):
-                msg = where + msg[len("sample"):]
-            raise CodecError(msg) from None
-
-
-def _ints(obj: dict[str, Any], name: str, where: str, bound: int) -> np.ndarray:
-    """An integer array, refused rather than cast when it holds floats or values that the
-    field's type cannot hold (a float token id would silently become another token)."""
-    arr = decode_array(obj.get(name), f"{where}.{name}")
-    if arr.dtype.kind not in "iub":
-        raise CodecError(f"{where}.{name}: expected integers, got {arr.dtype.name}")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= bound):
-        raise CodecError(f"{where}.{name}: values must be in [0, {bound})")
-    return arr
-
-
-def _floats(obj: dict[str, Any], name: str, where: str) -> np.ndarray:
-    arr = decode_array(obj.get(name), f"{where}.{name}")
-    if arr.dtype.kind != "f":
-        raise CodecError(f"{where}.{name}: expected floats, got {arr.dtype.name}")
-    return arr
-
-
-def _require(obj: dict[str, Any], where: str, **types: Any) -> None:
-    for name, typ in types.items():
-        if name not in obj:
-            raise CodecError(f"{where}.{name}: missing")
-        value = obj[name]
-        if isinstance(value, bool) or not isinstance(value, typ):
-            raise CodecError(f"{where}.{name}: wrong type {type(value).__name__}")
+def _array(value, dtype, name: str, bound: int | None = None) -> np.ndarray:
+    """`value` as an array of `dtype`. A caller's lists are converted; an array (what the
+    wire decodes to) is refused rather than cast when it holds another kind of number, or
+    integers the dtype cannot hold (a float token id would silently become another token)."""
+    if not isinstance(value, np.ndarray):
+        return np.asarray(value, dtype=dtype)
+    if bound is None and value.dtype.kind != "f":
+        raise CodecError(f"sample.{name}: expected floats, got {value.dtype.name}")
+    if bound is not None:
+        if value.dtype.kind not in "iub":
+            raise CodecError(f"sample.{name}: expected integers, got {value.dtype.name}")
+        if value.size and (int(value.min()) < 0 or int(value.max()) >= bound):
+            raise CodecError(f"sample.{name}: values must be in [0, {bound})")
+    return value.astype(dtype, copy=False)
 
 
 def validate_sample(s: Sample) -> None:
+    """Whether `s` makes sense; checked once, where a sample enters the run."""
     if s.prompt_id < 0:
         raise CodecError(f"sample.prompt_id: must be >= 0, got {s.prompt_id}")
     for name in ("prompt_tokens", "response_tokens", "logprobs", "versions"):
@@ -159,24 +124,18 @@ def validate_sample(s: Sample) -> None:
         raise CodecError(f"sample.versions[{j}]: {int(s.versions[j])} is below 0")
     if not np.isfinite(s.reward):
         raise CodecError(f"sample.reward: {s.reward!r} is not finite")
-    if s.finish_reason not in ("stop", "length"):
-        raise CodecError(f"sample.finish_reason: {s.finish_reason!r} is not 'stop' or 'length'")
 
 
-def encode_sample(s: Sample) -> bytes:
-    return pack("sample", s.to_wire())
-
-
-def decode_sample(payload: bytes) -> Sample:
-    return Sample.from_wire(unpack(payload, "sample"))
-
-
-@dataclass
-class Group:
-    """All samples of one prompt: the unit GRPO normalises advantages over."""
+class Group(Wire, tag="group"):
+    """All samples of one prompt: the unit GRPO normalises advantages over, and one entry of
+    the trajectory stream (a producer appends a group whole)."""
 
     prompt_id: int
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[Sample] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if any(s.prompt_id != self.prompt_id for s in self.samples):
+            raise CodecError("group.samples: prompt_id differs from the group's")
 
     @property
     def oldest_version(self) -> int:
@@ -186,8 +145,7 @@ class Group:
         return is_stale(self.oldest_version, version, max_staleness)
 
 
-@dataclass
-class Batch:
+class Batch(Wire, tag="batch"):
     batch_id: str
     groups: list[Group]
 
@@ -196,24 +154,17 @@ class Batch:
         return sum(len(g.samples) for g in self.groups)
 
 
+def encode_group(g: Group) -> bytes:
+    return encode(g)
+
+
+def decode_group(payload: bytes) -> Group:
+    return decode(payload, Group)
+
+
 def encode_batch(b: Batch) -> bytes:
-    groups = [
-        {"prompt_id": g.prompt_id, "samples": [s.to_wire() for s in g.samples]} for g in b.groups
-    ]
-    return pack("batch", {"batch_id": b.batch_id, "groups": groups})
+    return encode(b)
 
 
 def decode_batch(payload: bytes) -> Batch:
-    obj = unpack(payload, "batch")
-    _require(obj, "batch", batch_id=str, groups=list)
-    groups = []
-    for i, g in enumerate(obj["groups"]):
-        where = f"batch.groups[{i}]"
-        if not isinstance(g, dict):
-            raise CodecError(f"{where}: expected a map")
-        _require(g, where, prompt_id=int, samples=list)
-        samples = [Sample.from_wire(s, f"{where}.samples[{j}]") for j, s in enumerate(g["samples"])]
-        if any(s.prompt_id != g["prompt_id"] for s in samples):
-            raise CodecError(f"{where}.samples: prompt_id differs from the group's")
-        groups.append(Group(prompt_id=g["prompt_id"], samples=samples))
-    return Batch(batch_id=obj["batch_id"], groups=groups)
+    return decode(payload, Batch)

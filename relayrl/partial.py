@@ -3,29 +3,26 @@ segments, and what a worker hands back to the scheduler so another can resume it
 
 Each sequence keeps, per token, the log-probability it was sampled with and the policy
 version that sampled it, so a resumed sequence is trained exactly as if it had never moved.
+Both are wire structs (relayrl.codec.Wire), encoded and decoded by their types.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
-import numpy as np
-
-from relayrl.codec import CodecError, decode_array, encode_array, pack, unpack
-
-FINISH_REASONS = ("", "stop", "length")  # "" = still generating
+from relayrl.codec import CodecError, Wire, decode, encode
+from relayrl.messages import FinishReason
 
 
-@dataclass
-class PartialSequence:
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str = ""
+class PartialSequence(msgspec.Struct):
+    tokens: list[int] = msgspec.field(default_factory=list)
+    logprobs: list[float] = msgspec.field(default_factory=list)
+    versions: list[int] = msgspec.field(default_factory=list)
+    finish_reason: FinishReason | None = None  # None: still generating
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason != ""
+        return self.finish_reason is not None
 
     def extend(self, tokens: list[int], logprobs: list[float], version: int) -> None:
         if len(tokens) != len(logprobs):
@@ -35,8 +32,7 @@ class PartialSequence:
         self.versions.extend([version] * len(tokens))
 
 
-@dataclass
-class PartialGroup:
+class PartialGroup(Wire, tag="partial_group"):
     prompt_id: int
     prompt_tokens: list[int]
     sequences: list[PartialSequence]
@@ -57,35 +53,18 @@ class PartialGroup:
         return [s for s in self.sequences if not s.finished]
 
     def encode(self) -> bytes:
-        seqs = [{"tokens": encode_array(np.asarray(s.tokens, dtype=np.int32)),
-                 "logprobs": encode_array(np.asarray(s.logprobs, dtype=np.float32)),
-                 "versions": encode_array(np.asarray(s.versions, dtype=np.int64)),
-                 "finish_reason": s.finish_reason} for s in self.sequences]
-        return pack("partial_group", {
-            "prompt_id": self.prompt_id,
-            "prompt_tokens": encode_array(np.asarray(self.prompt_tokens, dtype=np.int32)),
-            "sequences": seqs})
+        return encode(self)
 
     @classmethod
     def decode(cls, payload: bytes, prompt_id: int, n: int) -> PartialGroup:
         """Decode and check it belongs to `prompt_id` and holds `n` sequences."""
-        obj = unpack(payload, "partial_group")
-        if obj.get("prompt_id") != prompt_id:
-            raise CodecError(f"partial_group.prompt_id: {obj.get('prompt_id')!r}, "
-                             f"expected {prompt_id}")
-        seqs = obj.get("sequences")
-        if not isinstance(seqs, list) or len(seqs) != n:
+        group = decode(payload, cls)
+        if group.prompt_id != prompt_id:
+            raise CodecError(f"partial_group.prompt_id: {group.prompt_id!r}, expected {prompt_id}")
+        if len(group.sequences) != n:
             raise CodecError(f"partial_group.sequences: expected a list of {n}")
-        prompt = decode_array(obj.get("prompt_tokens"), "partial_group.prompt_tokens")
-        out = []
-        for i, s in enumerate(seqs):
-            where = f"partial_group.sequences[{i}]"
-            if not isinstance(s, dict) or s.get("finish_reason") not in FINISH_REASONS:
-                raise CodecError(f"{where}.finish_reason: expected one of {FINISH_REASONS}")
-            arrays = [decode_array(s.get(k), f"{where}.{k}")
-                      for k in ("tokens", "logprobs", "versions")]
-            if len({len(a) for a in arrays}) != 1:
-                raise CodecError(f"{where}: tokens, logprobs and versions differ in length")
-            out.append(PartialSequence(arrays[0].tolist(), arrays[1].tolist(),
-                                       arrays[2].tolist(), s["finish_reason"]))
-        return cls(prompt_id, prompt.tolist(), out)
+        for i, s in enumerate(group.sequences):
+            if not len(s.tokens) == len(s.logprobs) == len(s.versions):
+                raise CodecError(f"partial_group.sequences[{i}]: tokens, logprobs and versions "
+                                 "differ in length")
+        return group

@@ -1,4 +1,10 @@
-"""Redis-stream plumbing shared by producers and consumers of the buffer."""
+"""Redis-stream plumbing shared by producers and consumers of the buffer.
+
+The trajectory stream holds one entry per group (relayrl.messages.Group, its samples in one
+encoded value); every group is buffer.group_size samples (Submit refuses others, and the
+config ties rollout.samples_per_prompt to it), so the stream holds XLEN x group_size samples,
+which is what buffer.max_pending_samples bounds.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import redis
 
 from relayrl.backpressure import Backoff, PressureCounters
 from relayrl.keys import RunKeys
-from relayrl.messages import Sample, encode_sample
+from relayrl.messages import Group, encode_group
 from relayrl.outage import redis_write
 
 log = logging.getLogger(__name__)
@@ -41,15 +47,20 @@ def read_group(r: redis.Redis, stream: str, group: str, consumer: str, *, count:
     return out
 
 
-# Append a group only if the stream then holds at most the bound: checked and written in one
-# step, so producers racing for the last room cannot overshoot it together. Redis refuses a
-# script for its memory limit at the first write, so a refused group writes nothing.
+def pending_samples(r: redis.Redis, keys: RunKeys, group_size: int) -> int:
+    """Samples on the trajectory stream not yet batched (see the module docstring)."""
+    return r.xlen(keys.trajectories) * group_size
+
+
+# Append a group only if the stream then holds at most the bound in samples: checked and
+# written in one step, so producers racing for the last room cannot overshoot it together.
+# ARGV: the bound, the group's size, its payload. Redis refuses a script for its memory limit
+# at the first write, so a refused group writes nothing.
 ADMIT_SCRIPT = """
-local depth = redis.call('XLEN', KEYS[1])
-if depth + #ARGV - 1 > tonumber(ARGV[1]) then return {0, depth} end
-local ids = {1}
-for i = 2, #ARGV do ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'data', ARGV[i]) end
-return ids
+local size = tonumber(ARGV[2])
+local depth = redis.call('XLEN', KEYS[1]) * size
+if depth + size > tonumber(ARGV[1]) then return {0, depth} end
+return {1, redis.call('XADD', KEYS[1], '*', 'data', ARGV[3])}
 """
 
 
@@ -61,8 +72,8 @@ class BufferFull(Exception):
 
 
 class TrajectoryWriter:
-    """What producers (rollout workers, external submissions) use to append finished samples
-    to the run's trajectory stream, never past `max_pending` samples waiting there."""
+    """What rollout workers use to append finished groups to the run's trajectory stream,
+    never past `max_pending` samples waiting there (Buffer.Submit appends its own way)."""
 
     def __init__(self, r: redis.Redis, keys: RunKeys, max_pending: int):
         assert FIELD == b"data"  # ADMIT_SCRIPT writes the field by name
@@ -73,19 +84,19 @@ class TrajectoryWriter:
         self.waiting_for_room = False
         self._admit = r.register_script(ADMIT_SCRIPT)
 
-    def try_append(self, samples: list[Sample]) -> list[bytes]:
-        """One attempt: the entry ids, BufferFull when there is no room now, or Redis's
+    def try_append(self, group: Group) -> bytes:
+        """One attempt: the entry id, BufferFull when there is no room now, or Redis's
         refusal (is_oom) when it is at its memory limit."""
-        if len(samples) > self.max_pending:
-            raise ValueError(f"{len(samples)} samples can never fit under "
+        size = len(group.samples)
+        if size > self.max_pending:
+            raise ValueError(f"{size} samples can never fit under "
                              f"buffer.max_pending_samples ({self.max_pending})")
-        reply = self._admit(keys=[self.stream],
-                            args=[self.max_pending, *(encode_sample(s) for s in samples)])
+        reply = self._admit(keys=[self.stream], args=[self.max_pending, size, encode_group(group)])
         if reply[0] == 0:
             raise BufferFull(int(reply[1]), self.max_pending)
-        return list(reply[1:])
+        return reply[1]
 
-    def append(self, samples: list[Sample], stop: threading.Event | None = None) -> list[bytes]:
+    def append(self, group: Group, stop: threading.Event | None = None) -> bytes:
         """Append, waiting (with backoff) while the buffer is full, Redis refuses writes or
         is away (relayrl.outage); StoppedWaiting if `stop` is set first. An append repeated
         after a timeout may land twice: the buffer keeps one group per prompt and discards
@@ -93,8 +104,8 @@ class TrajectoryWriter:
         backoff, full_since = Backoff(), None
         while True:
             try:
-                ids = redis_write(lambda: self.try_append(samples), self.counters,
-                                  "a producer's append", stop)
+                entry_id = redis_write(lambda: self.try_append(group), self.counters,
+                                       "a producer's append", stop)
             except BufferFull as full:
                 if full_since is None:
                     full_since = time.monotonic()
@@ -110,4 +121,4 @@ class TrajectoryWriter:
                 continue
             if full_since is not None:
                 log.info("buffer has room again after %.1f s", time.monotonic() - full_since)
-            return ids
+            return entry_id

@@ -26,7 +26,7 @@ import redis
 from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
 from relayrl.leases import LeaseClient, LeasedPrompt
-from relayrl.messages import Sample
+from relayrl.messages import Group, Sample, validate_sample
 from relayrl.models.loading import LoadedModel
 from relayrl.outage import Outage, is_outage, ride_out
 from relayrl.partial import PartialGroup
@@ -235,8 +235,10 @@ class RolloutWorker:
                 prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,
                 logprobs=seq.logprobs, versions=seq.versions, reward=reward,
                 finish_reason=seq.finish_reason, reward_error=error))
+            validate_sample(samples[-1])  # where a rollout enters the run: checked once, here
             self.versions_used.update(seq.versions)
-        self.writer.append(samples, stop)  # waits for room: this worker takes no new prompt
+        # waits for room: this worker takes no new prompt
+        self.writer.append(Group(lease.prompt_id, samples), stop)
         self.samples_generated += len(samples)
         self.leases.delivered(lease.lease_id)
 

@@ -16,7 +16,8 @@ def buffer_depth(core: SchedulerCore) -> BufferDepth:
     pipe = core.redis.pipeline(transaction=False)
     pipe.xlen(core.keys.trajectories)
     pipe.xlen(core.keys.batches)
-    samples, batches = pipe.execute()
+    groups, batches = pipe.execute()
+    samples = groups * core.cfg.buffer.group_size  # one entry per group (relayrl.streams)
     try:
         read = core.redis.xpending(core.keys.batches, TRAINER_GROUP)["pending"]
     except ResponseError:  # no batch stream, or no trainer yet

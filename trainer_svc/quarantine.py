@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # Payloads kept in the stream (a batch can be megabytes); the hash keeps every record.
 PAYLOADS_KEPT = 100
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the loss runs in float32
+PER_TOKEN = ("logprobs", "versions", "loss_mask")  # one value per response token
 
 # HSETNX first: a record already there (the same entry met again) writes nothing more.
 RECORD_SCRIPT = """
@@ -56,6 +57,13 @@ def group_problem(g: Group, limits: ModelLimits) -> str | None:
     """Why the model cannot train on group `g` (the field, the value, the limit), or None."""
     for j, s in enumerate(g.samples):
         where = f"prompt {g.prompt_id} samples[{j}]"
+        # the samples were checked where they entered the run; these are what a writer
+        # other than ours could break and the loss cannot run on
+        n = len(s.response_tokens)
+        for name in ("prompt_tokens", "response_tokens", "logprobs", "versions", "loss_mask"):
+            arr = getattr(s, name)
+            if arr is not None and (arr.ndim != 1 or (name in PER_TOKEN and len(arr) != n)):
+                return f"{where}.{name}: shape {arr.shape} does not fit {n} response tokens"
         for name in ("prompt_tokens", "response_tokens"):
             ids = getattr(s, name)
             if ids.size and int(ids.max()) >= limits.vocab_size:

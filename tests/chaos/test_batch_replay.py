@@ -36,7 +36,9 @@ def sample(prompt_id: int) -> Sample:
 def test_a_repeated_batch_append_appends_once_and_still_acknowledges(redis):
     keys = RunKeys(CFG.run_id)
     svc = BufferService(CFG, redis)
-    TrajectoryWriter(redis, keys, 100).append([sample(0), sample(1)])
+    writer = TrajectoryWriter(redis, keys, 100)
+    for pid in (0, 1):
+        writer.append(Group(pid, [sample(pid)]))
     entries = read_group(redis, keys.trajectories, BUFFER_GROUP, "buffer-0", count=10,
                          block_ms=10)
     ready = ReadyBatch(Batch("b1", [Group(0, [sample(0)]), Group(1, [sample(1)])]),

@@ -73,15 +73,15 @@ def redis_of(cfg: RunConfig) -> redis_lib.Redis:
     return redis_lib.Redis.from_url(cfg.redis.url, socket_timeout=10)
 
 
-def buffer_depth(r: redis_lib.Redis, run_id: str) -> tuple[int, int]:
+def buffer_depth(r: redis_lib.Redis, cfg: RunConfig) -> tuple[int, int]:
     """(samples on the trajectory stream, batches the trainer has not read)."""
-    keys = RunKeys(run_id)
+    keys = RunKeys(cfg.run_id)
     pipe = r.pipeline(transaction=False)  # MULTI is refused at Redis's memory limit
-    pipe.xlen(keys.trajectories)
+    pipe.xlen(keys.trajectories)  # one entry per group (relayrl.streams)
     pipe.xlen(keys.batches)
     pipe.xpending(keys.batches, TRAINER_GROUP)
-    samples, batches, pending = pipe.execute()
-    return samples, batches - pending["pending"]
+    groups, batches, pending = pipe.execute()
+    return groups * cfg.buffer.group_size, batches - pending["pending"]
 
 
 def worker_metric(cfg: RunConfig, name: str) -> list[float]:

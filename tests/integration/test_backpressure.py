@@ -48,7 +48,7 @@ def test_a_stopped_trainer_fills_the_buffer_to_its_bound_and_workers_wait(tmp_pa
         r = redis_of(launcher.cfg)
 
         def sample() -> None:
-            depths.append(buffer_depth(r, cfg.run_id))
+            depths.append(buffer_depth(r, cfg))
 
         def full_and_waiting() -> bool:  # only true once the frozen trainer left it full
             return (bool(depths) and depths[-1] == (MAX_SAMPLES, MAX_BATCHES)

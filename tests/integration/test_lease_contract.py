@@ -188,7 +188,7 @@ def _tail_state(core, prompt_id: int, unfinished: int) -> bytes:
     group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.rollout.samples_per_prompt)
     for i, s in enumerate(group.sequences):
         s.extend([7, 8], [-0.5, -0.25], version=2)
-        s.finish_reason = "" if i < unfinished else "stop"
+        s.finish_reason = None if i < unfinished else "stop"
     return group.encode()
 
 

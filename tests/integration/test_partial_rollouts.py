@@ -10,7 +10,7 @@ import pytest
 from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
 from relayrl.keys import RunKeys
-from relayrl.messages import Batch, Group, decode_sample
+from relayrl.messages import Batch, Group, decode_group
 from relayrl.models.loading import load_model
 from relayrl.partial import PartialGroup
 from relayrl.redis_conn import EmbeddedRedis, connect
@@ -79,7 +79,7 @@ def make_worker(cfg, r, core, tiny_lm, index, store, after_segment=None, kv_cach
 
 def delivered(r) -> list:
     entries = r.xrange(RunKeys("partial").trajectories)
-    return [decode_sample(fields[b"data"]) for _, fields in entries]
+    return [s for _, fields in entries for s in decode_group(fields[b"data"]).samples]
 
 
 def test_segments_move_to_newer_weights_and_tag_every_token(stack):

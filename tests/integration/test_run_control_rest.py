@@ -142,7 +142,8 @@ def test_status_reads_the_trainer_workers_and_buffer(stack):
     status = client.get("/v1/status").json()
     run = status["run"]
     assert run["trainer_step"] == 5 and run["worker_versions"] == {"w0": 4}
-    assert run["buffer"] == {"samples_waiting": 1, "batches_waiting": 1}
+    group = core.cfg.buffer.group_size  # a trajectory entry is one group
+    assert run["buffer"] == {"samples_waiting": group, "batches_waiting": 1}
     assert (run["reward_mean"], run["samples_per_s"], run["tokens_per_s"]) == (0.25, 12.5, None)
     assert status["handed_out"] == 0 and status["done"] is False  # the earlier fields stay
 

@@ -105,7 +105,7 @@ def test_a_triggered_repack_recalls_the_tail_for_the_fuller_worker(stack):
         group = PartialGroup.fresh(lp.prompt_id, [1, 2], 2)
         for i, seq in enumerate(group.sequences):
             seq.extend([5], [-0.1], version=0)
-            seq.finish_reason = "stop" if i in done else ""
+            seq.finish_reason = "stop" if i in done else None
         assert core.save_progress("w1" if lp is held[2] else "w0", lp.lease_id, group.encode())
     moves = client.post("/v1/repack", json={"force": True}).json()
     assert moves == []  # w1 holds no unfinished sequence: nothing to move

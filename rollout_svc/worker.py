@@ -7,18 +7,19 @@ batching at segment granularity) and no group waits for another's longest sample
 boundary the scheduler may also recall a group for a repack: it is handed back, with its
 token state, for a fuller worker to continue.
 
-The lease calls go through rollout_svc.worker_leases, which makes them safe when a reply is
-lost and names the leases held in the heartbeats."""
+The worker is made of parts: rollout_svc.group_generator runs its groups in the engine,
+rollout_svc.boundary delivers, saves and hands them over at each boundary,
+rollout_svc.weight_refresh moves the engine to newer weights, rollout_svc.worker_leases makes
+the lease calls safe when a reply is lost (and names the leases held in the heartbeats), and
+rollout_svc.loop_clock times the loop. rollout_svc.server runs it in a worker process
+(`python -m rollout_svc`)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass
 
 import grpc
 import redis
@@ -26,29 +27,20 @@ import redis
 from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
 from relayrl.leases import LeaseClient, LeasedPrompt
-from relayrl.messages import Group, Sample, validate_sample
 from relayrl.models.loading import LoadedModel
 from relayrl.outage import Outage, is_outage, ride_out
-from relayrl.partial import PartialGroup
-from relayrl.repack import is_tail
-from relayrl.rewards import get_reward, score
 from relayrl.streams import TrajectoryWriter
 from relayrl.weights import WeightPlane
+from rollout_svc.boundary import ActiveGroup, SegmentBoundary
 from rollout_svc.engine_api import Engine
 from rollout_svc.group_generator import GroupGenerator
+from rollout_svc.loop_clock import LoopClock
 from rollout_svc.weight_refresh import WeightRefresher
 from rollout_svc.worker_leases import WorkerLeases
 
 log = logging.getLogger(__name__)
 SERVE_ONLY_POLL_S = 1.0
 CATCH_UP_SHARE = 0.25  # of the lease TTL, the longest a worker waits for required weights
-
-
-@dataclass
-class ActiveGroup:
-    lease: LeasedPrompt
-    group: PartialGroup
-    saved_at: float  # when its token state was last saved (or it started)
 
 
 def _counter(part: str, name: str) -> property:
@@ -69,13 +61,17 @@ class RolloutWorker:
     groups_restarted_stale = _counter("generator", "groups_restarted_stale")
     kv_imported = _counter("generator", "kv_imported")
     kv_refused = _counter("generator", "kv_refused")
+    samples_generated = _counter("boundary", "samples_generated")
+    versions_used = _counter("boundary", "versions_used")
+    leases_released = _counter("boundary", "leases_released")
+    groups_moved_out = _counter("boundary", "groups_moved_out")  # handed over by a repack
+    loop_s = _counter("loop", "seconds")  # where the training loop's time goes
 
     def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
                  scheduler: LeaseClient, relays: list[WeightPlane],
                  writer: TrajectoryWriter, reward_name: str,
                  clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
-        self.clock = clock
         self.worker_id = cfg.rollout.worker_id
         self.engine = engine
         self.lm = lm
@@ -83,25 +79,13 @@ class RolloutWorker:
         self.weights = WeightRefresher(engine, relays)
         self.writer = writer
         self.generator = GroupGenerator(cfg, engine, lm, writer)
-        self.reward_fn = get_reward(reward_name)
-        self.samples_generated = 0
-        self.versions_used: set[int] = set()
-        self.leases_released = 0
-        self.groups_moved_out = 0  # handed over to another worker by a repack
         self.scheduler_call_failures = 0  # calls that failed or passed their deadline
         self.leases = WorkerLeases(scheduler, self.worker_id, self._scheduler_call_failed)
         self.scheduler_outage = Outage("scheduler")  # logs a wait once; unready meanwhile
-        # where the training loop's time goes: generate, weights, lease, deliver, save, idle
-        self.loop_s: Counter[str] = Counter()
-        self._last_report = time.monotonic()
-
-    @contextmanager
-    def _timed(self, part: str):
-        t0 = time.monotonic()
-        try:
-            yield
-        finally:
-            self.loop_s[part] += time.monotonic() - t0
+        self.loop = LoopClock()
+        self.boundary = SegmentBoundary(cfg, engine, lm, scheduler, self.leases, self.generator,
+                                        writer, reward_name, self.loop, clock,
+                                        self._scheduler_call_failed)
 
     @property
     def seats(self) -> int:
@@ -134,81 +118,17 @@ class RolloutWorker:
             self.scheduler_outage.recovered()
 
     def activate(self, lease: LeasedPrompt) -> ActiveGroup:
-        return ActiveGroup(lease, self.generator.start(lease), self.clock())
+        return self.boundary.activate(lease)
 
     def advance(self, active: list[ActiveGroup], stop: threading.Event | None = None
                 ) -> tuple[list[ActiveGroup], int]:
-        """One segment for every active group: finished groups are scored and delivered (a
-        delivery waits while the buffer is full), the others' token state is saved with the
-        scheduler when rollout.save_every_s has passed since their last save, or at once on
-        a worker left with a tail (a save's reply may recall the group for a repack).
-        Returns (the groups still held, how many were delivered)."""
-        with self._timed("generate"):
-            self.generator.generate_segment([a.group for a in active])
-        going = [a for a in active if not a.group.finished]
-        delivered = 0
-        for a in active:
-            if a.group.finished:
-                with self._timed("deliver"):
-                    self.deliver(a.lease, a.group, stop)
-                delivered += 1
-        now = self.clock()
-        due = self._due_for_saving(going, now)
-        if not due:
-            return going, delivered
-        with self._timed("save"):
-            try:
-                replies = self.scheduler.save_progress_many(
-                    self.worker_id, [(a.lease.lease_id, a.group.encode()) for a in due])
-            except grpc.RpcError as err:  # saved or not, the next boundary saves again
-                self.scheduler_call_failures += 1
-                log.warning("saving %d groups' progress failed (%s)", len(due), err.code())
-                return going, delivered
-        let_go = set()
-        for a, reply in zip(due, replies, strict=True):
-            a.saved_at = now
-            if not reply.accepted:
-                log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
-                let_go.add(a.lease.lease_id)
-                self.leases.let_go([a.lease.lease_id])
-            elif reply.release and self.hand_over(a):
-                let_go.add(a.lease.lease_id)
-        return [a for a in going if a.lease.lease_id not in let_go], delivered
-
-    def _due_for_saving(self, going: list[ActiveGroup], now: float) -> list[ActiveGroup]:
-        """The groups whose token state to save now: those unsaved for save_every_s, or all
-        of them on a worker left with a tail when repacking is on (the scheduler's own rule,
-        relayrl.repack.is_tail): the planner learns a group's progress, and recalls it, only
-        through saves."""
-        if not self.cfg.rollout.segment_tokens:
-            return []
-        capacity = self.cfg.repack_capacity  # 0 with repacking off
-        load = sum(len(a.group.unfinished()) for a in going)
-        if capacity and is_tail(load, capacity, self.cfg.scheduler.repack_below):
-            return going
-        return [a for a in going if now - a.saved_at >= self.cfg.rollout.save_every_s]
-
-    def hand_over(self, a: ActiveGroup) -> bool:
-        """A repack recalled the group: hand it back (its token state was just saved) for
-        the worker the scheduler chose. If the scheduler refuses, keep generating it."""
-        kv = [self.engine.export_state(a.group.prompt_tokens + s.tokens)
-              for s in a.group.unfinished()]
-        kv_states = tuple(state.encode() for state in kv if state is not None)
-        if not self.leases.hand_over(a.lease.lease_id, kv_states):
-            return False
-        self.leases_released += 1
-        self.groups_moved_out += 1
-        return True
+        """One segment for every active group (SegmentBoundary.advance): returns (the groups
+        still held, how many were delivered)."""
+        return self.boundary.advance(active, stop)
 
     def release_all(self, active: list[ActiveGroup]) -> None:
         """Hand unfinished groups back with their token state, for another worker."""
-        for a in active:
-            self._release(a.lease.lease_id, a.group.encode())
-
-    def _release(self, lease_id: str, state: bytes = b"") -> bool:
-        released = self.leases.hand_back(lease_id, state)
-        self.leases_released += released
-        return released
+        self.boundary.release_all(active)
 
     def run_lease(self, lease: LeasedPrompt, stop: threading.Event | None = None) -> bool:
         """Generate, score and deliver one prompt's group, segment by segment, moving to newer
@@ -224,24 +144,6 @@ class RolloutWorker:
                 self.refresh_weights()
         return delivered == 1
 
-    def deliver(self, lease: LeasedPrompt, group: PartialGroup,
-                stop: threading.Event | None = None) -> None:
-        samples = []
-        for seq in group.sequences:
-            reward, error = score(self.reward_fn, self.lm.decode(seq.tokens), lease.reference,
-                                  self.cfg.buffer.reward_range)
-            samples.append(Sample(
-                prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
-                prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,
-                logprobs=seq.logprobs, versions=seq.versions, reward=reward,
-                finish_reason=seq.finish_reason, reward_error=error))
-            validate_sample(samples[-1])  # where a rollout enters the run: checked once, here
-            self.versions_used.update(seq.versions)
-        # waits for room: this worker takes no new prompt
-        self.writer.append(Group(lease.prompt_id, samples), stop)
-        self.samples_generated += len(samples)
-        self.leases.delivered(lease.lease_id)
-
     def run(self, stop: threading.Event) -> None:
         if not self.cfg.rollout.train_loop:  # custom rollouts only: just follow the weights
             while not stop.is_set():
@@ -256,14 +158,14 @@ class RolloutWorker:
         beats.start()
         active: list[ActiveGroup] = []
         while not stop.is_set():
-            with self._timed("weights"):
+            with self.loop.timed("weights"):
                 self.refresh_weights()
-            with self._timed("lease"):
+            with self.loop.timed("lease"):
                 self.leases.confirm_deliveries()
                 wait_s = self._refill(active, stop)
             self._report_loop()
             if not active:
-                with self._timed("idle"):
+                with self.loop.timed("idle"):
                     stop.wait(wait_s)
                 continue
             try:
@@ -277,7 +179,7 @@ class RolloutWorker:
                 # handed back (or, with the scheduler unreachable, left to lapse) and
                 # re-issued; anything already appended is de-duplicated by the buffer
                 log.warning("%d leases abandoned: %s", len(active), err)
-                self._hand_back_abandoned(active)
+                self.boundary.hand_back_abandoned(active)
                 active = []
                 stop.wait(1.0)
         self._report_loop(every_s=0.0)
@@ -285,27 +187,7 @@ class RolloutWorker:
         self.release_all(active)
 
     def _report_loop(self, every_s: float = 60.0) -> None:
-        """A log line now and then: where the loop's time went and how full its engine calls
-        were (sequences per call against the seats), the first thing to read when a worker
-        generates slower than expected."""
-        now = time.monotonic()
-        if now - self._last_report < every_s:
-            return
-        self._last_report = now
-        total = sum(self.loop_s.values()) or 1.0
-        shares = ", ".join(f"{part} {s / total:.0%}" for part, s in self.loop_s.most_common())
-        fill = self.sequences_decoded / self.segments if self.segments else 0.0
-        log.info("loop: %s; %d engine calls, %.1f of %d seats each", shares, self.segments,
-                 fill, self.seats)
-
-    def _hand_back_abandoned(self, active: list[ActiveGroup]) -> None:
-        """Release abandoned leases without state, for another worker to take now. Once a
-        call fails the rest are only let go: the scheduler re-issues them when this worker's
-        heartbeats no longer name them."""
-        for i, a in enumerate(active):
-            if not self._release(a.lease.lease_id):
-                self.leases.let_go(rest.lease.lease_id for rest in active[i + 1:])
-                return
+        self.loop.report(self.segments, self.sequences_decoded, self.seats, every_s)
 
     def _catch_up(self, min_version: int, stop: threading.Event) -> None:
         """Before starting new prompts, move to at least `min_version` if a relay can serve
@@ -342,7 +224,7 @@ class RolloutWorker:
             self._catch_up(resp.min_version, stop)
         for lease in resp.leases:
             if stop.is_set():  # not started: hand it back for re-issue now
-                self._release(lease.lease_id)
+                self.boundary.release(lease.lease_id)
                 continue
             active.append(self.activate(lease))
         return resp.retry_after_s or 0.05

@@ -1,0 +1,169 @@
+"""What a rollout worker does with the groups it holds at each segment boundary.
+
+After one engine call extends every held group by a segment, a finished group is scored and
+delivered to the trajectory stream (waiting while the buffer is full), and the others' token
+state is saved with the scheduler when due; a save's reply may recall a group for a repack,
+and it is then handed over, with its KV states, to the worker the scheduler chose. Groups the
+worker cannot finish are handed back, with their token state when it still has it.
+
+RolloutWorker (rollout_svc.worker) drives this; tests/integration/test_partial_rollouts.py
+exercises it through the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from relayrl.config import RunConfig
+from relayrl.leases import LeaseClient, LeasedPrompt
+from relayrl.messages import Group, Sample, validate_sample
+from relayrl.models.loading import LoadedModel
+from relayrl.partial import PartialGroup
+from relayrl.repack import is_tail
+from relayrl.rewards import get_reward, score
+from relayrl.streams import TrajectoryWriter
+from rollout_svc.engine_api import Engine
+from rollout_svc.group_generator import GroupGenerator
+from rollout_svc.loop_clock import LoopClock
+from rollout_svc.worker_leases import WorkerLeases
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ActiveGroup:
+    lease: LeasedPrompt
+    group: PartialGroup
+    saved_at: float  # when its token state was last saved (or it started)
+
+
+class SegmentBoundary:
+    def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel, scheduler: LeaseClient,
+                 leases: WorkerLeases, generator: GroupGenerator, writer: TrajectoryWriter,
+                 reward_name: str, loop: LoopClock, clock: Callable[[], float],
+                 on_failure: Callable[[], None]):
+        self.cfg = cfg
+        self.worker_id = cfg.rollout.worker_id
+        self.engine = engine
+        self.lm = lm
+        self.scheduler = scheduler
+        self.leases = leases
+        self.generator = generator
+        self.writer = writer
+        self.reward_fn = get_reward(reward_name)
+        self.loop = loop
+        self.clock = clock
+        self.on_failure = on_failure  # each failed scheduler call, for the worker's figures
+        self.samples_generated = 0
+        self.versions_used: set[int] = set()
+        self.leases_released = 0
+        self.groups_moved_out = 0  # handed over to another worker by a repack
+
+    def activate(self, lease: LeasedPrompt) -> ActiveGroup:
+        return ActiveGroup(lease, self.generator.start(lease), self.clock())
+
+    def advance(self, active: list[ActiveGroup], stop: threading.Event | None = None
+                ) -> tuple[list[ActiveGroup], int]:
+        """One segment for every active group: finished groups are scored and delivered (a
+        delivery waits while the buffer is full), the others' token state is saved with the
+        scheduler when rollout.save_every_s has passed since their last save, or at once on
+        a worker left with a tail (a save's reply may recall the group for a repack).
+        Returns (the groups still held, how many were delivered)."""
+        with self.loop.timed("generate"):
+            self.generator.generate_segment([a.group for a in active])
+        going = [a for a in active if not a.group.finished]
+        delivered = 0
+        for a in active:
+            if a.group.finished:
+                with self.loop.timed("deliver"):
+                    self.deliver(a.lease, a.group, stop)
+                delivered += 1
+        now = self.clock()
+        due = self._due_for_saving(going, now)
+        if not due:
+            return going, delivered
+        with self.loop.timed("save"):
+            try:
+                replies = self.scheduler.save_progress_many(
+                    self.worker_id, [(a.lease.lease_id, a.group.encode()) for a in due])
+            except grpc.RpcError as err:  # saved or not, the next boundary saves again
+                self.on_failure()
+                log.warning("saving %d groups' progress failed (%s)", len(due), err.code())
+                return going, delivered
+        let_go = set()
+        for a, reply in zip(due, replies, strict=True):
+            a.saved_at = now
+            if not reply.accepted:
+                log.warning("lease %s lapsed mid-generation; dropping it", a.lease.lease_id)
+                let_go.add(a.lease.lease_id)
+                self.leases.let_go([a.lease.lease_id])
+            elif reply.release and self.hand_over(a):
+                let_go.add(a.lease.lease_id)
+        return [a for a in going if a.lease.lease_id not in let_go], delivered
+
+    def _due_for_saving(self, going: list[ActiveGroup], now: float) -> list[ActiveGroup]:
+        """The groups whose token state to save now: those unsaved for save_every_s, or all
+        of them on a worker left with a tail when repacking is on (the scheduler's own rule,
+        relayrl.repack.is_tail): the planner learns a group's progress, and recalls it, only
+        through saves."""
+        if not self.cfg.rollout.segment_tokens:
+            return []
+        capacity = self.cfg.repack_capacity  # 0 with repacking off
+        load = sum(len(a.group.unfinished()) for a in going)
+        if capacity and is_tail(load, capacity, self.cfg.scheduler.repack_below):
+            return going
+        return [a for a in going if now - a.saved_at >= self.cfg.rollout.save_every_s]
+
+    def deliver(self, lease: LeasedPrompt, group: PartialGroup,
+                stop: threading.Event | None = None) -> None:
+        samples = []
+        for seq in group.sequences:
+            reward, error = score(self.reward_fn, self.lm.decode(seq.tokens), lease.reference,
+                                  self.cfg.buffer.reward_range)
+            samples.append(Sample(
+                prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
+                prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,
+                logprobs=seq.logprobs, versions=seq.versions, reward=reward,
+                finish_reason=seq.finish_reason, reward_error=error))
+            validate_sample(samples[-1])  # where a rollout enters the run: checked once, here
+            self.versions_used.update(seq.versions)
+        # waits for room: this worker takes no new prompt
+        self.writer.append(Group(lease.prompt_id, samples), stop)
+        self.samples_generated += len(samples)
+        self.leases.delivered(lease.lease_id)
+
+    def hand_over(self, a: ActiveGroup) -> bool:
+        """A repack recalled the group: hand it back (its token state was just saved) for
+        the worker the scheduler chose. If the scheduler refuses, keep generating it."""
+        kv = [self.engine.export_state(a.group.prompt_tokens + s.tokens)
+              for s in a.group.unfinished()]
+        kv_states = tuple(state.encode() for state in kv if state is not None)
+        if not self.leases.hand_over(a.lease.lease_id, kv_states):
+            return False
+        self.leases_released += 1
+        self.groups_moved_out += 1
+        return True
+
+    def release_all(self, active: list[ActiveGroup]) -> None:
+        """Hand unfinished groups back with their token state, for another worker."""
+        for a in active:
+            self.release(a.lease.lease_id, a.group.encode())
+
+    def release(self, lease_id: str, state: bytes = b"") -> bool:
+        released = self.leases.hand_back(lease_id, state)
+        self.leases_released += released
+        return released
+
+    def hand_back_abandoned(self, active: list[ActiveGroup]) -> None:
+        """Release abandoned leases without state, for another worker to take now. Once a
+        call fails the rest are only let go: the scheduler re-issues them when this worker's
+        heartbeats no longer name them."""
+        for i, a in enumerate(active):
+            if not self.release(a.lease.lease_id):
+                self.leases.let_go(rest.lease.lease_id for rest in active[i + 1:])
+                return

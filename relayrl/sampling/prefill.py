@@ -37,12 +37,21 @@ def worth_bucketing(fed: list[int], rows: list[int], covered_lengths: list[int])
     return bucketed < padded_cost(fed, CALL_COST_TOKENS)
 
 
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids right-aligned in one [B, width] tensor, and the mask of real tokens."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def prefill_states(model, contexts: list[list[int]], pad_id: int, version: int,
                    fingerprint: ModelFingerprint) -> list[SequenceKV]:
     """The KV state of each context, computed in length buckets."""
-    from relayrl.sampling.sampler import left_pad
-
     states: list[SequenceKV | None] = [None] * len(contexts)
     for bucket in plan_runs([len(c) for c in contexts], CALL_COST_TOKENS):
         ids, mask = left_pad([contexts[i] for i in bucket], pad_id)

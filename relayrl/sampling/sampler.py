@@ -14,6 +14,7 @@ import torch
 
 from relayrl.sampling import kv_state, prefill
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
+from relayrl.sampling.prefill import left_pad
 
 
 @dataclass
@@ -24,17 +25,6 @@ class Completion:
 
 
 @torch.no_grad()
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids right-aligned in one [B, width] tensor, and the mask of real tokens."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s)
-        mask[i, width - len(s):] = 1
-    return ids, mask
-
-
 def sample(
     model,
     prompts: list[list[int]],

@@ -3,7 +3,8 @@ trainer, in four modes (sync, one_step_off, async, async_repack) on the same see
 workload. `relayrl simulate` sweeps fleet sizes; `simulate()` runs one mode."""
 
 from relayrl.sim.costs import CostParams, fit_decode_cost, load_costs
-from relayrl.sim.engine import MODES, ModeResult, SimConfig, config_from_mapping, simulate
+from relayrl.sim.engine import MODES, ModeResult, SimConfig, config_from_mapping
+from relayrl.sim.run import simulate
 from relayrl.sim.workload import RESPONSE_DISTS, LengthDist, Workload, heavy_tail
 
 __all__ = ["MODES", "RESPONSE_DISTS", "CostParams", "LengthDist", "ModeResult", "SimConfig",

@@ -1,4 +1,5 @@
-"""The simulation's entry point, its per-step records and what a mode's run amounts to.
+"""The simulation's configuration, its per-step records and what a mode's run amounts to
+(the entry point, `simulate`, is relayrl.sim.run).
 
 Every mode writes one `StepRecord` per trainer step. Rates are measured over a window that
 leaves out the first `warmup` steps, while the asynchronous pipeline fills up.
@@ -12,8 +13,6 @@ synchronous step's long tail wastes.
 
 from __future__ import annotations
 
-import gc
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -118,26 +117,3 @@ def summarize(mode: str, workers: int, cfg: SimConfig, records: list[StepRecord]
         preemptions=last.preemptions - first.preemptions,
         trainer_idle=float(1.0 - sum(r.train_s for r in window) / span),
         sim_seconds=float(span), wall_seconds=wall_seconds)
-
-
-def simulate(cfg: SimConfig, workers: int, mode: str) -> ModeResult:
-    """Run one mode on `workers` workers for cfg.steps trainer steps."""
-    from relayrl.sim.barrier import run_one_step_off, run_sync
-    from relayrl.sim.streaming import Streaming
-
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    start = time.perf_counter()
-    gc.disable()  # millions of live tuples make collections slow, and the runs make no cycles
-    try:
-        if mode == "sync":
-            records = run_sync(cfg, workers)
-        elif mode == "one_step_off":
-            records = run_one_step_off(cfg, workers)
-        else:
-            records = Streaming(cfg, workers, repack=mode == "async_repack").run()
-    finally:
-        gc.enable()
-    return summarize(mode, workers, cfg, records, time.perf_counter() - start)

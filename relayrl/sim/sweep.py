@@ -12,8 +12,9 @@ from typing import Any
 
 from relayrl.config.base import read_yaml
 from relayrl.sim.costs import load_costs
-from relayrl.sim.engine import MODES, ModeResult, SimConfig, config_from_mapping, simulate
+from relayrl.sim.engine import MODES, ModeResult, SimConfig, config_from_mapping
 from relayrl.sim.report import format_table, plot, summary, write_json
+from relayrl.sim.run import simulate
 from relayrl.sim.workload import RESPONSE_DISTS
 
 DEFAULT_WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)

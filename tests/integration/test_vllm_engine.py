@@ -12,7 +12,8 @@ import torch
 
 from relayrl.config import RunConfig
 from relayrl.messages import Group, Sample
-from relayrl.sampling.sampler import Completion, left_pad
+from relayrl.sampling.prefill import left_pad
+from relayrl.sampling.sampler import Completion
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.engine_factory import make_engine
 from rollout_svc.torch_engine import TorchEngine

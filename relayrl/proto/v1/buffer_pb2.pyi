@@ -173,10 +173,11 @@ class BufferStats(_message.Message):
     groups_duplicate: _builtins.int
     batches_emitted: _builtins.int
     partial_groups: _builtins.int
-    """groups with some but not all samples received"""
+    """always 0: a group enters the buffer whole"""
     ready_groups: _builtins.int
     """complete groups waiting to fill a batch"""
     trajectory_stream_len: _builtins.int
+    """samples on the trajectory stream, not yet batched"""
     batch_stream_len: _builtins.int
     samples_rejected: _builtins.int
     """malformed entries, acknowledged and counted"""

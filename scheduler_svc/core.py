@@ -1,7 +1,8 @@
 """The scheduler in process: LeasePolicy behind a lock, the task's prompts, a Redis ledger.
 
 The gRPC servicer is a thin translation of this class, which is also the in-process
-implementation of the lease contract.
+implementation of the lease contract. What a worker leaves mid-lease (token and KV states)
+is handled in scheduler_svc.saved_progress, mixed in here.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ import redis
 
 from relayrl import control, ledger
 from relayrl.backpressure import is_oom
-from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.config.run import inflight_prompts
 from relayrl.control import LiveSettings, RunState, SettingsChange
 from relayrl.keys import RunKeys
-from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt, ProgressReply
-from relayrl.partial import PartialGroup
+from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt
 from relayrl.repack import Move
 from relayrl.tasks import make_task
 from scheduler_svc.idempotency import check_id
 from scheduler_svc.policy import LeasePolicy
+from scheduler_svc.saved_progress import SavedProgress
 
 log = logging.getLogger(__name__)
 MAX_HELD_LEASES = 65_536  # lease ids one heartbeat may name
@@ -41,7 +41,7 @@ def unheld_grace_s(cfg: RunConfig) -> float:
     return 2 * s.call_timeout_s + s.heartbeat_interval_s
 
 
-class SchedulerCore(LeaseClient):
+class SchedulerCore(SavedProgress, LeaseClient):
     def __init__(self, cfg: RunConfig, redis, clock=time.monotonic):
         self.cfg = cfg
         self.policy = LeasePolicy(lease_ttl_s=cfg.scheduler.lease_ttl_s,
@@ -212,89 +212,6 @@ class SchedulerCore(LeaseClient):
         if accepted and prompt_id is not None:
             self._forget_partials([prompt_id])
         return accepted
-
-    def _check_state(self, state: bytes, prompt_id: int, where: str) -> PartialGroup:
-        limit = self.cfg.scheduler.max_partial_state_bytes
-        if len(state) > limit:
-            raise ValueError(f"{where}.state: {len(state)} bytes, more than "
-                             f"scheduler.max_partial_state_bytes ({limit})")
-        try:
-            return PartialGroup.decode(state, prompt_id, self.cfg.rollout.samples_per_prompt)
-        except CodecError as err:
-            raise ValueError(f"{where}.state: {err}") from None
-
-    def _keep_partial(self, prompt_id: int, state: bytes) -> None:
-        """Keep the state, mirrored to Redis for a restart. At Redis's memory limit it is kept
-        here alone, and mirrored by a later refresh: the worker need not stop for it."""
-        self.partials[prompt_id] = state
-        try:
-            self.redis.hset(self.keys.partials, str(prompt_id), state)
-        except redis.ResponseError as err:
-            if not is_oom(err):
-                raise
-            self.redis_oom_refusals += 1
-            self.unmirrored.add(prompt_id)
-            return
-        self.unmirrored.discard(prompt_id)
-
-    def _mirror_partials(self) -> None:
-        for prompt_id in list(self.unmirrored):
-            state = self.partials.get(prompt_id)
-            if state is None:  # finished meanwhile
-                self.unmirrored.discard(prompt_id)
-            else:
-                self._keep_partial(prompt_id, state)
-
-    def _forget_partials(self, prompt_ids) -> None:
-        ids = [i for i in prompt_ids if i in self.partials]
-        if ids:
-            self.redis.hdel(self.keys.partials, *map(str, ids))
-            for i in ids:
-                self.partials.pop(i, None)
-                self.kv_handoffs.pop(i, None)
-
-    def _prompt_of(self, worker_id: str, lease_id: str) -> int | None:
-        with self.lock:
-            return self.policy.holder_prompt(lease_id, worker_id)
-
-    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> ProgressReply:
-        prompt_id = self._prompt_of(worker_id, lease_id)
-        if prompt_id is None:
-            return ProgressReply(False)
-        group = self._check_state(state, prompt_id, "SaveProgress")
-        with self.lock:  # the lease may have lapsed while the state was checked
-            recalled = self.policy.note_progress(lease_id, worker_id, len(group.unfinished()))
-            if recalled is None:
-                return ProgressReply(False)
-            self._keep_partial(prompt_id, state)
-        return ProgressReply(True, recalled)
-
-    def release(self, worker_id: str, lease_id: str, state: bytes = b"",
-                kv_states: tuple[bytes, ...] = ()) -> bool:
-        with self.lock:  # a retry's state is older than what a new holder may have saved
-            if self.policy.released_before(lease_id, worker_id):
-                return True
-        prompt_id = self._prompt_of(worker_id, lease_id)
-        if prompt_id is None:
-            return False
-        if state:
-            self._check_state(state, prompt_id, "Release")
-        kv_bytes, limit = sum(map(len, kv_states)), self.cfg.scheduler.max_partial_state_bytes
-        if kv_bytes > limit:
-            log.warning("Release.kv_states: %d bytes, more than scheduler."
-                        "max_partial_state_bytes (%d); the taker re-prefills", kv_bytes, limit)
-            kv_states = ()
-        with self.lock:
-            if self.policy.holder_prompt(lease_id, worker_id) is None:
-                return False
-            if state:  # kept before the prompt can be leased again
-                self._keep_partial(prompt_id, state)
-            if kv_states:
-                self.kv_handoffs[prompt_id] = tuple(kv_states)
-            self.policy.release(lease_id, worker_id, self.clock())
-        log.info("worker %s handed back prompt %d%s", worker_id, prompt_id,
-                 " with its token state" if state else "")
-        return True
 
     def heartbeat(self, worker_id: str, policy_version: int,
                   held: Collection[str] | None = None, fresh: bool = True) -> bool:

@@ -11,28 +11,28 @@ tail, for a fuller worker to continue it.
 
 Lost replies (scheduler_svc.idempotency): a retried acquire with the same request id gets
 the leases the first call was granted, and a repeated complete, release or register
-changes nothing. A worker that names the leases it holds in its heartbeats renews only
-those; one granted to it but absent from them for `unheld_grace_s` (longer than its grant
-can take to reach the worker) is re-issued, so a grant whose reply was lost for good does
-not stay out forever.
+changes nothing.
+
+Workers (scheduler_svc.worker_rules): registering, draining, and heartbeats, which renew
+a worker's leases and re-issue a grant it never received.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from scheduler_svc.idempotency import COMPLETED, RELEASED, ReplyMemory
 from scheduler_svc.lease_state import ActiveLease, Counters, Grant, WorkerState
 from scheduler_svc.repack_rules import RepackRules
 from scheduler_svc.run_control import RunControl
+from scheduler_svc.worker_rules import WorkerRules
 
 __all__ = ["ActiveLease", "Counters", "Grant", "LeasePolicy", "WorkerState"]
 
 
 @dataclass
-class LeasePolicy(RepackRules):
+class LeasePolicy(WorkerRules, RepackRules):
     lease_ttl_s: float
     max_attempts: int
     max_inflight: int
@@ -75,12 +75,6 @@ class LeasePolicy(RepackRules):
         capped = self.max_prompts > 0 and self.cursor >= self.max_prompts
         return ((capped or self.control.stopping) and not self.requeue and not self.leases)
 
-    def leases_by_worker(self) -> dict[str, int]:
-        counts = dict.fromkeys(self.workers, 0)
-        for lease in self.leases.values():
-            counts[lease.worker_id] = counts.get(lease.worker_id, 0) + 1
-        return counts
-
     def restore(self, leased: set[int], settled: set[int], failed: set[int]) -> None:
         """Take up from a previous scheduler's ledger: every prompt below the highest one it
         leased was handed out; those neither settled (assembled into a batch) nor failed go
@@ -93,67 +87,6 @@ class LeasePolicy(RepackRules):
         self.started = True
         self.requeue.extend(p for p in range(self.cursor)
                             if p not in settled and p not in self.failed)
-
-    def register(self, worker_id: str, now: float, incarnation: str = "") -> None:
-        """A worker (re)starts: leases an earlier process under its name held lapse now,
-        since the new process knows nothing of them and its heartbeats would keep them.
-        The same process registering again (its first reply lost) keeps them."""
-        state = self.workers.get(worker_id)
-        if state is not None and incarnation and state.incarnation == incarnation:
-            state.last_seen = now
-            return
-        for lease in self.leases.values():
-            if lease.worker_id == worker_id:
-                lease.deadline = now
-        self.expire(now)
-        self.workers[worker_id] = WorkerState(last_seen=now, incarnation=incarnation)
-        self.memory.forget_worker(worker_id)
-
-    def drain(self, worker_id: str, lapse_leases: bool, now: float) -> None:
-        """No new leases for the worker; its current ones finish, or lapse now (re-issued
-        like expired ones) with `lapse_leases`."""
-        if worker_id not in self.workers:
-            raise KeyError(worker_id)
-        self.draining.add(worker_id)
-        if lapse_leases:
-            for lease in self.leases.values():
-                if lease.worker_id == worker_id:
-                    lease.deadline = now
-            self.expire(now)
-
-    def undrain(self, worker_id: str) -> None:
-        if worker_id not in self.workers:
-            raise KeyError(worker_id)
-        self.draining.discard(worker_id)
-
-    def heartbeat(self, worker_id: str, policy_version: int, now: float,
-                  held: Collection[str] | None = None) -> bool:
-        """Renews the worker's leases, only those in `held` when it names them. False means
-        the worker is unknown and must register."""
-        state = self.workers.get(worker_id)
-        if state is None:
-            return False
-        state.last_seen = now
-        state.policy_version = policy_version
-        for lease in self.leases.values():
-            if lease.worker_id == worker_id and (held is None or lease.lease_id in held):
-                lease.deadline = now + self.lease_ttl_s
-        return True
-
-    def release_unheld(self, worker_id: str, held: Collection[str], now: float
-                       ) -> list[ActiveLease]:
-        """Re-issue the worker's leases absent from `held`, the leases its heartbeat says
-        it holds, once granted unheld_grace_s ago: the grant's reply never reached it, or it
-        let the lease go unheard. A later grant may still be on its way to it. The hand-back
-        costs no attempt, and a late delivery still counts while the prompt waits."""
-        gone = [lease for lease in self.leases.values()
-                if lease.worker_id == worker_id and lease.lease_id not in held
-                and now - lease.granted_at >= self.unheld_grace_s]
-        for lease in gone:
-            self._hand_back(lease, now)
-            self.expired[lease.lease_id] = lease.prompt_id
-            self.counters.leases_unheld += 1
-        return gone
 
     def set_finished(self, finished: int) -> None:
         self.finished = max(self.finished, finished)

@@ -1,7 +1,8 @@
 """The training loop: read a batch, drop stale groups, step, publish, checkpoint, ack.
 
 Under torchrun this is rank 0; the other ranks run a Learner that follows it (see
-trainer_svc.distributed)."""
+trainer_svc.distributed). Checkpoint, resume and acknowledgement are in
+trainer_svc.durability, mixed in here."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
-from relayrl import ledger as prompt_ledger
 from relayrl.backpressure import PressureCounters, StoppedWaiting
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
@@ -27,6 +25,7 @@ from relayrl.tasks import make_task
 from trainer_svc import checkpoint
 from trainer_svc.batching import collate, lag_histogram, split_stale, split_uniform
 from trainer_svc.distributed import Parallel
+from trainer_svc.durability import Durability
 from trainer_svc.learner import Learner
 from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
 from trainer_svc.publisher import AsyncPublisher
@@ -46,7 +45,7 @@ def open_metrics(run_dir: Path, tensorboard: bool) -> MetricsWriter:
         raise ValueError(f"trainer.tensorboard is true, but {err}") from None
 
 
-class Trainer:
+class Trainer(Durability):
     def __init__(self, cfg: RunConfig, lm: LoadedModel, redis, publisher: AsyncPublisher,
                  parallel: Parallel | None = None):
         self.cfg = cfg
@@ -87,46 +86,6 @@ class Trainer:
         self.stop = threading.Event()
         self.started = time.monotonic()
         ensure_group(self.r, self.keys.batches, TRAINER_GROUP)
-
-    # -- durability -------------------------------------------------------------------------
-
-    def resume(self) -> None:
-        path = checkpoint.latest(self.ckpt_dir)
-        if path is None:
-            return
-        from transformers import AutoModelForCausalLM
-
-        state = checkpoint.load_state(path)
-        restored = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.learner.restore(state["extra"].get("objective", {}), restored.state_dict(),
-                             state["optimizer"], state.get("optimizer_by_name", False))
-        self.step = state["step"]
-        self.totals.update(state["extra"]["totals"])
-        self._acknowledge(state["ledger"])  # idempotent if it was already acknowledged
-        log.info("resumed from %s at step %d", path, self.step)
-
-    def _acknowledge(self, ledger: checkpoint.Ledger) -> None:
-        def write() -> None:
-            pipe = self.r.pipeline(transaction=True)
-            if ledger.entry_ids:
-                pipe.xack(self.keys.batches, TRAINER_GROUP, *ledger.entry_ids)
-                pipe.xdel(self.keys.batches, *ledger.entry_ids)
-            prompt_ledger.add(pipe, self.keys, "consumed", ledger.consumed)
-            prompt_ledger.add(pipe, self.keys, "dropped", ledger.dropped)
-            pipe.execute()
-
-        # MULTI/EXEC of XACK, XDEL and SADD: repeating it after a timeout changes nothing
-        redis_write(write, self.pressure, "the trainer's acknowledgement", self.stop)
-
-    def save_checkpoint(self) -> None:
-        state = self.learner.training_state()
-        extra = {"totals": self.totals, "objective": state.objective}
-        checkpoint.save(self.ckpt_dir, self.step, self.lm.model, state, self.ledger, extra,
-                        self.tc.keep_checkpoints)
-        self._acknowledge(self.ledger)
-        self.ledger = checkpoint.Ledger()
-
-    # -- one step ---------------------------------------------------------------------------
 
     def next_batch(self, stop: threading.Event):
         """The next batch entry for this consumer, in stream order. Entries already delivered
@@ -202,12 +161,6 @@ class Trainer:
         record["time/step_s"] = time.monotonic() - t0
         record["time/elapsed_s"] = time.monotonic() - self.started
         return record
-
-    def record_progress(self) -> None:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(self.keys.trainer_version, self.step)
-        pipe.set(self.keys.prompts_finished, self.totals["scheduler_prompts_finished"])
-        pipe.execute()
 
     def _optimize(self, groups, version: int) -> tuple[dict, bool]:
         """(the step's record, True), or (the loss's stats, False) for a step not taken

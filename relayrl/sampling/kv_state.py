@@ -3,23 +3,27 @@
 A continuation that starts from a sequence's KV state skips re-prefilling its context, on the
 engine that computed it (the next segment) or on another worker it migrates to. A state is
 only valid for the model shape and the policy version that produced it, so both travel with
-it and every import checks them.
+it and every import checks them. A state travels between workers in its wire form
+(`encode`, `decode`); a batch's cache is built from states and split back into them in
+relayrl.sampling.kv_batch. Exercised by tests/unit/test_kv_state.py.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 import torch
 
-from relayrl.codec import CodecError, decode_array, encode_array, pack, unpack
+from relayrl.codec import CodecError, Wire, decode, decode_array, encode, encode_array
 
 KIND = "sequence_kv"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+Positive = Annotated[int, msgspec.Meta(gt=0)]
 
 
 @dataclass(frozen=True)
@@ -27,12 +31,12 @@ class ModelFingerprint:
     """What a KV state must agree on with the model that resumes from it."""
 
     model_type: str
-    num_layers: int
-    kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    dtype: str
+    num_layers: Positive
+    kv_heads: Positive
+    head_dim: Positive
+    hidden_size: Positive
+    vocab_size: Positive
+    dtype: Literal["float32", "float16", "bfloat16"]  # a key of DTYPES
 
     @classmethod
     def of(cls, model: Any) -> ModelFingerprint:
@@ -98,41 +102,35 @@ class SequenceKV:
 
     def encode(self) -> bytes:
         # Raw bytes on the wire: numpy, and so the array codec, has no bfloat16.
-        def raw(t: torch.Tensor) -> dict[str, Any]:
-            return encode_array(t.detach().cpu().contiguous().view(torch.uint8).numpy())
+        def raw(t: torch.Tensor) -> RawArray:
+            return RawArray.of(t.detach().cpu().contiguous().view(torch.uint8).numpy())
 
-        arrays = {"tokens": encode_array(np.asarray(self.tokens, dtype=np.int64)),
-                  "keys": raw(self.keys), "values": raw(self.values)}
-        return pack(KIND, {**arrays, "version": self.version,
-                           "fingerprint": asdict(self.fingerprint),
-                           "checksum": checksum_of(arrays)})
+        tokens, keys, values = (RawArray.of(np.asarray(self.tokens, dtype=np.int64)),
+                                raw(self.keys), raw(self.values))
+        return encode(KVWire(tokens=tokens, keys=keys, values=values, version=self.version,
+                             fingerprint=self.fingerprint,
+                             checksum=checksum_of({"tokens": {"data": tokens.data},
+                                                   "keys": {"data": keys.data},
+                                                   "values": {"data": values.data}})))
 
     @classmethod
     def decode(cls, payload: bytes) -> SequenceKV:
-        obj = unpack(payload, KIND)
-        arrays = {name: obj.get(name) for name in ("tokens", "keys", "values")}
-        # A flipped bit in the floats would decode fine and silently change the continuation.
-        if all(isinstance(a, dict) and isinstance(a.get("data"), bytes) for a in arrays.values()) \
-                and obj.get("checksum") != checksum_of(arrays):
-            raise CodecError(f"{KIND}.checksum: the arrays' bytes do not match it")
-        fingerprint = _decode_fingerprint(obj.get("fingerprint"))
-        tokens = decode_array(obj.get("tokens"), f"{KIND}.tokens")
+        wire = decode(payload, KVWire)
+        fingerprint = wire.fingerprint
+        tokens = wire.tokens.read(f"{KIND}.tokens")
         if tokens.dtype != np.int64 or tokens.ndim != 1 or len(tokens) == 0:
             raise CodecError(f"{KIND}.tokens: expected a non-empty int64 vector")
-        version = obj.get("version")
-        if not isinstance(version, int) or version < 0:
-            raise CodecError(f"{KIND}.version: expected a non-negative int, got {version!r}")
         dtype = DTYPES[fingerprint.dtype]
         shape = [fingerprint.num_layers, fingerprint.kv_heads, len(tokens),
                  fingerprint.head_dim * dtype.itemsize]
         tensors = {}
         for name in ("keys", "values"):
-            arr = decode_array(obj.get(name), f"{KIND}.{name}")
+            arr = getattr(wire, name).read(f"{KIND}.{name}")
             if arr.dtype != np.uint8 or list(arr.shape) != shape:
                 raise CodecError(f"{KIND}.{name}: {arr.dtype}{list(arr.shape)} does not fit the "
                                  f"fingerprint and {len(tokens)} tokens (uint8{shape})")
             tensors[name] = torch.from_numpy(arr.copy()).view(dtype)
-        return cls(tuple(tokens.tolist()), version, fingerprint, tensors["keys"],
+        return cls(tuple(tokens.tolist()), wire.version, fingerprint, tensors["keys"],
                    tensors["values"])
 
 
@@ -143,77 +141,37 @@ def checksum_of(arrays: dict[str, dict[str, Any]]) -> int:
     return crc
 
 
-def _decode_fingerprint(obj: Any) -> ModelFingerprint:
-    where = f"{KIND}.fingerprint"
-    if not isinstance(obj, dict):
-        raise CodecError(f"{where}: expected a map")
-    values = {}
-    for f in fields(ModelFingerprint):
-        v = obj.get(f.name)
-        ok = (isinstance(v, str) if f.type == "str"
-              else isinstance(v, int) and not isinstance(v, bool) and v > 0)
-        if not ok:
-            raise CodecError(f"{where}.{f.name}: bad value {v!r}")
-        values[f.name] = v
-    if values["dtype"] not in DTYPES:
-        raise CodecError(f"{where}.dtype: {values['dtype']!r} is not one of {list(DTYPES)}")
-    return ModelFingerprint(**values)
+class RawArray(msgspec.Struct, forbid_unknown_fields=True):
+    """An array as relayrl.codec lays it out, its bytes not yet read: the checksum is
+    checked before they are trusted."""
+
+    dtype: str
+    shape: list[int]
+    data: bytes
+
+    @classmethod
+    def of(cls, arr: np.ndarray) -> RawArray:
+        return cls(**encode_array(arr))
+
+    def read(self, where: str) -> np.ndarray:
+        return decode_array(msgspec.structs.asdict(self), where)
 
 
-@dataclass
-class BatchedKV:
-    """A left-padded batched cache: mask [B, width] marks real columns; next_positions [B]
-    is each sequence's token count, the position of the token that follows."""
+class KVWire(Wire, tag=KIND):
+    """A SequenceKV on the wire; keys and values as uint8 [..., head_dim * itemsize]."""
 
-    cache: Any  # transformers DynamicCache
-    mask: torch.Tensor
-    next_positions: torch.Tensor
+    tokens: RawArray  # int64 [T]
+    keys: RawArray
+    values: RawArray
+    version: Annotated[int, msgspec.Meta(ge=0)]
+    fingerprint: ModelFingerprint
+    checksum: int
 
-
-def assemble(states: list[SequenceKV | None], fingerprint: ModelFingerprint) -> BatchedKV | None:
-    """One cache for a batch, each state right-aligned; a None row is all padding. None when
-    no row has a state."""
-    from transformers import DynamicCache
-
-    width = max((len(s) for s in states if s is not None), default=0)
-    if width == 0:
-        return None
-    fp, batch = fingerprint, len(states)
-    shape = (fp.num_layers, batch, fp.kv_heads, width, fp.head_dim)
-    keys = torch.zeros(shape, dtype=DTYPES[fp.dtype])
-    values = torch.zeros_like(keys)
-    mask = torch.zeros((batch, width), dtype=torch.long)
-    lengths = torch.zeros(batch, dtype=torch.long)
-    for i, s in enumerate(states):
-        if s is None:
-            continue
-        differences = s.fingerprint.differences(fp)
-        if differences:
-            raise ValueError(f"states[{i}]: computed by another model ({'; '.join(differences)})")
-        keys[:, i, :, width - len(s):] = s.keys
-        values[:, i, :, width - len(s):] = s.values
-        mask[i, width - len(s):] = 1
-        lengths[i] = len(s)
-    cache = DynamicCache(ddp_cache_data=list(zip(keys, values, strict=True)))
-    return BatchedKV(cache, mask, lengths)
-
-
-def split(cache: Any, mask: torch.Tensor, covered: list[list[int]], version: int,
-          fingerprint: ModelFingerprint) -> list[SequenceKV]:
-    """Each row's real columns (mask == 1) of a batched cache, copied out; covered[i] are
-    the tokens those columns hold, in order."""
-    from transformers.cache_utils import DynamicLayer
-
-    if any(type(layer) is not DynamicLayer for layer in cache.layers):
-        raise ValueError("kv state: only full-attention dynamic caches can be split")
-    out = []
-    for i, tokens in enumerate(covered):
-        cols = mask[i].nonzero().squeeze(-1)
-        assert len(cols) == len(tokens), (i, len(cols), len(tokens))
-        keys = torch.stack([layer.keys[i].index_select(-2, cols) for layer in cache.layers])
-        values = torch.stack([layer.values[i].index_select(-2, cols) for layer in cache.layers])
-        out.append(SequenceKV(tuple(tokens), version, fingerprint, keys, values))
-    return out
+    def __post_init__(self) -> None:
+        # A flipped bit in the floats would decode fine and silently change the continuation.
+        datas = {n: {"data": getattr(self, n).data} for n in ("tokens", "keys", "values")}
+        if self.checksum != checksum_of(datas):
+            raise CodecError(f"{KIND}.checksum: the arrays' bytes do not match it")
 
 
 class StateCache:

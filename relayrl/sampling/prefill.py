@@ -6,7 +6,7 @@ prompts of ten tokens with long-tail sequences of hundreds, so one padded forwar
 mostly padding (32 rows x 200 columns for 31 short rows and one long one). Prefill costs
 about the same per token at any batch size, so the rows that need it are run in buckets of
 similar length (relayrl.length_split), each bucket's state is split out per sequence
-(relayrl.sampling.kv_state), and the sampler resumes every row from its state as it would
+(relayrl.sampling.kv_batch), and the sampler resumes every row from its state as it would
 from one kept from an earlier call.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from relayrl.length_split import padded_cost, plan_runs
-from relayrl.sampling import kv_state
+from relayrl.sampling import kv_batch
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
 
 # One more forward call costs about as much as this many padded tokens (per-call overhead
@@ -57,7 +57,7 @@ def prefill_states(model, contexts: list[list[int]], pad_id: int, version: int,
         ids, mask = left_pad([contexts[i] for i in bucket], pad_id)
         out = model(input_ids=ids, attention_mask=mask,
                     position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
-        split = kv_state.split(out.past_key_values, mask, [contexts[i] for i in bucket],
+        split = kv_batch.split(out.past_key_values, mask, [contexts[i] for i in bucket],
                                version, fingerprint)
         for i, state in zip(bucket, split, strict=True):
             states[i] = state

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl.sampling import kv_state, prefill
+from relayrl.sampling import kv_batch, prefill
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
 from relayrl.sampling.prefill import left_pad
 
@@ -115,7 +115,7 @@ def sample_with_kv(
     if not return_states:
         return results, None
     covered = [list(c) + r.tokens[:-1] for c, r in zip(contexts, results, strict=True)]
-    return results, kv_state.split(past, mask, covered, version, fingerprint)
+    return results, kv_batch.split(past, mask, covered, version, fingerprint)
 
 
 def _prefill_in_buckets(model, contexts: list[list[int]], prefixes: list[SequenceKV | None],
@@ -148,7 +148,7 @@ def _first_step(contexts: list[list[int]], prefixes: list[SequenceKV | None], pa
     (_usable_prefix) as the cache and the tokens it does not cover as input. Rows are
     right-aligned in both, so a row with a short suffix has a masked gap between its cached
     and its new tokens."""
-    batched = kv_state.assemble(prefixes, fingerprint) if fingerprint is not None else None
+    batched = kv_batch.assemble(prefixes, fingerprint) if fingerprint is not None else None
     suffixes = [c[len(s):] if s is not None else c for c, s in zip(contexts, prefixes, strict=True)]
     ids, suffix_mask = left_pad(suffixes, pad_id)
     if batched is None:

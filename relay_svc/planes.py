@@ -13,6 +13,7 @@ from relay_svc.stored_version import StoredVersion
 from relayrl.proto.v1 import relay_pb2
 from relayrl.weights import WeightError
 from relayrl.weights.hostid import host_id
+from relayrl.weights.nixl_plane import nixl_api
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,11 @@ class RelayPlanes:
         self.host = host
         self.timeout = datetime.timedelta(seconds=transfer_timeout_s)
         self._nixl = None
+        if "nixl" in self.enabled:
+            # NIXL's native library (UCX) loads here, on the thread that builds the relay
+            # before its server threads run, not first inside a request handler, where its
+            # load once aborted the whole process (a fresh-clone suite on a loaded machine)
+            nixl_api()
 
     def open(self, stored: StoredVersion, request: relay_pb2.OpenPullRequest
              ) -> relay_pb2.PullTicket:

@@ -2,7 +2,11 @@
 over gRPC with each data plane (gRPC stream, shared memory, torch.distributed, NIXL)."""
 
 import dataclasses
+import importlib.util
 import os
+import re
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -20,7 +24,12 @@ from tests.conftest import free_ports
 KEEP = 2
 
 
-PLANES = ["grpc", "shm", "torch_dist", "nixl"]
+# NIXL's native library (UCX) aborted this suite's long-lived process twice while loading,
+# after a few hundred tests' worth of native libraries, on a loaded machine, never in a fresh
+# interpreter (a relay is a process of its own): its cases run in a process of their own
+# (test_the_nixl_plane_keeps_the_contract_in_a_process_of_its_own).
+NIXL_HERE = os.environ.get("RELAYRL_TEST_NIXL_HERE") == "1"
+PLANES = ["grpc", "shm", "torch_dist", *(["nixl"] if NIXL_HERE else [])]
 
 
 def start_relay(tmp_path, planes: list[str]):
@@ -239,3 +248,17 @@ def test_a_resumed_trainer_replays_what_is_held_and_goes_on_from_the_latest(rela
     client.publish(5, 5, weights(5))
     assert store.versions() == [4, 5]
     client.close()
+
+
+@pytest.mark.skipif(NIXL_HERE, reason="this is the process of its own")
+def test_the_nixl_plane_keeps_the_contract_in_a_process_of_its_own():
+    if not any(importlib.util.find_spec(m) for m in ("nixl_cu12", "nixl")):  # no import here
+        pytest.skip("nixl-cu12 is not installed")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "nixl"],
+        env={**os.environ, "RELAYRL_TEST_NIXL_HERE": "1"}, capture_output=True, text=True,
+        timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    passed = re.search(r"(\d+) passed", out.stdout)
+    assert passed and int(passed.group(1)) >= 5, out.stdout[-2000:]
+

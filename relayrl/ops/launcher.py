@@ -188,20 +188,33 @@ class Launcher:
             self.embedded = None
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def up(cfg: RunConfig) -> int:
+    """Run until the trainer finishes (0), a process fails (1) or Ctrl-C/SIGTERM (130)."""
     launcher = Launcher(cfg)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops the run like Ctrl-C does
+    interrupted = False
+
+    def on_interrupt(signum, frame):
+        nonlocal interrupted
+        first, interrupted = not interrupted, True
+        if first:  # once: a second Ctrl-C must not break the shutdown under way
+            raise KeyboardInterrupt
+
+    # `kill` stops the run like Ctrl-C does; the flag, not the exception, says it happened:
+    # raised inside a library's blocking call (a health check's gRPC wait) the interrupt
+    # may surface as another error
+    signal.signal(signal.SIGINT, on_interrupt)
+    signal.signal(signal.SIGTERM, on_interrupt)
     code = 1
     try:
         launcher.start()
         code = launcher.wait()
     except KeyboardInterrupt:
-        log.info("interrupted; stopping every service")
-        code = 130
+        pass
+    except Exception:
+        if not interrupted:
+            raise
     finally:
+        if interrupted:
+            log.info("interrupted; stopping every service")
         launcher.shutdown()
-    return code
+    return 130 if interrupted else code

@@ -137,7 +137,7 @@ def main() -> None:
     path = resolve_model_path(cfg.model, cfg.task)
     lm = load_model(path)
     task = make_task(cfg.task)
-    prompts = [lm.encode_task(task.problem(i).text, task.prompt_format)
+    prompts = [lm.encode_problem(task.problem(i).text, task.problem(i).messages)
                for i in range(args.prompts)]
     result: dict = {"bench": "rollout", "model": str(path.name), "prompts": args.prompts,
                     "n": args.n, "batch_prompts": args.batch_prompts,

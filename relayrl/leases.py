@@ -12,9 +12,11 @@ re-issues any other lease granted to it once that grant cannot still be on its w
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from relayrl.deadlines import CONTROL_CALL_S
 from relayrl.grpc_util import channel
@@ -30,6 +32,8 @@ class LeasedPrompt:
     attempt: int
     partial_state: bytes = b""  # a PartialGroup to resume; empty for a fresh prompt
     kv_states: tuple[bytes, ...] = ()  # its sequences' KV states, when a repack moved it
+    messages: tuple[Mapping[str, str], ...] = ()  # a chat prompt (text is then "")
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # for the reward
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,10 @@ class GrpcLeaseClient(LeaseClient):
             timeout=self.timeout_s)
         leases = [LeasedPrompt(lease.lease_id, lease.prompt.prompt_id, lease.prompt.text,
                                lease.prompt.reference, lease.attempt, lease.partial_state,
-                               tuple(lease.kv_states))
+                               tuple(lease.kv_states),
+                               tuple({"role": m.role, "content": m.content}
+                                     for m in lease.prompt.messages),
+                               _metadata(lease.prompt.metadata_json))
                   for lease in resp.leases]
         return LeaseBatch(leases, resp.done, resp.retry_after_s, resp.min_policy_version)
 
@@ -143,3 +150,14 @@ class GrpcLeaseClient(LeaseClient):
             request.held.SetInParent()  # an empty list says "none", unlike no list
             request.held.lease_ids.extend(held)
         return self._stub.Heartbeat(request, timeout=self.timeout_s).known
+
+
+def _metadata(text: str) -> dict[str, Any]:
+    """A lease's metadata_json: a JSON object, or {} when none was sent."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"Lease.prompt.metadata_json is a {type(value).__name__}, not an "
+                         "object")
+    return value

@@ -70,8 +70,7 @@ def model_limits(model: ModelConfig, task: TaskConfig) -> ModelLimits:
             return read_model_limits(converted)
         vocab, context = PRETRAINED[model.pretrained]
         return ModelLimits(vocab, context, f"model.pretrained {model.pretrained!r}")
-    from relayrl.tasks import make_task
+    from relayrl.tasks import AdditionTask
 
-    alphabet = make_task(task).alphabet
-    return ModelLimits(tiny_vocab_size(alphabet), TINY_CONTEXT,
-                       f"the tiny {task.name} model (model.path unset)")
+    return ModelLimits(tiny_vocab_size(AdditionTask.alphabet), TINY_CONTEXT,
+                       f"the tiny {task.source} model (model.path unset)")

@@ -25,7 +25,7 @@ from relayrl.messages import Group, Sample, validate_sample
 from relayrl.models.loading import LoadedModel
 from relayrl.partial import PartialGroup
 from relayrl.repack import is_tail
-from relayrl.rewards import get_reward, score
+from relayrl.rewards import get_reward, score_group
 from relayrl.streams import TrajectoryWriter
 from rollout_svc.engine_api import Engine
 from rollout_svc.group_generator import GroupGenerator
@@ -122,9 +122,9 @@ class SegmentBoundary:
     def deliver(self, lease: LeasedPrompt, group: PartialGroup,
                 stop: threading.Event | None = None) -> None:
         samples = []
-        for seq in group.sequences:
-            reward, error = score(self.reward_fn, self.lm.decode(seq.tokens), lease.reference,
-                                  self.cfg.buffer.reward_range)
+        scores = score_group(self.reward_fn, [self.lm.decode(s.tokens) for s in group.sequences],
+                             lease.reference, lease.metadata, self.cfg.buffer.reward_range)
+        for seq, (reward, error) in zip(group.sequences, scores, strict=True):
             samples.append(Sample(
                 prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
                 prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,

@@ -29,7 +29,6 @@ class GroupGenerator:
         self.engine = engine
         self.lm = lm
         self.writer = writer  # its Redis connection also serves the live settings
-        self.prompt_format = cfg.task.prompt_format
         self.segments = 0
         self.sequences_decoded = 0  # summed over engine calls: over segments, the mean batch
         self.mid_sequence_swaps = 0  # sequences that continued under a newer version
@@ -56,7 +55,7 @@ class GroupGenerator:
         return min(rc.max_prompt_tokens, room)
 
     def start(self, lease: LeasedPrompt) -> PartialGroup:
-        prompt_tokens = self.lm.encode_task(lease.text, self.prompt_format)
+        prompt_tokens = self.lm.encode_problem(lease.text, lease.messages)
         if len(prompt_tokens) > self.prompt_limit:
             # The task's own prompt, not a caller's: refusing it would leave the prompt
             # re-issued to every worker in turn, so it is trained on its last tokens that fit

@@ -18,7 +18,7 @@ from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from relayrl.redis_conn import redis_session
 from relayrl.service import ServiceRunner
 from relayrl.streams import TrajectoryWriter
-from relayrl.tasks import make_task
+from relayrl.tasks import check_reward
 from relayrl.weights.client import RelayClient
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.engine_factory import make_engine
@@ -96,7 +96,7 @@ def serve(cfg: RunConfig) -> None:
         worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
                                TrajectoryWriter(redis, RunKeys(cfg.run_id),
                                                 cfg.buffer.max_pending_samples),
-                               make_task(cfg.task).reward_name)
+                               check_reward(cfg.task))
         generator = CustomGenerator(engine, lm, cfg.rollout)
         runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.address,
                                [(rollout_pb2_grpc.add_RolloutServicer_to_server,

@@ -23,7 +23,7 @@ from relayrl.control import LiveSettings, RunState, SettingsChange
 from relayrl.keys import RunKeys
 from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt
 from relayrl.repack import Move
-from relayrl.tasks import make_task
+from relayrl.tasks import make_run_task
 from scheduler_svc.idempotency import check_id
 from scheduler_svc.policy import LeasePolicy
 from scheduler_svc.saved_progress import SavedProgress
@@ -58,7 +58,7 @@ class SchedulerCore(SavedProgress, LeaseClient):
         self.trainer_version = 0  # as of the last refresh
         self.redis = redis
         self.keys = RunKeys(cfg.run_id)
-        self.task = make_task(cfg.task)
+        self.task = make_run_task(cfg)
         self.clock = clock
         self.lock = threading.Lock()
         # saved token state of prompts generated in segments, mirrored to Redis
@@ -199,7 +199,8 @@ class SchedulerCore(SavedProgress, LeaseClient):
             p = self.task.problem(g.prompt_id)
             leases.append(LeasedPrompt(g.lease_id, p.prompt_id, p.text, p.reference, g.attempt,
                                        self.partials.get(g.prompt_id, b""),
-                                       self.kv_handoffs.pop(g.prompt_id, ())))
+                                       self.kv_handoffs.pop(g.prompt_id, ()),
+                                       p.messages, p.metadata))
         floor = max(0, self.trainer_version - self.settings.max_staleness)
         return LeaseBatch(leases, done, 0.0 if leases else 0.05, floor)
 

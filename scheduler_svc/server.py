@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -49,8 +50,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         ttl = self.core.cfg.scheduler.lease_ttl_s
         leases = [scheduler_pb2.Lease(
             lease_id=lp.lease_id, attempt=lp.attempt, ttl_s=ttl,
-            prompt=scheduler_pb2.Prompt(prompt_id=lp.prompt_id, text=lp.text,
-                                        reference=lp.reference),
+            prompt=scheduler_pb2.Prompt(
+                prompt_id=lp.prompt_id, text=lp.text, reference=lp.reference,
+                messages=[scheduler_pb2.ChatMessage(**m) for m in lp.messages],
+                metadata_json=json.dumps(lp.metadata) if lp.metadata else ""),
             partial_state=lp.partial_state, kv_states=lp.kv_states)
             for lp in batch.leases]
         return scheduler_pb2.LeaseResponse(leases=leases, done=batch.done,

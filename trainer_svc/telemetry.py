@@ -66,6 +66,8 @@ class StepStats(Stats, section="train"):
 
     reward_mean: float | None = gauge("Mean reward of the last step's samples.")
     reward_std: float | None = gauge("Reward std of the last step's samples.")
+    reward_errors: int | None = gauge("Samples of the last step whose reward raised or was "
+                                      "refused (scored 0).")
     loss: float | None = gauge("Loss of the last step.")
     grad_norm: float | None = gauge("Gradient norm of the last step, before clipping.")
     entropy: float | None = gauge("Mean token entropy of the last step.")

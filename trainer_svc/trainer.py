@@ -21,7 +21,7 @@ from relayrl.models.loading import LoadedModel
 from relayrl.outage import redis_write, ride_out
 from relayrl.sampling.evaluation import evaluate
 from relayrl.streams import ensure_group, read_group
-from relayrl.tasks import make_task
+from relayrl.tasks import make_run_task
 from trainer_svc import checkpoint
 from trainer_svc.batching import collate, lag_histogram, split_stale, split_uniform
 from trainer_svc.distributed import Parallel
@@ -64,7 +64,7 @@ class Trainer(Durability):
         if not self.evaluates:
             log.warning("under torchrun the trainer runs no eval and no engine check "
                         "(trainer.eval_every, trainer.engine_check_seqs)")
-        self.task = make_task(cfg.task)
+        self.task = make_run_task(cfg)
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.metrics = open_metrics(self.run_dir, self.tc.tensorboard)
@@ -184,10 +184,15 @@ class Trainer(Durability):
             return result.stats, False
         n = tb.rewards.numel()
         self.totals["samples_trained"] += n
+        reward_errors = [s.reward_error for g in groups for s in g.samples if s.reward_error]
+        if reward_errors:  # scored 0: a broken reward would otherwise look like a hard task
+            log.warning("step %d: %d samples' reward raised or was refused (scored 0), e.g. "
+                        "%s", self.step + 1, len(reward_errors), reward_errors[0])
         self.last_reward = tb.rewards.mean().item()
         record = {
             "train/reward_mean": self.last_reward, "train/reward_std": tb.rewards.std().item(),
             "train/samples": n, "train/groups": len(groups),
+            "train/reward_errors": len(reward_errors),
             "train/tokens": int(tb.response_lengths.sum()),
             "train/response_len_mean": tb.response_lengths.float().mean().item(),
             "staleness/lag_mean": tb.lags.float().mean().item(),
@@ -201,6 +206,5 @@ class Trainer(Durability):
     def run_eval(self) -> dict:
         acc = evaluate(self.lm, self.task.eval_problems(), self.task.reward_name,
                        max_new_tokens=self.cfg.rollout.max_new_tokens,
-                       temperature=self.cfg.rollout.temperature, seed=self.tc.seed,
-                       prompt_format=self.task.prompt_format)
+                       temperature=self.cfg.rollout.temperature, seed=self.tc.seed)
         return {f"eval/{k}": v for k, v in acc.items()}

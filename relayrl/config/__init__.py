@@ -10,10 +10,18 @@ from relayrl.config.rollout import RolloutConfig
 from relayrl.config.run import RunConfig, load_run_config
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig, TlsConfig
-from relayrl.config.task import TaskConfig
+from relayrl.config.task import (
+    AdditionTaskConfig,
+    DatasetTaskConfig,
+    ReasoningGymTaskConfig,
+    TaskConfig,
+)
 from relayrl.config.trainer import TrainerConfig
 
 __all__ = [
+    "AdditionTaskConfig",
+    "DatasetTaskConfig",
+    "ReasoningGymTaskConfig",
     "AuthConfig",
     "BufferConfig",
     "ConfigError",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from relayrl.config.base import (
     ConfigError,
@@ -21,7 +22,7 @@ from relayrl.config.restarts import RestartConfig
 from relayrl.config.rollout import RolloutConfig
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig
-from relayrl.config.task import TaskConfig
+from relayrl.config.task import AdditionTaskConfig, TaskConfig, task_shorthand
 from relayrl.config.trainer import TrainerConfig
 from relayrl.deadlines import REDIS_BLOCK_MARGIN_S
 
@@ -51,7 +52,9 @@ class RunConfig(StrictModel):
     auth: AuthConfig = Field(default_factory=AuthConfig,
                              description="Shared token and gRPC TLS of every service.")
     model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
+    task: TaskConfig = Field(default_factory=AdditionTaskConfig,
+                             description="What to train on, picked by `source` "
+                             "(relayrl/config/task.py).")
     relay: RelayConfig = Field(default_factory=RelayConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
@@ -59,6 +62,11 @@ class RunConfig(StrictModel):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     restarts: RestartConfig = Field(default_factory=RestartConfig,
                                     description="How `relayrl up` restarts a service that dies.")
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_shorthand(cls, value: Any) -> Any:
+        return task_shorthand(value)
 
     # Cross-checks between sections: one validator per rule, run in this order.
 
@@ -84,9 +92,18 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _chat_prompts_need_a_real_tokenizer(self) -> RunConfig:
         """task.prompt_format 'chat' needs model.path or model.pretrained."""
-        if self.task.prompt_format == "chat" and not (self.model.path or self.model.pretrained):
+        if (self.task.source == "addition" and self.task.prompt_format == "chat"
+                and not (self.model.path or self.model.pretrained)):
             raise ValueError("task.prompt_format 'chat' needs model.path or model.pretrained: "
                              "the tiny model's tokenizer knows only digits, '+' and '='")
+        return self
+
+    @model_validator(mode="after")
+    def _own_tasks_need_a_real_model(self) -> RunConfig:
+        """task.source 'dataset' or 'reasoning_gym' needs model.path or model.pretrained."""
+        if self.task.source != "addition" and not (self.model.path or self.model.pretrained):
+            raise ValueError(f"task.source {self.task.source!r} needs model.path or "
+                             "model.pretrained: the tiny model knows only digits, '+' and '='")
         return self
 
     @model_validator(mode="after")

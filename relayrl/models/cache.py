@@ -36,7 +36,7 @@ def tiny_model_dir(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
         "task": task_cfg.model_dump(),
     }
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(model_cfg.cache_dir) / f"{task_cfg.name}-{key}"
+    return Path(model_cfg.cache_dir) / f"{task_cfg.source}-{key}"
 
 
 def ensure_tiny_model(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,27 +26,41 @@ class LoadedModel:
         return int(pad if pad is not None else self.tokenizer.eos_token_id)
 
     def encode_prompt(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        bos = self.tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + list(ids)
+        return encode_text(self.tokenizer, text)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        """A conversation as the model's chat template lays it out, ending with the assistant's
-        turn; a model with no template gets the contents joined."""
-        if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                     tokenize=True, return_dict=False)
-            return [int(i) for i in ids]
-        return self.encode_prompt("".join(m["content"] for m in messages))
+        return encode_chat(self.tokenizer, messages)
 
-    def encode_task(self, text: str, prompt_format: str) -> list[int]:
-        """A task prompt: as raw text ("raw"), or as one user message ("chat")."""
-        if prompt_format == "chat":
-            return self.encode_chat([{"role": "user", "content": text}])
-        return self.encode_prompt(text)
+    def encode_problem(self, text: str, messages: Sequence[Mapping[str, str]] = ()
+                       ) -> list[int]:
+        return encode_problem(self.tokenizer, text, messages)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    bos = tokenizer.bos_token_id
+    return ([bos] if bos is not None else []) + list(ids)
+
+
+def encode_chat(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """A conversation as the model's chat template lays it out, ending with the assistant's
+    turn; a model with no template gets the contents joined."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        return [int(i) for i in ids]
+    return encode_text(tokenizer, "".join(m["content"] for m in messages))
+
+
+def encode_problem(tokenizer: Any, text: str, messages: Sequence[Mapping[str, str]] = ()
+                   ) -> list[int]:
+    """A task's prompt: chat messages through the chat template, else raw text."""
+    if messages:
+        return encode_chat(tokenizer, [dict(m) for m in messages])
+    return encode_text(tokenizer, text)
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:

@@ -7,6 +7,7 @@ Add your own with `@register("name")`.
 """
 
 from relayrl.rewards.builtin import exact_match, format_boxed, format_think, math_verify
+from relayrl.rewards.reasoning_gym import reasoning_gym_reward
 from relayrl.rewards.registry import REWARDS, RewardFn, register, score
 from relayrl.rewards.remote import RemoteReward, RemoteRewardError
 from relayrl.rewards.server import RewardServicer, serve_reward_model
@@ -15,5 +16,5 @@ from relayrl.rewards.spec import WeightedReward, get_reward, weighted
 __all__ = [
     "REWARDS", "RemoteReward", "RemoteRewardError", "RewardFn", "RewardServicer",
     "WeightedReward", "exact_match", "format_boxed", "format_think", "get_reward",
-    "math_verify", "register", "score", "serve_reward_model", "weighted",
+    "math_verify", "reasoning_gym_reward", "register", "score", "serve_reward_model", "weighted",
 ]

@@ -20,7 +20,6 @@ def evaluate(
     temperature: float,
     seed: int = 0,
     batch_size: int = 256,
-    prompt_format: str = "raw",
 ) -> dict[str, float]:
     """Mean reward when sampling at `temperature` (what RL optimises) and when greedy."""
     if not problems:
@@ -32,13 +31,13 @@ def evaluate(
     totals = {"sampled": 0.0, "greedy": 0.0}
     for start in range(0, len(problems), batch_size):
         chunk = problems[start:start + batch_size]
-        prompts = [lm.encode_task(p.text, prompt_format) for p in chunk]
+        prompts = [lm.encode_problem(p.text, p.messages) for p in chunk]
         for mode in totals:
             outs = sample(
                 lm.model, prompts, max_new_tokens=max_new_tokens, eos_id=lm.eos_id,
                 pad_id=lm.pad_id, temperature=temperature, greedy=mode == "greedy", generator=gen,
             )
             for p, c in zip(chunk, outs, strict=True):
-                totals[mode] += score(fn, lm.decode(c.tokens), p.reference)[0]
+                totals[mode] += score(fn, lm.decode(c.tokens), p.reference, metadata=p.metadata)[0]
     lm.model.train(was_training)
     return {f"accuracy_{k}": v / len(problems) for k, v in totals.items()}

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Problem:
-    prompt_id: int
-    text: str
-    reference: str
-
+from relayrl.tasks.problem import Problem
 
 CHAT_QUESTION = "What is {a}+{b}? Reply with the number only."
 
@@ -46,8 +39,11 @@ class AdditionTask:
         return int(a), int(b)
 
     def _problem(self, prompt_id: int, a: int, b: int) -> Problem:
-        text = f"{a}+{b}=" if self.prompt_format == "raw" else CHAT_QUESTION.format(a=a, b=b)
-        return Problem(prompt_id=prompt_id, text=text, reference=str(a + b))
+        if self.prompt_format == "raw":
+            return Problem(prompt_id=prompt_id, text=f"{a}+{b}=", reference=str(a + b))
+        question = {"role": "user", "content": CHAT_QUESTION.format(a=a, b=b)}
+        return Problem(prompt_id=prompt_id, text="", reference=str(a + b),
+                       messages=(question,))
 
     @cached_property
     def _held_out(self) -> list[tuple[int, int]]:

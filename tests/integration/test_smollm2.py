@@ -48,14 +48,14 @@ def test_the_converted_model_is_the_gguf_model(model_dir, lm):
     gguf = find_gguf(CACHE)
     ref = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                dtype=torch.float32)
-    ids = torch.tensor([lm.encode_task(QUESTION, "chat")])
+    ids = torch.tensor([lm.encode_problem("", [{"role": "user", "content": QUESTION}])])
     with torch.no_grad():
         diff = (lm.model(input_ids=ids).logits - ref(input_ids=ids).logits).abs().max()
     assert diff.item() < 1e-4
 
 
 def test_chat_prompts_use_the_template_and_greedy_answers_a_sum(lm):
-    ids = lm.encode_task(QUESTION, "chat")
+    ids = lm.encode_problem("", [{"role": "user", "content": QUESTION}])
     text = lm.tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     from relayrl.sampling.sampler import sample
@@ -75,7 +75,7 @@ def test_vllm_serves_the_converted_model_with_the_trainers_logprobs(model_dir, l
     engine = VllmEngine(model_dir, seed=0, eos_id=lm.eos_id, kv_cache_gib=0.5,
                         max_model_len=256)
     try:
-        prompt = lm.encode_task(QUESTION, "chat")
+        prompt = lm.encode_problem("", [{"role": "user", "content": QUESTION}])
         outs = engine.generate([prompt] * 4, SamplingSpec(max_new_tokens=12, temperature=1.0))
     finally:
         engine.close()

@@ -76,7 +76,8 @@ def write(tmp_path, data):
     ({"relay": {"metrics_port": 9100}, "rollout": {"metrics_base_port": 9099}},
      r"rollout worker 1 metrics \(rollout.metrics_base_port\+1\) and relay.metrics_port"),
     ({"run_id": "has space"}, "run_id"),
-    ({"task": {"name": "chess"}}, "task.name"),
+    ({"task": {"name": "addition"}}, "task.name 'addition': the task is now picked by task.source"),
+    ({"task": {"source": "chess"}}, "task: Input tag 'chess' found using 'source'"),
     ({"task": {"prompt_format": "chat"}}, "task.prompt_format"),
     ({"model": {"path": "/m", "pretrained": "smollm2-135m-instruct"}}, "model.path"),
     ({"model": {"pretrained": "gpt-5"}}, "model.pretrained"),
@@ -113,6 +114,9 @@ CROSS_CHECKS = {
         r"relay.data_planes \['grpc', 'torch_dist'\]"),
     "_chat_prompts_need_a_real_tokenizer": (
         {"task": {"prompt_format": "chat"}}, "task.prompt_format 'chat' needs model.path"),
+    "_own_tasks_need_a_real_model": (
+        {"task": {"source": "reasoning_gym", "generator": "chain_sum"}},
+        "task.source 'reasoning_gym' needs model.path or model.pretrained"),
     "_vllm_supports_the_tiny_head_size": (
         {"rollout": {"engine": "vllm"}, "model": {"hidden_size": 64, "num_heads": 4}},
         "head size 16 "),

@@ -121,7 +121,7 @@ def test_a_leased_prompt_too_long_is_cut_to_its_last_tokens_that_fit(tiny_lm):
     groups = GroupGenerator(cfg, TorchEngine(tiny_lm), tiny_lm, writer=None)
     text = "12+34=" * 100
     group = groups.start(LeasedPrompt("L1", 3, text, "46", attempt=1))
-    assert group.prompt_tokens == tiny_lm.encode_task(text, "raw")[-100:]
+    assert group.prompt_tokens == tiny_lm.encode_problem(text)[-100:]
     assert groups.prompts_cut == 1
     near = RunConfig.model_validate({"rollout": {"max_new_tokens": 200}})
     assert GroupGenerator(near, TorchEngine(tiny_lm), tiny_lm, writer=None).prompt_limit == 56

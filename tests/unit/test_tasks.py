@@ -1,6 +1,6 @@
 import pytest
 
-from relayrl.config import TaskConfig
+from relayrl.config import AdditionTaskConfig as TaskConfig
 from relayrl.tasks import make_task
 
 pytestmark = pytest.mark.unit
@@ -17,7 +17,8 @@ def test_chat_prompts_ask_a_question_and_read_the_final_number():
     raw, chat = make_task(TaskConfig(digits=2)), make_task(TaskConfig(digits=2,
                                                                        prompt_format="chat"))
     a, b = raw.problem(7).text[:-1].split("+")
-    assert chat.problem(7).text == f"What is {a}+{b}? Reply with the number only."
+    assert chat.problem(7).messages == (
+        {"role": "user", "content": f"What is {a}+{b}? Reply with the number only."},)
     assert chat.problem(7).reference == raw.problem(7).reference
     assert chat.reward_name == "math_verify"
     held_out = {p.reference for p in chat.eval_problems()}

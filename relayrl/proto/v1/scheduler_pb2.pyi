@@ -73,26 +73,60 @@ class RegisterResponse(_message.Message):
 Global___RegisterResponse: _TypeAlias = RegisterResponse  # noqa: Y015
 
 @_typing.final
+class ChatMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    """system, user, assistant or tool"""
+    content: _builtins.str
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
+
+@_typing.final
 class Prompt(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PROMPT_ID_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     REFERENCE_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
     prompt_id: _builtins.int
     text: _builtins.str
+    """a raw prompt the model continues; empty when messages are set"""
     reference: _builtins.str
     """what the task's reward function checks the answer against"""
+    metadata_json: _builtins.str
+    """The task record's other fields, a JSON object: what the reward receives as metadata."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]:
+        """A chat prompt, laid out by the model's chat template; when set, text is empty."""
+
     def __init__(
         self,
         *,
         prompt_id: _builtins.int = ...,
         text: _builtins.str = ...,
         reference: _builtins.str = ...,
+        messages: _abc.Iterable[Global___ChatMessage] | None = ...,
+        metadata_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_id", b"prompt_id", "reference", b"reference", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "metadata_json", b"metadata_json", "prompt_id", b"prompt_id", "reference", b"reference", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

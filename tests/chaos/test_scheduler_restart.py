@@ -67,3 +67,25 @@ def test_new_prompts_continue_after_the_last_one_handed_out(redis):
     second.refresh()
     second.register("w0", "here")
     assert [lp.prompt_id for lp in second.acquire("w0", 2).leases] == [3, 4]
+
+
+def test_a_restarted_scheduler_hands_out_the_same_records(redis, tmp_path):
+    """A dataset task's prompt id is a pure function of (seed, epoch, index): the records a
+    restarted scheduler leases again are the ones the first one leased."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(f'{{"q": "question {i}", "answer": "{i}", "n": {i}}}\n'
+                            for i in range(5)))
+    cfg = RunConfig.model_validate({
+        **CFG.model_dump(include={"scheduler", "buffer", "rollout"}), "run_id": "restart-data",
+        "model": {"pretrained": "smollm2-135m-instruct"},
+        "task": {"source": "dataset", "path": str(rows), "prompt": {"field": "q"},
+                 "eval_size": 0}})
+    clock = FakeClock()
+    first = SchedulerCore(cfg, redis, clock=clock)
+    first.register("w0", "here")
+    out = first.acquire("w0", 4).leases
+    second = SchedulerCore(cfg, redis, clock=clock)
+    second.register("w0", "here")
+    again = second.acquire("w0", 4).leases
+    assert [(lp.prompt_id, lp.messages, lp.reference, lp.metadata) for lp in again] == [
+        (lp.prompt_id, lp.messages, lp.reference, lp.metadata) for lp in out]

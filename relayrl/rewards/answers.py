@@ -1,26 +1,28 @@
-"""Finding the final answer in a completion and reading it as a number.
+"""What math-verify lacks, as a thin layer in front of it (see builtin.math_verify).
 
-Where the answer is, in order: the last \\boxed{...}, else the first number after the last
-"####" (GSM8K style), else the last number in the text. Text inside <think>...</think> is
-never the answer. Numbers are read exactly (as Fractions): integers, decimals, a/b,
-\\frac{a}{b}, thousands separators ("1,234"), a leading sign, a trailing percent.
+- Text inside <think>...</think> is never the answer; a block opened and never closed (a
+  completion cut off while reasoning) holds no answer either.
+- The GSM8K final-answer marker: without a \\boxed{...}, the answer is the first line after the
+  last "####".
+- A sign plus ("x = +7"), which math-verify does not read as a number.
+- A guard against answers sympy would evaluate for minutes or forever (9^{9^9} has 370 million
+  digits), since math-verify runs here without its signal-based timeouts.
 """
 
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
-_DIGITS = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
-# Not inside a word or after another number's digits: the minus of "3-5" is no sign, the
-# 2 of "H2O" no number, and "1,2345" is 1 and 2345 rather than 1,234 and a stray 5.
-_NUMBER = re.compile(
-    rf"(?<![\w.])(?P<sign>[-+])?(?P<num>{_DIGITS})(?!\d)"
-    rf"(?:\s*/\s*(?P<den>{_DIGITS})(?!\d))?(?P<pct>\s*%)?"
-)
-_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _BOX = "\\boxed{"
-_LATEX_NOISE = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\$", "$")
+_MARKER = "####"
+# A plus right after a start, space, '=' or opening bracket, and right before a digit.
+_SIGN_PLUS = re.compile(r"(?:^|(?<=[\s=(\[{:,]))\+(?=\d)")
+# A power's exponent: a braced group (one level of braces inside), a bracketed group, a number.
+_POWER = re.compile(r"(?:\^|\*\*)\s*(\{(?:[^{}]|\{[^{}]*\})*\}|\([^()]*\)|[\w.]+)")
+_TOWER = re.compile(r"\s*(?:\^|\*\*)")
+_FACTORIAL = re.compile(r"(\d[\d,]*|\{(?:[^{}]|\{[^{}]*\})*\}|\([^()]*\))\s*!")
+_BIG_EXPONENT = re.compile(r"\d{5,}")  # 2^{100000} alone costs sympy seconds
+_BIG_FACTORIAL = re.compile(r"\d{6,}")
 
 
 def boxed_contents(text: str) -> list[str]:
@@ -46,57 +48,37 @@ def boxed_contents(text: str) -> list[str]:
 
 
 def after_thinking(text: str) -> str:
-    """The part of a completion after its reasoning block, if it has one."""
+    """The part of a completion outside its reasoning block."""
     end = text.rfind("</think>")
-    return text if end == -1 else text[end + len("</think>"):]
+    if end != -1:
+        text = text[end + len("</think>"):]
+    start = text.find("<think>")
+    return text if start == -1 else text[:start]
 
 
-def _normalize(text: str) -> str:
-    text = text.replace("{,}", ",").replace("\\%", "%")
-    for noise in _LATEX_NOISE:
-        text = text.replace(noise, "")
-    return _FRAC.sub(r"(\1)/(\2)", text).replace("(", "").replace(")", "")
-
-
-def _read(match: re.Match[str]) -> list[Fraction] | None:
-    """Every value the matched number may mean: with a percent sign, both 50 and 0.5."""
-    value = Fraction(match["num"].replace(",", ""))
-    if match["den"] is not None:
-        den = Fraction(match["den"].replace(",", ""))
-        if den == 0:
-            return None
-        value /= den
-    if match["sign"] == "-":
-        value = -value
-    return [value, value / 100] if match["pct"] else [value]
-
-
-def numbers(text: str) -> list[list[Fraction]]:
-    """Every number in `text`, in order, each as the list of values it may mean."""
-    read = (_read(m) for m in _NUMBER.finditer(_normalize(text)))
-    return [values for values in read if values is not None]
-
-
-def final_answer(text: str) -> list[Fraction] | None:
-    """The values the final answer may mean, or None when there is no numeric answer."""
+def answer_text(text: str) -> str:
+    """The text math-verify should look for the answer in."""
     text = after_thinking(text)
-    boxes = boxed_contents(text)
-    if boxes:
-        # a boxed answer is a commitment: if it holds no number, there is no numeric answer
-        found = numbers(boxes[-1])
-        return found[-1] if found else None
-    hashes = text.rfind("####")
-    if hashes != -1:
-        found = numbers(text[hashes + len("####"):])
-        return found[0] if found else None
-    found = numbers(text)
-    return found[-1] if found else None
+    hashes = text.rfind(_MARKER)
+    if hashes != -1 and not boxed_contents(text):
+        rest = text[hashes + len(_MARKER):]
+        text = next((line for line in rest.splitlines() if line.strip()), "")
+    return _SIGN_PLUS.sub("", text)
 
 
-def same_number(a: Fraction, b: Fraction, rel_tol: float) -> bool:
-    """Integers must agree exactly (so 1000000 is not 1000001); others within rel_tol."""
-    if a == b:
-        return True
-    if a.denominator == 1 and b.denominator == 1:
-        return False
-    return abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b))
+def too_large(text: str) -> bool:
+    """True when `text` holds a power tower, a power whose exponent has 5 digits or more, or
+    a factorial of a power, a factorial or a 6-digit number. Best effort: it catches what a
+    model writes by accident, not every expression that is slow to evaluate."""
+    for power in _POWER.finditer(text):
+        exponent = power[1]
+        if ("^" in exponent or "**" in exponent or "!" in exponent
+                or _BIG_EXPONENT.search(exponent.replace(",", ""))
+                or _TOWER.match(text, power.end())):
+            return True
+    for factorial in _FACTORIAL.finditer(text):
+        operand = factorial[1]
+        if ("^" in operand or "**" in operand or "!" in operand
+                or _BIG_FACTORIAL.search(operand.replace(",", ""))):
+            return True
+    return False

@@ -3,15 +3,17 @@ format rewards (the shape of a completion, meant as small bonuses beside a check
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
 
-from relayrl.rewards.answers import boxed_contents, final_answer, same_number
+from relayrl.rewards.answers import answer_text, boxed_contents, too_large
 from relayrl.rewards.registry import register
-
-MATH_REL_TOL = 1e-6
 
 # Nothing before the reasoning; what the block holds and what follows are checked after.
 _THINK_THEN_ANSWER = re.compile(r"\s*<think>(?P<thought>.*?)</think>(?P<answer>.*)", re.DOTALL)
+# A word of prose, not a LaTeX command nor a one-letter variable.
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 
 
 @register("exact_match")
@@ -21,19 +23,50 @@ def exact_match(completion: str, reference: str) -> float:
 
 @register("math_verify")
 def math_verify(completion: str, reference: str) -> float:
-    """1 when the completion's final number equals the reference's, see relayrl.rewards.answers.
+    """1 when the completion's answer equals the reference's, by Hugging Face's math-verify
+    (numbers, fractions, percentages, LaTeX, expressions, sets), behind the layer in
+    relayrl.rewards.answers (<think> blocks, the "####" marker, a sign plus, a size guard).
 
-    A reference with no number is a data error and raises, so it is reported with the sample
-    instead of quietly scoring every completion 0.
+    A reference with no answer is a data error and raises, so it is reported with the sample
+    instead of quietly scoring every completion 0. An answer too large to evaluate scores 0,
+    and so do two boxed answers (math-verify reads them as the set of both).
     """
-    expected = final_answer(reference)
-    if expected is None:
-        raise ValueError(f"math_verify: reference {reference[:80]!r} holds no number")
-    answer = final_answer(completion)
-    if answer is None:
+    from math_verify import parse, verify  # imports sympy: seconds, so on first use only
+
+    expected = _parse_reference(reference)
+    text = answer_text(completion)
+    if too_large(text):
         return 0.0
-    matched = any(same_number(a, e, MATH_REL_TOL) for a in answer for e in expected)
-    return 1.0 if matched else 0.0
+    # timeouts off: math-verify's are signal.alarm, which raises outside the main thread
+    answer = parse(text, parsing_timeout=None)
+    if not answer:
+        return 0.0
+    return 1.0 if verify(list(expected), answer, timeout_seconds=None) else 0.0
+
+
+@functools.lru_cache(maxsize=4096)  # a group's samples share their reference
+def _parse_reference(reference: str) -> tuple:
+    from math_verify import parse
+
+    _quiet_timeout_warnings()
+    text = answer_text(reference)
+    if too_large(text):
+        raise ValueError(f"math_verify: reference {reference[:80]!r} is too large to evaluate")
+    expected = parse(text, parsing_timeout=None)
+    if not expected and not _WORD.search(text):  # the bare answer, e.g. \frac{1}{\sqrt{2}}
+        expected = parse(f"${text.strip()}$", parsing_timeout=None)
+    if not expected:
+        raise ValueError(f"math_verify: reference {reference[:80]!r} holds no answer "
+                         "math-verify can read")
+    return tuple(expected)
+
+
+@functools.cache
+def _quiet_timeout_warnings() -> None:
+    """math-verify warns once that its timeouts are off; that is deliberate here (see above)."""
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(
+            lambda record: not record.getMessage().startswith("Timeout is disabled"))
 
 
 @register("format_boxed")

@@ -1,13 +1,12 @@
-"""The table of named reward functions, and scoring that never lets one kill its caller."""
+"""The table of named reward functions. Score them with relayrl.rewards.scoring."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 
-RewardFn = Callable[[str, str], float]
-"""(completion, reference) -> reward."""
+RewardFn = Callable[..., float]
+"""(completion, reference) -> reward, or another form of relayrl.rewards.calling."""
 
 REWARDS: dict[str, RewardFn] = {}
 
@@ -33,21 +32,3 @@ def register(name: str) -> Callable[[RewardFn], RewardFn]:
         return fn
 
     return add
-
-
-def score(fn: RewardFn, completion: str, reference: str,
-          reward_range: tuple[float, float] | None = None) -> tuple[float, str]:
-    """(reward, error). An exception, or a reward that is not finite or lies outside
-    `reward_range` (buffer.reward_range, where the caller enforces one), scores 0 and is
-    reported with the sample."""
-    try:
-        reward = float(fn(completion, reference))
-    except Exception as err:  # a user's reward function may raise anything
-        return 0.0, f"{type(err).__name__}: {err}"
-    # a NaN, infinite or huge reward would poison every advantage in its group
-    if not math.isfinite(reward):
-        return 0.0, f"ValueError: reward is not finite: {reward}"
-    if reward_range is not None and not reward_range[0] <= reward <= reward_range[1]:
-        return 0.0, (f"ValueError: reward {reward:g} is outside buffer.reward_range "
-                     f"[{reward_range[0]:g}, {reward_range[1]:g}]")
-    return reward, ""

@@ -3,12 +3,14 @@
 RemoteReward is a reward function like any other: config specs name it as
 "remote:HOST:PORT". Its failures (server down, deadline passed, malformed answer, an error
 reported for the item) raise RemoteRewardError, which score() records on the sample.
+score_group() sends a group's completions in one request. The record's metadata does not
+travel: the Reward service carries prompts, completions and references only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 
@@ -46,6 +48,12 @@ class RemoteReward:
         if error:
             raise RemoteRewardError(f"{self.name}: {error}")
         return reward
+
+    def group_scores(self, completions: Sequence[str], reference: str,
+                     metadata: Mapping | None = None) -> list[tuple[float, str]]:
+        """One request for a group (see relayrl.rewards.calling); metadata is not sent."""
+        return [(0.0, f"RemoteRewardError: {self.name}: {error}") if error else (reward, "")
+                for reward, error in self.score_batch(completions, [reference] * len(completions))]
 
     def score_batch(self, completions: Sequence[str], references: Sequence[str] = (),
                     prompts: Sequence[str] = ()) -> list[tuple[float, str]]:

@@ -15,7 +15,7 @@ import grpc
 
 from relayrl.grpc_util import make_server
 from relayrl.proto.v1 import reward_pb2, reward_pb2_grpc
-from relayrl.rewards.registry import score
+from relayrl.rewards.scoring import score
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,11 @@
     term   := [weight "*"] ref          weight: a finite number, default 1
     ref    := NAME                      a registered reward, e.g. math_verify
             | "remote:" HOST ":" PORT   a reward server, see relayrl.rewards.remote
+            | MODULE ":" FUNCTION       a user's Python, see relayrl.rewards.imported
 
-e.g. "math_verify+0.1*format_boxed", "remote:127.0.0.1:50570+0.1*format_think".
-Spaces around the operators are allowed.
+e.g. "math_verify+0.1*format_boxed", "remote:127.0.0.1:50570+0.1*format_think",
+"my_rewards:score+0.1*format_boxed". Spaces around the operators are allowed. Every part is
+resolved (modules imported, signatures read) by get_reward, so a bad spec fails at start-up.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from relayrl.rewards.calling import Metadata, call_group, call_one, name_of, plan_call
+from relayrl.rewards.imported import load_reward
 from relayrl.rewards.registry import REWARDS, RewardFn
 from relayrl.rewards.remote import RemoteReward
 
@@ -22,7 +26,8 @@ REMOTE_PREFIX = "remote:"
 
 class WeightedReward:
     """sum(weight * fn(completion, reference)). A term that raises fails the whole sum, so a
-    partial reward is never mistaken for a real one."""
+    partial reward is never mistaken for a real one. Terms may mix batched and per-completion
+    functions (relayrl.rewards.calling); each gets the metadata if it declares it."""
 
     def __init__(self, terms: Sequence[tuple[float, RewardFn]], name: str = ""):
         if not terms:
@@ -34,11 +39,24 @@ class WeightedReward:
                                  f"got {weight!r}")
             if not callable(fn):
                 raise ValueError(f"weighted: terms[{i}] reward must be callable, got {fn!r}")
+            if not hasattr(fn, "group_scores"):
+                plan_call(fn, f"weighted: terms[{i}]")
         self.terms = [(float(w), fn) for w, fn in terms]
-        self.name = name or "+".join(f"{w:g}*{_name_of(fn)}" for w, fn in self.terms)
+        self.name = name or "+".join(f"{w:g}*{name_of(fn)}" for w, fn in self.terms)
 
-    def __call__(self, completion: str, reference: str) -> float:
-        return sum(w * float(fn(completion, reference)) for w, fn in self.terms)
+    def __call__(self, completion: str, reference: str, metadata: Metadata | None = None) -> float:
+        return sum(w * call_one(fn, completion, reference, metadata) for w, fn in self.terms)
+
+    def group_scores(self, completions: Sequence[str], reference: str,
+                     metadata: Metadata | None = None) -> list[tuple[float, str]]:
+        """(sum, error) per completion: the first failing term's error, if any."""
+        totals, errors = [0.0] * len(completions), [""] * len(completions)
+        for weight, fn in self.terms:
+            for i, (value, error) in enumerate(call_group(fn, completions, reference, metadata)):
+                errors[i] = errors[i] or error
+                totals[i] += weight * value
+        return [(0.0, error) if error else (total, "")
+                for total, error in zip(totals, errors, strict=True)]
 
     def __repr__(self) -> str:
         return f"WeightedReward({self.name!r})"
@@ -88,11 +106,10 @@ def _resolve(ref: str, where: str) -> RewardFn:
             return RemoteReward(ref[len(REMOTE_PREFIX):])
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
+    if ":" in ref:
+        return load_reward(ref, where)
     if ref not in REWARDS:
         raise ValueError(f"{where}: unknown reward function {ref!r}; known: {sorted(REWARDS)}"
-                         f" or {REMOTE_PREFIX}HOST:PORT")
+                         f", {REMOTE_PREFIX}HOST:PORT or package.module:function")
+    plan_call(REWARDS[ref], where)  # a registered function no form fits fails here, not later
     return REWARDS[ref]
-
-
-def _name_of(fn: RewardFn) -> str:
-    return getattr(fn, "name", None) or getattr(fn, "__name__", None) or repr(fn)

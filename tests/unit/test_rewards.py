@@ -37,7 +37,8 @@ from relayrl.rewards import (
     ("\\boxed{\\text{no}} but 9", "9", 0.0),  # a boxed non-number is the committed answer
     ("<think>maybe 9?</think>It is 10", "10", 1.0),
     ("<think>it is 9</think>I refuse", "9", 0.0),  # reasoning is not the answer
-    ("3-5", "5", 1.0),  # a minus between terms is no sign
+    ("3-5", "-2", 1.0),  # math-verify reads an expression whole
+    ("so 8-3 = 5", "5", 1.0),  # the right side of an equation is the answer
     ("0.3333333333", "1/3", 1.0),  # non-integers compare within a relative tolerance
     ("1000001", "1000000", 0.0),  # integers compare exactly
     ("1/0", "0", 0.0),

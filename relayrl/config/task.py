@@ -31,6 +31,24 @@ class TaskBase(StrictModel):
                       description="Seed of the prompt order and the held-out split.")
     eval_size: int = Field(256, ge=0, le=100_000, description="Held-out problems for eval.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_other_sources_fields(cls, data: Any) -> Any:
+        """A key this source lacks is refused naming the sources that have it, so a field
+        left behind after a change of `source` does not pass silently."""
+        if not isinstance(data, dict):
+            return data
+        own = cls.model_fields
+        for key in data:
+            if key in own:
+                continue
+            owners = [n for n, c in SOURCE_MODELS.items() if key in c.model_fields]
+            where = f"a field of {', '.join(owners)}" if owners else "no source's field"
+            raise ValueError(
+                f"{key!r} is not a field of task source {own['source'].default!r} ({where}); "
+                f"its fields: {', '.join(k for k in own if k != 'source')}")
+        return data
+
 
 class AdditionTaskConfig(TaskBase):
     source: Literal["addition"] = "addition"
@@ -133,7 +151,11 @@ TaskConfig = Annotated[
     AdditionTaskConfig | DatasetTaskConfig | ReasoningGymTaskConfig,
     Field(discriminator="source"),
 ]
-SOURCES = ("addition", "dataset", "reasoning_gym")
+SOURCE_MODELS: dict[str, type[TaskBase]] = {
+    c.model_fields["source"].default: c
+    for c in (AdditionTaskConfig, DatasetTaskConfig, ReasoningGymTaskConfig)
+}
+SOURCES = tuple(SOURCE_MODELS)
 
 
 def task_shorthand(value: Any) -> Any:

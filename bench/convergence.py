@@ -90,8 +90,9 @@ def mode_config(base: RunConfig, mode: Mode, seed: int, steps: int, eval_every: 
     data["trainer"].update(
         max_staleness=mode.staleness, max_steps=steps,
         seed=data["trainer"]["seed"] + seed, checkpoint_every=steps, keep_checkpoints=1,
-        plot_every=steps, progress=False,
-        eval_every=data["trainer"]["eval_every"] if eval_every is None else eval_every)
+        plot_every=steps, progress=False)
+    if eval_every is not None:
+        data["eval"]["every"] = eval_every
     data["rollout"]["seed"] = data["rollout"]["seed"] + SEED_STRIDE * seed
     return RunConfig.model_validate(data)
 

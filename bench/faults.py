@@ -41,7 +41,8 @@ def config(run_dir: Path, models: Path, steps: int, rounds: int) -> RunConfig:
         "relay": {"keep_versions": 3}, "scheduler": {"max_prompts": steps * GROUPS},
         "buffer": {"group_size": GROUP_SIZE, "groups_per_batch": GROUPS},
         "trainer": {"max_steps": steps, "max_staleness": 1, "checkpoint_every": 4,
-                    "eval_every": 0, "progress": False},
+                    "progress": False},
+        "eval": {"every": 0},
         "rollout": {"num_workers": WORKERS, "samples_per_prompt": GROUP_SIZE,
                     "max_new_tokens": 8, "segment_tokens": 4},
     }

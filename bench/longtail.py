@@ -66,8 +66,9 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
                              repack=mode == "async_repack")
     data["buffer"].update(groups_per_batch=groups)
     data["trainer"].update(max_steps=args.steps,
-                           max_staleness=args.staleness, eval_every=0, checkpoint_every=args.steps,
+                           max_staleness=args.staleness, checkpoint_every=args.steps,
                            plot_every=args.steps, progress=False)
+    data["eval"]["every"] = 0
     data["rollout"].update(num_workers=args.workers,
                            max_active_groups=active, max_new_tokens=args.max_tokens,
                            synthetic_length_median=args.median,

@@ -1,35 +1,71 @@
-"""Run metrics: one JSON line per trainer step (optionally TensorBoard scalars too), and the
-reward and throughput plots drawn from them."""
+"""Run metrics: one JSON line per trainer step (optionally TensorBoard scalars and a Weights &
+Biases run too), and the reward and throughput plots drawn from them.
+
+Each file has one writer: the trainer writes metrics.jsonl; with eval.mode separate the
+evaluator process writes its eval records to eval.jsonl beside it (same record shape, `step`
+is the evaluated version), and the reward plot reads both. Appending lines from two
+processes to one file could interleave partial lines; two files cannot.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relayrl.config import RunConfig
 
 
 class MetricsWriter:
     """metrics.jsonl, and with `tensorboard_dir` every number of a record as a TensorBoard
-    scalar at the record's step (the hierarchical names become TensorBoard's groups)."""
+    scalar at the record's step (the hierarchical names become TensorBoard's groups), and
+    with `wandb_run` (relayrl.wandb_sink) every number logged to Weights & Biases."""
 
-    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None):
+    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None,
+                 wandb_run: Any = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.board = open_tensorboard(tensorboard_dir) if tensorboard_dir else None
+        self.wandb = wandb_run
         self._f = open(self.path, "a", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(record, sort_keys=True) + "\n")
+        numbers = {k: v for k, v in record.items()
+                   if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)}
+        step = record.get("step", 0)
         if self.board is not None:
-            step = record.get("step", 0)
-            for key, value in record.items():
-                if key != "step" and isinstance(value, int | float):
-                    self.board.add_scalar(key, value, step)
+            for key, value in numbers.items():
+                self.board.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log({"trainer/step": step, **numbers})
 
     def close(self) -> None:
         self._f.close()
         if self.board is not None:
             self.board.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def open_metrics(run_dir: str | Path, tensorboard: bool, wandb_run: Any = None,
+                 name: str = "metrics.jsonl") -> MetricsWriter:
+    """run_dir/name, and TensorBoard scalars under run_dir/tensorboard if asked."""
+    run_dir = Path(run_dir)
+    try:
+        return MetricsWriter(run_dir / name, run_dir / "tensorboard" if tensorboard else None,
+                             wandb_run)
+    except ValueError as err:
+        raise ValueError(f"trainer.tensorboard is true, but {err}") from None
+
+
+def open_run_metrics(cfg: RunConfig, name: str = "metrics.jsonl",
+                     job_type: str = "train") -> MetricsWriter:
+    """A run's metrics file with the TensorBoard and W&B output its config asks for."""
+    from relayrl.wandb_sink import open_wandb
+
+    return open_metrics(cfg.run_dir, cfg.trainer.tensorboard, open_wandb(cfg, job_type), name)
 
 
 def open_tensorboard(log_dir: str | Path):
@@ -67,7 +103,9 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "")
 
     rows = read_metrics(metrics_path)
     train = [r for r in rows if "train/reward_mean" in r]
-    evals = [r for r in rows if "eval/accuracy_sampled" in r]
+    evals = [r for r in rows + read_metrics(Path(metrics_path).with_name("eval.jsonl"))
+             if "eval/accuracy_sampled" in r]
+    evals.sort(key=lambda r: r["step"])
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         steps = [r["step"] for r in train]
@@ -81,8 +119,8 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "")
             ("eval/accuracy_sampled", "held-out accuracy, sampled", "tab:orange"),
             ("eval/accuracy_greedy", "held-out accuracy, greedy", "tab:green"),
         ):
-            ax.plot([r["step"] for r in evals], [r[key] for r in evals], marker="o",
-                    color=color, label=label)
+            ax.plot([r["step"] for r in evals if key in r], [r[key] for r in evals if key in r],
+                    marker="o", color=color, label=label)
     ax.set_xlabel("trainer step")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)

@@ -60,7 +60,8 @@ def draw_plots(trainer: Trainer) -> None:
 def run_loop(trainer: Trainer, stop: threading.Event) -> None:
     tc = trainer.tc
     trainer.stop = stop
-    if trainer.step == 0 and tc.eval_every and trainer.evaluates:
+    every = trainer.cfg.eval.every
+    if trainer.step == 0 and every and trainer.evaluates:
         record = {"step": 0, **trainer.run_eval()}
         trainer.metrics.write(record)
         trainer.latest = record
@@ -89,7 +90,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
             continue
         record["control/max_staleness"] = operator.settings.max_staleness
         record["control/temperature"] = operator.settings.temperature
-        if trainer.evaluates and (tc.eval_every and trainer.step % tc.eval_every == 0
+        if trainer.evaluates and (every and trainer.step % every == 0
                                   or trainer.step == tc.max_steps):
             record.update(trainer.run_eval())
             acc = record["eval/accuracy_sampled"]

@@ -14,12 +14,12 @@ from pathlib import Path
 from relayrl.backpressure import PressureCounters, StoppedWaiting
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
+from relayrl.evals import build_sets, evaluate_sets
 from relayrl.keys import TRAINER_GROUP, RunKeys, is_external
 from relayrl.messages import decode_batch
-from relayrl.metrics import MetricsWriter
+from relayrl.metrics import open_metrics, open_run_metrics  # noqa: F401 (tests import it)
 from relayrl.models.loading import LoadedModel
 from relayrl.outage import redis_write, ride_out
-from relayrl.sampling.evaluation import evaluate
 from relayrl.streams import ensure_group, read_group
 from relayrl.tasks import make_run_task
 from trainer_svc import checkpoint
@@ -36,15 +36,6 @@ log = logging.getLogger(__name__)
 CONSUMER = "trainer-0"
 
 
-def open_metrics(run_dir: Path, tensorboard: bool) -> MetricsWriter:
-    """metrics.jsonl in run_dir, and TensorBoard scalars under run_dir/tensorboard if asked."""
-    try:
-        return MetricsWriter(run_dir / "metrics.jsonl",
-                             run_dir / "tensorboard" if tensorboard else None)
-    except ValueError as err:
-        raise ValueError(f"trainer.tensorboard is true, but {err}") from None
-
-
 class Trainer(Durability):
     def __init__(self, cfg: RunConfig, lm: LoadedModel, redis, publisher: AsyncPublisher,
                  parallel: Parallel | None = None):
@@ -59,15 +50,18 @@ class Trainer(Durability):
         self.optimizer = self.learner.optimizer
         # Eval and the engine check run the model on rank 0 alone, which a model split over
         # ranks cannot do: off under torchrun for now.
-        self.evaluates = not self.learner.parallel.active
-        self.engine_check_seqs = self.tc.engine_check_seqs if self.evaluates else 0
-        if not self.evaluates:
+        single = not self.learner.parallel.active
+        self.evaluates = single and cfg.eval.mode == "inline"
+        self.engine_check_seqs = self.tc.engine_check_seqs if single else 0
+        if self.learner.parallel.active:
             log.warning("under torchrun the trainer runs no eval and no engine check "
-                        "(trainer.eval_every, trainer.engine_check_seqs)")
+                        "(eval.every, trainer.engine_check_seqs); eval.mode separate does")
         self.task = make_run_task(cfg)
+        # built at start-up, so a bad eval set stops the trainer before the first step
+        self.eval_sets = build_sets(cfg, self.task) if self.evaluates else []
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.metrics = open_metrics(self.run_dir, self.tc.tensorboard)
+        self.metrics = open_run_metrics(cfg)
         self.history = VersionHistory(self.tc.engine_check_versions if self.engine_check_seqs
                                       else 0)
         self.step = 0
@@ -204,7 +198,7 @@ class Trainer(Durability):
         return record, True
 
     def run_eval(self) -> dict:
-        acc = evaluate(self.lm, self.task.eval_problems(), self.task.reward_name,
-                       max_new_tokens=self.cfg.rollout.max_new_tokens,
-                       temperature=self.cfg.rollout.temperature, seed=self.tc.seed)
-        return {f"eval/{k}": v for k, v in acc.items()}
+        """Every eval set's metrics for the current weights (eval.mode inline)."""
+        record, _ = evaluate_sets(self.lm, self.eval_sets, seed=self.cfg.eval.seed,
+                                  batch_size=self.cfg.eval.batch_size)
+        return record

@@ -2,6 +2,7 @@
 
 from relayrl.config.base import ConfigError, Endpoint
 from relayrl.config.buffer import BufferConfig
+from relayrl.config.eval import EvalConfig, EvalSetConfig
 from relayrl.config.loss import LossConfig, loss_config
 from relayrl.config.model import ModelConfig
 from relayrl.config.redis import RedisConfig
@@ -16,7 +17,7 @@ from relayrl.config.task import (
     ReasoningGymTaskConfig,
     TaskConfig,
 )
-from relayrl.config.trainer import TrainerConfig
+from relayrl.config.trainer import TrainerConfig, WandbConfig
 
 __all__ = [
     "AdditionTaskConfig",
@@ -26,6 +27,8 @@ __all__ = [
     "BufferConfig",
     "ConfigError",
     "Endpoint",
+    "EvalConfig",
+    "EvalSetConfig",
     "LossConfig",
     "ModelConfig",
     "RedisConfig",
@@ -36,6 +39,7 @@ __all__ = [
     "TaskConfig",
     "TlsConfig",
     "TrainerConfig",
+    "WandbConfig",
     "load_run_config",
     "loss_config",
 ]

@@ -15,6 +15,7 @@ from relayrl.config.base import (
     read_yaml,
 )
 from relayrl.config.buffer import BufferConfig
+from relayrl.config.eval import EvalConfig
 from relayrl.config.model import ModelConfig
 from relayrl.config.redis import RedisConfig
 from relayrl.config.relay import RelayConfig
@@ -60,6 +61,8 @@ class RunConfig(StrictModel):
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig,
+                             description="Held-out evaluation (relayrl/config/eval.py).")
     restarts: RestartConfig = Field(default_factory=RestartConfig,
                                     description="How `relayrl up` restarts a service that dies.")
 
@@ -104,6 +107,17 @@ class RunConfig(StrictModel):
         if self.task.source != "addition" and not (self.model.path or self.model.pretrained):
             raise ValueError(f"task.source {self.task.source!r} needs model.path or "
                              "model.pretrained: the tiny model knows only digits, '+' and '='")
+        return self
+
+    @model_validator(mode="after")
+    def _eval_tasks_need_a_real_model(self) -> RunConfig:
+        """An eval set's task other than addition needs model.path or model.pretrained."""
+        for s in self.eval.sets:
+            if s.task is not None and s.task.source != "addition" and not (
+                    self.model.path or self.model.pretrained):
+                raise ValueError(f"eval.sets {s.name!r}: task.source {s.task.source!r} needs "
+                                 "model.path or model.pretrained: the tiny model knows only "
+                                 "digits, '+' and '='")
         return self
 
     @model_validator(mode="after")

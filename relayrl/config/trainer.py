@@ -3,7 +3,7 @@ reporting."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,6 +15,21 @@ MOVED_TO_LOSS = ("correction", "tis_cap", "clip_eps", "clip_eps_low", "clip_eps_
                  "gspo_clip_eps", "scale_rewards", "kl_coef", "kl_estimator", "entropy_coef",
                  "overlong_buffer", "overlong_penalty", "gamma", "gae_lambda", "value_coef",
                  "value_clip")
+# Fields that moved into other sections: old key -> the new one.
+MOVED_OUT = {"eval_every": "eval.every"}
+
+
+class WandbConfig(StrictModel):
+    """Weights & Biases: every metric of metrics.jsonl (and eval.jsonl) also goes to a run."""
+
+    mode: Literal["disabled", "online", "offline"] = Field(
+        "disabled", description="offline writes <run_dir>/wandb for a later `wandb sync`; "
+        "online needs the network and a login (needs the wandb package).")
+    project: str = Field("relayrl", min_length=1, max_length=128, description="W&B project.")
+    entity: str | None = Field(None, min_length=1, max_length=128,
+                               description="W&B entity (team or user); unset: the default.")
+    name: str | None = Field(None, min_length=1, max_length=128,
+                             description="W&B run name; unset: run_id.")
 
 
 class TrainerConfig(StrictModel):
@@ -60,7 +75,6 @@ class TrainerConfig(StrictModel):
     )
     checkpoint_every: int = Field(10, ge=1, le=1_000_000, description="Steps per checkpoint.")
     keep_checkpoints: int = Field(2, ge=1, le=1000, description="Checkpoints kept on disk.")
-    eval_every: int = Field(10, ge=0, le=1_000_000, description="Steps per eval; 0 disables.")
     plot_every: int = Field(
         10, ge=1, le=1_000_000, description="Steps per redraw of reward.png and throughput.png."
     )
@@ -68,6 +82,8 @@ class TrainerConfig(StrictModel):
         False, description="Also write every step's metrics as TensorBoard scalars under "
         "<run_dir>/tensorboard (needs the tensorboard package).",
     )
+    wandb: WandbConfig = Field(default_factory=WandbConfig,
+                               description="Also log every metric to Weights & Biases.")
     metrics_port: int = Field(
         0, ge=0, le=65535,
         description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host (rank 0 "
@@ -85,9 +101,15 @@ class TrainerConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _name_moved_loss_fields(cls, data: Any) -> Any:
-        """An old flat loss field (trainer.clip_eps) is refused saying where it lives now."""
+        """An old flat loss field (trainer.clip_eps), or one moved to another section
+        (trainer.eval_every), is refused saying where it lives now."""
         if not isinstance(data, dict):
             return data
+        for key, new in MOVED_OUT.items():
+            if key in data:
+                section, field = new.split(".")
+                raise ValueError(f"trainer.{key} moved: set {new}, as in "
+                                 f"`{section}: {{{field}: {data[key]!r}}}`")
         for key in MOVED_TO_LOSS:
             if key not in data:
                 continue

@@ -1,6 +1,7 @@
 """The `relayrl` command: up (run every service locally), prepare (build the model), services
 (each service's gRPC status), audit, health, simulate (a large cluster, as discrete events),
-and the control API's status, pause, resume, stop and workers (relayrl.ops.control_client)."""
+eval (a checkpoint's held-out scores, relayrl.evals.offline), and the control API's status,
+pause, resume, stop and workers (relayrl.ops.control_client)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ def _load(args):
 def _summary(cfg) -> None:
     from relayrl.metrics import read_metrics
 
-    rows = [r for r in read_metrics(f"{cfg.run_dir}/metrics.jsonl") if "eval/accuracy_sampled" in r]
+    rows = [r for name in ("metrics.jsonl", "eval.jsonl")  # eval.jsonl: eval.mode separate
+            for r in read_metrics(f"{cfg.run_dir}/{name}") if "eval/accuracy_sampled" in r]
     if rows:
-        first, last = rows[0], rows[-1]
+        first, last = min(rows, key=lambda r: r["step"]), max(rows, key=lambda r: r["step"])
+        greedy = (f"; greedy {first['eval/accuracy_greedy']:.3f} -> "
+                  f"{last['eval/accuracy_greedy']:.3f}" if "eval/accuracy_greedy" in first
+                  and "eval/accuracy_greedy" in last else "")
         print(f"held-out accuracy (sampled): {first['eval/accuracy_sampled']:.3f} at step "
-              f"{first['step']} -> {last['eval/accuracy_sampled']:.3f} at step {last['step']}; "
-              f"greedy {first['eval/accuracy_greedy']:.3f} -> {last['eval/accuracy_greedy']:.3f}")
+              f"{first['step']} -> {last['eval/accuracy_sampled']:.3f} at step {last['step']}"
+              + greedy)
     print(f"run directory: {cfg.run_dir} (metrics.jsonl, reward.png, checkpoints/, logs/)")
 
 
@@ -144,6 +149,14 @@ def cmd_control(args) -> int:
         return 1
 
 
+def cmd_eval(args) -> int:
+    """A checkpoint's scores on the config's eval sets (relayrl.evals.offline)."""
+    args.overrides = [s for s in args.sets if "=" in s]  # SECTION.FIELD=VALUE, as elsewhere
+    from relayrl.evals.offline import main
+
+    return main(_load(args), args.checkpoint, [s for s in args.sets if "=" not in s], args.json)
+
+
 def cmd_health(args) -> int:
     """Exit 0 only if the gRPC service at the address reports SERVING (container probes)."""
     from relayrl.grpc_util import check_health
@@ -197,6 +210,16 @@ def main(argv: list[str] | None = None) -> int:
                        metavar="SECTION.FIELD=VALUE", help="override a config field")
         p.add_argument("--json", action="store_true", help="print the API's JSON answer")
         p.set_defaults(fn=cmd_control)
+    p = sub.add_parser("eval", help="evaluate a checkpoint on the config's eval sets, offline")
+    p.add_argument("config", help="run config YAML")
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="a Hugging Face model directory, e.g. run_dir/checkpoints/step_N")
+    p.add_argument("--set", dest="sets", action="append", default=[],
+                   metavar="NAME | SECTION.FIELD=VALUE",
+                   help="evaluate only this eval set (repeatable; default: all), or, with "
+                   "an '=', override a config field")
+    p.add_argument("--json", action="store_true", help="print the JSON line alone")
+    p.set_defaults(fn=cmd_eval)
     p = sub.add_parser("health", help="exit 0 if a service's gRPC health check says SERVING")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds")

@@ -27,6 +27,7 @@ from relayrl.procs import child_env
 
 log = logging.getLogger(__name__)
 PUBLISH_PARTIES = ("trainer", "relay")  # the children that see the trainer token
+EVALUATOR = "evaluator"  # eval.mode separate: serves nothing, exits 0 after the last version
 
 @dataclass
 class Child:
@@ -59,12 +60,15 @@ class Launcher:
                          [f"rollout.worker_index={i}"],
                          RestartBudget.of(c.restarts, c.rollout.max_restarts))
                    for i in range(c.rollout.num_workers)]
+        evaluator = [Child(EVALUATOR, "relayrl.evals.follower", "", [],
+                           RestartBudget.of(c.restarts))] if c.eval.mode == "separate" else []
         return [
             [service("relay", c.relay.endpoint.address),
              service("scheduler", c.scheduler.endpoint.address),
              service("buffer", c.buffer.endpoint.address)],
             [service("trainer", c.trainer.endpoint.address)],
             workers,
+            evaluator,
         ]
 
     def prepare(self) -> None:
@@ -114,13 +118,15 @@ class Launcher:
             self._spawn(child)
         for child in children:
             proc = child.proc
+            if not child.address:  # the evaluator: no server to ask
+                continue
             wait_healthy(child.address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
             log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
 
     def wait(self, timeout_s: float | None = None) -> int:
-        """Until the trainer exits with 0 (it reached max_steps), or a process exits with 0
-        unasked (1) or dies once more than its restart budget allows (1). TimeoutError
-        after `timeout_s`, if given."""
+        """Until the trainer exits with 0 (it reached max_steps) and the evaluator, if any, has
+        evaluated the last version, or a process exits with 0 unasked (1) or dies once more
+        than its restart budget allows (1). TimeoutError after `timeout_s`, if given."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while (code := self.supervise()) is None:
             if deadline is not None and time.monotonic() > deadline:
@@ -143,6 +149,8 @@ class Launcher:
                 continue
             if c.name == "trainer" and code == 0:
                 ended = 0 if ended is None else ended
+            elif c.name == EVALUATOR and code == 0:
+                continue
             elif code != 0 and c.budget.book(now):
                 log.warning("%s exited with %s; restarting it", c.name, code)
             else:
@@ -150,6 +158,9 @@ class Launcher:
                 log.log(level, "%s exited with %s; stopping the run (see %s)", c.name, code,
                         self.run_dir / "logs" / f"{c.name}.log")
                 return 1
+        if ended == 0 and any(c.name == EVALUATOR and c.proc.poll() is None
+                              for c in self.children):
+            return None  # the last version's eval is still running
         return ended
 
     def _watch_redis(self, now: float) -> bool:

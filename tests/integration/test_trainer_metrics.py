@@ -35,8 +35,8 @@ def trainer(tmp_path, tiny_lm):
         "rollout": {"samples_per_prompt": GROUP, "max_new_tokens": RESPONSE},
         "buffer": {"group_size": GROUP, "groups_per_batch": 2},
         "trainer": {"max_steps": STEPS, "max_staleness": 100, "progress": False,
-                    "eval_every": 2, "plot_every": 1, "checkpoint_every": 100,
-                    "engine_check_seqs": 0},
+                    "plot_every": 1, "checkpoint_every": 100, "engine_check_seqs": 0},
+        "eval": {"every": 2},
     })
     r = connect(server.url)
     torch.manual_seed(0)

@@ -117,6 +117,10 @@ CROSS_CHECKS = {
     "_own_tasks_need_a_real_model": (
         {"task": {"source": "reasoning_gym", "generator": "chain_sum"}},
         "task.source 'reasoning_gym' needs model.path or model.pretrained"),
+    "_eval_tasks_need_a_real_model": (
+        {"eval": {"sets": [{"name": "rg", "task": {"source": "reasoning_gym",
+                                                    "generator": "chain_sum"}}]}},
+        "eval.sets 'rg': task.source 'reasoning_gym' needs model.path"),
     "_vllm_supports_the_tiny_head_size": (
         {"rollout": {"engine": "vllm"}, "model": {"hidden_size": 64, "num_heads": 4}},
         "head size 16 "),

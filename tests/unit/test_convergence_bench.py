@@ -155,7 +155,7 @@ def test_modes_and_their_config_edits(tmp_path):
         groups = base.buffer.groups_per_batch
         sync = mode_config(base, Mode("sync", 0, "tis_token"), 1, 20, None, tmp_path / "s")
         assert sync.trainer.max_staleness == 0 and sync.inflight_limit == groups
-        assert sync.trainer.eval_every == base.trainer.eval_every
+        assert sync.eval.every == base.eval.every
         stale = mode_config(base, Mode("async_4_none", 4, "none"), 2, 20, 5, tmp_path / "a")
         assert (stale.trainer.max_staleness, stale.trainer.loss.correction) == (4, "none")
         assert stale.inflight_limit == 4 * groups and stale.trainer.max_steps == 20

@@ -1,0 +1,43 @@
+"""trainer.wandb: every number of a metrics record also goes to a W&B run; offline mode
+writes the run under <run_dir>/wandb with no network, and a missing package is named."""
+
+import sys
+
+import pytest
+
+from relayrl.config import RunConfig
+from relayrl.metrics import open_run_metrics, read_metrics
+
+
+def config(tmp_path, mode: str) -> RunConfig:
+    return RunConfig.model_validate({"run_id": "wb", "run_dir": str(tmp_path / "run"),
+                                     "trainer": {"wandb": {"mode": mode, "project": "p"}}})
+
+
+def test_offline_mode_writes_its_run_directory(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_API_KEY", "")  # no login, no network: offline needs neither
+    writer = open_run_metrics(config(tmp_path, "offline"))
+    for step in (0, 1, 2):
+        writer.write({"step": step, "train/reward_mean": 0.25 * step, "eval/heldout/pass@1":
+                      0.5, "note": "text"})
+    writer.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2]
+    (run,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
+    (log,) = run.glob("run-*.wandb")
+    data = log.read_bytes()
+    for key in (b"train/reward_mean", b"eval/heldout/pass@1", b"trainer/step"):
+        assert key in data
+
+
+def test_disabled_mode_never_imports_wandb(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    writer = open_run_metrics(config(tmp_path, "disabled"))
+    assert writer.wandb is None
+    writer.close()
+
+
+def test_missing_package_is_named(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ValueError, match=r"trainer\.wandb\.mode is 'offline'.*wandb package"):
+        open_run_metrics(config(tmp_path, "offline"))

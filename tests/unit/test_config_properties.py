@@ -79,7 +79,9 @@ def nest(path: tuple[str, ...], value) -> dict:
     data: dict = {}
     node = data
     for part in path[:-1]:
-        node = node.setdefault(str(part), {part.key: part.tag, **REQUIRED.get(part.tag, {})} if isinstance(part, Tagged) else {})
+        member = {part.key: part.tag, **REQUIRED.get(part.tag, {})} \
+            if isinstance(part, Tagged) else {}
+        node = node.setdefault(str(part), member)
     node[str(path[-1])] = value
     return data
 

@@ -28,8 +28,12 @@ MAX_REDRAWS = 1000
 
 class ReasoningGymTask:
     def __init__(self, cfg: ReasoningGymTaskConfig, limit: PromptLimit | None = None):
-        import reasoning_gym
-        from reasoning_gym.factory import DATASETS
+        try:
+            import reasoning_gym
+            from reasoning_gym.factory import DATASETS
+        except ImportError:
+            raise ValueError("task.source 'reasoning_gym' needs the reasoning-gym package: "
+                             "pip install 'relayrl[gym]'") from None
 
         if cfg.generator not in DATASETS:
             raise ValueError(f"task.generator: unknown reasoning-gym dataset "

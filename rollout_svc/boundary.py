@@ -28,6 +28,7 @@ from relayrl.repack import is_tail
 from relayrl.rewards import get_reward, score_group
 from relayrl.streams import TrajectoryWriter
 from rollout_svc.engine_api import Engine
+from rollout_svc.episodes import EpisodeGroup, episode_samples
 from rollout_svc.group_generator import GroupGenerator
 from rollout_svc.loop_clock import LoopClock
 from rollout_svc.worker_leases import WorkerLeases
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ActiveGroup:
     lease: LeasedPrompt
-    group: PartialGroup
+    group: PartialGroup | EpisodeGroup  # EpisodeGroup with rollout.environment set
     saved_at: float  # when its token state was last saved (or it started)
 
 
@@ -119,23 +120,30 @@ class SegmentBoundary:
             return going
         return [a for a in going if now - a.saved_at >= self.cfg.rollout.save_every_s]
 
-    def deliver(self, lease: LeasedPrompt, group: PartialGroup,
+    def deliver(self, lease: LeasedPrompt, group: PartialGroup | EpisodeGroup,
                 stop: threading.Event | None = None) -> None:
-        samples = []
-        scores = score_group(self.reward_fn, [self.lm.decode(s.tokens) for s in group.sequences],
-                             lease.reference, lease.metadata, self.cfg.buffer.reward_range)
-        for seq, (reward, error) in zip(group.sequences, scores, strict=True):
-            samples.append(Sample(
-                prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
-                prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,
-                logprobs=seq.logprobs, versions=seq.versions, reward=reward,
-                finish_reason=seq.finish_reason, reward_error=error))
-            validate_sample(samples[-1])  # where a rollout enters the run: checked once, here
-            self.versions_used.update(seq.versions)
+        if isinstance(group, EpisodeGroup):
+            samples = episode_samples(lease, group, self.worker_id, self.reward_fn,
+                                      self.cfg.buffer.reward_range)
+        else:
+            samples = self._samples(lease, group)
+        for sample in samples:
+            validate_sample(sample)  # where a rollout enters the run: checked once, here
+            self.versions_used.update(sample.versions.tolist())
         # waits for room: this worker takes no new prompt
         self.writer.append(Group(lease.prompt_id, samples), stop)
         self.samples_generated += len(samples)
         self.leases.delivered(lease.lease_id)
+
+    def _samples(self, lease: LeasedPrompt, group: PartialGroup) -> list[Sample]:
+        scores = score_group(self.reward_fn, [self.lm.decode(s.tokens) for s in group.sequences],
+                             lease.reference, lease.metadata, self.cfg.buffer.reward_range)
+        return [Sample(
+            prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
+            prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,
+            logprobs=seq.logprobs, versions=seq.versions, reward=reward,
+            finish_reason=seq.finish_reason, reward_error=error)
+            for seq, (reward, error) in zip(group.sequences, scores, strict=True)]
 
     def hand_over(self, a: ActiveGroup) -> bool:
         """A repack recalled the group: hand it back (its token state was just saved) for

@@ -55,7 +55,12 @@ class GroupGenerator:
         return min(rc.max_prompt_tokens, room)
 
     def start(self, lease: LeasedPrompt) -> PartialGroup:
-        prompt_tokens = self.lm.encode_problem(lease.text, lease.messages)
+        prompt_tokens = self.fit_prompt(lease.prompt_id,
+                                        self.lm.encode_problem(lease.text, lease.messages))
+        self._import_kv(lease)
+        return self._start_group(lease, prompt_tokens)
+
+    def fit_prompt(self, prompt_id: int, prompt_tokens: list[int]) -> list[int]:
         if len(prompt_tokens) > self.prompt_limit:
             # The task's own prompt, not a caller's: refusing it would leave the prompt
             # re-issued to every worker in turn, so it is trained on its last tokens that fit
@@ -63,11 +68,10 @@ class GroupGenerator:
             self.prompts_cut += 1
             log.error("prompt %d: %d tokens, more than %d (rollout.max_prompt_tokens, or what "
                       "the model's context leaves after rollout.max_new_tokens); keeping its "
-                      "last %d", lease.prompt_id, len(prompt_tokens), self.prompt_limit,
+                      "last %d", prompt_id, len(prompt_tokens), self.prompt_limit,
                       self.prompt_limit)
             prompt_tokens = prompt_tokens[-self.prompt_limit:]
-        self._import_kv(lease)
-        return self._start_group(lease, prompt_tokens)
+        return prompt_tokens
 
     def _start_group(self, lease: LeasedPrompt, prompt_tokens: list[int]) -> PartialGroup:
         n = self.cfg.rollout.samples_per_prompt

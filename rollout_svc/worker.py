@@ -7,7 +7,8 @@ batching at segment granularity) and no group waits for another's longest sample
 boundary the scheduler may also recall a group for a repack: it is handed back, with its
 token state, for a fuller worker to continue.
 
-The worker is made of parts: rollout_svc.group_generator runs its groups in the engine,
+The worker is made of parts: rollout_svc.group_generator runs its groups in the engine (or
+rollout_svc.episode_generator, as multi-turn episodes, with rollout.environment set),
 rollout_svc.boundary delivers, saves and hands them over at each boundary,
 rollout_svc.weight_refresh moves the engine to newer weights, rollout_svc.worker_leases makes
 the lease calls safe when a reply is lost (and names the leases held in the heartbeats), and
@@ -33,6 +34,7 @@ from relayrl.streams import TrajectoryWriter
 from relayrl.weights import WeightPlane
 from rollout_svc.boundary import ActiveGroup, SegmentBoundary
 from rollout_svc.engine_api import Engine
+from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.group_generator import GroupGenerator
 from rollout_svc.loop_clock import LoopClock
 from rollout_svc.weight_refresh import WeightRefresher
@@ -78,7 +80,8 @@ class RolloutWorker:
         self.scheduler = scheduler
         self.weights = WeightRefresher(engine, relays)
         self.writer = writer
-        self.generator = GroupGenerator(cfg, engine, lm, writer)
+        generator = GroupGenerator if cfg.rollout.environment is None else EpisodeGenerator
+        self.generator = generator(cfg, engine, lm, writer)
         self.scheduler_call_failures = 0  # calls that failed or passed their deadline
         self.leases = WorkerLeases(scheduler, self.worker_id, self._scheduler_call_failed)
         self.scheduler_outage = Outage("scheduler")  # logs a wait once; unready meanwhile

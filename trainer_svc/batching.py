@@ -103,7 +103,8 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float64),
         group_ids=torch.tensor([i for i, g in enumerate(groups) for _ in g.samples]),
         lags=torch.tensor([version - s.oldest_version for s in samples]),
-        response_lengths=torch.tensor([len(s.response_tokens) for s in samples]),
+        # the policy's tokens: a multi-turn response's environment tokens are not its length
+        response_lengths=torch.tensor([int(s.policy_token_mask.sum()) for s in samples]),
     )
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from relayrl.config.base import Endpoint, StrictModel
+from relayrl.config.environment import EnvironmentConfig
 
 # The lowest sampling temperature any surface accepts (config, live settings, Generate, HTTP).
 # Sampling and the trainer's rescoring divide float32 logits by it: 1e-300 overflows them to
@@ -147,6 +148,11 @@ class RolloutConfig(StrictModel):
     vllm_enforce_eager: bool = Field(
         True, description="Run vLLM eagerly: starts in seconds; False compiles (and on GPUs "
         "captures CUDA graphs) for throughput.",
+    )
+    environment: EnvironmentConfig | None = Field(
+        None, description="A multi-turn environment every sample plays an episode in "
+        "(relayrl/config/environment.py); max_new_tokens then bounds the model's tokens over "
+        "all turns. None: one completion per sample.",
     )
 
     @property

@@ -141,6 +141,15 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _environments_run_whole_episodes(self) -> RunConfig:
+        """rollout.environment needs rollout.segment_tokens 0: an episode's environment lives
+        in one worker's memory, so it is neither cut into segments nor moved."""
+        if self.rollout.environment is not None and self.rollout.segment_tokens:
+            raise ValueError("rollout.environment needs rollout.segment_tokens 0: episodes run "
+                             "whole on one worker (no partial rollouts, no repacking)")
+        return self
+
+    @model_validator(mode="after")
     def _pending_samples_hold_a_batch(self) -> RunConfig:
         """buffer.max_pending_samples is at least groups_per_batch x group_size."""
         batch_samples = self.buffer.groups_per_batch * self.buffer.group_size

@@ -126,6 +126,9 @@ CROSS_CHECKS = {
         "head size 16 "),
     "_repack_needs_segments": (
         {"scheduler": {"repack": True}}, "scheduler.repack needs rollout.segment_tokens > 0"),
+    "_environments_run_whole_episodes": (
+        {"rollout": {"segment_tokens": 4, "environment": {"cls": "calculator"}}},
+        "rollout.environment needs rollout.segment_tokens 0"),
     "_pending_samples_hold_a_batch": (
         {"buffer": {"max_pending_samples": 8}},
         r"buffer.max_pending_samples \(8\) must hold at least one batch, groups_per_batch x "

@@ -39,11 +39,19 @@ def union_members(ann) -> list[type[BaseModel]]:
     return [m for m in typing.get_args(ann) if isinstance(m, type) and issubclass(m, BaseModel)]
 
 
+def optional_model(ann):
+    """The model of an optional section (`Model | None`, e.g. rollout.environment), else ann."""
+    members = union_members(ann)
+    if len(members) == 1 and type(None) in typing.get_args(ann):
+        return members[0]
+    return ann
+
+
 def leaf_fields(model: type[BaseModel], prefix: tuple[str, ...] = ()):
-    """(dotted path, FieldInfo) of every non-model field, nested sections and every member
-    of a tagged union walked (its discriminator left out)."""
+    """(dotted path, FieldInfo) of every non-model field, nested sections (optional ones
+    too) and every member of a tagged union walked (its discriminator left out)."""
     for name, info in model.model_fields.items():
-        ann = info.annotation
+        ann = optional_model(info.annotation)
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             yield from leaf_fields(ann, (*prefix, name))
         elif members := union_members(ann):
@@ -63,7 +71,7 @@ def tag_of(member: type[BaseModel], key: str) -> str:
 def sections(model: type[BaseModel], prefix: tuple[str, ...] = ()):
     yield prefix
     for name, info in model.model_fields.items():
-        ann = info.annotation
+        ann = optional_model(info.annotation)
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             yield from sections(ann, (*prefix, name))
         for m in union_members(ann):

@@ -1,0 +1,84 @@
+"""The tokens between two assistant turns, so that turn N+1's context extends turn N's exactly.
+
+A multi-turn sample is one token sequence: the prompt, then the model's tokens of turn 1 as
+sampled, then the tokens the chat template puts around the environment's reply (closing the
+assistant turn, the reply's own turns, opening the next assistant turn), then turn 2's
+tokens, and so on. Re-tokenizing the whole conversation each turn would not do: the model's
+tokens need not be what the tokenizer makes of their text, and their log-probabilities would
+no longer line up. So the sequence only ever grows: each turn's glue is the *difference*
+between the template's rendering of the conversation with and without the new messages,
+checked to extend it exactly (ValueError when a template rewrites earlier turns).
+
+    glue = TurnGlue(tokenizer, eos_id)
+    glue.prompt(messages)                                 # the first context
+    glue.between(messages, reply, stopped, observation)   # masked tokens to append
+
+The closing of the assistant turn: when the model produced the end-of-turn token itself
+(`stopped`) it is kept as the model's and the template's copy is left out; when the turn
+was cut, the template's closing tokens are appended as environment tokens. A tokenizer with
+no chat template lays messages end to end (relayrl.models.loading.encode_chat).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from relayrl.models.loading import encode_text
+
+Message = Mapping[str, str]
+PROBE = ({"role": "user", "content": "1+1"},)
+
+
+class TurnGlue:
+    def __init__(self, tokenizer: Any, eos_id: int):
+        self.tokenizer = tokenizer
+        self.eos_id = eos_id
+        self.templated = bool(getattr(tokenizer, "chat_template", None))
+
+    def render(self, messages: Sequence[Message], generation_prompt: bool) -> list[int]:
+        messages = [dict(m) for m in messages]
+        if not self.templated:
+            return encode_text(self.tokenizer, "".join(m["content"] for m in messages))
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=True,
+            return_dict=False)
+        return [int(i) for i in ids]
+
+    def prompt(self, messages: Sequence[Message]) -> list[int]:
+        """The context that opens an episode: the conversation, then the assistant's turn."""
+        return self.render(messages, True)
+
+    def closing(self, messages: Sequence[Message], stopped: bool) -> list[int]:
+        """What the template puts after an assistant reply's text (e.g. `<|im_end|>\\n`),
+        less the end-of-turn token when the model produced it (`stopped`)."""
+        opened = self.render(messages, True)
+        closed = self.render([*messages, {"role": "assistant", "content": ""}], False)
+        tail = extension(opened, closed, "closing an assistant turn")
+        if stopped and tail and tail[0] == self.eos_id:
+            return tail[1:]
+        return tail
+
+    def between(self, messages: Sequence[Message], reply: str, stopped: bool,
+                observation: Sequence[Message]) -> list[int]:
+        """The tokens to append after the model's reply to `messages` so that the context
+        ends where the template opens the assistant's next turn after `observation`."""
+        said = [*messages, {"role": "assistant", "content": reply}]
+        before = self.render(said, False)
+        after = self.render([*said, *observation], True)
+        return self.closing(messages, stopped) + extension(before, after, "an observation")
+
+    def check(self) -> None:
+        """Refuse, at start-up, a template that rewrites earlier turns when one is added."""
+        self.between(PROBE, "2", True, [{"role": "user", "content": "3"}])
+
+
+def extension(prefix: list[int], full: list[int], what: str) -> list[int]:
+    """`full` less `prefix`, which it must start with."""
+    if full[:len(prefix)] != prefix:
+        at = next((i for i, (a, b) in enumerate(zip(prefix, full, strict=False)) if a != b),
+                  min(len(prefix), len(full)))
+        raise ValueError(f"chat template: rendering {what} changes the tokens before it (first "
+                         f"difference at token {at}); multi-turn episodes need a template "
+                         "that only appends")
+    return full[len(prefix):]

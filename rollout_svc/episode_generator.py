@@ -1,0 +1,144 @@
+"""A worker's groups as multi-turn episodes: one engine call per turn, over every episode.
+
+With rollout.environment set, the worker's GroupGenerator is this one. `start` opens one
+episode per sample (a fresh environment instance, `reset` with the problem); each
+`generate_segment` runs one turn of every unfinished episode in a single engine call, then
+steps each episode's environment with the model's reply and appends the template's glue
+around the observation as environment tokens (rollout_svc/episodes.py, relayrl/envs/turns.py).
+Turns of one episode may run under different weights: every token keeps its own version.
+
+An episode ends when the environment says done (or gives no observation), after
+rollout.environment.max_turns model turns, when the model's tokens over all its turns reach
+rollout.max_new_tokens (finish "length", the reply cut, no step), or when the next turn would
+not fit the model's context. tests/unit/test_episodes.py runs it on the tiny model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from relayrl.config import RunConfig
+from relayrl.envs import TurnGlue, as_step, load_environment, make_environment
+from relayrl.envs.protocol import check_messages
+from relayrl.leases import LeasedPrompt
+from relayrl.models.loading import LoadedModel
+from relayrl.streams import TrajectoryWriter
+from relayrl.tasks.problem import Problem
+from rollout_svc.engine_api import Engine, SamplingSpec
+from rollout_svc.episodes import Episode, EpisodeGroup
+from rollout_svc.group_generator import GroupGenerator
+
+log = logging.getLogger(__name__)
+
+
+class EpisodeGenerator(GroupGenerator):
+    def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
+                 writer: TrajectoryWriter):
+        super().__init__(cfg, engine, lm, writer)
+        env = cfg.rollout.environment
+        assert env is not None
+        self.env_cfg = env
+        self.env_cls = load_environment(env.cls)
+        make_environment(self.env_cls, env.options)  # wrong options fail at start-up
+        self.glue = TurnGlue(lm.tokenizer, lm.eos_id)
+        self.glue.check()
+        self.episodes = 0
+        self.turns = 0
+        self.env_errors = 0
+
+    def start(self, lease: LeasedPrompt) -> EpisodeGroup:
+        problem = Problem(lease.prompt_id, lease.text, lease.reference, lease.messages,
+                          lease.metadata)
+        n = self.cfg.rollout.samples_per_prompt
+        return EpisodeGroup(lease, [self._open(lease, problem) for _ in range(n)])
+
+    def _open(self, lease: LeasedPrompt, problem: Problem) -> Episode:
+        self.episodes += 1
+        where = f"{self.env_cls.__name__}.reset"
+        env, opening, error = None, None, ""
+        try:
+            env = make_environment(self.env_cls, self.env_cfg.options)
+            opened = env.reset(problem)
+            opening = None if opened is None else list(check_messages(opened, where))
+        except Exception as err:  # a user's environment may raise anything
+            env, error = None, self._failed(lease, where, err)
+        if opening:
+            tokens = self.glue.prompt(opening)
+        else:
+            tokens = self.lm.encode_problem(lease.text, lease.messages)
+            opening = ([dict(m) for m in lease.messages]
+                       or [{"role": "user", "content": lease.text}])
+        return Episode(env, opening, self.fit_prompt(lease.prompt_id, tokens), error=error)
+
+    def _failed(self, lease: LeasedPrompt, where: str, err: Exception) -> str:
+        self.env_errors += 1
+        log.warning("prompt %d: %s raised %s: %s", lease.prompt_id, where,
+                    type(err).__name__, err)
+        return f"environment: {where}: {type(err).__name__}: {err}"
+
+    def restart_stale(self, groups: list[EpisodeGroup]) -> None:  # type: ignore[override]
+        """As GroupGenerator.restart_stale, with fresh episodes (and environments)."""
+        floor = self.trainer_version - self.max_staleness
+        if self.engine.version < floor:
+            return
+        for group in groups:
+            versions = [min(e.seq.versions) for e in group.episodes if e.seq.versions]
+            if versions and min(versions) < floor:
+                fresh = self.start(group.lease)
+                group.episodes = fresh.episodes
+                self.groups_restarted_stale += 1
+
+    def generate_segment(self, groups: list[EpisodeGroup]) -> None:  # type: ignore[override]
+        """One turn of every unfinished episode of `groups`, in one engine call."""
+        self.read_live()
+        self.restart_stale(groups)
+        todo = [(g, e, self._room(e)) for g in groups for e in g.episodes if not e.finished]
+        if not todo:
+            return
+        spec = SamplingSpec(max_new_tokens=max(room for _, _, room in todo),
+                            temperature=self.temperature)
+        with self.engine.lock:  # no swap between reading the version and sampling with it
+            version = self.engine.version
+            outs = self.engine.generate([e.context for _, e, _ in todo], spec)
+        for (g, e, room), out in zip(todo, outs, strict=True):
+            tokens = out.tokens[:room]
+            e.add_model_turn(tokens, out.logprobs[:room], version)
+            stopped = out.finish_reason == "stop" and len(out.tokens) <= room
+            self._after_turn(g, e, self.lm.decode(tokens), stopped, version)
+        self.turns += len(todo)
+        self.segments += 1
+        self.sequences_decoded += len(todo)
+        self._count_tokens(sum(len(out.tokens) for out in outs))
+
+    def _room(self, e: Episode) -> int:
+        """Tokens the episode's next turn may generate: what is left of max_new_tokens and
+        of the model's context (at least 1: an episode with no room was ended before)."""
+        left = self.cfg.rollout.max_new_tokens - e.policy_tokens
+        return max(1, min(left, self.engine.context_length - len(e.context)))
+
+    def _after_turn(self, g: EpisodeGroup, e: Episode, reply: str, stopped: bool,
+                    version: int) -> None:
+        e.last_reply = reply
+        if not stopped:  # cut by the token budget or the context: no step on half a reply
+            e.end("length")
+            return
+        if e.env is None:
+            e.end("stop")
+            return
+        where = f"{self.env_cls.__name__}.step"
+        try:
+            step = as_step(e.env.step(reply), where)
+            glue = (self.glue.between(e.messages, reply, True, step.messages)
+                    if step.messages and not step.done else [])
+        except Exception as err:  # a user's environment may raise anything
+            e.end("stop", self._failed(g.lease, where, err))
+            return
+        if step.reward is not None:
+            e.rewards.append(step.reward)
+        if (step.done or not step.messages or e.turns >= self.env_cfg.max_turns
+                or e.policy_tokens >= self.cfg.rollout.max_new_tokens
+                or len(e.context) + len(glue) >= self.engine.context_length):
+            e.end("stop")
+            return
+        e.add_env_tokens(glue, version)
+        e.messages += [{"role": "assistant", "content": reply}, *step.messages]

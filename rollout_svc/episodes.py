@@ -1,0 +1,118 @@
+"""A group whose samples are multi-turn episodes, and the samples it delivers.
+
+Each sample of the group plays its own episode against its own environment instance
+(relayrl.envs.protocol). Its response is one token sequence: the model's tokens of every turn
+as sampled, with their log-probabilities and versions, and between turns the environment's
+tokens (the chat template's glue around the observation, relayrl.envs.turns), which carry
+loss_mask 0, log-probability 0 and the version of the turn before them: values the trainer
+never reads, under the mask.
+
+The reward rule: an episode whose environment returned rewards earns their sum; one that
+returned none earns the task's reward on the model's final message; an environment that
+raised, or returned something that is not a step, scores 0 with the error reported on the
+sample (counted in train/reward_errors, like a reward that raises).
+
+rollout_svc.episode_generator runs the turns; rollout_svc.boundary delivers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relayrl.envs import Environment
+from relayrl.leases import LeasedPrompt
+from relayrl.messages import FinishReason, Sample
+from relayrl.partial import PartialSequence
+from relayrl.rewards import RewardFn, score, score_group
+
+
+@dataclass
+class Episode:
+    env: Environment | None  # None: its reset failed (`error` says why); one turn, scored 0
+    messages: list[dict[str, str]]  # the conversation so far, as the template renders it
+    prompt_tokens: list[int]
+    seq: PartialSequence = field(default_factory=PartialSequence)
+    mask: list[int] = field(default_factory=list)  # 1: the model's token, 0: the environment's
+    rewards: list[float] = field(default_factory=list)  # what the environment's steps returned
+    turns: int = 0
+    last_reply: str = ""  # the model's final message, for the task's reward
+    error: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.seq.finished
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_tokens + self.seq.tokens
+
+    @property
+    def policy_tokens(self) -> int:
+        return sum(self.mask)
+
+    def add_model_turn(self, tokens: list[int], logprobs: list[float], version: int) -> None:
+        self.seq.extend(tokens, logprobs, version)
+        self.mask.extend([1] * len(tokens))
+        self.turns += 1
+
+    def add_env_tokens(self, tokens: list[int], version: int) -> None:
+        self.seq.extend(tokens, [0.0] * len(tokens), version)
+        self.mask.extend([0] * len(tokens))
+
+    def end(self, reason: str, error: str = "") -> None:
+        self.seq.finish_reason = FinishReason(reason)
+        self.error = self.error or error
+
+
+class EpisodeGroup:
+    """What the segment boundary holds for a lease in place of a PartialGroup."""
+
+    def __init__(self, lease: LeasedPrompt, episodes: list[Episode]):
+        self.lease = lease
+        self.prompt_id = lease.prompt_id
+        self.episodes = episodes
+
+    @property
+    def prompt_tokens(self) -> list[int]:
+        return self.episodes[0].prompt_tokens
+
+    @property
+    def sequences(self) -> list[PartialSequence]:
+        return [e.seq for e in self.episodes]
+
+    @property
+    def finished(self) -> bool:
+        return all(e.finished for e in self.episodes)
+
+    def unfinished(self) -> list[PartialSequence]:
+        return [e.seq for e in self.episodes if not e.finished]
+
+    def encode(self) -> bytes:
+        """No state to hand back: an environment lives in this process, so a lease handed
+        back mid-episode starts over wherever it goes next."""
+        return b""
+
+
+def episode_samples(lease: LeasedPrompt, group: EpisodeGroup, worker_id: str,
+                    reward_fn: RewardFn, reward_range: tuple[float, float] | None
+                    ) -> list[Sample]:
+    """The group's samples, rewarded by the rule in the module docstring."""
+    plain = [e for e in group.episodes if not e.rewards]
+    task_scores = iter(score_group(reward_fn, [e.last_reply for e in plain], lease.reference,
+                                   lease.metadata, reward_range) if plain else ())
+    samples = []
+    for e in group.episodes:
+        if e.rewards:
+            total = sum(e.rewards)
+            reward, error = score(lambda _c, _r, total=total: total, "", "", reward_range)
+        else:
+            reward, error = next(task_scores)
+        if e.error:
+            reward, error = 0.0, e.error
+        samples.append(Sample(
+            prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=worker_id,
+            prompt_tokens=e.prompt_tokens, response_tokens=e.seq.tokens,
+            logprobs=e.seq.logprobs, versions=e.seq.versions, reward=reward,
+            finish_reason=e.seq.finish_reason, reward_error=error,
+            loss_mask=e.mask if 0 in e.mask else None))
+    return samples

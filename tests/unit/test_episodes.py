@@ -1,0 +1,214 @@
+"""Multi-turn token bookkeeping: turn N+1's context extends turn N's exactly, environment tokens
+are masked, the model's log-probabilities and versions stay aligned with its tokens across
+turns, and the reward rule. On the tiny model, whose tokenizer is given a chat template here;
+SmolLM2's real template too when its converted copy is cached. Run:
+pytest tests/unit/test_episodes.py"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+from transformers import AutoTokenizer
+
+from relayrl.config import RunConfig
+from relayrl.envs import Environment, Step, TurnGlue
+from relayrl.leases import LeasedPrompt
+from relayrl.messages import validate_sample
+from relayrl.models.loading import LoadedModel
+from relayrl.rewards import get_reward
+from rollout_svc.episode_generator import EpisodeGenerator
+from rollout_svc.episodes import episode_samples
+from rollout_svc.torch_engine import TorchEngine
+
+# user turns end with '=', the assistant's turn opens with '+' and closes with <eos>
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}+"
+            "{{ m['content'] }}{{ eos_token }}{% else %}{{ m['content'] }}={% endif %}"
+            "{% endfor %}{% if add_generation_prompt %}+{% endif %}")
+SMOLLM2 = Path(__file__).resolve().parents[2] / ".cache/relayrl/models/smollm2-135m-instruct"
+USER = [{"role": "user", "content": "1+2"}]
+
+
+@pytest.fixture(scope="module")
+def chat_lm(tiny_lm):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm.path)
+    tokenizer.chat_template = TEMPLATE
+    return LoadedModel(tiny_lm.model, tokenizer, tiny_lm.path)
+
+
+def ids(lm, text):
+    return lm.tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_the_glue_is_what_the_template_adds(chat_lm):
+    glue, eos = TurnGlue(chat_lm.tokenizer, chat_lm.eos_id), chat_lm.eos_id
+    assert glue.prompt(USER) == [chat_lm.tokenizer.bos_token_id] + ids(chat_lm, "1+2=+")
+    obs = [{"role": "user", "content": "4"}]
+    # the model's own <eos> closed its turn: the template's copy is left out
+    assert glue.between(USER, "3", True, obs) == ids(chat_lm, "4=+")
+    # cut before its <eos>: the template's closing is added, as an environment token
+    assert glue.between(USER, "3", False, obs) == [eos] + ids(chat_lm, "4=+")
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_turns_extend_to_the_whole_conversation_rendered(chat_lm, stopped):
+    glue, eos = TurnGlue(chat_lm.tokenizer, chat_lm.eos_id), chat_lm.eos_id
+    reply = ids(chat_lm, "3") + ([eos] if stopped else [])
+    obs = [{"role": "user", "content": "4+4"}, {"role": "system", "content": "5"}]
+    seq = glue.prompt(USER) + reply + glue.between(USER, "3", stopped, obs)
+    assert seq == glue.prompt([*USER, {"role": "assistant", "content": "3"}, *obs])
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(chat_lm):
+    tokenizer = AutoTokenizer.from_pretrained(chat_lm.path)
+    tokenizer.chat_template = "{{ messages[-1]['content'] }}="  # the last message only
+    with pytest.raises(ValueError, match="changes the tokens before it"):
+        TurnGlue(tokenizer, chat_lm.eos_id).check()
+
+
+def test_no_template_lays_messages_end_to_end(tiny_lm):
+    glue = TurnGlue(tiny_lm.tokenizer, tiny_lm.eos_id)
+    assert glue.between(USER, "3", True, [{"role": "user", "content": "4="}]) == ids(tiny_lm,
+                                                                                     "4=")
+
+
+@pytest.mark.skipif(not SMOLLM2.is_dir(), reason="SmolLM2 not converted in .cache")
+def test_smollm2_template_extends_exactly():
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    glue = TurnGlue(tokenizer, tokenizer.eos_token_id)
+    glue.check()
+    reply = "Let me use <calc>12*7</calc>."
+    model = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
+    obs = [{"role": "user", "content": "<result>84</result>"}]
+    seq = glue.prompt(USER) + model + glue.between(USER, reply, True, obs)
+    assert seq == glue.prompt([*USER, {"role": "assistant", "content": reply}, *obs])
+
+
+class Twice(Environment):
+    """Two observations, rewarded 0.25 each, then done on the third reply."""
+
+    def __init__(self, bonus: float = 0.5):
+        self.bonus, self.steps = bonus, 0
+
+    def step(self, message):
+        self.steps += 1
+        if self.steps == 3:
+            return Step([], self.bonus, True)
+        return [{"role": "user", "content": "1+1"}], 0.25, False
+
+
+class NoRedis:
+    def __getattr__(self, name):
+        raise redis.ConnectionError("no redis in this test")
+
+
+def generator(lm, max_new_tokens=12, max_turns=4, env="tests.unit.test_episodes:Twice",
+              options=None):
+    cfg = RunConfig.model_validate({
+        "buffer": {"group_size": 3}, "rollout": {
+            "samples_per_prompt": 3, "max_new_tokens": max_new_tokens, "segment_tokens": 0,
+            "environment": {"cls": env, "max_turns": max_turns, "options": options or {}}}})
+    engine = TorchEngine(lm, seed=3, version=7)
+    writer = type("Writer", (), {"r": NoRedis()})()
+    return cfg, EpisodeGenerator(cfg, engine, lm, writer)
+
+
+def run(gen, lease):
+    group = gen.start(lease)
+    while not group.finished:
+        gen.generate_segment([group])
+        gen.engine._version += 1  # every turn under newer weights
+    return group
+
+
+LEASE = LeasedPrompt("l1", 5, "", "3", 0, messages=tuple(USER))
+
+
+def rescored(lm, prompt, response):
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logp = torch.log_softmax(lm.model(ids).logits[0, :-1].float(), -1)
+    return logp[len(prompt) - 1:, :].gather(1, torch.tensor(response)[:, None])[:, 0]
+
+
+def test_an_episode_keeps_the_models_tokens_logprobs_and_versions(chat_lm):
+    cfg, gen = generator(chat_lm)
+    group = run(gen, LEASE)
+    samples = episode_samples(LEASE, group, "w", get_reward("exact_match"), None)
+    glue = TurnGlue(chat_lm.tokenizer, chat_lm.eos_id)
+    for e, s in zip(group.episodes, samples, strict=True):
+        validate_sample(s)
+        mask = s.policy_token_mask
+        assert sum(mask) <= cfg.rollout.max_new_tokens and e.turns <= 3
+        # the environment's tokens: log-probability 0, the version of the turn before them
+        assert (s.logprobs[~mask] == 0).all()
+        # the model's: log-probabilities of the model on exactly this context
+        torch.testing.assert_close(rescored(chat_lm, e.prompt_tokens, s.response_tokens.tolist()
+                                            )[torch.from_numpy(mask)],
+                                   torch.from_numpy(s.logprobs[mask]), atol=1e-4, rtol=0)
+        # one version per model turn, 7 first; the glue after a turn carries its version
+        runs = [int(v) for v in s.versions]
+        assert runs[0] == 7 and runs == sorted(runs) and len(set(runs)) == e.turns
+        specials = set(chat_lm.tokenizer.all_special_ids) - {chat_lm.eos_id}
+        if not specials & set(s.response_tokens.tolist()):
+            # the response is the whole conversation as the template renders it (a model's
+            # <pad> would decode to nothing: then only the tokens are the truth)
+            whole = glue.render([*e.messages, {"role": "assistant", "content": e.last_reply}],
+                                False)
+            seq = s.prompt_tokens.tolist() + s.response_tokens.tolist()
+            assert seq == whole if e.seq.finish_reason == "stop" else whole[:len(seq)] == seq
+        if e.seq.finish_reason == "stop" and e.turns == 3:
+            assert s.reward == 0.25 + 0.25 + 0.5
+
+
+def test_the_token_budget_spans_turns_and_a_cut_reply_is_not_stepped(chat_lm):
+    _, gen = generator(chat_lm, max_new_tokens=2, max_turns=8)
+    group = run(gen, LEASE)
+    for e in group.episodes:
+        assert sum(e.mask) <= 2
+        assert e.seq.finish_reason == "length" or e.turns <= 2
+
+
+class Broken(Environment):
+    def step(self, message):
+        raise RuntimeError("boom")
+
+
+def test_an_environment_that_raises_scores_zero_with_the_error(chat_lm):
+    _, gen = generator(chat_lm, env="tests.unit.test_episodes:Broken")
+    group = run(gen, LEASE)
+    samples = episode_samples(LEASE, group, "w", get_reward("exact_match"), None)
+    failed = [s for s in samples if s.reward_error]  # a reply cut by the budget is not stepped
+    assert len(failed) == gen.env_errors >= 1
+    assert all(s.reward == 0 and "Broken.step: RuntimeError: boom" in s.reward_error
+               for s in failed)
+
+
+class Silent(Environment):
+    def step(self, message):
+        return Step([], None, True)
+
+
+def test_no_environment_reward_falls_back_to_the_task_reward(chat_lm):
+    _, gen = generator(chat_lm, env="tests.unit.test_episodes:Silent")
+    group = run(gen, LEASE)
+    for e in group.episodes:
+        e.last_reply = "3"
+    samples = episode_samples(LEASE, group, "w", get_reward("exact_match"), (0.0, 1.0))
+    assert [s.reward for s in samples] == [1.0] * 3 and all(s.loss_mask is None
+                                                           for s in samples)
+
+
+def test_environment_rewards_sum_and_are_checked_against_the_range():
+    from rollout_svc.episodes import Episode, EpisodeGroup
+
+    episodes = [Episode(None, [], [1], rewards=r) for r in ([0.25, 0.5], [5.0])]
+    for e in episodes:
+        e.add_model_turn([4], [-0.1], 2)
+        e.end("stop")
+    samples = episode_samples(LEASE, EpisodeGroup(LEASE, episodes), "w",
+                              get_reward("exact_match"), (0.0, 1.0))
+    assert samples[0].reward == 0.75 and not samples[0].reward_error
+    assert samples[1].reward == 0 and "outside buffer.reward_range" in samples[1].reward_error

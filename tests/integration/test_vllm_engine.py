@@ -320,3 +320,44 @@ def test_make_engine_builds_the_torch_engine_by_default(lm, model_dir, tmp_path)
     assert isinstance(eng, TorchEngine)
     ref = torch.Generator().manual_seed(2 * 1000 + 1)
     assert torch.equal(eng.generator.get_state(), ref.get_state())
+
+
+def test_episodes_run_on_vllm_with_masked_environment_tokens(engine, lm, base_weights):
+    """Multi-turn episodes through the same Engine interface: the trainer's rescoring of the
+    model's tokens matches vLLM's logprobs across turns, the environment's are masked."""
+    from transformers import AutoTokenizer
+
+    from relayrl.leases import LeasedPrompt
+    from relayrl.models.loading import LoadedModel
+    from relayrl.rewards import get_reward
+    from rollout_svc.episode_generator import EpisodeGenerator
+    from rollout_svc.episodes import episode_samples
+    from tests.unit.test_episodes import TEMPLATE, NoRedis
+
+    engine.load_weights(perturbed(base_weights, seed=4), engine.version + 1)
+    tokenizer = AutoTokenizer.from_pretrained(lm.path)
+    tokenizer.chat_template = TEMPLATE
+    chat_lm = LoadedModel(lm.model, tokenizer, lm.path)
+    cfg = RunConfig.model_validate({"buffer": {"group_size": 4}, "rollout": {
+        "samples_per_prompt": 4, "max_new_tokens": 24, "segment_tokens": 0,
+        "environment": {"cls": "tests.unit.test_episodes:Twice", "max_turns": 3}}})
+    gen = EpisodeGenerator(cfg, engine, chat_lm, type("W", (), {"r": NoRedis()})())
+    lease = LeasedPrompt("l", 1, "", "3", 0, messages=({"role": "user", "content": "1+2"},))
+    group = gen.start(lease)
+    while not group.finished:
+        gen.generate_segment([group])
+    samples = episode_samples(lease, group, "w", get_reward("exact_match"), None)
+    assert max(e.turns for e in group.episodes) > 1
+    tb = collate([Group(1, samples)], engine.version, lm.pad_id, True)
+    lm.model.load_state_dict(perturbed(base_weights, seed=4))
+    try:
+        logp = token_logprobs(lm.model, tb, 1.0)
+    finally:
+        lm.model.load_state_dict(base_weights)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_tokens), len(s.response_tokens)
+        mask = torch.from_numpy(s.policy_token_mask)
+        assert torch.equal(tb.response_mask[i, p - 1:p - 1 + r].bool(), mask)
+        got = logp[i, p - 1:p - 1 + r][mask].double()
+        assert (got - torch.from_numpy(s.logprobs[s.policy_token_mask]).double()).abs().max() \
+            < PARITY_TOL

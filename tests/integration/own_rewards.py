@@ -10,7 +10,3 @@ def sum_of_operands(completion: str, reference: str, metadata: dict) -> float:
 def group_mean_match(completions: list[str], reference: str) -> list[float]:
     """Batched: every completion of a group at once."""
     return [1.0 if c.strip() == reference else 0.0 for c in completions]
-
-
-def broken(completion: str, reference: str) -> float:
-    raise RuntimeError("this reward is broken")

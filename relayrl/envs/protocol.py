@@ -28,11 +28,11 @@ final message (rollout_svc/episodes.py).
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from relayrl.rewards.imported import import_user_module
 from relayrl.tasks.problem import ROLES, Problem
 
 Message = Mapping[str, str]  # {"role": ..., "content": ...}
@@ -93,7 +93,7 @@ def load_environment(spec: str) -> type[Environment]:
         raise ValueError(f"rollout.environment.cls: {spec!r} is not 'package.module:Class' "
                          f"or one of {sorted(BUILTIN)}")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except ImportError as err:
         raise ValueError(f"rollout.environment.cls: cannot import {module_name!r} ({err})"
                          ) from None

@@ -3,7 +3,9 @@
 bad one fails at start-up with a ValueError saying what went wrong.
 
 The module must be importable by every process that scores (the rollout workers, an
-evaluator): installed, or in a directory on PYTHONPATH. The function's parameter names decide
+evaluator): installed, on PYTHONPATH, or under the directory the run was started from (the
+working directory is searched too, as `python -m` does, so the `relayrl` command finds
+`examples.own_task.reward` from the repository root). The function's parameter names decide
 how it is called (see relayrl.rewards.calling):
 
     def score(completion, reference, metadata): ...        # one completion -> float
@@ -15,8 +17,11 @@ how it is called (see relayrl.rewards.calling):
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 from relayrl.rewards.calling import CallPlan, Metadata, call_group, call_one, plan_call
 
@@ -42,6 +47,15 @@ class ImportedReward:
         return f"ImportedReward({self.name!r}, {kind})"
 
 
+def import_user_module(name: str) -> ModuleType:
+    """importlib.import_module with the working directory searched too (last): a console
+    script, unlike `python -m`, does not put it on sys.path."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return importlib.import_module(name)
+
+
 def load_reward(ref: str, where: str) -> ImportedReward:
     """The function `ref` ("package.module:function") names; ValueError naming `where`."""
     match = REF.fullmatch(ref)
@@ -49,7 +63,7 @@ def load_reward(ref: str, where: str) -> ImportedReward:
         raise ValueError(f"{where}: {ref!r} is not package.module:function")
     module_name, attr = match["module"], match["attr"]
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except ModuleNotFoundError as err:
         if err.name and (module_name == err.name or module_name.startswith(err.name + ".")):
             raise ValueError(f"{where}: module {module_name!r} not found (install it, or put "

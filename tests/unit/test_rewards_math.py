@@ -81,3 +81,4 @@ def test_math_verify_scores_from_worker_threads():
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(run, cases))
     assert results == [(True, "")] * len(cases)
+

@@ -13,6 +13,7 @@ re-issues any other lease granted to it once that grant cannot still be on its w
 from __future__ import annotations
 
 import json
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from relayrl.deadlines import CONTROL_CALL_S
 from relayrl.grpc_util import channel
 from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LeasedPrompt:
@@ -153,11 +155,19 @@ class GrpcLeaseClient(LeaseClient):
 
 
 def _metadata(text: str) -> dict[str, Any]:
-    """A lease's metadata_json: a JSON object, or {} when none was sent."""
+    """A lease's metadata_json: a JSON object, or {} when none was sent. One that is not
+    an object is logged and read as {}: raising here would refuse the whole batch of
+    leases on every retry; a reward that needs the metadata then fails that prompt's
+    samples alone, each with its error (train/reward_errors)."""
     if not text:
         return {}
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        value = err
     if not isinstance(value, dict):
-        raise ValueError(f"Lease.prompt.metadata_json is a {type(value).__name__}, not an "
-                         "object")
+        log.error("Lease.prompt.metadata_json is not a JSON object (%s); the prompt's reward "
+                  "gets no metadata", value if isinstance(value, ValueError)
+                  else type(value).__name__)
+        return {}
     return value

@@ -107,3 +107,18 @@ def snapshot(cfg: RunConfig) -> dict:
         "pending_batches": r.xpending(keys.batches, "trainer")["pending"],
         "audit": audit_redis(r, cfg.run_id, cfg.trainer.max_steps),
     }
+
+
+def run_to_end(cfg: RunConfig) -> tuple[RunConfig, int, dict]:
+    """Start the whole stack, wait for it to finish, read its state (snapshot), stop it:
+    (the launcher's config, its exit code, the state)."""
+    from relayrl.ops.launcher import Launcher
+
+    launcher = Launcher(cfg, show_trainer_output=False)
+    try:
+        launcher.start()
+        code = launcher.wait()
+        state = snapshot(launcher.cfg)
+    finally:
+        launcher.shutdown()
+    return launcher.cfg, code, state

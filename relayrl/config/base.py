@@ -106,3 +106,22 @@ def load_model(cls: type[M], data: dict[str, Any], source: str) -> M:
         return cls.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source, data)) from None
+
+
+def refuse_foreign_fields(data: Any, model: type[BaseModel], members: dict[str, Any],
+                          tag: str, kind: str) -> Any:
+    """For a tagged union's member `model` (`tag` its discriminator, `members` every member
+    by tag): a key it lacks is refused naming the members that have it, so a field left
+    behind after a change of tag does not pass silently."""
+    if not isinstance(data, dict):
+        return data
+    own = model.model_fields
+    for key in data:
+        if key in own:
+            continue
+        owners = [n for n, c in members.items() if key in c.model_fields]
+        where = f"a field of {', '.join(owners)}" if owners else f"no {kind}'s field"
+        raise ValueError(
+            f"{key!r} is not a field of {kind} {own[tag].default!r} ({where}); its "
+            f"fields: {', '.join(k for k in own if k != tag)}")
+    return data

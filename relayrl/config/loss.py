@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, model_validator
 
-from relayrl.config.base import StrictModel
+from relayrl.config.base import StrictModel, refuse_foreign_fields
 
 
 class LossBase(StrictModel):
@@ -63,18 +63,7 @@ class LossBase(StrictModel):
     def _refuse_other_recipes_fields(cls, data: Any) -> Any:
         """A key this recipe lacks is refused naming the recipes that have it, so a clip
         setting left behind after a change of `name` does not pass silently."""
-        if not isinstance(data, dict):
-            return data
-        own = cls.model_fields
-        for key in data:
-            if key in own:
-                continue
-            owners = [n for n, c in RECIPES.items() if key in c.model_fields]
-            where = f"a field of {', '.join(owners)}" if owners else "no loss's field"
-            raise ValueError(
-                f"{key!r} is not a field of loss {own['name'].default!r} ({where}); its "
-                f"fields: {', '.join(k for k in own if k != 'name')}")
-        return data
+        return refuse_foreign_fields(data, cls, RECIPES, "name", "loss")
 
 
 class GroupScaled(LossBase):

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config.base import StrictModel
+from relayrl.config.base import StrictModel, refuse_foreign_fields
 
 _REWARD = dict(min_length=1, max_length=512, description=(
     "Reward spec (relayrl.rewards): a registered name, `package.module:function`, "
@@ -34,20 +34,8 @@ class TaskBase(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _refuse_other_sources_fields(cls, data: Any) -> Any:
-        """A key this source lacks is refused naming the sources that have it, so a field
-        left behind after a change of `source` does not pass silently."""
-        if not isinstance(data, dict):
-            return data
-        own = cls.model_fields
-        for key in data:
-            if key in own:
-                continue
-            owners = [n for n, c in SOURCE_MODELS.items() if key in c.model_fields]
-            where = f"a field of {', '.join(owners)}" if owners else "no source's field"
-            raise ValueError(
-                f"{key!r} is not a field of task source {own['source'].default!r} ({where}); "
-                f"its fields: {', '.join(k for k in own if k != 'source')}")
-        return data
+        """A key this source lacks is refused naming the sources that have it."""
+        return refuse_foreign_fields(data, cls, SOURCE_MODELS, "source", "task source")
 
 
 class AdditionTaskConfig(TaskBase):

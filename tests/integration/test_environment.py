@@ -6,8 +6,7 @@ import json
 
 from relayrl.config import RunConfig
 from relayrl.metrics import read_metrics
-from relayrl.ops.launcher import Launcher
-from tests.conftest import small_stack_config, snapshot
+from tests.conftest import run_to_end, small_stack_config
 
 STEPS = 4
 
@@ -19,13 +18,7 @@ def test_an_environment_runs_episodes_on_the_stack(tmp_path):
         "cls": "tests.integration.own_envs:AskTwice", "max_turns": 2,
         "options": {"log": str(log)}})
     cfg = RunConfig.model_validate(data)
-    launcher = Launcher(cfg, show_trainer_output=False)
-    try:
-        launcher.start()
-        code = launcher.wait()
-        state = snapshot(launcher.cfg)
-    finally:
-        launcher.shutdown()
+    cfg, code, state = run_to_end(cfg)
     assert code == 0
     assert state["audit"].balanced, state["audit"].render()
     steps = [json.loads(line) for line in log.read_text().splitlines()]

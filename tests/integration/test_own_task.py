@@ -8,8 +8,7 @@ import json
 from relayrl.config import AdditionTaskConfig, ModelConfig, RunConfig
 from relayrl.metrics import read_metrics
 from relayrl.models.cache import resolve_model_path
-from relayrl.ops.launcher import Launcher
-from tests.conftest import small_stack_config, snapshot
+from tests.conftest import run_to_end, small_stack_config
 
 STEPS = 4
 
@@ -31,14 +30,7 @@ def own_task_run(tmp, reward):
                     "eval_fraction": 0.1, "reward": reward,
                     "prompt": {"template": "{a}+{b}=", "format": "raw"}}
     cfg = RunConfig.model_validate(data)
-    launcher = Launcher(cfg, show_trainer_output=False)
-    try:
-        launcher.start()
-        code = launcher.wait()
-        state = snapshot(launcher.cfg)
-    finally:
-        launcher.shutdown()
-    return launcher.cfg, code, state
+    return run_to_end(cfg)
 
 
 def test_a_dataset_and_python_rewards_train(tmp_path):

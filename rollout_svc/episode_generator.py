@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 
 from relayrl.config import RunConfig
-from relayrl.envs import TurnGlue, as_step, load_environment, make_environment
-from relayrl.envs.protocol import check_messages
+from relayrl.envs import TurnGlue, load_environment, make_environment
+from relayrl.envs.play import answer, goes_on, open_episode
 from relayrl.leases import LeasedPrompt
 from relayrl.models.loading import LoadedModel
 from relayrl.streams import TrajectoryWriter
@@ -54,27 +54,16 @@ class EpisodeGenerator(GroupGenerator):
 
     def _open(self, lease: LeasedPrompt, problem: Problem) -> Episode:
         self.episodes += 1
-        where = f"{self.env_cls.__name__}.reset"
-        env, opening, error = None, None, ""
-        try:
-            env = make_environment(self.env_cls, self.env_cfg.options)
-            opened = env.reset(problem)
-            opening = None if opened is None else list(check_messages(opened, where))
-        except Exception as err:  # a user's environment may raise anything
-            env, error = None, self._failed(lease, where, err)
-        if opening:
-            tokens = self.glue.prompt(opening)
-        else:
-            tokens = self.lm.encode_problem(lease.text, lease.messages)
-            opening = ([dict(m) for m in lease.messages]
-                       or [{"role": "user", "content": lease.text}])
-        return Episode(env, opening, self.fit_prompt(lease.prompt_id, tokens), error=error)
+        o = open_episode(self.env_cls, self.env_cfg.options, problem, self.glue,
+                         self.lm.encode_problem)
+        if o.error:
+            self._failed(lease, o.error)
+        return Episode(o.env, o.messages, self.fit_prompt(lease.prompt_id, o.tokens),
+                       error=o.error)
 
-    def _failed(self, lease: LeasedPrompt, where: str, err: Exception) -> str:
+    def _failed(self, lease: LeasedPrompt, error: str) -> None:
         self.env_errors += 1
-        log.warning("prompt %d: %s raised %s: %s", lease.prompt_id, where,
-                    type(err).__name__, err)
-        return f"environment: {where}: {type(err).__name__}: {err}"
+        log.warning("prompt %d: %s", lease.prompt_id, error)
 
     def restart_stale(self, groups: list[EpisodeGroup]) -> None:  # type: ignore[override]
         """As GroupGenerator.restart_stale, with fresh episodes (and environments)."""
@@ -125,20 +114,18 @@ class EpisodeGenerator(GroupGenerator):
         if e.env is None:
             e.end("stop")
             return
-        where = f"{self.env_cls.__name__}.step"
-        try:
-            step = as_step(e.env.step(reply), where)
-            glue = (self.glue.between(e.messages, reply, True, step.messages)
-                    if step.messages and not step.done else [])
-        except Exception as err:  # a user's environment may raise anything
-            e.end("stop", self._failed(g.lease, where, err))
+        move = answer(e.env, self.glue, e.messages, reply)
+        if move.error:
+            self._failed(g.lease, move.error)
+            e.end("stop", move.error)
             return
-        if step.reward is not None:
-            e.rewards.append(step.reward)
-        if (step.done or not step.messages or e.turns >= self.env_cfg.max_turns
-                or e.policy_tokens >= self.cfg.rollout.max_new_tokens
-                or len(e.context) + len(glue) >= self.engine.context_length):
+        if move.step.reward is not None:
+            e.rewards.append(move.step.reward)
+        if not goes_on(move, turns=e.turns, max_turns=self.env_cfg.max_turns,
+                       policy_tokens=e.policy_tokens,
+                       max_new_tokens=self.cfg.rollout.max_new_tokens,
+                       context=len(e.context), context_length=self.engine.context_length):
             e.end("stop")
             return
-        e.add_env_tokens(glue, version)
-        e.messages += [{"role": "assistant", "content": reply}, *step.messages]
+        e.add_env_tokens(move.glue, version)
+        e.messages += [{"role": "assistant", "content": reply}, *move.step.messages]

@@ -68,6 +68,12 @@ def small_stack_config(tmp: Path, *, steps: int, groups_per_batch: int = 2,
     }
 
 
+# user turns end with '=', the assistant's turn opens with '+' and closes with <eos>
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}+"
+            "{{ m['content'] }}{{ eos_token }}{% else %}{{ m['content'] }}={% endif %}"
+            "{% endfor %}{% if add_generation_prompt %}+{% endif %}")
+
+
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory):
     """A small randomly initialised Llama model with the addition tokenizer."""
@@ -84,6 +90,18 @@ def tiny_lm(tmp_path_factory):
     build_model(cfg, len(SPECIALS) + len(set(AdditionTask.alphabet)), out).save_pretrained(out)
     torch.manual_seed(0)
     return load_model(out)
+
+
+@pytest.fixture(scope="session")
+def chat_lm(tiny_lm):
+    """The tiny model with TEMPLATE as its chat template (multi-turn episodes)."""
+    from transformers import AutoTokenizer
+
+    from relayrl.models.loading import LoadedModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm.path)
+    tokenizer.chat_template = TEMPLATE
+    return LoadedModel(tiny_lm.model, tokenizer, tiny_lm.path)
 
 
 def snapshot(cfg: RunConfig) -> dict:

@@ -47,6 +47,9 @@ class EvalSetConfig(StrictModel):
     pass_threshold: float = Field(
         1.0, description="A sample counts as solved for pass@k when its reward is at least "
         "this (pass@1 is then the solved share; accuracy_sampled stays the mean reward).")
+    environment: bool = Field(
+        True, description="With rollout.environment set, play each problem as an episode of "
+        "it (the tool the run trains with); false: one turn, scored by the set's reward.")
     max_problems: int = Field(0, ge=0, le=10_000_000,
                               description="Evaluate at most this many of the set's problems; "
                               "0: all.")

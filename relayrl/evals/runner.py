@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from relayrl.evals.episodes import play
 from relayrl.evals.sets import EvalSet
 from relayrl.models.loading import LoadedModel
 from relayrl.rewards import score
@@ -91,7 +92,12 @@ def evaluate_set(lm: LoadedModel, es: EvalSet, *, seed: int = 0,
 def _decode(lm: LoadedModel, es: EvalSet, prompts: list[list[int]], rows: list[int],
             gen: torch.Generator, batch_size: int, greedy: bool
             ) -> tuple[list[float], list[int]]:
-    """Each row's (problem index's) answer: its reward and its length in tokens."""
+    """Each row's (problem index's) answer: its reward and its length in tokens (over all
+    turns, when the set plays episodes of an environment)."""
+    if es.environment is not None:
+        return play(lm, es.environment, [es.problems[i] for i in rows], es.reward,
+                    max_new_tokens=es.max_new_tokens, temperature=es.temperature or 1.0,
+                    greedy=greedy, generator=gen, batch_size=batch_size)
     rewards, lengths = [], []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]

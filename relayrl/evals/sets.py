@@ -4,7 +4,8 @@ A set without its own task takes the run task's held-out problems (task.eval_siz
 a set with one builds that task (any source of relayrl/config/task.py) and takes its
 held-out problems. A set's reward is its own `reward`, else its task's. Everything that can
 be wrong with a set (a missing file, an unknown reward) fails here, at start-up, naming the
-set.
+set. A run with rollout.environment evaluates each problem as an episode of it, as it trains,
+unless the set says `environment: false`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relayrl.config import RunConfig
+from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalSetConfig
 from relayrl.rewards import RewardFn, get_reward
 from relayrl.tasks import Problem, Task, make_run_task
@@ -28,6 +30,7 @@ class EvalSet:
     max_new_tokens: int
     greedy: bool
     pass_threshold: float
+    environment: EnvironmentConfig | None = None  # play episodes of it (relayrl.evals.episodes)
     default: bool = False  # the first set: also writes eval/accuracy_sampled and _greedy
 
 
@@ -70,4 +73,5 @@ def _resolve(cfg: RunConfig, s: EvalSetConfig, task: Task, default: bool) -> Eva
         name=s.name, problems=problems, reward=reward, reward_name=reward_name,
         samples=s.samples, temperature=temperature,
         max_new_tokens=s.max_new_tokens or cfg.rollout.max_new_tokens, greedy=s.greedy,
-        pass_threshold=s.pass_threshold, default=default)
+        pass_threshold=s.pass_threshold, default=default,
+        environment=cfg.rollout.environment if s.environment else None)

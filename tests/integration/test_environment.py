@@ -1,6 +1,8 @@
 """A multi-turn environment on the real stack (torch engine): every sample is a two-turn
 episode whose environment tokens are masked out of the loss; the trainer's rescoring of the
-model's tokens matches the engine's across turns, and the books balance."""
+model's tokens matches the engine's across turns, and the books balance. The separate
+evaluator (eval.mode separate) follows the relay and plays the held-out problems as episodes
+of the same environment."""
 
 import json
 
@@ -17,14 +19,24 @@ def test_an_environment_runs_episodes_on_the_stack(tmp_path):
     data["rollout"].update(segment_tokens=0, max_new_tokens=8, environment={
         "cls": "tests.integration.own_envs:AskTwice", "max_turns": 2,
         "options": {"log": str(log)}})
+    data["eval"] = {"mode": "separate", "every": 2, "poll_s": 0.2}
     cfg = RunConfig.model_validate(data)
     cfg, code, state = run_to_end(cfg)
     assert code == 0
     assert state["audit"].balanced, state["audit"].render()
     steps = [json.loads(line) for line in log.read_text().splitlines()]
-    assert {s["turn"] for s in steps} == {1, 2}  # second turns happened: the glue was appended
+    trained_steps = [s for s in steps if s["prompt_id"] >= 0]
+    assert {s["turn"] for s in trained_steps} == {1, 2}  # the glue was appended
+    # the evaluator's episodes: held-out problems (negative ids), in the same environment
+    assert {s["turn"] for s in steps if s["prompt_id"] < 0} == {1, 2}
+    evals = read_metrics(f"{cfg.run_dir}/eval.jsonl")
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == STEPS  # the start, and the end
+    assert all(0 <= r["eval/heldout/pass@1"] <= 1 for r in evals)
+    assert all(0 < r["eval/heldout/response_len_mean"] <= 8 for r in evals)
     trained = [r for r in read_metrics(f"{cfg.run_dir}/metrics.jsonl") if "train/loss" in r]
     assert len(trained) == STEPS
+    assert not any("eval/accuracy_sampled" in r for r in read_metrics(
+        f"{cfg.run_dir}/metrics.jsonl"))  # the trainer itself ran no eval
     for r in trained:
         assert r["train/reward_errors"] == 0
         # the policy's tokens only: two answers of at most 8 tokens together

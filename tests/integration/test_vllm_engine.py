@@ -332,7 +332,8 @@ def test_episodes_run_on_vllm_with_masked_environment_tokens(engine, lm, base_we
     from relayrl.rewards import get_reward
     from rollout_svc.episode_generator import EpisodeGenerator
     from rollout_svc.episodes import episode_samples
-    from tests.unit.test_episodes import TEMPLATE, NoRedis
+    from tests.conftest import TEMPLATE
+    from tests.unit.test_episodes import NoRedis
 
     engine.load_weights(perturbed(base_weights, seed=4), engine.version + 1)
     tokenizer = AutoTokenizer.from_pretrained(lm.path)

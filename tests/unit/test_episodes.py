@@ -17,25 +17,13 @@ from relayrl.config import RunConfig
 from relayrl.envs import Environment, Step, TurnGlue
 from relayrl.leases import LeasedPrompt
 from relayrl.messages import validate_sample
-from relayrl.models.loading import LoadedModel
 from relayrl.rewards import get_reward
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.episodes import episode_samples
 from rollout_svc.torch_engine import TorchEngine
 
-# user turns end with '=', the assistant's turn opens with '+' and closes with <eos>
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}+"
-            "{{ m['content'] }}{{ eos_token }}{% else %}{{ m['content'] }}={% endif %}"
-            "{% endfor %}{% if add_generation_prompt %}+{% endif %}")
 SMOLLM2 = Path(__file__).resolve().parents[2] / ".cache/relayrl/models/smollm2-135m-instruct"
 USER = [{"role": "user", "content": "1+2"}]
-
-
-@pytest.fixture(scope="module")
-def chat_lm(tiny_lm):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_lm.path)
-    tokenizer.chat_template = TEMPLATE
-    return LoadedModel(tiny_lm.model, tokenizer, tiny_lm.path)
 
 
 def ids(lm, text):

@@ -94,8 +94,19 @@ def rolling_mean(values: list[float], window: int) -> list[float]:
     return out
 
 
+def set_keys(rows: list[dict]) -> list[str]:
+    """The eval/<set>/pass@1 keys of `rows`, in the order the sets first appear."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for key in r:
+            if key.startswith("eval/") and key.endswith("/pass@1") and key.count("/") == 2:
+                seen[key] = None
+    return list(seen)
+
+
 def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "") -> None:
-    """Training reward per step and held-out accuracy at each eval, against steps."""
+    """Training reward per step and held-out accuracy at each eval (the first set's sampled
+    and greedy, every other set's pass@1), against steps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,6 +132,9 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "")
         ):
             ax.plot([r["step"] for r in evals if key in r], [r[key] for r in evals if key in r],
                     marker="o", color=color, label=label)
+        for key in set_keys(evals)[1:]:  # the other eval sets: their pass@1
+            ax.plot([r["step"] for r in evals if key in r], [r[key] for r in evals if key in r],
+                    marker=".", linestyle="--", label=f"{key.split('/')[1]} pass@1")
     ax.set_xlabel("trainer step")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from relayrl.exporter import ServiceMetrics
 from relayrl.stats import Stats, counter, gauge
 from rollout_svc.batcher import RequestBatcher
+from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.worker import RolloutWorker
 
 
@@ -61,8 +62,25 @@ class PullStats(Stats, section="weights"):
     pull_s: float = gauge("Seconds the last pull-and-load took.")
 
 
+@dataclass
+class EpisodeStats(Stats, section="env"):
+    """A worker with rollout.environment: its episodes (none reported without one)."""
+
+    episodes: int | None = counter("Episodes opened, one per sample.")
+    turns: int | None = counter("Model turns played in episodes.")
+    errors: int | None = counter(
+        "Environment constructors, resets and steps that raised (their samples score 0).")
+
+
+def episode_stats(worker: RolloutWorker) -> EpisodeStats:
+    gen = worker.generator
+    if not isinstance(gen, EpisodeGenerator):
+        return EpisodeStats(None, None, None)
+    return EpisodeStats(episodes=gen.episodes, turns=gen.turns, errors=gen.env_errors)
+
+
 def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher) -> ServiceMetrics:
-    def read() -> tuple[RolloutStats, PullStats]:
+    def read() -> tuple[RolloutStats, PullStats, EpisodeStats]:
         w = worker
         pressure = w.writer.counters
         engine = w.engine.stats()
@@ -77,7 +95,7 @@ def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher) -> ServiceMe
             buffer_full_waits=pressure.full_waits, buffer_full_wait_s=pressure.full_wait_s,
             redis_oom_refusals=pressure.oom_refusals, redis_oom_wait_s=pressure.oom_wait_s)
         pulls = PullStats.from_attributes(w, swaps=w.weight_swaps, pull_s=w.last_pull_s)
-        return rollout, pulls
+        return rollout, pulls, episode_stats(w)
 
-    return ServiceMetrics((RolloutStats, PullStats), read,
+    return ServiceMetrics((RolloutStats, PullStats, EpisodeStats), read,
                           {"service": "rollout", "worker_id": worker.worker_id})

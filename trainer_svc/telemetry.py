@@ -97,6 +97,37 @@ class StepStats(Stats, section="train"):
                                     section="rollout")
 
 
+@dataclass
+class EvalSetStats(Stats, section="eval_set"):
+    """Each eval set's figures at the last eval, labelled by the set's name (its
+    eval/<set>/... keys in metrics.jsonl)."""
+
+    pass_at_1: dict[str, float] | None = gauge("Pass@1 of each eval set.", label="set")
+    pass_at_k: dict[str, float] | None = gauge(
+        "Pass@k of each eval set with k = its samples > 1.", label="set")
+    accuracy_greedy: dict[str, float] | None = gauge(
+        "Mean reward of each eval set's greedy answers.", label="set")
+    reward_mean: dict[str, float] | None = gauge(
+        "Mean reward of each eval set's sampled answers.", label="set")
+    response_len_mean: dict[str, float] | None = gauge(
+        "Mean tokens of each eval set's sampled answers (over all turns).", label="set")
+
+    @classmethod
+    def from_record(cls, record: dict) -> EvalSetStats:
+        """From a record's eval/<set>/<figure> keys (pass@<k> for k > 1 is pass_at_k)."""
+        by: dict[str, dict[str, float]] = {f.name: {} for f in fields(cls)}
+        for key, value in record.items():
+            section, _, rest = key.partition("/")
+            name, _, figure = rest.partition("/")
+            if section != "eval" or not figure or "/" in figure:
+                continue
+            if figure.startswith("pass@"):
+                figure = "pass_at_1" if figure == "pass@1" else "pass_at_k"
+            if figure in by:
+                by[figure][name] = value
+        return cls(**{figure: sets or None for figure, sets in by.items()})
+
+
 # staleness/samples_lag_<bucket>, every bucket any max_staleness can give
 LagStats = make_dataclass("LagStats", [
     (name.split("/")[1], "float | None",
@@ -105,7 +136,7 @@ LagStats = make_dataclass("LagStats", [
     namespace={"section": "staleness"})
 
 STEP_KINDS: tuple[type[Stats], ...] = (StepStats, LagStats, PublishTimes)
-TRAINER_KINDS = (TrainerStats, TrainTotals, PublishCounts, *STEP_KINDS)
+TRAINER_KINDS = (TrainerStats, TrainTotals, PublishCounts, *STEP_KINDS, EvalSetStats)
 
 
 def publish_counts(pub: AsyncPublisher) -> PublishCounts:
@@ -126,7 +157,8 @@ def trainer_metrics(trainer: Trainer) -> ServiceMetrics:
                              published_version=pub.published_version),
                 TrainTotals(**{f.name: t.totals[f.name] for f in fields(TrainTotals)}),
                 publish_counts(pub),
-                *(kind.from_figures(latest) for kind in STEP_KINDS)]
+                *(kind.from_figures(latest) for kind in STEP_KINDS),
+                EvalSetStats.from_record(latest)]
 
     return ServiceMetrics(TRAINER_KINDS, read)
 

@@ -86,4 +86,7 @@ def test_the_loop_records_throughput_and_exports_it(trainer):
         rows[-1]["throughput/tokens_per_s"])
     assert got["relayrl_staleness_lag_max"] == STEPS - 1
     assert 0 <= got["relayrl_eval_accuracy_sampled"] <= 1  # kept from the step-2 eval
+    per_set = {s.labels["set"]: s.value for f in text_string_to_metric_families(text)
+               for s in f.samples if s.name == "relayrl_eval_set_pass_at_1"}
+    assert per_set == {"heldout": pytest.approx(rows[-1]["eval/heldout/pass@1"])}
     assert got["relayrl_time_step_seconds"] > 0

@@ -17,12 +17,13 @@ from relay_svc.version_store import VersionStore
 from relayrl.backpressure import PressureCounters
 from relayrl.exporter import RunnerStats, SnapshotCollector
 from relayrl.stats import MetricSpec, Stats, counter, gauge, prometheus_name
-from rollout_svc.telemetry import rollout_metrics
+from rollout_svc.episode_generator import EpisodeGenerator
+from rollout_svc.telemetry import EpisodeStats, rollout_metrics
 from scheduler_svc.policy import LeasePolicy, WorkerState
 from scheduler_svc.telemetry import scheduler_metrics
 from tests.unit.exported import ALL_SPECS
 from trainer_svc.setaside import TOTALS as SET_ASIDE_TOTALS
-from trainer_svc.telemetry import STEP_KINDS, trainer_metrics
+from trainer_svc.telemetry import STEP_KINDS, EvalSetStats, trainer_metrics
 
 LEGAL = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 
@@ -143,13 +144,19 @@ def test_rollout_snapshot_gives_what_it_declares():
         mid_sequence_swaps=0, groups_resumed=0, groups_restarted_stale=0, leases_released=0,
         groups_moved_out=0,
         kv_imported=0, kv_refused=0, weight_swaps=2, pull_failures=0, bytes_pulled=1024,
-        last_pull_s=0.01, scheduler_call_failures=0,
+        last_pull_s=0.01, scheduler_call_failures=0, generator=SimpleNamespace(),
         writer=SimpleNamespace(waiting_for_room=False, counters=PressureCounters()))
     exported = rollout_metrics(worker, SimpleNamespace(requests=0, batches=0))
+    episode_names = {s.name for s in EpisodeStats.specs()}
     snap = exported.snapshot()
-    assert set(snap) == declared(exported)
+    assert set(snap) == declared(exported) - episode_names  # no environment, no env/...
     assert snap["rollout/tokens_per_s"] == 30.0
     assert exported.labels == {"service": "rollout", "worker_id": "rollout-1"}
+    worker.generator = object.__new__(EpisodeGenerator)
+    worker.generator.episodes, worker.generator.turns, worker.generator.env_errors = 6, 11, 1
+    snap = exported.snapshot()
+    assert set(snap) == declared(exported)
+    assert (snap["env/episodes"], snap["env/turns"], snap["env/errors"]) == (6, 11, 1)
 
 
 def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded():
@@ -160,7 +167,16 @@ def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded(
     trainer = SimpleNamespace(step=1, finished=False, totals=totals, publisher=publisher,
                               latest={})
     exported = trainer_metrics(trainer)
-    step_names = {s.name for kind in STEP_KINDS for s in kind.specs()}
+    step_names = {s.name for kind in (*STEP_KINDS, EvalSetStats) for s in kind.specs()}
     assert set(exported.snapshot()) == declared(exported) - step_names
-    trainer.latest = dict.fromkeys(step_names, 0.5) | {"train/unexported": 1.0}
-    assert set(exported.snapshot()) == declared(exported)
+    evals = {"eval/heldout/pass@1": 0.25, "eval/heldout/pass@8": 0.5,
+             "eval/heldout/accuracy_greedy": 0.3, "eval/heldout/reward_mean": 0.2,
+             "eval/heldout/response_len_mean": 9.0, "eval/gsm/pass@1": 0.1,
+             "eval/accuracy_sampled": 0.2}
+    trainer.latest = dict.fromkeys(step_names, 0.5) | evals | {"train/unexported": 1.0}
+    snap = exported.snapshot()
+    assert set(snap) == declared(exported)
+    # each set's figures under its name (eval_set/...{set="gsm"} on /metrics)
+    assert snap["eval_set/pass_at_1"] == {"heldout": 0.25, "gsm": 0.1}
+    assert snap["eval_set/pass_at_k"] == {"heldout": 0.5}
+    assert snap["eval_set/response_len_mean"] == {"heldout": 9.0}

@@ -92,3 +92,12 @@ def test_the_plot_and_the_summary_read_eval_jsonl(tmp_path, capsys):
     _summary(RunConfig(run_dir=str(tmp_path)))
     assert "held-out accuracy (sampled): 0.200 at step 0 -> 0.600 at step 4\n" in \
         capsys.readouterr().out
+
+
+def test_the_plot_finds_every_sets_pass_at_1_in_order():
+    from relayrl.metrics import set_keys
+
+    rows = [{"step": 0, "eval/heldout/pass@1": 0.1, "eval/heldout/pass@4": 0.3,
+             "eval/gsm/pass@1": 0.2, "eval/accuracy_sampled": 0.1},
+            {"step": 4, "eval/heldout/pass@1": 0.5, "eval/extra/pass@1": 0.4}]
+    assert set_keys(rows) == ["eval/heldout/pass@1", "eval/gsm/pass@1", "eval/extra/pass@1"]

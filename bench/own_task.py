@@ -1,0 +1,184 @@
+"""Your own task, measured: held-out accuracy at the start and after a fixed wall time, for
+one or more run configs trained one after the other on this machine.
+
+    python bench/own_task.py                      # own_task.yaml and smollm2_calculator.yaml
+    python bench/own_task.py --minutes 30 --configs examples/own_task.yaml --out docs/
+
+Each config runs on the real stack (relayrl up's launcher, every service its own process,
+free ports, a fresh run directory under runs/bench_own_task/) with trainer.max_steps lifted,
+so the wall time ends the run: once the trainer's `time/elapsed_s` (since it started,
+start-up included) passes --minutes, the trainer gets SIGTERM, which saves a checkpoint.
+That checkpoint is then evaluated offline on the config's eval sets (as `relayrl eval` does),
+which is the "after" figure; the "start" figure is the trainer's own step-0 eval. The
+trainer's inline evals in between give the curve.
+
+Writes <out>/own_task.md (a table) and <out>/own_task.png (held-out pass@1 and training
+reward against minutes), and ends with one JSON line: per config the start and final pass@1
+and their difference in points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import assign_free_ports  # noqa: E402
+from relayrl.config import RunConfig, load_run_config  # noqa: E402
+from relayrl.metrics import read_metrics  # noqa: E402
+from relayrl.ops.launcher import Launcher  # noqa: E402
+
+DEFAULT_CONFIGS = "examples/own_task.yaml,examples/smollm2_calculator.yaml"
+
+
+def pass_key(cfg: RunConfig) -> str:
+    return f"eval/{cfg.eval.sets[0].name}/pass@1"
+
+
+def bench_config(path: str, minutes: float) -> RunConfig:
+    cfg = load_run_config(path)
+    data = cfg.model_dump(mode="json")
+    data["run_dir"] = str(ROOT / "runs" / "bench_own_task" / Path(path).stem)
+    data["trainer"]["max_steps"] = 1_000_000  # the wall time ends the run
+    data["trainer"]["checkpoint_every"] = 1_000_000
+    assign_free_ports(data)
+    return RunConfig.model_validate(data)
+
+
+def run_for(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path]:
+    """The run's metrics rows and its final checkpoint after `minutes` of trainer time."""
+    run_dir = Path(cfg.run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    metrics = run_dir / "metrics.jsonl"
+    launcher = Launcher(cfg, show_trainer_output=False)
+    try:
+        launcher.start()
+        trainer = next(c for c in launcher.children if c.name == "trainer")
+        last_report = 0.0
+        while True:
+            if (code := launcher.supervise()) is not None:
+                raise RuntimeError(f"{cfg.run_id} ended early ({code}); see {run_dir}/logs")
+            rows = [r for r in read_metrics(metrics) if "time/elapsed_s" in r]
+            elapsed = rows[-1]["time/elapsed_s"] if rows else 0.0
+            if elapsed >= minutes * 60:
+                break
+            if time.monotonic() - last_report > 60:
+                print(f"  {cfg.run_id}: step {len(rows)}, {elapsed / 60:.1f} of {minutes:g} "
+                      "min", flush=True)
+                last_report = time.monotonic()
+            time.sleep(1.0)
+        trainer.proc.send_signal(signal.SIGTERM)  # it checkpoints on the way out
+        trainer.proc.wait(timeout=600)
+    finally:
+        launcher.shutdown()
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    if not checkpoints:
+        raise RuntimeError(f"{cfg.run_id}: no checkpoint under {run_dir}/checkpoints")
+    return read_metrics(metrics), checkpoints[-1]
+
+
+def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path) -> dict[str, float]:
+    import torch
+
+    from relayrl.evals import build_sets, evaluate_sets
+    from relayrl.evals.offline import load_checkpoint
+
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    record, _ = evaluate_sets(load_checkpoint(cfg, checkpoint), build_sets(cfg),
+                              seed=cfg.eval.seed, batch_size=cfg.eval.batch_size)
+    return record
+
+
+def summarize(path: str, cfg: RunConfig, rows: list[dict], final: dict[str, float]) -> dict:
+    key = pass_key(cfg)
+    steps = [r for r in rows if "time/elapsed_s" in r]
+    start = next(r[key] for r in rows if r.get("step") == 0 and key in r)
+    wall = steps[-1]["time/elapsed_s"]
+    curve = [(0.0, start)] + [(r["time/elapsed_s"] / 60, r[key]) for r in steps if key in r]
+    curve.append((wall / 60, final[key]))
+    samples = sum(r.get("train/samples", 0) for r in steps)
+    return {"config": path, "start_pass@1": round(start, 4), "final_pass@1":
+            round(final[key], 4), "gain_points": round(100 * (final[key] - start), 1),
+            "steps": len(steps), "samples": samples, "minutes": round(wall / 60, 1),
+            "samples_per_s": round(samples / wall, 2), "curve": curve,
+            "rewards": [(r["time/elapsed_s"] / 60, r.get("train/reward_mean", float("nan")))
+                        for r in steps], "final": final}
+
+
+def plot(results: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        name = Path(r["config"]).stem
+        xs, ys = zip(*r["curve"], strict=True)
+        left.plot(xs, ys, marker="o", label=name)
+        rx, ry = zip(*r["rewards"], strict=True)
+        right.plot(rx, ry, alpha=0.8, label=name)
+    left.set(xlabel="minutes", ylabel="held-out pass@1", title="held-out accuracy")
+    right.set(xlabel="minutes", ylabel="mean reward", title="training reward")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
+def markdown(results: list[dict], command: str, png: str) -> str:
+    lines = ["# Your own task on this CPU: held-out accuracy after a fixed wall time", "",
+             f"Written by `{command}`; rerun it rather than editing this file.", "",
+             "| config | start pass@1 | final pass@1 | gain (points) | minutes | steps "
+             "| samples | samples/s |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| `{r['config']}` | {r['start_pass@1']:.3f} | {r['final_pass@1']:.3f} "
+                     f"| {r['gain_points']:+.1f} | {r['minutes']} | {r['steps']} "
+                     f"| {r['samples']} | {r['samples_per_s']} |")
+    lines += ["", "- start: the trainer's eval of the starting model (step 0); final: the "
+              "checkpoint saved when the wall time ran out, evaluated offline on the same "
+              "sets with the same seed.",
+              "- minutes: the trainer's time since it started, start-up and inline evals "
+              "included.", "", f"![held-out accuracy against minutes]({png})", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS)
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--out", default=str(ROOT / "docs"))
+    args = parser.parse_args(argv)
+    if args.minutes <= 0:
+        parser.error(f"--minutes must be > 0, got {args.minutes}")
+    results = []
+    for path in args.configs.split(","):
+        cfg = bench_config(path, args.minutes)
+        print(f"{path}: training for {args.minutes:g} min in {cfg.run_dir}", flush=True)
+        rows, checkpoint = run_for(cfg, args.minutes)
+        final = evaluate_checkpoint(cfg, checkpoint)
+        results.append(summarize(path, cfg, rows, final))
+        print(f"  start {results[-1]['start_pass@1']:.3f} -> final "
+              f"{results[-1]['final_pass@1']:.3f}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot(results, out / "own_task.png")
+    command = "python bench/own_task.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    (out / "own_task.md").write_text(markdown(results, command.strip(), "own_task.png"))
+    print(json.dumps({"bench": "own_task", "minutes": args.minutes, "runs": [
+        {k: v for k, v in r.items() if k not in ("curve", "rewards", "final")}
+        for r in results]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from relayrl.config import RunConfig
 from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalSetConfig
+from relayrl.envs import load_environment, make_environment
 from relayrl.rewards import RewardFn, get_reward
 from relayrl.tasks import Problem, Task, make_run_task
 
@@ -68,10 +69,16 @@ def _resolve(cfg: RunConfig, s: EvalSetConfig, task: Task, default: bool) -> Eva
     if not problems:
         raise ValueError(f"eval.sets {s.name!r}: its task holds no held-out problems (set "
                          "the task's eval_size, eval_path, eval_split or eval_fraction)")
+    environment = cfg.rollout.environment if s.environment else None
+    if environment is not None:  # importable here too (the trainer, the evaluator)
+        try:
+            make_environment(load_environment(environment.cls), environment.options)
+        except ValueError as err:
+            raise ValueError(f"eval.sets {s.name!r}: {err}") from None
     temperature = cfg.rollout.temperature if s.temperature is None else s.temperature
     return EvalSet(
         name=s.name, problems=problems, reward=reward, reward_name=reward_name,
         samples=s.samples, temperature=temperature,
         max_new_tokens=s.max_new_tokens or cfg.rollout.max_new_tokens, greedy=s.greedy,
         pass_threshold=s.pass_threshold, default=default,
-        environment=cfg.rollout.environment if s.environment else None)
+        environment=environment)

@@ -1,10 +1,13 @@
-"""A multi-turn environment on the real stack (torch engine): every sample is a two-turn
+"""A multi-turn environment on the real stack, with either engine: every sample is a two-turn
 episode whose environment tokens are masked out of the loss; the trainer's rescoring of the
 model's tokens matches the engine's across turns, and the books balance. The separate
 evaluator (eval.mode separate) follows the relay and plays the held-out problems as episodes
 of the same environment."""
 
+import importlib.util
 import json
+
+import pytest
 
 from relayrl.config import RunConfig
 from relayrl.metrics import read_metrics
@@ -13,8 +16,14 @@ from tests.conftest import run_to_end, small_stack_config
 STEPS = 4
 
 
-def test_an_environment_runs_episodes_on_the_stack(tmp_path):
+@pytest.mark.parametrize("engine", ["torch", pytest.param("vllm", marks=pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed"))])
+def test_an_environment_runs_episodes_on_the_stack(tmp_path, engine):
     data = small_stack_config(tmp_path, steps=STEPS)
+    if engine == "vllm":  # head size 32, the smallest vLLM's CPU attention takes; one engine
+        data["model"].update(hidden_size=128, num_heads=4)
+        data["rollout"].update(engine="vllm", vllm_kv_cache_gib=0.0625, num_workers=1)
+        data["scheduler"]["start_after_workers"] = 1
     log = tmp_path / "steps.jsonl"
     data["rollout"].update(segment_tokens=0, max_new_tokens=8, environment={
         "cls": "tests.integration.own_envs:AskTwice", "max_turns": 2,

@@ -3,6 +3,8 @@
 when it raised, the max_new_tokens budget over every turn; `environment: false` evaluates one
 turn. On the tiny model with a chat template (tests/conftest.py's chat_lm)."""
 
+import pytest
+
 from relayrl.config import RunConfig
 from relayrl.envs import Environment, Step
 from relayrl.evals import build_sets, evaluate_sets
@@ -48,9 +50,9 @@ def rewards_of(record: dict) -> float:
 
 
 def test_each_problem_is_an_episode_scored_by_the_environment(chat_lm):
-    Thrice.opened = 0
-    (es,) = build_sets(config("Thrice"))
+    (es,) = build_sets(config("Thrice"))  # builds one, to fail at start-up if it cannot
     assert es.environment is not None
+    Thrice.opened = 0
     record, (result,) = evaluate_sets(chat_lm, [es], seed=0)
     assert Thrice.opened == 5 * 3 + 5  # 3 sampled episodes and 1 greedy per problem
     # a played-out episode earns 1.0, one cut after k stopped turns 0.25 k; the set's own
@@ -72,8 +74,15 @@ def test_an_environment_that_raises_scores_zero(chat_lm):
 
 
 def test_environment_false_evaluates_one_turn_with_the_sets_reward(chat_lm):
-    Thrice.opened = 0
     (es,) = build_sets(config("Thrice", environment=False))
     assert es.environment is None
+    Thrice.opened = 0
     record, _ = evaluate_sets(chat_lm, [es], seed=0)
     assert Thrice.opened == 0 and rewards_of(record) == 0
+
+
+def test_an_environment_the_evaluator_cannot_build_fails_at_start_up_naming_the_set():
+    bad = config("Thrice").model_copy(deep=True)
+    bad.rollout.environment.options = {"nope": 1}
+    with pytest.raises(ValueError, match="eval.sets 'heldout': rollout.environment.options"):
+        build_sets(bad)

@@ -9,8 +9,9 @@ free ports, a fresh run directory under runs/bench_own_task/) with trainer.max_s
 so the wall time ends the run: once the trainer's `time/elapsed_s` (since it started,
 start-up included) passes --minutes, the trainer gets SIGTERM, which saves a checkpoint.
 That checkpoint is then evaluated offline on the config's eval sets (as `relayrl eval` does),
-which is the "after" figure; the "start" figure is the trainer's own step-0 eval. The
-trainer's inline evals in between give the curve.
+which is the "after" figure; the "start" figure is the eval of the starting model (version
+0). The evals in between (inline, or the separate evaluator's eval.jsonl, each placed at the
+time its version was made) give the curve.
 
 Writes <out>/own_task.md (a table) and <out>/own_task.png (held-out pass@1 and training
 reward against minutes), and ends with one JSON line: per config the start and final pass@1
@@ -83,7 +84,7 @@ def run_for(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path]:
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
     if not checkpoints:
         raise RuntimeError(f"{cfg.run_id}: no checkpoint under {run_dir}/checkpoints")
-    return read_metrics(metrics), checkpoints[-1]
+    return read_metrics(metrics) + read_metrics(run_dir / "eval.jsonl"), checkpoints[-1]
 
 
 def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path) -> dict[str, float]:
@@ -99,19 +100,26 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path) -> dict[str, float]:
 
 
 def summarize(path: str, cfg: RunConfig, rows: list[dict], final: dict[str, float]) -> dict:
+    """`rows`: metrics.jsonl and, with eval.mode separate, eval.jsonl; an eval of version v
+    is placed at the wall time the trainer made v."""
     key = pass_key(cfg)
     steps = [r for r in rows if "time/elapsed_s" in r]
-    start = next(r[key] for r in rows if r.get("step") == 0 and key in r)
+    made_at = {0: 0.0} | {r["step"]: r["time/elapsed_s"] for r in steps}
+    evals = sorted({r["step"]: r[key] for r in rows if key in r}.items())
+    start = evals[0][1] if evals and evals[0][0] == 0 else None
+    if start is None:
+        raise RuntimeError(f"{path}: no eval of the starting model (step 0)")
     wall = steps[-1]["time/elapsed_s"]
-    curve = [(0.0, start)] + [(r["time/elapsed_s"] / 60, r[key]) for r in steps if key in r]
+    curve = [(made_at[v] / 60, value) for v, value in evals if v in made_at]
     curve.append((wall / 60, final[key]))
-    samples = sum(r.get("train/samples", 0) for r in steps)
+    trained = [r for r in steps if "train/samples" in r]  # not the batches dropped whole
+    samples = sum(r["train/samples"] for r in trained)
     return {"config": path, "start_pass@1": round(start, 4), "final_pass@1":
             round(final[key], 4), "gain_points": round(100 * (final[key] - start), 1),
-            "steps": len(steps), "samples": samples, "minutes": round(wall / 60, 1),
+            "steps": len(trained), "samples": samples, "minutes": round(wall / 60, 1),
             "samples_per_s": round(samples / wall, 2), "curve": curve,
-            "rewards": [(r["time/elapsed_s"] / 60, r.get("train/reward_mean", float("nan")))
-                        for r in steps], "final": final}
+            "rewards": [(r["time/elapsed_s"] / 60, r["train/reward_mean"]) for r in trained],
+            "final": final}
 
 
 def plot(results: list[dict], out: Path) -> None:

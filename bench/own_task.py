@@ -68,6 +68,8 @@ def run_for(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path]:
         while True:
             if (code := launcher.supervise()) is not None:
                 raise RuntimeError(f"{cfg.run_id} ended early ({code}); see {run_dir}/logs")
+            if trainer.budget.used:  # a restarted trainer's clock and versions start over
+                raise RuntimeError(f"{cfg.run_id}: the trainer restarted; see {run_dir}/logs")
             rows = [r for r in read_metrics(metrics) if "time/elapsed_s" in r]
             elapsed = rows[-1]["time/elapsed_s"] if rows else 0.0
             if elapsed >= minutes * 60:

@@ -155,11 +155,11 @@ def markdown(results: list[dict], command: str, png: str) -> str:
         lines.append(f"| `{r['config']}` | {r['start_pass@1']:.3f} | {r['final_pass@1']:.3f} "
                      f"| {r['gain_points']:+.1f} | {r['minutes']} | {r['steps']} "
                      f"| {r['samples']} | {r['samples_per_s']} |")
-    lines += ["", "- start: the trainer's eval of the starting model (step 0); final: the "
-              "checkpoint saved when the wall time ran out, evaluated offline on the same "
-              "sets with the same seed.",
-              "- minutes: the trainer's time since it started, start-up and inline evals "
-              "included.", "", f"![held-out accuracy against minutes]({png})", ""]
+    lines += ["", "- start: the eval of the starting model (version 0); final: the checkpoint "
+              "saved when the wall time ran out, evaluated offline on the same sets with the "
+              "same seed.",
+              "- minutes: the trainer's time since it started, start-up and evals included.",
+              "", f"![held-out accuracy against minutes]({png})", ""]
     return "\n".join(lines)
 
 

@@ -1,17 +1,17 @@
 """The golden-loss guard (issue 18, must-show 7): the deterministic tiny GRPO run of
-tests/golden/tiny_grpo.py must reproduce its checked-in per-step loss, mean reward, gradient
-norm and entropy within the tolerance stated there (RTOL, ATOL). If this fails after a
-refactor, the refactor changed the numerics; see that module for when regenerating the
-reference (`python -m tests.golden.tiny_grpo --update`) is legitimate."""
+tests/golden/tiny_grpo.py must reproduce the checked-in per-step loss, mean reward,
+gradient norm and entropy of its machine kind within the tolerance stated there (RTOL,
+ATOL). If this fails after a refactor, the refactor changed the numerics; see that module
+for when regenerating a reference is legitimate."""
 
 import json
 
-from tests.golden.tiny_grpo import ATOL, REFERENCE, RTOL, STEPS, drift, run
+from tests.golden.tiny_grpo import ATOL, RTOL, STEPS, closest_drift, references, run
 
 
 def test_the_tiny_grpo_run_reproduces_its_reference():
-    want = json.loads(REFERENCE.read_text())["steps"]
-    assert len(want) == STEPS
-    bad = drift(run(), want)
-    assert not bad, (f"{len(bad)} figures drifted beyond rtol {RTOL} / atol {ATOL}:\n"
-                     + "\n".join(bad[:20]))
+    for path in references():
+        assert len(json.loads(path.read_text())["steps"]) == STEPS, path
+    path, bad = closest_drift(run())
+    assert not bad, (f"{len(bad)} figures drifted beyond rtol {RTOL} / atol {ATOL} from the "
+                     f"closest reference, {path.name}:\n" + "\n".join(bad[:20]))

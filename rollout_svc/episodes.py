@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from relayrl.envs import Environment
+from relayrl.envs.play import environment_total
 from relayrl.leases import LeasedPrompt
 from relayrl.messages import FinishReason, Sample
 from relayrl.partial import PartialSequence
-from relayrl.rewards import RewardFn, score, score_group
+from relayrl.rewards import RewardFn, score_group
 
 
 @dataclass
@@ -103,8 +104,7 @@ def episode_samples(lease: LeasedPrompt, group: EpisodeGroup, worker_id: str,
     samples = []
     for e in group.episodes:
         if e.rewards:
-            total = sum(e.rewards)
-            reward, error = score(lambda _c, _r, total=total: total, "", "", reward_range)
+            reward, error = environment_total(e.rewards, reward_range)
         else:
             reward, error = next(task_scores)
         if e.error:

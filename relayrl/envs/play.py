@@ -13,11 +13,13 @@ becomes an `error` string (the sample scores 0 with it), never an exception here
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from relayrl.envs.protocol import Environment, Step, as_step, check_messages, make_environment
 from relayrl.envs.turns import TurnGlue
+from relayrl.rewards import score
 from relayrl.tasks.problem import Problem
 
 
@@ -84,3 +86,11 @@ def goes_on(move: Move, *, turns: int, max_turns: int, policy_tokens: int,
     return not (move.error or move.ends or turns >= max_turns
                 or policy_tokens >= max_new_tokens
                 or context + len(move.glue) >= context_length)
+
+
+def environment_total(rewards: Sequence[float],
+                      reward_range: tuple[float, float] | None = None) -> tuple[float, str]:
+    """(reward, error) of an episode whose environment returned `rewards`: their sum, checked
+    as any reward is (finite, within `reward_range`; else 0 with the error)."""
+    total = math.fsum(rewards)
+    return score(lambda _c, _r: total, "", "", reward_range)

@@ -28,6 +28,7 @@ final message (rollout_svc/episodes.py).
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -68,6 +69,8 @@ def as_step(value: Any, where: str) -> Step:
     messages, reward, done = value
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
         raise ValueError(f"{where}: reward is a {type(reward).__name__}, not a number or None")
+    if reward is not None and not math.isfinite(reward):
+        raise ValueError(f"{where}: reward is {reward}, not a finite number")
     return Step(check_messages(messages, where), None if reward is None else float(reward),
                 bool(done))
 

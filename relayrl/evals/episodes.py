@@ -16,7 +16,7 @@ import torch
 
 from relayrl.config.environment import EnvironmentConfig
 from relayrl.envs import Environment, TurnGlue, load_environment
-from relayrl.envs.play import answer, goes_on, open_episode
+from relayrl.envs.play import answer, environment_total, goes_on, open_episode
 from relayrl.models.loading import LoadedModel
 from relayrl.rewards import RewardFn, score
 from relayrl.sampling.sampler import sample
@@ -40,7 +40,7 @@ class EvalEpisode:
         if self.error:
             return 0.0
         if self.rewards:
-            return sum(self.rewards)
+            return environment_total(self.rewards)[0]
         value, _ = score(reward_fn, self.last_reply, self.problem.reference,
                          metadata=self.problem.metadata)
         return value

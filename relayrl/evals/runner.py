@@ -66,7 +66,8 @@ def evaluate_set(lm: LoadedModel, es: EvalSet, *, seed: int = 0,
     lm.model.eval()
     try:
         gen = torch.Generator().manual_seed(seed)
-        prompts = [lm.encode_problem(p.text, p.messages) for p in es.problems]
+        prompts = ([] if es.environment is not None  # episodes open through the environment
+                   else [lm.encode_problem(p.text, p.messages) for p in es.problems])
         rows = [i for i in range(len(es.problems)) for _ in range(es.samples)]
         rewards, lengths = _decode(lm, es, prompts, rows, gen, batch_size,
                                    greedy=es.temperature == 0)

@@ -201,3 +201,11 @@ def test_environment_rewards_sum_and_are_checked_against_the_range():
                               get_reward("exact_match"), (0.0, 1.0))
     assert samples[0].reward == 0.75 and not samples[0].reward_error
     assert samples[1].reward == 0 and "outside buffer.reward_range" in samples[1].reward_error
+
+
+def test_a_non_finite_step_reward_is_refused_by_name():
+    from relayrl.envs import as_step
+
+    with pytest.raises(ValueError, match="Env.step: reward is nan, not a finite number"):
+        as_step(([], float("nan"), True), "Env.step")
+    assert as_step(([], 1e300, True), "Env.step").reward == 1e300  # finite: range is score's

@@ -30,6 +30,13 @@ class Thrice(Environment):
         return Step([{"role": "user", "content": "1+1"}], 0.25, False)
 
 
+class Infinite(Environment):
+    """A reward that is not a number the loss could use."""
+
+    def step(self, message):
+        return Step([], float("inf"), True)
+
+
 class Raises(Environment):
     def step(self, message):
         raise RuntimeError("boom")
@@ -70,6 +77,11 @@ def test_the_token_budget_spans_every_turn(chat_lm):
 
 def test_an_environment_that_raises_scores_zero(chat_lm):
     record, _ = evaluate_sets(chat_lm, build_sets(config("Raises")), seed=0)
+    assert rewards_of(record) == 0 and record["eval/heldout/pass@1"] == 0
+
+
+def test_a_non_finite_environment_reward_scores_zero_and_never_reaches_the_metrics(chat_lm):
+    record, _ = evaluate_sets(chat_lm, build_sets(config("Infinite")), seed=0)
     assert rewards_of(record) == 0 and record["eval/heldout/pass@1"] == 0
 
 

@@ -23,19 +23,21 @@ from relayrl.buffer_client import submit_group
 from relayrl.keys import is_external
 from relayrl.leases import GrpcLeaseClient
 from relayrl.metrics import read_metrics
-from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from relayrl.proto.v1 import (buffer_pb2, buffer_pb2_grpc, rollout_pb2, rollout_pb2_grpc,
+                               scheduler_pb2, scheduler_pb2_grpc)
 from relayrl.reply_faults import ENV
 from scheduler_svc.server import LOSABLE_METHODS
-from tests.conftest import snapshot
+from tests.conftest import channel, snapshot
 from tests.integration.live_stack import running, stack_config, wait_for
 
 pytestmark = pytest.mark.integration
 
 STEPS = 10
-# seed 7 meets a dropped reply within the first few calls of every method's stream (the
-# second Register, the first SaveProgress; Submit's 2nd call is late, its 10th dropped),
-# so each kind of loss happens in a short run
-SEED, DROP, LATE = 7, 0.15, 0.05
+# seed 244 meets a dropped reply within the first few calls of every method's stream (the
+# first Release, Heartbeat, SaveProgress and AcquireLeases, the third Register, the fifth
+# Complete; Submit's 7th call is dropped, its 13th late), so each kind of loss happens in
+# a short run
+SEED, DROP, LATE = 244, 0.15, 0.05
 ME = "chaos-client"
 EXTERNAL = 2  # groups the agent submits; the scheduler leases the rest of the run's
 SUBMIT_TIMEOUT_S = 5.0  # a late reply costs the agent this long
@@ -54,25 +56,22 @@ def retried(call, failures: list):
             failures.append(err.code())
 
 
-def hand_back_until_a_release_reply_is_lost(client: GrpcLeaseClient) -> int:
-    """Take a lease and hand it back, again and again, until a Release's reply was lost
-    and its repeat was answered: accepted, as the first call was. Returns the releases."""
+def hand_back_the_first_leases(client: GrpcLeaseClient, cfg) -> list:
+    """Take the run's first leases, the whole in-flight cap, and hand each back. The
+    scheduler's gate waits for this client besides the workers, and only an acquire opens
+    it, so these are the run's first Release calls: the seed's schedule, not a race with the
+    workers for leases, decides which replies are lost. Each repeat of a Release whose reply
+    was lost is accepted, as the first call was. Returns the failures the client saw."""
+    stub = scheduler_pb2_grpc.SchedulerStub(channel(cfg.scheduler.endpoint.address))
+    wait_for(lambda: stub.Status(scheduler_pb2.SchedulerStatusRequest(),
+                                 timeout=5).workers == cfg.rollout.num_workers,
+             120, "every worker registered")
+    batch = retried(lambda: client.acquire(ME, cfg.inflight_limit, uuid.uuid4().hex), [])
+    assert len(batch.leases) == cfg.inflight_limit, batch  # the gate opened for us
     failures: list = []
-    rounds = 0
-
-    def one_round() -> bool:
-        nonlocal rounds
-        request_id = uuid.uuid4().hex
-        batch = retried(lambda: client.acquire(ME, 1, request_id), [])
-        if not batch.leases:  # the in-flight cap is full: ask again later
-            return False
-        rounds += 1
-        lost_before = len(failures)
-        assert retried(lambda: client.release(ME, batch.leases[0].lease_id), failures)
-        return len(failures) > lost_before
-
-    wait_for(one_round, 120, "a Release whose reply was lost, then answered")
-    return rounds
+    for lease in batch.leases:
+        assert retried(lambda: client.release(ME, lease.lease_id), failures)
+    return failures
 
 
 class Agent:
@@ -161,17 +160,19 @@ def test_lost_and_late_replies_change_nothing(tmp_path, monkeypatch):
                                                    "heartbeat_interval_s": 0.5,
                                                    "max_prompts": max_prompts},
                        rollout={"save_every_s": 0})
+    # the gate opens for this test's client, once every worker is in
+    cfg.scheduler.start_after_workers = cfg.rollout.num_workers + 1
     assert cfg.buffer.groups_per_batch == 2
     with running(cfg) as launcher:
         cfg = launcher.cfg
         logs = cfg.run_path / "logs"
         client = GrpcLeaseClient(cfg.scheduler.endpoint.address, cfg.scheduler.call_timeout_s)
         try:
+            assert hand_back_the_first_leases(client, cfg), "no Release reply was lost"
             incarnation = uuid.uuid4().hex
             register_failures: list = []
             while not register_failures:  # repeated: the same process, nothing changes
                 retried(lambda: client.register(ME, "test", incarnation), register_failures)
-            hand_back_until_a_release_reply_is_lost(client)
         finally:
             client.close()
         # the run's last batch needs the agent's groups: it cannot end before they are in

@@ -84,6 +84,20 @@ def run_stack(cfg: RunConfig) -> list[dict]:
     return read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
 
 
+def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path) -> dict[str, float]:
+    """A saved policy (a Hugging Face directory) on the config's eval sets, offline, with the
+    eval's seed: the record an eval of the run would write."""
+    import torch
+
+    from relayrl.evals import build_sets, evaluate_sets
+    from relayrl.evals.offline import load_checkpoint
+
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    record, _ = evaluate_sets(load_checkpoint(cfg, checkpoint), build_sets(cfg),
+                              seed=cfg.eval.seed, batch_size=cfg.eval.batch_size)
+    return record
+
+
 class CpuSampler:
     """The machine's busy share of CPU while a run's metrics file grows from one row count to
     another: samples /proc/stat (Linux) and the file's row count twice a second. Tells a run

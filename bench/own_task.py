@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import assign_free_ports  # noqa: E402
+from bench.common import assign_free_ports, evaluate_checkpoint  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.metrics import read_metrics  # noqa: E402
 from relayrl.ops.launcher import Launcher  # noqa: E402
@@ -52,6 +52,20 @@ def bench_config(path: str, minutes: float) -> RunConfig:
     data["trainer"]["checkpoint_every"] = 1_000_000
     assign_free_ports(data)
     return RunConfig.model_validate(data)
+
+
+def finished_run(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path] | None:
+    """A run of `cfg` already in its run directory that trained for `minutes` and left its
+    checkpoint (the bench stopped after it, in the offline eval say): its rows and
+    checkpoint, as run_for returns them; None if there is none."""
+    run_dir = Path(cfg.run_dir)
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "time/elapsed_s" in r] \
+        if (run_dir / "metrics.jsonl").is_file() else []
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    if not steps or steps[-1]["time/elapsed_s"] < minutes * 60 or not checkpoints:
+        return None
+    return (read_metrics(run_dir / "metrics.jsonl") + read_metrics(run_dir / "eval.jsonl"),
+            checkpoints[-1])
 
 
 def run_for(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path]:
@@ -87,18 +101,6 @@ def run_for(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path]:
     if not checkpoints:
         raise RuntimeError(f"{cfg.run_id}: no checkpoint under {run_dir}/checkpoints")
     return read_metrics(metrics) + read_metrics(run_dir / "eval.jsonl"), checkpoints[-1]
-
-
-def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path) -> dict[str, float]:
-    import torch
-
-    from relayrl.evals import build_sets, evaluate_sets
-    from relayrl.evals.offline import load_checkpoint
-
-    torch.set_num_threads(cfg.trainer.torch_threads)
-    record, _ = evaluate_sets(load_checkpoint(cfg, checkpoint), build_sets(cfg),
-                              seed=cfg.eval.seed, batch_size=cfg.eval.batch_size)
-    return record
 
 
 def summarize(path: str, cfg: RunConfig, rows: list[dict], final: dict[str, float]) -> dict:
@@ -168,14 +170,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--configs", default=DEFAULT_CONFIGS)
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--out", default=str(ROOT / "docs"))
+    parser.add_argument("--resume", action="store_true",
+                        help="evaluate a config's finished run again instead of rerunning it")
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     results = []
     for path in args.configs.split(","):
         cfg = bench_config(path, args.minutes)
-        print(f"{path}: training for {args.minutes:g} min in {cfg.run_dir}", flush=True)
-        rows, checkpoint = run_for(cfg, args.minutes)
+        done = finished_run(cfg, args.minutes) if args.resume else None
+        if done:
+            print(f"{path}: the finished run in {cfg.run_dir}", flush=True)
+        else:
+            print(f"{path}: training for {args.minutes:g} min in {cfg.run_dir}", flush=True)
+        rows, checkpoint = done or run_for(cfg, args.minutes)
         final = evaluate_checkpoint(cfg, checkpoint)
         results.append(summarize(path, cfg, rows, final))
         print(f"  start {results[-1]['start_pass@1']:.3f} -> final "

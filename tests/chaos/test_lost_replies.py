@@ -23,8 +23,14 @@ from relayrl.buffer_client import submit_group
 from relayrl.keys import is_external
 from relayrl.leases import GrpcLeaseClient
 from relayrl.metrics import read_metrics
-from relayrl.proto.v1 import (buffer_pb2, buffer_pb2_grpc, rollout_pb2, rollout_pb2_grpc,
-                               scheduler_pb2, scheduler_pb2_grpc)
+from relayrl.proto.v1 import (
+    buffer_pb2,
+    buffer_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 from relayrl.reply_faults import ENV
 from scheduler_svc.server import LOSABLE_METHODS
 from tests.conftest import channel, snapshot
@@ -70,7 +76,7 @@ def hand_back_the_first_leases(client: GrpcLeaseClient, cfg) -> list:
     assert len(batch.leases) == cfg.inflight_limit, batch  # the gate opened for us
     failures: list = []
     for lease in batch.leases:
-        assert retried(lambda: client.release(ME, lease.lease_id), failures)
+        assert retried(lambda lease_id=lease.lease_id: client.release(ME, lease_id), failures)
     return failures
 
 

@@ -2,9 +2,11 @@
 start figure is the step-0 eval, the final one the offline eval of the last checkpoint, the
 curve runs against the trainer's minutes, and the run's config is what the bench changed."""
 
+import json
+
 import pytest
 
-from bench.own_task import bench_config, markdown, summarize
+from bench.own_task import bench_config, finished_run, markdown, summarize
 
 ROWS = [
     {"step": 0, "eval/heldout/pass@1": 0.05},
@@ -30,3 +32,15 @@ def test_the_wall_time_not_the_step_count_ends_a_bench_run():
     cfg = bench_config("examples/smollm2_calculator.yaml", minutes=30)
     assert cfg.trainer.max_steps == 1_000_000 and cfg.rollout.environment is not None
     assert cfg.run_dir.endswith("runs/bench_own_task/smollm2_calculator")
+
+
+def test_resume_takes_a_run_that_trained_its_minutes_and_left_a_checkpoint(tmp_path):
+    cfg = bench_config("examples/own_task.yaml", minutes=4).model_copy(
+        update={"run_dir": str(tmp_path)})
+    assert finished_run(cfg, 4) is None  # nothing there
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert finished_run(cfg, 4) is None  # trained its minutes, but left no checkpoint
+    (tmp_path / "checkpoints" / "step_00000003").mkdir(parents=True)
+    assert finished_run(cfg, 5) is None  # stopped before its minutes
+    rows, checkpoint = finished_run(cfg, 4)
+    assert checkpoint.name == "step_00000003" and rows == ROWS

@@ -1,0 +1,161 @@
+"""RelayRL against the peer a user would pick instead on one machine, TRL's GRPOTrainer in one
+process: held-out accuracy against wall time, the time each takes to given accuracy levels,
+and their ratio.
+
+    python bench/peers.py                                    # the tiny example, 3 rounds a side
+    python bench/peers.py --setup smollm2 --rounds 3         # SmolLM2-135M-Instruct, chat sums
+    python bench/peers.py --rounds 1 --steps 200 --out /tmp  # a quick look
+
+Both sides get the config's task, model and warm start (its cached model), batch (prompts x
+samples a step), learning rate, gradient clip and loss (GRPO: group-scaled advantages, a
+token mean per sequence, the ratio clipped at 0.2, no KL term), the same problems and the
+same number of steps. TRL runs in the benches' own venv (bench/tools_venv.py: pinned, made on first
+use with the project's own torch, transformers and math-verify), never a project dependency.
+
+Rounds alternate (RelayRL, TRL, RelayRL, ...), each side with the machine to itself. Each
+saves the policy every --every steps with its wall time since its command started (service
+start-up and model loading included). Afterwards every saved policy is evaluated offline by
+relayrl's evaluator on the config's held-out set with its seed, so evaluation costs neither
+side training time. Reported (bench/peers_report.py has the arithmetic): the median and the
+spread over rounds of each side's time to each level, the ratio TRL time / RelayRL time
+(above 1: RelayRL is faster), samples/s; docs/peers_<setup>.md, a plot and a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import ROOT, assign_free_ports, evaluate_checkpoint, run_stack  # noqa: E402
+from bench.peers_report import Run, markdown, plot, summarize  # noqa: E402
+from bench.tools_venv import TRL_VERSION, bench_python  # noqa: E402
+from relayrl.config import RunConfig, load_run_config  # noqa: E402
+
+SETUPS = {  # config, steps, steps between saved policies
+    "tiny": ("examples/tiny_cpu.yaml", 1200, 50),
+    "smollm2": ("examples/smollm2_cpu.yaml", 30, 5),
+}
+
+
+def bench_config(path: str, steps: int, every: int, run_dir: Path) -> RunConfig:
+    data = load_run_config(path).model_dump(mode="json")
+    data["run_dir"] = str(run_dir)
+    data["trainer"].update(max_steps=steps, checkpoint_every=every, keep_checkpoints=1000,
+                           progress=False)
+    data["eval"]["every"] = 0  # evaluated offline afterwards, as TRL's side is
+    assign_free_ports(data)
+    return RunConfig.model_validate(data)
+
+
+def run_relayrl(cfg: RunConfig) -> list[tuple[int, float, Path]]:
+    """The whole stack until max_steps: (step, seconds since start, checkpoint) per save."""
+    start = time.time()
+    run_stack(cfg)
+    saves = sorted((Path(cfg.run_dir) / "checkpoints").glob("step_*"))
+    return [(int(p.name.split("_")[1]), (p / "trainer_state.pt").stat().st_mtime - start, p)
+            for p in saves]
+
+
+def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path) -> Path:
+    """The problems RelayRL's scheduler hands out (ids 0..), as TRL's dataset, and the run's
+    settings, for bench/peers_trl.py."""
+    from transformers import AutoTokenizer
+
+    from relayrl.models.cache import resolve_model_path
+    from relayrl.tasks import make_task
+
+    model = resolve_model_path(cfg.model, cfg.task)
+    bos = AutoTokenizer.from_pretrained(model).bos_token or ""  # relayrl prefixes raw text
+    task = make_task(cfg.task)
+    per_step = cfg.buffer.groups_per_batch
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / "train.jsonl", "w") as f:
+        for i in range(steps * per_step):
+            p = task.problem(i)
+            prompt = [dict(m) for m in p.messages] if p.messages else bos + p.text
+            f.write(json.dumps({"prompt": prompt, "answer": p.reference}) + "\n")
+    loss = cfg.trainer.loss
+    if loss.name != "grpo" or loss.kl_coef or not loss.scales_by_group_std:
+        raise ValueError(f"{cfg.run_id}: the peer runs GRPO with group-scaled advantages and "
+                         f"no KL; the config's loss is {loss}")
+    spec = {"model": str(model), "train": str(work / "train.jsonl"),
+            "reward": task.reward_name, "steps": steps, "prompts_per_step": per_step,
+            "samples_per_prompt": cfg.buffer.group_size,
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+            "temperature": cfg.rollout.temperature, "lr": cfg.trainer.lr,
+            "grad_clip": cfg.trainer.grad_clip, "clip_eps": loss.clip_eps, "every": every,
+            "seed": cfg.trainer.seed}
+    (work / "spec.json").write_text(json.dumps(spec, indent=1))
+    return work / "spec.json"
+
+
+def run_trl(python: Path, spec: Path, out: Path) -> list[tuple[int, float, Path]]:
+    start = time.time()
+    with open(out.parent / f"{out.name}.log", "w") as log:
+        subprocess.run([str(python), str(ROOT / "bench" / "peers_trl.py"), "--spec",
+                        str(spec), "--out", str(out)], check=True, stdout=log,
+                       stderr=subprocess.STDOUT, cwd=ROOT)
+    rows = [json.loads(line) for line in (out / "saves.jsonl").read_text().splitlines()]
+    return [(r["step"], r["time"] - start, Path(r["path"])) for r in rows]
+
+
+def evaluated(cfg: RunConfig, side: str, saves: list[tuple[int, float, Path]],
+              start: float, key: str) -> Run:
+    curve = [(0.0, start)]
+    for step, seconds, path in saves:
+        curve.append((seconds, evaluate_checkpoint(cfg, path)[key]))
+        print(f"  {side} step {step:>5} at {seconds:7.1f} s: {key} {curve[-1][1]:.3f}",
+              flush=True)
+    batch = cfg.buffer.groups_per_batch * cfg.buffer.group_size
+    return Run(side=side, curve=curve, samples=saves[-1][0] * batch, seconds=saves[-1][1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setup", choices=sorted(SETUPS), default="tiny")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, help="default: the setup's")
+    parser.add_argument("--every", type=int, help="steps between saved policies")
+    parser.add_argument("--out", default=str(ROOT / "docs"))
+    args = parser.parse_args(argv)
+    path, steps, every = SETUPS[args.setup]
+    steps, every = args.steps or steps, args.every or every
+    if args.rounds < 1 or steps < every or every < 1:
+        parser.error("need --rounds >= 1 and --steps >= --every >= 1")
+    python = bench_python()
+    work = ROOT / "runs" / "bench_peers" / args.setup
+    first = bench_config(path, steps, every, work / "relayrl_0")
+    key = f"eval/{first.eval.sets[0].name}/pass@1"
+    from relayrl.models.cache import resolve_model_path
+
+    start = evaluate_checkpoint(first, resolve_model_path(first.model, first.task))[key]
+    print(f"{args.setup}: the warm start's {key} is {start:.3f}", flush=True)
+    spec = trl_spec(first, steps, every, work)
+    runs = []
+    for r in range(args.rounds):
+        cfg = bench_config(path, steps, every, work / f"relayrl_{r}")
+        print(f"round {r + 1}/{args.rounds}: RelayRL, {steps} steps", flush=True)
+        runs.append(evaluated(cfg, "relayrl", run_relayrl(cfg), start, key))
+        print(f"round {r + 1}/{args.rounds}: TRL {TRL_VERSION}, {steps} steps", flush=True)
+        saves = run_trl(python, spec, work / f"trl_{r}")
+        runs.append(evaluated(cfg, "trl", saves, start, key))
+    report = summarize(runs, start)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot(runs, report, out / f"peers_{args.setup}.png")
+    command = "python bench/peers.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    (out / f"peers_{args.setup}.md").write_text(markdown(
+        report, args.setup, path, TRL_VERSION, command.strip(), f"peers_{args.setup}.png"))
+    print(json.dumps({"bench": "peers", "setup": args.setup, "trl": TRL_VERSION,
+                      "rounds": args.rounds, "steps": steps, **report}))
+
+
+if __name__ == "__main__":
+    main()

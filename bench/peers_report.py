@@ -1,0 +1,121 @@
+"""bench/peers.py's arithmetic and report, free of services: each run's held-out curve
+(seconds, pass@1), smoothed by a trailing mean of SMOOTH saves, so a level is reached only
+when the curve stays near it; the levels, the start plus LEVELS of the way to TRL's final
+accuracy (the median over TRL's rounds of each run's mean over its last SMOOTH saves); each
+side's median and spread of the time to each level, and TRL time / RelayRL time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.convergence_curves import first_reach, trailing_mean
+
+SMOOTH = 3
+LEVELS = (0.5, 0.75, 0.9, 1.0)
+SIDES = ("relayrl", "trl")
+
+
+@dataclass(frozen=True)
+class Run:
+    side: str
+    curve: list[tuple[float, float]]  # (seconds since the command started, pass@1); (0, start)
+    samples: int  # trained by the last save
+    seconds: float  # of the last save
+
+    def smoothed(self) -> list[float]:
+        return trailing_mean([acc for _, acc in self.curve], SMOOTH)
+
+    def final(self) -> float:
+        return statistics.fmean(acc for _, acc in self.curve[-SMOOTH:])
+
+    def time_to(self, level: float) -> float | None:
+        # the tolerance keeps a mean that equals the level from missing it by rounding
+        return first_reach([t for t, _ in self.curve], self.smoothed(), level - 1e-9)
+
+
+def spread(values: list[float | None]) -> dict:
+    """Median, least and most of the rounds; a round that never got there makes the median
+    None once it is half of them."""
+    got = sorted(v for v in values if v is not None)
+    missed = len(values) - len(got)
+    median = (statistics.median(got + [float("inf")] * missed) if got else None)
+    return {"median": None if median in (None, float("inf")) else round(median, 1),
+            "min": round(got[0], 1) if got else None,
+            "max": None if missed or not got else round(got[-1], 1), "missed": missed}
+
+
+def summarize(runs: list[Run], start: float) -> dict:
+    by_side = {side: [r for r in runs if r.side == side] for side in SIDES}
+    if not all(by_side.values()):
+        raise ValueError(f"need runs of both sides, got {sorted({r.side for r in runs})}")
+    target = statistics.median(r.final() for r in by_side["trl"])
+    levels = [round(start + f * (target - start), 4) for f in LEVELS]
+    sides = {}
+    for side, rs in by_side.items():
+        sides[side] = {
+            "final_pass@1": round(statistics.median(r.final() for r in rs), 4),
+            "samples_per_s": round(statistics.median(r.samples / r.seconds for r in rs), 1),
+            "seconds": round(statistics.median(r.seconds for r in rs), 1),
+            "time_to": [spread([r.time_to(level) for r in rs]) for level in levels]}
+    ratios = []
+    for i in range(len(levels)):
+        trl, ours = (sides[s]["time_to"][i]["median"] for s in ("trl", "relayrl"))
+        ratios.append(None if trl is None or ours is None else round(trl / ours, 2))
+    return {"start_pass@1": round(start, 4), "levels": levels, "fractions": list(LEVELS),
+            "sides": sides, "trl_over_relayrl": ratios}
+
+
+def _cell(s: dict) -> str:
+    if s["median"] is None:
+        return f"not reached ({s['missed']} rounds)"
+    hi = "not reached" if s["max"] is None else f"{s['max']:.0f}"
+    return f"{s['median']:.0f} s ({s['min']:.0f}-{hi})"
+
+
+def markdown(report: dict, setup: str, config: str, trl_version: str, command: str,
+             png: str) -> str:
+    levels = report["levels"]
+    head = " | ".join(f"to {lv:.3f} ({int(100 * f)}%)"
+                      for lv, f in zip(levels, report["fractions"], strict=True))
+    lines = [f"# RelayRL against TRL {trl_version} on one machine: `{setup}`", "",
+             f"Written by `{command}`; rerun it rather than editing this file. Config: "
+             f"`{config}`; the warm start's held-out pass@1 is {report['start_pass@1']:.3f}.",
+             "", f"| side | final pass@1 | samples/s | {head} |",
+             "|---|---|---|" + "---|" * len(levels)]
+    for side, s in report["sides"].items():
+        cells = " | ".join(_cell(t) for t in s["time_to"])
+        lines.append(f"| {side} | {s['final_pass@1']:.3f} | {s['samples_per_s']} | {cells} |")
+    ratios = " | ".join("-" if r is None else f"{r:.2f}" for r in report["trl_over_relayrl"])
+    lines += [f"| TRL time / RelayRL time | | | {ratios} |", "",
+              "- Levels: the start plus 50/75/90/100% of the way to TRL's final held-out "
+              "pass@1 (median over its rounds of each run's mean over its last 3 saves).",
+              "- Times: seconds since the side's command started, to the first save at which "
+              "the trailing mean of 3 saves reaches the level; median over rounds (fastest-"
+              "slowest). Above 1 in the last row: RelayRL got there first.",
+              "- Every saved policy is evaluated offline by relayrl's evaluator on the same "
+              "held-out set with the same seed, so evaluation costs neither side time.", "",
+              f"![held-out accuracy against seconds]({png})", ""]
+    return "\n".join(lines)
+
+
+def plot(runs: list[Run], report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = {"relayrl": "tab:blue", "trl": "tab:orange"}
+    for side in SIDES:
+        for i, r in enumerate(x for x in runs if x.side == side):
+            ax.plot([t for t, _ in r.curve], r.smoothed(), color=colors[side], alpha=0.8,
+                    label=side if i == 0 else None)
+    ax.axhline(report["levels"][-1], color="grey", ls="--", lw=1, label="TRL's final")
+    ax.set(xlabel="seconds since the command started", ylabel="held-out pass@1 (smoothed)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)

@@ -1,0 +1,53 @@
+"""bench/peers.py's arithmetic and report on hand-built curves (no services, no TRL): the
+levels lie on the way from the start to TRL's final accuracy, a level counts as reached on
+the smoothed curve, medians over rounds, and the ratio is TRL's time over RelayRL's."""
+
+import pytest
+
+from bench.peers import bench_config
+from bench.peers_report import Run, markdown, spread, summarize
+
+START = 0.2
+
+
+def run(side: str, accs: list[float], every_s: float) -> Run:
+    curve = [(0.0, START)] + [(every_s * (i + 1), a) for i, a in enumerate(accs)]
+    return Run(side=side, curve=curve, samples=64 * 50 * len(accs), seconds=curve[-1][0])
+
+
+def test_levels_run_from_the_start_to_trls_final_accuracy_and_ratios_compare_medians():
+    trl = [run("trl", [0.4, 0.6, 0.6, 0.6, 0.6], every_s=10) for _ in range(3)]
+    ours = [run("relayrl", [0.3, 0.4, 0.5, 0.6, 0.6, 0.6, 0.6], every_s=20) for _ in range(3)]
+    report = summarize(trl + ours, START)
+    assert report["levels"] == [0.4, 0.5, 0.56, 0.6]
+    # TRL's trailing mean of 3: 0.2, 0.3, 0.4, 0.533, 0.6 at 0..40 s
+    assert [t["median"] for t in report["sides"]["trl"]["time_to"]] == [20, 30, 40, 40]
+    assert report["sides"]["trl"]["final_pass@1"] == pytest.approx(0.6)
+    # ours: 0.2, 0.25, 0.3, 0.4, 0.5, 0.567, 0.6 at 0..120 s
+    assert [t["median"] for t in report["sides"]["relayrl"]["time_to"]] == [60, 80, 100, 120]
+    assert report["trl_over_relayrl"] == [0.33, 0.38, 0.4, 0.33]
+    assert report["sides"]["trl"]["samples_per_s"] == pytest.approx(64 * 50 * 5 / 50)
+
+
+def test_a_round_that_never_reaches_a_level_is_counted_not_dropped():
+    assert spread([10.0, None, 30.0]) == {"median": 30.0, "min": 10.0, "max": None,
+                                          "missed": 1}
+    assert spread([None, None, 5.0])["median"] is None
+    trl = [run("trl", [0.6, 0.6, 0.6], every_s=10)]
+    flat = [run("relayrl", [0.2, 0.2, 0.2], every_s=10)]
+    report = summarize(trl + flat, START)
+    assert report["trl_over_relayrl"][-1] is None
+    table = markdown(report, "tiny", "examples/tiny_cpu.yaml", "1.16.0",
+                     "python bench/peers.py --rounds 1", "peers_tiny.png")
+    assert "| relayrl | 0.200 |" in table and "not reached (1 rounds)" in table
+
+
+def test_both_sides_are_needed():
+    with pytest.raises(ValueError, match="both sides"):
+        summarize([run("trl", [0.5], every_s=1)], START)
+
+
+def test_the_bench_saves_every_n_steps_and_leaves_evaluation_to_afterwards(tmp_path):
+    cfg = bench_config("examples/tiny_cpu.yaml", steps=100, every=25, run_dir=tmp_path)
+    assert (cfg.trainer.max_steps, cfg.trainer.checkpoint_every) == (100, 25)
+    assert cfg.trainer.keep_checkpoints >= 100 // 25 and cfg.eval.every == 0

@@ -11,7 +11,8 @@ Once the trainer has made --skip steps, py-spy (in the benches' own venv, bench/
 records each Python process for the next --steps steps; each process's CPU seconds over the
 window come from /proc and are split by its samples' buckets, Redis's whole. Prints a table
 of CPU milliseconds per trained sample, by bucket and process, the window's wall time per
-sample and the share of the machine's cores left idle, and a JSON line.
+sample, the share of the machine's cores left idle and the share py-spy itself took, and a
+JSON line.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.metrics import read_metrics  # noqa: E402
 from relayrl.ops.launcher import Launcher  # noqa: E402
 
-# First match wins, tested against the whole stack (root to leaf) as one string, so an
-# operation is charged whole: a Redis call made while publishing weights is publishing.
+# First match wins, tested against the stack's files (root to leaf, as py-spy names them:
+# relative to site-packages or the working directory), so an operation is charged whole: a
+# Redis call made while publishing weights is publishing.
 BUCKETS: list[tuple[str, str]] = [
     ("evaluation", r"relayrl/evals/"),
     ("checkpoint", r"trainer_svc/checkpoint\.py"),
@@ -51,8 +53,8 @@ BUCKETS: list[tuple[str, str]] = [
                                  r"torch/(autograd|optim)/"),
     ("encode, decode, validate, collate", r"relayrl/(messages|codec|wire)|msgpack|_pb2|protobuf|"
                                  r"trainer_svc/batching\.py|buffer_svc/(submit|assembler)\.py"),
-    ("Redis client", r"site-packages/redis/|relayrl/(streams|outage|redis_conn)\.py"),
-    ("gRPC", r"site-packages/grpc/|relayrl/grpc_util\.py"),
+    ("Redis client", r"(^|[;/])redis/|relayrl/(streams|outage|redis_conn)\.py"),
+    ("gRPC", r"(^|[;/])grpc/|relayrl/grpc_util\.py"),
     ("scheduler leases", r"scheduler_svc/"),
 ]
 OTHER = "other"
@@ -103,13 +105,20 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(idle, all) CPU ticks of the whole machine so far, from /proc/stat."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks)  # idle and iowait
+
+
 def steps_done(metrics: Path) -> list[dict]:
     return [r for r in read_metrics(metrics) if "time/step_s" in r] if metrics.is_file() else []
 
 
 def wait_steps(metrics: Path, n: int, launcher: Launcher) -> list[dict]:
     while len(rows := steps_done(metrics)) < n:
-        if launcher.wait(timeout_s=0.2) is not None:
+        time.sleep(0.2)
+        if launcher.supervise() is not None:
             raise RuntimeError(f"the run ended before step {n}; see {launcher.run_dir}/logs")
     return rows
 
@@ -130,10 +139,11 @@ def profile(cfg: RunConfig, skip: int, steps: int, rate: int) -> dict:
             [str(py_spy), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
              "--subprocesses", "--nonblocking", "--output", str(out / f"{name}.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in procs.items()}
-        t0 = time.monotonic()
+        t0, ticks0 = time.monotonic(), machine_ticks()
         first = len(steps_done(metrics))
         rows = wait_steps(metrics, first + steps, launcher)
-        wall = time.monotonic() - t0
+        wall, ticks1 = time.monotonic() - t0, machine_ticks()
+        spy_cpu = sum(cpu_seconds(spy.pid) for spy in spies.values())
         cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in procs.items()}
         redis_cpu = cpu_seconds(launcher.embedded.pid) - redis0 if launcher.embedded else 0.0
         for spy in spies.values():
@@ -158,7 +168,8 @@ def profile(cfg: RunConfig, skip: int, steps: int, rate: int) -> dict:
     return {"samples": samples, "steps": len(window), "wall_s": round(wall, 1),
             "wall_ms_per_sample": round(1000 * wall / samples, 2),
             "cpu_ms_per_sample": round(1000 * busy / samples, 2),
-            "idle_share": round(max(0.0, 1 - busy / (wall * os.cpu_count())), 2),
+            "idle_share": round((ticks1[0] - ticks0[0]) / (ticks1[1] - ticks0[1]), 2),
+            "py_spy_cpu_share": round(spy_cpu / (wall * os.cpu_count()), 2),
             "ms_per_sample": {b: {p: round(v, 3) for p, v in sorted(row.items())}
                               for b, row in sorted(table.items(),
                                                    key=lambda kv: -sum(kv[1].values()))}}
@@ -168,8 +179,9 @@ def markdown(result: dict, config: str) -> str:
     names = sorted({p for row in result["ms_per_sample"].values() for p in row})
     lines = [f"CPU ms per trained sample, `{config}`, {result['steps']} steps, "
              f"{result['samples']} samples; wall {result['wall_ms_per_sample']} ms a sample, "
-             f"CPU {result['cpu_ms_per_sample']} ms, idle share of the cores "
-             f"{result['idle_share']}.", "",
+             f"CPU {result['cpu_ms_per_sample']} ms; the machine's cores idle "
+             f"{result['idle_share']:.0%} of the window, py-spy itself busy "
+             f"{result['py_spy_cpu_share']:.0%}.", "",
              "| bucket | total | " + " | ".join(names) + " |",
              "|---|---|" + "---|" * len(names)]
     for b, row in result["ms_per_sample"].items():
@@ -183,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="examples/tiny_cpu.yaml")
     parser.add_argument("--skip", type=int, default=100, help="steps before the window")
     parser.add_argument("--steps", type=int, default=200, help="steps in the window")
-    parser.add_argument("--rate", type=int, default=100, help="py-spy samples a second")
+    parser.add_argument("--rate", type=int, default=20, help="py-spy samples a second")
     args = parser.parse_args(argv)
     data = load_run_config(args.config).model_dump(mode="json")
     data["run_dir"] = str(ROOT / "runs" / "bench_profile" / Path(args.config).stem)

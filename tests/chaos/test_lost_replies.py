@@ -72,7 +72,8 @@ def hand_back_the_first_leases(client: GrpcLeaseClient, cfg) -> list:
     wait_for(lambda: stub.Status(scheduler_pb2.SchedulerStatusRequest(),
                                  timeout=5).workers == cfg.rollout.num_workers,
              120, "every worker registered")
-    batch = retried(lambda: client.acquire(ME, cfg.inflight_limit, uuid.uuid4().hex), [])
+    request_id = uuid.uuid4().hex  # the same on every attempt: a repeat, not a new request
+    batch = retried(lambda: client.acquire(ME, cfg.inflight_limit, request_id), [])
     assert len(batch.leases) == cfg.inflight_limit, batch  # the gate opened for us
     failures: list = []
     for lease in batch.leases:

@@ -30,6 +30,7 @@ from scheduler_svc.saved_progress import SavedProgress
 
 log = logging.getLogger(__name__)
 MAX_HELD_LEASES = 65_536  # lease ids one heartbeat may name
+REFRESH_S = 0.2  # between refresh() calls: lapsed leases, the trainer's progress, repacks
 
 
 def unheld_grace_s(cfg: RunConfig) -> float:
@@ -56,6 +57,7 @@ class SchedulerCore(SavedProgress, LeaseClient):
                                   unheld_grace_s=unheld_grace_s(cfg))
         self.last_repack = 0.0
         self.trainer_version = 0  # as of the last refresh
+        self.progress_unread = False  # the last read of the trainer's progress failed
         self.redis = redis
         self.keys = RunKeys(cfg.run_id)
         self.task = make_run_task(cfg)
@@ -141,10 +143,12 @@ class SchedulerCore(SavedProgress, LeaseClient):
             self._record(name, ())
         with self.lock:
             self._mirror_partials()
-        finished = int(self.redis.get(self.keys.prompts_finished) or 0)
-        self.trainer_version = int(self.redis.get(self.keys.trainer_version) or 0)
+        try:
+            self._read_trainer_progress()
+        except redis.RedisError:
+            self.progress_unread = True
+            raise
         with self.lock:
-            self.policy.set_finished(finished)
             failed_before = set(self.policy.failed)
             lapsed = self.policy.expire(self.clock())
             newly_failed = self.policy.failed - failed_before
@@ -161,6 +165,31 @@ class SchedulerCore(SavedProgress, LeaseClient):
         interval = self.cfg.scheduler.repack_interval_s
         if interval and self.clock() - self.last_repack >= interval:
             self.repack()
+
+    def _read_trainer_progress(self) -> None:
+        """How many of its prompts the trainer has stepped past, and its version."""
+        finished, version = self.redis.mget(self.keys.prompts_finished,
+                                            self.keys.trainer_version)
+        self.progress_unread = False
+        self.trainer_version = int(version or 0)
+        with self.lock:
+            self.policy.set_finished(int(finished or 0))
+
+    def _catch_up_with_trainer(self) -> None:
+        """Before a lease call the in-flight cap would refuse: the trainer may have stepped
+        past prompts since the last refresh (up to REFRESH_S ago). Reading its progress now
+        frees the cap the moment a step ends, not a refresh later: on a fast trainer that
+        wait was most of a step with the workers idle. While Redis is failing (the last read
+        failed, here or in refresh) the last figures stand, and refresh() rides it out."""
+        with self.lock:
+            capped = self.policy.inflight >= self.policy.max_inflight
+        if not capped or self.progress_unread:
+            return
+        try:
+            self._read_trainer_progress()
+        except redis.RedisError as err:
+            self.progress_unread = True
+            log.debug("trainer progress not read on a lease call: %s", err)
 
     def repack(self, force: bool = False) -> list[Move]:
         """Recall tail workers' leases for fuller workers (relayrl.repack's rule); the holders
@@ -187,6 +216,7 @@ class SchedulerCore(SavedProgress, LeaseClient):
         if not 1 <= max_prompts <= 1024:
             raise ValueError(f"AcquireLeases: max_prompts must be in 1..1024, got {max_prompts}")
         check_id(request_id, "AcquireLeases.request_id")
+        self._catch_up_with_trainer()
         with self.lock:
             first_new = self.policy.cursor
             grants = self.policy.acquire(worker_id, max_prompts, self.clock(), request_id)

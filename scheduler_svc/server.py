@@ -18,7 +18,7 @@ from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
 from relayrl.redis_conn import redis_session
 from relayrl.reply_faults import with_lost_replies
 from relayrl.service import ServiceRunner
-from scheduler_svc.core import SchedulerCore
+from scheduler_svc.core import REFRESH_S, SchedulerCore
 from scheduler_svc.telemetry import scheduler_metrics
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def serve(cfg: RunConfig) -> None:
 
         def loop(stop: threading.Event) -> None:
             try:
-                while not stop.wait(0.2):
+                while not stop.wait(REFRESH_S):
                     ride_out("redis", core.refresh, stop)  # each of its writes is idempotent
             except StoppedWaiting:
                 pass

@@ -75,6 +75,34 @@ def test_inflight_cap_then_trainer_progress_releases_more(setup):
     assert client.acquire("w0", 5).leases == []  # max_prompts (5) reached
 
 
+def test_a_capped_lease_call_reads_the_trainers_progress_at_once(setup):
+    """A step that ends frees the cap for the next call, not at the next refresh."""
+    client, core, _, redis = setup
+    assert len(client.acquire("w0", 5).leases) == 3
+    keys = RunKeys("leases")
+    redis.set(keys.prompts_finished, 2)
+    redis.set(keys.trainer_version, 7)
+    batch = client.acquire("w0", 5)  # no refresh() in between
+    assert [lp.prompt_id for lp in batch.leases] == [3, 4]
+    assert batch.min_version == 7 - core.settings.max_staleness
+
+
+def test_a_capped_lease_call_with_redis_down_answers_from_the_last_figures(setup, redis):
+    import redis as redis_py
+
+    client, core, _, _ = setup
+    assert len(client.acquire("w0", 5).leases) == 3
+    core.redis = redis_py.Redis(port=free_ports(1)[0], socket_connect_timeout=0.5)  # refused
+    assert client.acquire("w0", 5).leases == []  # answered, not failed
+    assert core.progress_unread
+    core.redis = redis
+    redis.set(RunKeys("leases").prompts_finished, 2)
+    assert client.acquire("w0", 5).leases == []  # no read until refresh() succeeds
+    core.refresh()
+    assert not core.progress_unread
+    assert [lp.prompt_id for lp in client.acquire("w0", 5).leases] == [3, 4]
+
+
 def test_lapsed_lease_is_reissued_and_the_old_one_refused(setup):
     client, core, clock, _ = setup
     client.register("w0", "")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -45,6 +46,9 @@ SETUPS = {  # config, steps, steps between saved policies
 
 
 def bench_config(path: str, steps: int, every: int, run_dir: Path) -> RunConfig:
+    """A fresh run in `run_dir`: what an earlier bench left there goes, or the trainer would
+    resume from its checkpoints and the round would measure nothing."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     data = load_run_config(path).model_dump(mode="json")
     data["run_dir"] = str(run_dir)
     data["trainer"].update(max_steps=steps, checkpoint_every=every, keep_checkpoints=1000,
@@ -97,6 +101,7 @@ def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path) -> Path:
 
 
 def run_trl(python: Path, spec: Path, out: Path) -> list[tuple[int, float, Path]]:
+    shutil.rmtree(out, ignore_errors=True)  # saves.jsonl is appended to
     start = time.time()
     with open(out.parent / f"{out.name}.log", "w") as log:
         subprocess.run([str(python), str(ROOT / "bench" / "peers_trl.py"), "--spec",

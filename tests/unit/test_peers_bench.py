@@ -2,6 +2,8 @@
 levels lie on the way from the start to TRL's final accuracy, a level counts as reached on
 the smoothed curve, medians over rounds, and the ratio is TRL's time over RelayRL's."""
 
+from pathlib import Path
+
 import pytest
 
 from bench.peers import bench_config
@@ -51,3 +53,11 @@ def test_the_bench_saves_every_n_steps_and_leaves_evaluation_to_afterwards(tmp_p
     cfg = bench_config("examples/tiny_cpu.yaml", steps=100, every=25, run_dir=tmp_path)
     assert (cfg.trainer.max_steps, cfg.trainer.checkpoint_every) == (100, 25)
     assert cfg.trainer.keep_checkpoints >= 100 // 25 and cfg.eval.every == 0
+
+
+def test_each_round_starts_from_an_empty_run_dir(tmp_path):
+    """A checkpoint left by an earlier bench would be resumed: the round would train nothing."""
+    old = tmp_path / "checkpoints" / "step_1200"
+    old.mkdir(parents=True)
+    cfg = bench_config("examples/tiny_cpu.yaml", steps=100, every=25, run_dir=tmp_path)
+    assert Path(cfg.run_dir) == tmp_path and not old.exists()

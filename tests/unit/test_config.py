@@ -7,8 +7,10 @@ from relayrl.config import ConfigError, RunConfig, load_run_config
 from relayrl.config.base import apply_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
+# not under hidden folders: bench/.venv (made by the benches) holds other packages' YAML
 YAMLS = sorted({p for d in ("examples", "deploy", "bench", ".") for ext in ("yaml", "yml")
-                for p in ROOT.glob(f"{d}/**/*.{ext}" if d != "." else f"*.{ext}")})
+                for p in ROOT.glob(f"{d}/**/*.{ext}" if d != "." else f"*.{ext}")
+                if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)})
 
 
 def yaml_docs(path: Path) -> list:

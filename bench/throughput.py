@@ -1,0 +1,98 @@
+"""Steady training throughput of a config against variants of it, in one run: how each
+overhead cut of issue 21 was measured before and after.
+
+    python bench/throughput.py                                          # the tiny example
+    python bench/throughput.py --variant one_group=rollout.max_active_groups=1 \
+        --variant two_threads=trainer.torch_threads=2 --repeats 2
+
+Each run is the whole stack (every service its own process, embedded Redis) on free ports,
+with evaluation off and no checkpoint inside the window; runs alternate (config, variant,
+config, ...), each with the machine to itself. Reported per run, over the steps from --skip
+to --steps: samples trained per second, the mean policy-version lag and the groups dropped
+as stale; then each variant's median samples/s over the config's (above 1: the variant is
+faster), and a JSON line. A variant is NAME=KEY=VALUE[,KEY=VALUE...] (dotted config keys,
+values as YAML). The machine is noisy: a few percent either way is noise; repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import ROOT, assign_free_ports, run_stack  # noqa: E402
+from relayrl.config import RunConfig, load_run_config  # noqa: E402
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """NAME=KEY=VALUE[,KEY=VALUE...] -> (NAME, ["KEY=VALUE", ...])."""
+    name, sep, sets = text.partition("=")
+    overrides = [s for s in sets.split(",") if s]
+    if not sep or not name or not overrides or any("=" not in s for s in overrides):
+        raise ValueError(f"--variant {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE...]")
+    if name == "config":
+        raise ValueError("--variant: 'config' names the config itself; pick another name")
+    return name, overrides
+
+
+def run_config(path: str, overrides: list[str], steps: int, run_dir: Path) -> RunConfig:
+    """A fresh run (an earlier one's checkpoints would be resumed) without eval."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    data = load_run_config(path, overrides).model_dump(mode="json")
+    data["run_dir"] = str(run_dir)
+    data["trainer"].update(max_steps=steps, checkpoint_every=steps, progress=False)
+    data["eval"]["every"] = 0
+    assign_free_ports(data)
+    return RunConfig.model_validate(data)
+
+
+def window_figures(rows: list[dict], skip: int, steps: int) -> dict[str, float]:
+    """samples/s, mean lag and stale groups over the steps after `skip` up to `steps`."""
+    by_step = {r["step"]: r for r in rows if "time/elapsed_s" in r}
+    missing = [s for s in (skip, steps) if s not in by_step]
+    if missing:
+        raise RuntimeError(f"the run has no metrics for step {missing[0]}")
+    window = [by_step[s] for s in range(skip + 1, steps + 1) if s in by_step]
+    seconds = by_step[steps]["time/elapsed_s"] - by_step[skip]["time/elapsed_s"]
+    lags = [r["staleness/lag_mean"] for r in window if "staleness/lag_mean" in r]
+    return {"samples_per_s": sum(r.get("train/samples", 0) for r in window) / seconds,
+            "lag_mean": statistics.fmean(lags) if lags else float("nan"),
+            "groups_dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in window)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="examples/tiny_cpu.yaml")
+    parser.add_argument("--variant", action="append", default=[], type=parse_variant)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--skip", type=int, default=100, help="warm-up steps left out")
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args(argv)
+    if not 0 < args.skip < args.steps or args.repeats < 1:
+        parser.error("need 0 < --skip < --steps and --repeats >= 1")
+    work = ROOT / "runs" / "bench_throughput"
+    runs: dict[str, list[dict]] = {}
+    for r in range(args.repeats):
+        for name, overrides in [("config", []), *args.variant]:
+            cfg = run_config(args.config, overrides, args.steps, work / f"{name}_{r}")
+            figures = window_figures(run_stack(cfg), args.skip, args.steps)
+            runs.setdefault(name, []).append(figures)
+            print(f"{name:>14} round {r + 1}: {figures['samples_per_s']:6.1f} samples/s, lag "
+                  f"{figures['lag_mean']:.2f}, {figures['groups_dropped_stale']} groups stale",
+                  flush=True)
+    base = statistics.median(f["samples_per_s"] for f in runs["config"])
+    ratios = {name: round(statistics.median(f["samples_per_s"] for f in fs) / base, 3)
+              for name, fs in runs.items() if name != "config"}
+    for name, ratio in ratios.items():
+        print(f"{name}: {ratio:.2f}x the config's samples/s")
+    print(json.dumps({"bench": "throughput", "config": args.config, "steps": args.steps,
+                      "skip": args.skip, "runs": runs, "over_config": ratios}))
+
+
+if __name__ == "__main__":
+    main()

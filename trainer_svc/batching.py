@@ -23,6 +23,8 @@ class TrainBatch:
     group_ids: torch.Tensor  # [B] position of the sample's group in the batch
     lags: torch.Tensor  # [B] trainer version minus the sample's oldest token version
     response_lengths: torch.Tensor  # [B]
+    prompt_lengths: torch.Tensor  # [B] tokens before the response
+    prefix_ids: torch.Tensor  # [B] rows with the same id start with the same prompt tokens
 
 
 @dataclass
@@ -76,6 +78,7 @@ def split_uniform(groups: list[Group]) -> tuple[list[Group], list[Group]]:
 
 def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool) -> TrainBatch:
     samples = [s for g in groups for s in g.samples]
+    prompts: dict[bytes, int] = {}
     advantages = torch.cat([
         group_advantages(torch.tensor([s.reward for s in g.samples], dtype=torch.float64),
                          scale_rewards)
@@ -105,6 +108,9 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
         lags=torch.tensor([version - s.oldest_version for s in samples]),
         # the policy's tokens: a multi-turn response's environment tokens are not its length
         response_lengths=torch.tensor([int(s.policy_token_mask.sum()) for s in samples]),
+        prompt_lengths=torch.tensor([len(s.prompt_tokens) for s in samples]),
+        prefix_ids=torch.tensor([prompts.setdefault(s.prompt_tokens.tobytes(), len(prompts))
+                                 for s in samples]),
     )
 
 

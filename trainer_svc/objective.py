@@ -20,6 +20,7 @@ from trainer_svc.losses import LossInputs, get_loss
 from trainer_svc.losses.advantages import overlong_penalty
 from trainer_svc.losses.ppo import ValueHead
 from trainer_svc.micro_batches import assemble, combine_stats, idle_part, split_batch
+from trainer_svc.shared_prefix import prompt_sharing, shared_prefix_outputs
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Objective:
         splittable = not (self.loss.uses_value_model and self.loss.aggregation != "token_mean")
         self.micro_batch_tokens = tc.micro_batch_tokens if splittable else 0
         self.grad_clip = tc.grad_clip
+        self.shared_prefix = tc.shared_prefix
         self.temperature = temperature
         self.max_response_len = max_response_len
         self.overlong_buffer = tc.loss.overlong_buffer
@@ -98,10 +100,14 @@ class Objective:
             tb.response_lengths, self.max_response_len, self.overlong_buffer,
             self.overlong_factor)
 
+    def _outputs(self, model, tb: TrainBatch, **kw) -> PolicyOutputs:
+        if not self.shared_prefix:
+            return policy_outputs(model, tb, self.temperature, **kw)
+        return shared_prefix_outputs(model, tb, self.temperature, prompt_sharing(tb), **kw)
+
     def _forward(self, model, tb: TrainBatch) -> tuple[PolicyOutputs, torch.Tensor | None]:
-        out = policy_outputs(model, tb, self.temperature,
-                             entropy_grad=self.settings.entropy_coef > 0,
-                             hidden=self.value_head is not None)
+        out = self._outputs(model, tb, entropy_grad=self.settings.entropy_coef > 0,
+                            hidden=self.value_head is not None)
         values = self.value_head(out.hidden) if self.value_head is not None else None
         return out, values
 
@@ -206,7 +212,7 @@ class Objective:
         if self.reference is None:
             return None
         with torch.no_grad():
-            return policy_outputs(self.reference, batch, self.temperature).logprobs
+            return self._outputs(self.reference, batch).logprobs
 
     def _whole_batch_stats(self, stats: dict[str, float], weight: float) -> dict[str, float]:
         """Maxima over the ranks; other stats weighted by the ranks' shares of the

@@ -57,6 +57,12 @@ class TrainerConfig(StrictModel):
         "A batch's rows are sorted by length and split where that saves padding, so a "
         "long-tailed batch no longer pads every row to its longest; 0: one pass per batch.",
     )
+    shared_prefix: bool = Field(
+        True, description="Run each distinct prompt of a pass once and its samples' responses "
+        "against its cached keys and values (trainer_svc.shared_prefix): the same "
+        "log-probabilities and gradients for fewer tokens when a group's samples share a "
+        "prompt; false runs every row whole.",
+    )
     max_nonfinite_steps: int = Field(
         3, ge=1, le=1000,
         description="Steps in a row whose loss or gradient norm is not finite before the "

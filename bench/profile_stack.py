@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     data = load_run_config(args.config).model_dump(mode="json")
     data["run_dir"] = str(ROOT / "runs" / "bench_profile" / Path(args.config).stem)
+    shutil.rmtree(data["run_dir"], ignore_errors=True)  # else it resumes an earlier run's end
     data["trainer"]["max_steps"] = args.skip + args.steps + 1_000  # stopped after the window
     data["trainer"]["progress"] = False
     assign_free_ports(data)

@@ -78,13 +78,25 @@ def sample_with_kv(
     out_logprobs = torch.zeros((batch, max_new_tokens))
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long)
     finished = torch.zeros(batch, dtype=torch.bool)
+    # a group's samples share their prompt: with no state to resume, prefill each distinct
+    # context once and select its cache into its rows
+    shared = _distinct_rows(contexts) if past is None else None
     for t in range(max_new_tokens):
-        out = model(
-            input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-            past_key_values=past, use_cache=True,
-        )
-        past = out.past_key_values
-        logp = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
+        if t == 0 and shared is not None:
+            first, inverse = shared
+            out = model(input_ids=step_ids[first], attention_mask=mask[first],
+                        position_ids=step_pos[first], use_cache=True)
+            past = out.past_key_values
+            past.batch_select_indices(inverse)
+            logits = out.logits[inverse, -1, :]
+        else:
+            out = model(
+                input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                past_key_values=past, use_cache=True,
+            )
+            past = out.past_key_values
+            logits = out.logits[:, -1, :]
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
         if greedy:
             tok = logp.argmax(-1)
         else:
@@ -116,6 +128,19 @@ def sample_with_kv(
         return results, None
     covered = [list(c) + r.tokens[:-1] for c, r in zip(contexts, results, strict=True)]
     return results, kv_batch.split(past, mask, covered, version, fingerprint)
+
+
+def _distinct_rows(contexts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(the first row of each distinct context, each row's index into those), or None when
+    every context differs."""
+    index: dict[tuple[int, ...], int] = {}
+    inverse = [index.setdefault(tuple(c), len(index)) for c in contexts]
+    if len(index) == len(contexts):
+        return None
+    first = [0] * len(index)
+    for row in reversed(range(len(contexts))):
+        first[inverse[row]] = row
+    return torch.tensor(first), torch.tensor(inverse)
 
 
 def _prefill_in_buckets(model, contexts: list[list[int]], prefixes: list[SequenceKV | None],

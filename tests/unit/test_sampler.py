@@ -32,3 +32,27 @@ def test_greedy_is_deterministic_and_respects_the_length_cap(tiny_lm):
     assert len(a[0].tokens) <= 3
     if tiny_lm.eos_id not in a[0].tokens:
         assert a[0].finish_reason == "length"
+
+
+def test_repeated_prompts_are_prefilled_once_and_sample_as_if_apart(tiny_lm, monkeypatch):
+    """A group's samples share their prompt: the sampler prefills each distinct context
+    once; tokens and log-probabilities are those of the rows run apart."""
+    from relayrl.sampling import sampler
+
+    texts = ["1+2=", "35+47=", "1+2=", "9+80=", "35+47=", "1+2="]
+    prompts = [tiny_lm.encode_prompt(t) for t in texts]
+    first, inverse = sampler._distinct_rows(prompts)
+    assert first.tolist() == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2, 1, 0]
+    assert sampler._distinct_rows(prompts[:2]) is None
+
+    def run():
+        return sample(tiny_lm.model, prompts, max_new_tokens=5, eos_id=tiny_lm.eos_id,
+                      pad_id=tiny_lm.pad_id, temperature=0.7,
+                      generator=torch.Generator().manual_seed(3))
+
+    shared = run()
+    monkeypatch.setattr(sampler, "_distinct_rows", lambda contexts: None)
+    apart = run()
+    for a, b in zip(shared, apart, strict=True):
+        assert a.tokens == b.tokens and a.finish_reason == b.finish_reason
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)

@@ -41,7 +41,11 @@ def rpc_names() -> set[str]:
 def sources() -> list[Path]:
     files = []
     for pkg in PACKAGES:
-        files += [p for p in (ROOT / pkg).rglob("*.py") if "proto" not in p.relative_to(ROOT).parts]
+        for p in (ROOT / pkg).rglob("*.py"):
+            parts = p.relative_to(ROOT).parts
+            # generated stubs, and a bench's own venv (bench/.venv) after a local bench run
+            if "proto" not in parts and not any(d.startswith(".") for d in parts):
+                files.append(p)
     return files
 
 

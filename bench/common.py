@@ -4,6 +4,7 @@ stack on free ports."""
 from __future__ import annotations
 
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -137,3 +138,17 @@ class CpuSampler:
         if first is None or last is None or last[2] <= first[2]:
             return None
         return round((last[1] - first[1]) / (last[2] - first[2]), 2)
+
+
+def window_figures(rows: list[dict], skip: int, steps: int) -> dict[str, float]:
+    """samples/s, mean lag and stale groups over the steps after `skip` up to `steps`."""
+    by_step = {r["step"]: r for r in rows if "time/elapsed_s" in r}
+    missing = [s for s in (skip, steps) if s not in by_step]
+    if missing:
+        raise RuntimeError(f"the run has no metrics for step {missing[0]}")
+    window = [by_step[s] for s in range(skip + 1, steps + 1) if s in by_step]
+    seconds = by_step[steps]["time/elapsed_s"] - by_step[skip]["time/elapsed_s"]
+    lags = [r["staleness/lag_mean"] for r in window if "staleness/lag_mean" in r]
+    return {"samples_per_s": sum(r.get("train/samples", 0) for r in window) / seconds,
+            "lag_mean": statistics.fmean(lags) if lags else float("nan"),
+            "groups_dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in window)}

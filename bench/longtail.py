@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import CpuSampler, assign_free_ports, run_stack  # noqa: E402
+from bench.common import CpuSampler, assign_free_ports, run_stack, window_figures  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.config.run import inflight_prompts  # noqa: E402
 
@@ -85,14 +85,14 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
         every = run_stack(cfg)
     rows = [r for r in every if "train/samples" in r]
     start, end = rows[warmup - 1], rows[-1]
-    samples = sum(r["train/samples"] for r in rows[warmup:])
+    window = window_figures(rows, start["step"], end["step"])
     tokens = sum(r["train/samples"] * r["train/response_len_mean"] for r in rows[warmup:])
     elapsed = end["time/elapsed_s"] - start["time/elapsed_s"]
     sched_log = Path(cfg.run_dir) / "logs" / "scheduler.log"
     recalls = sched_log.read_text().count("repack: lease") if sched_log.is_file() else 0
     busy = sum(r["time/step_s"] for r in rows[warmup:])
     fill, loop = worker_loops(Path(cfg.run_dir) / "logs")
-    return {"samples_per_s": round(samples / elapsed, 2),
+    return {"samples_per_s": round(window["samples_per_s"], 2),
             "trainer_busy": round(busy / elapsed, 2),  # share of the time spent stepping
             "repack_recalls": recalls,
             # the machine's busy share over the measured steps (None off Linux)
@@ -100,8 +100,9 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
             "seats_filled": fill,  # mean share of a worker's seats its engine calls used
             "worker_loop": loop,  # where worker 0's loop time went
             "tokens_per_s": round(tokens / elapsed, 1),
-            "lag_mean": round(sum(r["staleness/lag_mean"] for r in rows) / len(rows), 2),
-            "groups_dropped_stale": sum(r["train/groups_dropped_stale"] for r in rows),
+            # over the measured steps; a step whose groups were all dropped has no lag
+            "lag_mean": round(window["lag_mean"], 2),
+            "groups_dropped_stale": window["groups_dropped_stale"],
             "response_len_mean": round(sum(r["train/response_len_mean"] for r in rows)
                                        / len(rows), 1)}
 

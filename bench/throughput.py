@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, assign_free_ports, run_stack  # noqa: E402
+from bench.common import ROOT, assign_free_ports, run_stack, window_figures  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 
 
@@ -49,20 +49,6 @@ def run_config(path: str, overrides: list[str], steps: int, run_dir: Path) -> Ru
     data["eval"]["every"] = 0
     assign_free_ports(data)
     return RunConfig.model_validate(data)
-
-
-def window_figures(rows: list[dict], skip: int, steps: int) -> dict[str, float]:
-    """samples/s, mean lag and stale groups over the steps after `skip` up to `steps`."""
-    by_step = {r["step"]: r for r in rows if "time/elapsed_s" in r}
-    missing = [s for s in (skip, steps) if s not in by_step]
-    if missing:
-        raise RuntimeError(f"the run has no metrics for step {missing[0]}")
-    window = [by_step[s] for s in range(skip + 1, steps + 1) if s in by_step]
-    seconds = by_step[steps]["time/elapsed_s"] - by_step[skip]["time/elapsed_s"]
-    lags = [r["staleness/lag_mean"] for r in window if "staleness/lag_mean" in r]
-    return {"samples_per_s": sum(r.get("train/samples", 0) for r in window) / seconds,
-            "lag_mean": statistics.fmean(lags) if lags else float("nan"),
-            "groups_dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in window)}
 
 
 def main(argv: list[str] | None = None) -> None:

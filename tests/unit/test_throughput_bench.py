@@ -2,7 +2,8 @@
 
 import pytest
 
-from bench.throughput import parse_variant, window_figures
+from bench.common import window_figures
+from bench.throughput import parse_variant
 
 
 def test_a_variant_is_a_name_and_its_overrides():

@@ -5,18 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from relayrl.config import RunConfig
+from relayrl.devices import resolve_device
 from relayrl.models.loading import LoadedModel
 from rollout_svc.engine_api import Engine
 from rollout_svc.torch_engine import TorchEngine
 
 
 def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engine:
-    """The torch engine over the loaded model, or a vLLM engine over the same directory
-    (imported only then: vLLM is an optional dependency)."""
+    """The torch engine over the loaded model, on rollout.device, or a vLLM engine over the
+    same directory (imported only then: vLLM is an optional dependency)."""
     r = cfg.rollout
     seed = r.seed * 1000 + r.worker_index
     if r.engine == "torch":
-        return TorchEngine(lm, seed=seed, kv_cache_tokens=r.kv_cache_tokens)
+        return TorchEngine(lm, seed=seed, kv_cache_tokens=r.kv_cache_tokens,
+                           device=resolve_device(r.device, "rollout.device"))
     if r.engine == "vllm":
         from rollout_svc.vllm_engine import VllmEngine
 

@@ -89,6 +89,7 @@ def serve(cfg: RunConfig) -> None:
     model_path = resolve_model_path(cfg.model, cfg.task)
     lm = load_model(model_path)
     engine = make_engine(cfg, lm, model_path)
+    log.info("%s engine on %s", engine.name, getattr(engine, "device", "its own device"))
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address, cfg.scheduler.call_timeout_s)
         relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,

@@ -5,6 +5,11 @@ budget (least recently used evicted first, up to that many tokens), so the seque
 segment resumes instead of re-prefilling, and states can be exported to and imported from
 another worker. States are valid for the version that computed them only: loading weights
 drops them all.
+
+The engine samples on `device` (rollout.device, resolved by rollout_svc.engine_factory): the
+model is moved there once, weights pulled from the relay arrive as CPU tensors and are copied
+onto it, and its seeded generator lives there too. Weights stay in the dtype the model was
+loaded in (float32), so the engine computes what the trainer's float32 master weights give.
 """
 
 from __future__ import annotations
@@ -37,14 +42,16 @@ class TorchEngine(Engine):
     name = "torch"
 
     def __init__(self, lm: LoadedModel, seed: int = 0, version: int = 0,
-                 kv_cache_tokens: int = 0):
+                 kv_cache_tokens: int = 0, device: torch.device | None = None):
         super().__init__()
+        self.device = device or torch.device("cpu")
+        lm.model.to(self.device)
         self.lm = lm
         config = lm.model.config
         self.context_length = (getattr(config, "max_position_embeddings", None)
                                or getattr(config, "n_positions", None) or self.context_length)
         self._version = version
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(self.device).manual_seed(seed)
         self.states = StateCache(kv_cache_tokens)
         self.fingerprint = ModelFingerprint.of(lm.model) if kv_cache_tokens else None
         self.tokens_generated = 0
@@ -64,7 +71,7 @@ class TorchEngine(Engine):
             spec = dataclasses.replace(spec, max_new_tokens=self.context_length - longest)
         generator = self.generator
         if spec.seed is not None:
-            generator = torch.Generator().manual_seed(spec.seed)
+            generator = torch.Generator(self.device).manual_seed(spec.seed)
         with self.lock:
             self.use_threads()
             t0 = time.monotonic()

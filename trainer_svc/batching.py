@@ -26,6 +26,13 @@ class TrainBatch:
     prompt_lengths: torch.Tensor  # [B] tokens before the response
     prefix_ids: torch.Tensor  # [B] rows with the same id start with the same prompt tokens
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """This batch on `device`: itself when it is there already (collated on the CPU, it
+        moves to the trainer's device once per update)."""
+        if self.input_ids.device == device:
+            return self
+        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
 
 @dataclass
 class Split:

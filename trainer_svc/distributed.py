@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from relayrl.devices import resolve_device
+
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -49,23 +51,27 @@ class World:
         return self.rank == 0
 
 
-def init_world() -> World:
+def init_world(device: str = "auto") -> World:
     """The world torchrun describes in the environment, with its process group started
-    (NCCL on GPUs, gloo on CPUs); a world of one when WORLD_SIZE is unset or 1."""
+    (NCCL on GPUs, gloo on CPUs); a world of one when WORLD_SIZE is unset or 1. `device` is
+    trainer.device, resolved here once (relayrl.devices): under torchrun a rank's GPU is
+    cuda:LOCAL_RANK, so a fixed cuda:N is refused there."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
-        return World()
+        return World(device=resolve_device(device, "trainer.device"))
     missing = [v for v in TORCHRUN_VARS if v not in os.environ]
     if missing:
         raise ValueError(f"WORLD_SIZE={size} but {', '.join(missing)} unset: launch with "
                          "torchrun (python -m torch.distributed.run)")
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
+    if device.startswith("cuda:"):
+        raise ValueError(f"trainer.device: {device!r} would put all {size} torchrun ranks on "
+                         "one GPU; set auto or cuda (each rank takes cuda:LOCAL_RANK)")
+    resolved = resolve_device(device, "trainer.device")
+    if resolved.type == "cuda":
+        torch.cuda.set_device(resolved)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return World(int(os.environ["RANK"]), size, device)
+        dist.init_process_group("nccl" if resolved.type == "cuda" else "gloo")
+    return World(int(os.environ["RANK"]), size, resolved)
 
 
 def close_world(world: World) -> None:
@@ -145,11 +151,12 @@ class Parallel:
     # -- weights ----------------------------------------------------------------------------
 
     def shard(self, module: nn.Module) -> None:
-        """In place, before an optimizer is built on it: FSDP2 units on each decoder layer
-        and on the root, or (fsdp off) rank 0's weights on every rank."""
+        """In place, before an optimizer is built on it: onto the world's device, then (under
+        torchrun) FSDP2 units on each decoder layer and on the root, or (fsdp off) rank 0's
+        weights on every rank."""
+        module.to(self.device)
         if not self.active:
             return
-        module.to(self.device)
         if not self.fsdp:
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t.data, src=0)

@@ -20,7 +20,8 @@ from trainer_svc.objective import Objective, UpdateResult
 
 @dataclass
 class TrainingState:
-    """Whole on rank 0, empty on the others; in one process it holds the live tensors."""
+    """Whole on rank 0, empty on the others; CPU tensors (in one process on the CPU, the
+    live ones), so a checkpoint loads on any device."""
 
     model: dict[str, torch.Tensor]
     objective: dict
@@ -64,8 +65,9 @@ class Learner:
     def training_state(self) -> TrainingState:
         self.parallel.lead("training_state")
         return TrainingState(
-            self.parallel.full_state_dict(self.lm.model), self.objective.state_dict(),
-            self.parallel.full_optimizer_state(self.trainable, self.optimizer),
+            to_cpu(self.parallel.full_state_dict(self.lm.model)),
+            to_cpu(self.objective.state_dict()),
+            to_cpu(self.parallel.full_optimizer_state(self.trainable, self.optimizer)),
             self.parallel.active)
 
     def restore(self, objective: dict, model: dict | None = None,
@@ -92,3 +94,15 @@ class Learner:
 
     def stop_followers(self) -> None:
         self.parallel.lead("stop")
+
+
+def to_cpu(tree):
+    """`tree` (dicts, lists and tuples of tensors and other values) with every tensor on the
+    CPU; a CPU tensor is returned as it is, not copied."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(to_cpu(v) for v in tree)
+    return tree

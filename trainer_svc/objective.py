@@ -2,7 +2,9 @@
 models the loss needs beside the policy (a value head for PPO, a frozen reference for the
 KL penalty), then `updates_per_batch` optimizer steps. Under torchrun every rank runs it on
 the same whole batch and passes forward and backward over its own share of the groups
-(trainer_svc.distributed explains the loss scaling)."""
+(trainer_svc.distributed explains the loss scaling). Batches arrive on the CPU and are moved
+to the trainer's device here; forward passes run under its precision policy
+(trainer_svc.precision)."""
 
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ from trainer_svc.losses import LossInputs, get_loss
 from trainer_svc.losses.advantages import overlong_penalty
 from trainer_svc.losses.ppo import ValueHead
 from trainer_svc.micro_batches import assemble, combine_stats, idle_part, split_batch
+from trainer_svc.precision import resolve_precision
 from trainer_svc.shared_prefix import prompt_sharing, shared_prefix_outputs
 
 
 @dataclass
 class UpdateResult:
-    old_logprobs: torch.Tensor  # [B, T] under the policy before the update
+    old_logprobs: torch.Tensor  # [B, T] under the policy before the update, on the CPU
     stats: dict[str, float]  # loss, grad_norm and the loss's own stats, of the last step
     # an optimizer step was skipped: its loss or gradient norm was not finite (the batch's
     # remaining steps with it; earlier ones, all finite, stand)
@@ -48,6 +51,7 @@ class Objective:
                  temperature: float, parallel: Parallel | None = None):
         """`model` not yet sharded: the reference is a copy of it, sharded on its own."""
         self.parallel = parallel or Parallel()
+        self.precision = resolve_precision(tc.precision, self.parallel.device)
         self.loss = get_loss(tc.loss.name)
         self.settings = tc.loss
         self.updates = tc.updates_per_batch
@@ -101,15 +105,19 @@ class Objective:
             self.overlong_factor)
 
     def _outputs(self, model, tb: TrainBatch, **kw) -> PolicyOutputs:
-        if not self.shared_prefix:
-            return policy_outputs(model, tb, self.temperature, **kw)
-        return shared_prefix_outputs(model, tb, self.temperature, prompt_sharing(tb), **kw)
+        with self.precision.autocast():
+            if not self.shared_prefix:
+                return policy_outputs(model, tb, self.temperature, **kw)
+            return shared_prefix_outputs(model, tb, self.temperature, prompt_sharing(tb), **kw)
 
     def _forward(self, model, tb: TrainBatch) -> tuple[PolicyOutputs, torch.Tensor | None]:
         out = self._outputs(model, tb, entropy_grad=self.settings.entropy_coef > 0,
                             hidden=self.value_head is not None)
-        values = self.value_head(out.hidden) if self.value_head is not None else None
-        return out, values
+        if self.value_head is None:
+            return out, None
+        with self.precision.autocast():
+            values = self.value_head(out.hidden)
+        return out, values.float()  # the value loss compares them with float returns
 
     def rank_share(self, tb: TrainBatch) -> RankShare:
         world = self.parallel.world
@@ -123,7 +131,7 @@ class Objective:
     def _whole_batch(self, local: torch.Tensor, share: RankShare, size: int) -> torch.Tensor:
         """Every rank's rows of a per-row tensor, assembled on every rank (on the CPU)."""
         if not self.parallel.active:
-            return local
+            return local.cpu()
         out = torch.zeros((size, *local.shape[1:]), dtype=local.dtype)
         if share.owns_rows:
             out[share.rows] = local.detach().cpu()
@@ -137,10 +145,10 @@ class Objective:
         step passes the rows in parts of like length (trainer_svc.micro_batches)."""
         rewards = self.shaped_rewards(tb)
         size = tb.rewards.shape[0]
-        share, local = RankShare(torch.arange(size), 1.0, True), tb
-        if self.parallel.active:
-            share = self.rank_share(tb)
-            local = select_rows(tb, share.rows, self.parallel.device)
+        device = self.parallel.device
+        share = self.rank_share(tb) if self.parallel.active else RankShare(
+            torch.arange(size), 1.0, True)
+        local = select_rows(tb, share.rows, device) if self.parallel.active else tb.to(device)
         parts = split_batch(local, self.micro_batch_tokens, self.loss.aggregation)
         real = len(parts)
         if self.parallel.active:  # FSDP gathers weights in every pass: ranks pass alike
@@ -155,9 +163,8 @@ class Objective:
         advantages, returns = self.loss.advantages(
             rewards, tb.group_ids, tb.response_mask, self.settings,
             None if old_values is None else self._whole_batch(old_values, share, size))
-        if self.parallel.active:
-            advantages = advantages[share.rows].to(self.parallel.device)
-            returns = None if returns is None else returns[share.rows].to(self.parallel.device)
+        advantages = advantages[share.rows].to(device)
+        returns = None if returns is None else returns[share.rows].to(device)
         # gradients are averaged over the ranks: see trainer_svc.distributed
         scale = self.parallel.world.size * share.weight if self.parallel.active else 1.0
         params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -5,7 +5,9 @@ step's forward and backward passes; the training loop waits only if that snapsho
 running when the optimizer is about to change the weights (`fence`). A second thread sends
 snapshots to the relay. While one set is being sent, the next snapshot goes into the other;
 if another snapshot arrives before that one was sent, it replaces it (rollouts only ever want
-the newest version), so a slow relay never stalls training.
+the newest version), so a slow relay never stalls training. Weights on a GPU are copied into
+pinned host buffers on a CUDA stream of their own (trainer_svc.snapshot): the relay only ever
+gets CPU tensors, and only finite ones.
 
 Latest wins, and is never lost: a send that fails because the relay is unreachable or hung
 (relayrl.outage.is_outage) is tried again with jittered backoff until it goes through or a
@@ -24,39 +26,22 @@ import torch
 from relayrl.outage import Outage, is_outage
 from relayrl.weights import WeightPlane
 from trainer_svc.finite import NonFiniteError, check_finite
+from trainer_svc.snapshot import Snapshot, ready_event
 
 log = logging.getLogger(__name__)
 STOP_POLL_S = 0.1  # how often a wait for an unreachable relay looks at its stop event
-
-
-class _Snapshot:
-    def __init__(self):
-        self.buffers: dict[str, torch.Tensor] = {}
-        self.version = 0
-        self.step = 0
-
-    def fill(self, version: int, step: int, state: dict[str, torch.Tensor]) -> None:
-        for name, t in state.items():
-            buf = self.buffers.get(name)
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = self.buffers[name] = torch.empty_like(t, device="cpu")
-            buf.copy_(t.detach())
-        self.version, self.step = version, step
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())
 
 
 class AsyncPublisher:
     def __init__(self, plane: WeightPlane, outage: Outage | None = None):
         self.plane = plane
         self.relay = outage or Outage("relay")  # logs a wait once; unready meanwhile
-        self._sets = (_Snapshot(), _Snapshot())
+        self._sets = (Snapshot(), Snapshot())
         self._cond = threading.Condition()
-        self._request: tuple[int, int, dict[str, torch.Tensor]] | None = None
-        self._pending: _Snapshot | None = None   # snapshotted, waiting to be sent
-        self._sending: _Snapshot | None = None
+        self._request: tuple[int, int, dict[str, torch.Tensor], torch.cuda.Event | None] \
+            | None = None
+        self._pending: Snapshot | None = None   # snapshotted, waiting to be sent
+        self._sending: Snapshot | None = None
         self._snapshotted = threading.Event()
         self._snapshotted.set()
         self._closed = False
@@ -84,7 +69,7 @@ class AsyncPublisher:
         self._raise_refused()
         with self._cond:
             self._snapshotted.clear()
-            self._request = (version, step, state)
+            self._request = (version, step, state, ready_event(state))
             self._cond.notify_all()
         self.last_stall_s = time.perf_counter() - t0
 
@@ -100,7 +85,7 @@ class AsyncPublisher:
                 self._cond.wait_for(lambda: self._request is not None or self._closed)
                 if self._request is None:
                     return
-                version, step, state = self._request
+                version, step, state, ready = self._request
                 target = self._sets[1] if self._sending is self._sets[0] else self._sets[0]
                 if self._pending is target:  # never sent: the newer version replaces it
                     self._pending = None
@@ -108,7 +93,7 @@ class AsyncPublisher:
             t0 = time.perf_counter()
             refused = None
             try:
-                target.fill(version, step, state)
+                target.fill(version, step, state, ready)
                 check_finite(target.buffers, f"publish version {version}")
             except NonFiniteError as err:  # never sent; publish() and wait() raise it
                 refused = err
@@ -134,7 +119,7 @@ class AsyncPublisher:
             while snap is not None:
                 snap = self._send(snap)
 
-    def _send(self, snap: _Snapshot) -> _Snapshot | None:
+    def _send(self, snap: Snapshot) -> Snapshot | None:
         """One try at sending `snap`; the snapshot to try next (after an outage: the same
         one, or a newer one that replaced it), or None."""
         t0 = time.perf_counter()
@@ -153,7 +138,7 @@ class AsyncPublisher:
         self._sent(snap, time.perf_counter() - t0)
         return None
 
-    def _sent(self, snap: _Snapshot | None, send_s: float) -> None:
+    def _sent(self, snap: Snapshot | None, send_s: float) -> None:
         with self._cond:
             if snap is not None:
                 self.published_version = snap.version
@@ -163,7 +148,7 @@ class AsyncPublisher:
             self._sending = None
             self._cond.notify_all()
 
-    def _after_outage(self, snap: _Snapshot, delay_s: float) -> _Snapshot | None:
+    def _after_outage(self, snap: Snapshot, delay_s: float) -> Snapshot | None:
         """Wait `delay_s` before the next try, which takes the newest snapshot."""
         with self._cond:
             self._cond.wait_for(lambda: self._give_up, timeout=delay_s)

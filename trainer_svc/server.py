@@ -133,7 +133,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
 
 def serve(cfg: RunConfig) -> None:
     setup_logging("trainer")
-    world = init_world()
+    world = init_world(cfg.trainer.device)
     parallel = Parallel(world, cfg.trainer.fsdp)
     torch.set_num_threads(cfg.trainer.torch_threads)
     torch.manual_seed(cfg.trainer.seed)
@@ -145,6 +145,8 @@ def serve(cfg: RunConfig) -> None:
         publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes,
                                                cfg.relay.timeout_s))
         trainer = Trainer(cfg, lm, redis, publisher, parallel)
+        log.info("trainer on %s, precision %s", world.device,
+                 trainer.objective.precision.name)
         trainer.resume()
         runner = ServiceRunner("trainer", cfg.trainer.endpoint.address,
                                [(trainer_pb2_grpc.add_TrainerServicer_to_server,

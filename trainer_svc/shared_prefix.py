@@ -29,9 +29,9 @@ from trainer_svc.losses.regularizers import entropy_from_logprobs
 def prompt_sharing(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(the first row of each distinct prompt, each row's index into those)."""
     distinct, inverse = torch.unique(batch.prefix_ids, return_inverse=True)
-    rows = len(inverse)
-    first = torch.full((len(distinct),), rows, dtype=torch.long).scatter_reduce(
-        0, inverse, torch.arange(rows), reduce="amin")
+    rows, device = len(inverse), inverse.device
+    first = torch.full((len(distinct),), rows, dtype=torch.long, device=device).scatter_reduce(
+        0, inverse, torch.arange(rows, device=device), reduce="amin")
     return first, inverse
 
 

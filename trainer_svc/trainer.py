@@ -164,10 +164,10 @@ class Trainer(Durability):
         rescored = None
         if self.engine_check_seqs:
             model.train()
-            rescored = rescore_older_tokens(model, self.history, tb.input_ids, tb.attention_mask,
-                                            tb.response_mask, tb.token_versions,
-                                            self.cfg.rollout.temperature,
-                                            self.engine_check_seqs)
+            with self.objective.precision.autocast():  # as the update's own passes
+                rescored = rescore_older_tokens(
+                    model, self.history, tb.input_ids, tb.attention_mask, tb.response_mask,
+                    tb.token_versions, self.cfg.rollout.temperature, self.engine_check_seqs)
 
         def before_first_step() -> None:
             self.publisher.fence()  # the last published snapshot must be taken first

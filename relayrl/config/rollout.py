@@ -8,6 +8,7 @@ from pydantic import Field
 
 from relayrl.config.base import Endpoint, StrictModel
 from relayrl.config.environment import EnvironmentConfig
+from relayrl.devices import DEVICE_HELP, DEVICE_PATTERN
 
 # The lowest sampling temperature any surface accepts (config, live settings, Generate, HTTP).
 # Sampling and the trainer's rescoring divide float32 logits by it: 1e-300 overflows them to
@@ -115,6 +116,13 @@ class RolloutConfig(StrictModel):
         "newest weights.",
     )
     torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the engine.")
+    device: str = Field(
+        "auto", pattern=DEVICE_PATTERN,
+        description=f"Torch engine: where each worker holds its model and samples: "
+        f"{DEVICE_HELP}. Weights stay float32 (as the trainer's master copy) and are computed "
+        "in float32; weights pulled from the relay (CPU tensors) are copied onto it. vLLM "
+        "picks its own GPU.",
+    )
     seed: int = Field(
         0, ge=0, le=MAX_RUN_SEED,
         description="Sampling seed: worker i's engine is seeded with seed * 1000 + i.")

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from relayrl.config.base import Endpoint, StrictModel
 from relayrl.config.loss import RECIPES, GrpoLoss, LossConfig, shorthand
+from relayrl.devices import DEVICE_HELP, DEVICE_PATTERN
 
 # Fields that lived flat on the trainer before each loss recipe had its own model.
 MOVED_TO_LOSS = ("correction", "tis_cap", "clip_eps", "clip_eps_low", "clip_eps_high",
@@ -96,6 +97,18 @@ class TrainerConfig(StrictModel):
         "under torchrun); 0 serves none.",
     )
     torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads.")
+    device: str = Field(
+        "auto", pattern=DEVICE_PATTERN,
+        description=f"Where the trainer holds the model and runs its passes: {DEVICE_HELP}. "
+        "Under torchrun with more than one process each rank takes cuda:LOCAL_RANK (auto or "
+        "cuda) or the CPU (cpu). Published weights and checkpoints are CPU tensors on any.",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="Compute dtype of the trainer's forward and backward passes. "
+        "bf16: matrix products under torch.autocast in bfloat16; parameters, gradients and "
+        "AdamW state stay float32, and log-softmax and log-probabilities are computed in "
+        "float32. fp32: float32 throughout. auto: bf16 on a GPU that supports it, else fp32.",
+    )
     fsdp: bool = Field(
         True, description="Under torchrun with more than one process: shard parameters, "
         "gradients and optimizer state with FSDP2; false keeps the whole model on every rank "

@@ -26,9 +26,11 @@ class BatchedKV:
     next_positions: torch.Tensor
 
 
-def assemble(states: list[SequenceKV | None], fingerprint: ModelFingerprint) -> BatchedKV | None:
-    """One cache for a batch, each state right-aligned; a None row is all padding. None when
-    no row has a state."""
+def assemble(states: list[SequenceKV | None], fingerprint: ModelFingerprint,
+             device: torch.device | None = None) -> BatchedKV | None:
+    """One cache for a batch on `device` (default the CPU), each state right-aligned (states
+    may sit anywhere: an imported one is on the CPU); a None row is all padding. None when no
+    row has a state."""
     from transformers import DynamicCache
 
     width = max((len(s) for s in states if s is not None), default=0)
@@ -36,7 +38,7 @@ def assemble(states: list[SequenceKV | None], fingerprint: ModelFingerprint) -> 
         return None
     fp, batch = fingerprint, len(states)
     shape = (fp.num_layers, batch, fp.kv_heads, width, fp.head_dim)
-    keys = torch.zeros(shape, dtype=DTYPES[fp.dtype])
+    keys = torch.zeros(shape, dtype=DTYPES[fp.dtype], device=device)
     values = torch.zeros_like(keys)
     mask = torch.zeros((batch, width), dtype=torch.long)
     lengths = torch.zeros(batch, dtype=torch.long)
@@ -51,7 +53,7 @@ def assemble(states: list[SequenceKV | None], fingerprint: ModelFingerprint) -> 
         mask[i, width - len(s):] = 1
         lengths[i] = len(s)
     cache = DynamicCache(ddp_cache_data=list(zip(keys, values, strict=True)))
-    return BatchedKV(cache, mask, lengths)
+    return BatchedKV(cache, mask.to(keys.device), lengths.to(keys.device))
 
 
 def split(cache: Any, mask: torch.Tensor, covered: list[list[int]], version: int,

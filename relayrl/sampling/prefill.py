@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from relayrl.devices import model_device
 from relayrl.length_split import padded_cost, plan_runs
 from relayrl.sampling import kv_batch
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
@@ -37,14 +38,18 @@ def worth_bucketing(fed: list[int], rows: list[int], covered_lengths: list[int])
     return bucketed < padded_cost(fed, CALL_COST_TOKENS)
 
 
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids right-aligned in one [B, width] tensor, and the mask of real tokens."""
+def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids right-aligned in one [B, width] tensor, and the mask of real tokens, on
+    `device` (built on the CPU, then copied over at once)."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, width - len(s):] = torch.tensor(s)
         mask[i, width - len(s):] = 1
+    if device is not None and device.type != "cpu":
+        return ids.to(device), mask.to(device)
     return ids, mask
 
 
@@ -54,7 +59,7 @@ def prefill_states(model, contexts: list[list[int]], pad_id: int, version: int,
     """The KV state of each context, computed in length buckets."""
     states: list[SequenceKV | None] = [None] * len(contexts)
     for bucket in plan_runs([len(c) for c in contexts], CALL_COST_TOKENS):
-        ids, mask = left_pad([contexts[i] for i in bucket], pad_id)
+        ids, mask = left_pad([contexts[i] for i in bucket], pad_id, model_device(model))
         out = model(input_ids=ids, attention_mask=mask,
                     position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
         split = kv_batch.split(out.past_key_values, mask, [contexts[i] for i in bucket],

@@ -4,6 +4,10 @@ Prompts are left-padded and given explicit position ids, so a sequence's positio
 depend on what it is batched with; the trainer's recomputation sees the same positions.
 `sample_with_kv` can also start a sequence from a KV state kept from an earlier call (see
 relayrl/sampling/kv_state.py) and hand back each sequence's final state.
+
+Everything runs on the model's device. Tokens are drawn on the generator's device: a caller
+that passes a CPU generator for a GPU model (the evals, seeded alike on any machine) pays one
+small copy of the probabilities per step; the torch engine keeps its generator on its device.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from relayrl.devices import model_device
 from relayrl.sampling import kv_batch, prefill
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
 from relayrl.sampling.prefill import left_pad
@@ -72,18 +77,20 @@ def sample_with_kv(
                    if return_states or any(s is not None for s in states or []) else None)
     prefixes, fingerprint = _prefill_in_buckets(model, contexts, prefixes, pad_id, version,
                                                 fingerprint)
-    past, mask, step_ids, step_pos = _first_step(contexts, prefixes, pad_id, fingerprint)
+    device = model_device(model)
+    past, mask, step_ids, step_pos = _first_step(contexts, prefixes, pad_id, fingerprint,
+                                                 device)
 
-    out_tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
-    out_logprobs = torch.zeros((batch, max_new_tokens))
-    lengths = torch.full((batch,), max_new_tokens, dtype=torch.long)
-    finished = torch.zeros(batch, dtype=torch.bool)
+    out_tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    out_logprobs = torch.zeros((batch, max_new_tokens), device=device)
+    lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
     # a group's samples share their prompt: with no state to resume, prefill each distinct
     # context once and select its cache into its rows
     shared = _distinct_rows(contexts) if past is None else None
     for t in range(max_new_tokens):
         if t == 0 and shared is not None:
-            first, inverse = shared
+            first, inverse = (t.to(device) for t in shared)
             out = model(input_ids=step_ids[first], attention_mask=mask[first],
                         position_ids=step_pos[first], use_cache=True)
             past = out.past_key_values
@@ -100,7 +107,7 @@ def sample_with_kv(
         if greedy:
             tok = logp.argmax(-1)
         else:
-            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            tok = _draw(logp, generator)
         tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
         out_tokens[:, t] = tok
         out_logprobs[:, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
@@ -114,6 +121,8 @@ def sample_with_kv(
         # A finished row's padding is masked out, so its cache stays exactly its real tokens.
         mask = torch.cat([mask, (~finished).long()[:, None]], dim=-1)
 
+    out_tokens, out_logprobs = out_tokens.cpu(), out_logprobs.cpu()
+    lengths, finished = lengths.cpu(), finished.cpu()
     results = []
     for i in range(batch):
         n = int(lengths[i])
@@ -167,15 +176,25 @@ def _prefill_in_buckets(model, contexts: list[list[int]], prefixes: list[Sequenc
     return merged, fingerprint
 
 
+def _draw(logp: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from the distributions exp(logp), on logp's device."""
+    probs = logp.exp()
+    if generator is not None and generator.device != probs.device:
+        return torch.multinomial(probs.to(generator.device), 1, generator=generator
+                                 ).squeeze(-1).to(probs.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
 def _first_step(contexts: list[list[int]], prefixes: list[SequenceKV | None], pad_id: int,
-                fingerprint: ModelFingerprint | None):
+                fingerprint: ModelFingerprint | None, device: torch.device):
     """The cache, mask, ids and positions of the first forward: each context's usable state
     (_usable_prefix) as the cache and the tokens it does not cover as input. Rows are
     right-aligned in both, so a row with a short suffix has a masked gap between its cached
     and its new tokens."""
-    batched = kv_batch.assemble(prefixes, fingerprint) if fingerprint is not None else None
+    batched = (kv_batch.assemble(prefixes, fingerprint, device) if fingerprint is not None
+               else None)
     suffixes = [c[len(s):] if s is not None else c for c, s in zip(contexts, prefixes, strict=True)]
-    ids, suffix_mask = left_pad(suffixes, pad_id)
+    ids, suffix_mask = left_pad(suffixes, pad_id, device)
     if batched is None:
         return None, suffix_mask, ids, (suffix_mask.cumsum(-1) - 1).clamp(min=0)
     positions = (batched.next_positions[:, None] + suffix_mask.cumsum(-1) - 1).clamp(min=0)

@@ -1,0 +1,117 @@
+"""What runs on a GPU, against the same thing on the CPU: one policy update of the tiny model
+(float32 and the bf16 policy), the publisher's pinned snapshot off its own CUDA stream, and
+the torch engine sampling on CUDA with weights pulled as CPU tensors. Marked `gpu`; skipped
+where CUDA is absent (`pytest -m gpu` selects them on a GPU machine)."""
+
+import copy
+
+import pytest
+import torch
+
+from relay_svc.version_store import VersionStore
+from relayrl.config import TrainerConfig
+from rollout_svc.engine_api import SamplingSpec
+from rollout_svc.torch_engine import TorchEngine
+from tests.unit.test_shared_prefix import MAX_NEW_TOKENS, varied_batch
+from trainer_svc.distributed import Parallel, World
+from trainer_svc.learner import to_cpu
+from trainer_svc.objective import Objective
+from trainer_svc.publisher import AsyncPublisher
+from trainer_svc.snapshot import Snapshot, ready_event
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is "
+    "False on this machine")]
+
+CUDA = torch.device("cuda", 0)
+
+
+def one_update(lm, device: torch.device, precision: str):
+    """(result, weights after on the CPU, model, optimizer) of one update on `device`."""
+    torch.manual_seed(0)
+    model = copy.deepcopy(lm.model)
+    tc = TrainerConfig(precision=precision, lr=1e-3, loss={"kl_coef": 0.05})
+    objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0,
+                          parallel=Parallel(World(device=device)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr)
+    model.train()
+    result = objective.update(model, optimizer, varied_batch(lm))
+    return result, to_cpu(model.state_dict()), model, optimizer
+
+
+@pytest.fixture(autouse=True)
+def exact_float32():
+    # TF32 matmuls would make the CUDA float32 run a lower-precision one
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_a_float32_update_on_cuda_is_the_cpu_update(tiny_lm):
+    cpu, cpu_after, _, _ = one_update(tiny_lm, torch.device("cpu"), "fp32")
+    gpu, gpu_after, model, _ = one_update(tiny_lm, CUDA, "fp32")
+    assert next(model.parameters()).device == CUDA
+    assert gpu.old_logprobs.device.type == "cpu"
+    torch.testing.assert_close(gpu.old_logprobs, cpu.old_logprobs, atol=1e-5, rtol=1e-5)
+    for key in ("loss", "grad_norm", "kl_ref"):
+        assert gpu.stats[key] == pytest.approx(cpu.stats[key], rel=1e-4, abs=1e-6), key
+    for name in cpu_after:
+        torch.testing.assert_close(gpu_after[name], cpu_after[name], atol=1e-5, rtol=1e-4)
+
+
+def test_the_bf16_policy_on_cuda_keeps_float32_state_and_stays_close(tiny_lm):
+    cpu, cpu_after, _, _ = one_update(tiny_lm, torch.device("cpu"), "fp32")
+    gpu, gpu_after, model, optimizer = one_update(tiny_lm, CUDA, "auto")
+    assert torch.cuda.is_bf16_supported()  # every GPU this runs on (Ampere and later)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {torch.float32}
+    assert {v.dtype for s in optimizer.state.values() for k, v in s.items()
+            if k != "step"} == {torch.float32}
+    assert gpu.old_logprobs.dtype == torch.float32
+    mask = varied_batch(tiny_lm).response_mask > 0
+    gap = (gpu.old_logprobs - cpu.old_logprobs)[mask].abs().max().item()
+    assert 0 < gap < 0.05  # autocast ran, and bf16 rounding stays small
+    assert gpu.stats["loss"] == pytest.approx(cpu.stats["loss"], abs=0.02)
+    assert all(torch.isfinite(v).all() for v in gpu_after.values())
+
+
+def test_a_cuda_snapshot_lands_in_pinned_host_buffers():
+    state = {"w": torch.randn(1000, device=CUDA), "b": torch.arange(7, device=CUDA)}
+    expected = to_cpu(state)
+    snap = Snapshot()
+    snap.fill(3, 3, state, ready_event(state))
+    assert snap.version == 3
+    for name, buf in snap.buffers.items():
+        assert buf.device.type == "cpu" and buf.is_pinned()
+        assert torch.equal(buf, expected[name])
+
+
+def test_the_publisher_sends_cpu_copies_of_cuda_weights():
+    store = VersionStore(4)
+    pub = AsyncPublisher(store)
+    w = {"w": torch.zeros(4096, device=CUDA)}
+    w["w"].add_(2.0)  # queued on the training stream just before the publish
+    pub.publish(1, 1, w)
+    pub.fence()
+    w["w"].add_(5.0)  # the optimizer step after the fence
+    pub.wait()
+    assert torch.equal(store.pull(1)["w"], torch.full((4096,), 2.0))
+    pub.close()
+
+
+def test_the_engine_samples_on_cuda_as_on_the_cpu(tiny_lm):
+    prompts = [tiny_lm.encode_prompt("12+34="), tiny_lm.encode_prompt("5+6=")]
+    spec = SamplingSpec(max_new_tokens=4, greedy=True)
+    engines = {d: TorchEngine(copy.deepcopy(tiny_lm), device=torch.device(d))
+               for d in ("cpu", "cuda")}
+    out = {d: e.generate(prompts, spec) for d, e in engines.items()}
+    for a, b in zip(out["cpu"], out["cuda"], strict=True):
+        assert a.tokens == b.tokens
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    sampled = engines["cuda"].generate(prompts, SamplingSpec(max_new_tokens=4, seed=1))
+    assert all(len(c.tokens) >= 1 for c in sampled)
+    moved = {k: v + 0.01 for k, v in tiny_lm.model.state_dict().items()}  # CPU tensors
+    engines["cuda"].load_weights(moved, version=1)
+    assert engines["cuda"].version == 1
+    assert next(engines["cuda"].lm.model.parameters()).device.type == "cuda"

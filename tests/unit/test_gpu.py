@@ -31,8 +31,9 @@ def one_update(lm, device: torch.device, precision: str):
     torch.manual_seed(0)
     model = copy.deepcopy(lm.model)
     tc = TrainerConfig(precision=precision, lr=1e-3, loss={"kl_coef": 0.05})
-    objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0,
-                          parallel=Parallel(World(device=device)))
+    parallel = Parallel(World(device=device))
+    objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0, parallel=parallel)
+    parallel.shard(model)  # as the Learner does: in one process, onto the world's device
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr)
     model.train()
     result = objective.update(model, optimizer, varied_batch(lm))

@@ -4,6 +4,8 @@ loss and gradient norm at every step, through a gather-and-restore of the whole 
 state; and the service's trainer, checkpointing and resuming, ends where one process does."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +36,17 @@ def two_ranks(tmp_path_factory, tiny_lm, redis_url):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_ports(1)[0]), "-m", "tests.integration.distributed_worker",
            str(tiny_lm.path), str(out), redis_url, str(tmp / "run")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # its own session: on a timeout the ranks go too, not only torchrun (a hung collective
+    # would otherwise keep both ranks alive long after the test)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail("torchrun ran over 300 s:\n" + stdout[-4000:] + stderr[-4000:])
+    assert proc.returncode == 0, stdout[-4000:] + stderr[-4000:]
     return {"runs": torch.load(out, weights_only=False), "run_dir": tmp / "run"}
 
 

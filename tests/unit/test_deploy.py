@@ -169,6 +169,68 @@ def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
         str(cfg.scheduler.rest_port)]
 
 
+def docker_builds(text: str) -> dict[str, dict[str, str]]:
+    """The `docker build -f deploy/Dockerfile -t TAG --build-arg K=V ... .` commands in a text
+    (a Dockerfile's comments or the README), joined across `\\` lines: tag -> build args."""
+    text = re.sub(r"\\\n\s*(?:#\s*)?", " ", re.sub(r"^#\s?", "", text, flags=re.M))
+    builds = {}
+    for line in re.findall(r"docker build .*", text):
+        argv = shlex.split(line.split("&&")[0])
+        assert argv[argv.index("-f") + 1] == "deploy/Dockerfile", line
+        args = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
+        builds[argv[argv.index("-t") + 1].rsplit("/", 1)[-1]] = args
+    return builds
+
+
+def dockerfile_pip_installs(build_args: dict[str, str]) -> list[str]:
+    """The build stage's `pip install` commands with the ARGs (defaults, then build args)
+    substituted as docker build does ($VAR, ${VAR}, ${VAR:+word})."""
+    text = DOCKERFILE.read_text()
+    args = {}
+    for name, default in re.findall(r"^ARG (\w+)(?:=(\S*))?$", text, re.M):
+        args[name] = build_args.get(name, default)
+    assert set(build_args) <= set(args), f"no such ARG: {set(build_args) - set(args)}"
+
+    def sub(m: re.Match) -> str:
+        name, plus = m.group(1) or m.group(3), m.group(2)
+        if plus is not None:
+            return expand(plus) if args.get(name) else ""
+        return args.get(name, "")
+
+    def expand(s: str) -> str:
+        return re.sub(r"\$\{(\w+)(?::\+([^}]*))?\}|\$(\w+)", sub, s)
+
+    build = text.split("\nFROM ")[1]  # the first stage
+    runs = re.findall(r"^RUN (.*(?:\\\n.*)*)", build, re.M)
+    out = []
+    for run in runs:
+        run = expand(run)
+        out += [c.strip() for c in re.split(r"&&", run) if c.strip().startswith("pip install")]
+    return out
+
+
+def torch_index(build_args: dict[str, str]) -> str:
+    torch = [c for c in dockerfile_pip_installs(build_args) if " torch==" in c]
+    assert len(torch) == 1, torch
+    return shlex.split(torch[0])[shlex.split(torch[0]).index("--index-url") + 1]
+
+
+def test_dockerfile_cpu_and_cuda_variants():
+    """relayrl:cpu (the defaults) installs torch from PyTorch's CPU index; relayrl:cuda, as
+    the Dockerfile and the README both build it, from an index whose Linux wheel is CUDA's."""
+    documented = docker_builds(DOCKERFILE.read_text())
+    readme = docker_builds((ROOT / "deploy" / "README.md").read_text())
+    assert "relayrl:cuda" in documented and "relayrl:cpu" in readme
+    assert readme["relayrl:cuda"] == documented["relayrl:cuda"], "README and Dockerfile differ"
+    assert readme["relayrl:cpu"] == {}, "the CPU image is the Dockerfile's defaults"
+    assert torch_index({}) == "https://download.pytorch.org/whl/cpu"
+    cuda = torch_index(documented["relayrl:cuda"])
+    assert cuda == "https://pypi.org/simple" or re.fullmatch(
+        r"https://download\.pytorch\.org/whl/cu\d+", cuda), f"{cuda} has no CUDA torch"
+    assert "vllm" in documented["relayrl:cuda"].get("EXTRAS", "").split(","), \
+        "the CUDA image leaves out the vLLM engine"
+
+
 def test_dockerfile_is_multistage_nonroot_cpu_torch():
     text = DOCKERFILE.read_text()
     assert len(re.findall(r"^FROM ", text, re.M)) >= 2

@@ -251,10 +251,27 @@ def test_dockerfile_is_multistage_nonroot_cpu_torch():
 
 # --- deploy/k8s ---------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def manifests() -> list[dict]:
-    docs = [d for f in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
+def k8s_files(variant: str) -> list[Path]:
+    """The files `kubectl apply` takes: deploy/k8s/*.yaml, or for GPUs those with the ones
+    deploy/k8s/gpu/ replaces (trainer, rollout) swapped for gpu/'s."""
+    files = sorted(K8S.glob("*.yaml"))
+    if variant == "gpu":
+        gpu = sorted((K8S / "gpu").glob("*.yaml"))
+        names = {f.name for f in gpu}
+        assert names <= {f.name for f in files}, "a GPU manifest replaces no CPU one"
+        files = [f for f in files if f.name not in names] + gpu
+    return files
+
+
+def load_manifests(variant: str) -> list[dict]:
+    docs = [d for f in k8s_files(variant) for d in yaml.safe_load_all(f.read_text())]
     return [d for d in docs if d]
+
+
+@pytest.fixture(scope="module", params=["cpu", "gpu"])
+def manifests(request) -> list[dict]:
+    """Every k8s test runs on the CPU manifests and on the GPU set."""
+    return load_manifests(request.param)
 
 
 def by_kind(manifests, kind: str) -> dict[str, dict]:
@@ -406,3 +423,50 @@ def test_k8s_shape(manifests, k8s_run_config, tmp_path):
                 assert v["persistentVolumeClaim"]["claimName"] in claims, name
         for c in spec["containers"]:
             assert c.get("readinessProbe") and c.get("livenessProbe"), f"{name}/{c['name']}"
+
+
+def gpus(container: dict) -> int:
+    res = container.get("resources", {})
+    limit = int(res.get("limits", {}).get("nvidia.com/gpu", 0))
+    assert int(res.get("requests", {}).get("nvidia.com/gpu", limit)) == limit, \
+        "an extended resource's request must equal its limit"
+    return limit
+
+
+def nproc_per_node(argv: list[str]) -> int:
+    for i, a in enumerate(argv):
+        if a.startswith("--nproc-per-node=") or a.startswith("--nproc_per_node="):
+            return int(a.split("=", 1)[1])
+        if a in ("--nproc-per-node", "--nproc_per_node"):
+            return int(argv[i + 1])
+    return 1  # torchrun's default
+
+
+def test_k8s_gpu_variant(tmp_path):
+    """deploy/k8s/gpu: the trainer runs one torchrun process per GPU it requests, every
+    rollout pod has one GPU, and every GPU workload runs the CUDA image; the CPU manifests
+    request no GPU and run the CPU image."""
+    cpu, gpu = load_manifests("cpu"), load_manifests("gpu")
+    for w in workloads(cpu).values():
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            assert not gpus(c) and c["image"] != "relayrl:cuda", w["metadata"]["name"]
+    loads = workloads(gpu)
+    trainer = loads["trainer"]["spec"]["template"]["spec"]
+    (c,) = trainer["containers"]
+    argv = k8s_argv(c, "trainer", tmp_path)
+    assert argv[0] == "torchrun" and gpus(c) >= 1
+    assert nproc_per_node(argv) == gpus(c), "torchrun's processes != the GPUs requested"
+    (c,) = loads["rollout"]["spec"]["template"]["spec"]["containers"]
+    assert gpus(c) == 1, "a rollout worker takes one GPU"
+    on_gpu = {name for name, w in loads.items()
+              if any(gpus(c) for c in w["spec"]["template"]["spec"]["containers"])}
+    assert on_gpu == {"trainer", "rollout"}
+    for name in on_gpu:
+        spec = loads[name]["spec"]["template"]["spec"]
+        assert all(c["image"] == "relayrl:cuda" for c in spec["containers"]), name
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+            spec.get("tolerations", []), f"{name} does not tolerate GPU nodes' taint"
+    dshm = [v for v in trainer["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+    assert any(m["mountPath"] == "/dev/shm" and m["name"] == v["name"]
+               for m in trainer["containers"][0]["volumeMounts"] for v in dshm), \
+        "NCCL needs more than the container's default /dev/shm"

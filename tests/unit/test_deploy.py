@@ -26,6 +26,7 @@ from relayrl.service import LIVENESS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
+COMPOSE_GPU = ROOT / "docker-compose.gpu.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 K8S = ROOT / "deploy" / "k8s"
 K8S_VERSION = "1.30"  # the oldest cluster the manifests target (gRPC probes: 1.27+)
@@ -229,6 +230,30 @@ def test_dockerfile_cpu_and_cuda_variants():
         r"https://download\.pytorch\.org/whl/cu\d+", cuda), f"{cuda} has no CUDA torch"
     assert "vllm" in documented["relayrl:cuda"].get("EXTRAS", "").split(","), \
         "the CUDA image leaves out the vLLM engine"
+
+
+def test_compose_gpu_override(compose):
+    """docker-compose.gpu.yml (used as `-f docker-compose.yml -f docker-compose.gpu.yml`)
+    overrides only services of docker-compose.yml, and gives the trainer and every rollout
+    worker the CUDA image, built as the Dockerfile documents, and an NVIDIA GPU of its own."""
+    gpu = interpolate(yaml.safe_load(COMPOSE_GPU.read_text()), {})
+    assert set(gpu) <= {"services"} | {k for k in gpu if k.startswith("x-")}, set(gpu)
+    services = compose["services"]
+    assert set(gpu["services"]) <= set(services), "the override names unknown services"
+    workers = {n for n, s in services.items() if "build" in s
+               and service_args(s["command"])[0] in ("trainer_svc", "rollout_svc")}
+    assert set(gpu["services"]) == workers, "GPUs go to the trainer and rollout workers"
+    cuda_args = docker_builds(DOCKERFILE.read_text())["relayrl:cuda"]
+    devices = {}
+    for name, svc in gpu["services"].items():
+        assert svc["image"] == "relayrl:cuda", name
+        assert svc["build"]["args"] == cuda_args, f"{name} builds another image"
+        (dev,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"], name
+        assert ("count" in dev) != ("device_ids" in dev), f"{name}: count or device_ids"
+        devices[name] = tuple(dev.get("device_ids", ()))
+        assert set(svc) <= {"image", "build", "deploy"}, f"{name} changes more than the GPU"
+    assert len(set(devices.values())) == len(devices), "services share a GPU by default"
 
 
 def test_dockerfile_is_multistage_nonroot_cpu_torch():

@@ -179,7 +179,8 @@ def docker_builds(text: str) -> dict[str, dict[str, str]]:
         argv = shlex.split(line.split("&&")[0])
         assert argv[argv.index("-f") + 1] == "deploy/Dockerfile", line
         args = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
-        builds[argv[argv.index("-t") + 1].rsplit("/", 1)[-1]] = args
+        tag = argv[argv.index("-t") + 1].rsplit("/", 1)[-1]  # <registry>/relayrl:cuda too
+        assert builds.setdefault(tag, args) == args, f"{tag} is built two ways"
     return builds
 
 

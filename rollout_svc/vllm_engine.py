@@ -81,13 +81,23 @@ class VllmEngine(Engine):
 
     def __init__(self, model_path: str | Path, *, seed: int = 0, version: int = 0,
                  eos_id: int | None = None, kv_cache_gib: float = 1.0,
-                 max_model_len: int = 0, dtype: str = "float32", enforce_eager: bool = True):
+                 max_model_len: int = 0, dtype: str = "float32", enforce_eager: bool = True,
+                 gpu_memory_utilization: float = 0.0, tensor_parallel_size: int = 1):
         super().__init__()
         path = Path(model_path)
         if not (path / "config.json").is_file():
             raise ValueError(f"model.path: {path} holds no config.json")
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib: must be > 0, got {kv_cache_gib}")
+        on_gpu = gpu_memory_utilization > 0 or tensor_parallel_size > 1
+        if on_gpu and not torch.cuda.is_available():
+            raise ValueError("rollout.vllm_gpu_memory_utilization / vllm_tensor_parallel_size: "
+                             f"{gpu_memory_utilization} / {tensor_parallel_size} ask for GPUs, "
+                             "and CUDA is not available here (leave them at 0 / 1)")
+        # on a GPU a share of its memory, else a KV-cache budget in bytes (all vLLM's CPU takes)
+        memory = ({"gpu_memory_utilization": gpu_memory_utilization}
+                  if gpu_memory_utilization > 0
+                  else {"kv_cache_memory_bytes": int(kv_cache_gib * (1 << 30))})
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path)
@@ -107,7 +117,7 @@ class VllmEngine(Engine):
                 self.llm = vllm.LLM(
                     model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
                     enforce_eager=enforce_eager, max_model_len=max_len,
-                    kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
+                    tensor_parallel_size=tensor_parallel_size, **memory,
                     # whole prompts per step: seeded requests' generators cannot rewind on
                     # CPU after a prompt is cut part way (vLLM 0.32)
                     enable_chunked_prefill=False,

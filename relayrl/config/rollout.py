@@ -146,6 +146,15 @@ class RolloutConfig(StrictModel):
         description="KV-cache memory each vLLM worker reserves, GiB; on CPU it comes out of RAM, "
         "so keep num_workers times this well under the machine's memory.",
     )
+    vllm_gpu_memory_utilization: float = Field(
+        0.0, ge=0, le=1,
+        description="On a GPU: the share of its memory vLLM takes (weights, activations and "
+        "KV cache), as vLLM's gpu_memory_utilization; 0 reserves vllm_kv_cache_gib for the KV "
+        "cache instead, which is what a CPU machine takes.",
+    )
+    vllm_tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs one vLLM worker shards its model over.",
+    )
     vllm_max_model_len: int = Field(
         0, ge=0, le=1_048_576,
         description="Longest prompt plus response a vLLM worker serves; 0: the model's own limit.",

@@ -83,15 +83,18 @@ def test_redis_at_its_memory_limit_makes_producers_back_off_and_lose_nothing(tmp
         r.config_set("maxmemory-policy", "noeviction")
         r.config_set("maxmemory", 1)  # every write that needs memory is refused
         try:
-            wait_for(lambda: all(worker_metric(launcher.cfg,
+            # a worker that delivered all it held before the limit has nothing to append
+            # (new leases wait on the trainer's progress, a write Redis refuses too), so
+            # only the workers caught mid-delivery are refused: at least one is
+            wait_for(lambda: any(worker_metric(launcher.cfg,
                                                "relayrl_rollout_redis_oom_refusals_total")),
-                     120, "every worker refused by Redis")
+                     120, "a worker refused by Redis")
             refused_at = trainer_version(launcher.cfg)
             delivered = sum(worker_metric(launcher.cfg,
                                           "relayrl_rollout_samples_generated_total"))
-            wait_for(lambda: min(worker_metric(launcher.cfg,
+            wait_for(lambda: max(worker_metric(launcher.cfg,
                                                "relayrl_rollout_redis_oom_refusals_total")) >= 3,
-                     120, "workers retrying")
+                     120, "a worker retrying")
             # retrying, not delivering: nothing counted as generated meanwhile
             assert sum(worker_metric(launcher.cfg,
                                      "relayrl_rollout_samples_generated_total")) == delivered
@@ -101,6 +104,6 @@ def test_redis_at_its_memory_limit_makes_producers_back_off_and_lose_nothing(tmp
     assert refused_at < STEPS
     assert sum(w.samples_generated for w in state["workers"]) == state["buffer"].samples_read
     assert state["buffer"].groups_duplicate == 0
-    logs = (cfg.run_path / "logs" / "rollout-0.log").read_text()
+    logs = "".join(p.read_text() for p in (cfg.run_path / "logs").glob("rollout-*.log"))
     assert "Redis is at its memory limit" in logs and "accepted a producer's append" in logs
 

@@ -12,6 +12,7 @@ from relay_svc.version_store import VersionStore
 from relayrl.config import TrainerConfig
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
+from tests.unit.test_precision import assert_float32_state
 from tests.unit.test_shared_prefix import MAX_NEW_TOKENS, varied_batch
 from trainer_svc.distributed import Parallel, World
 from trainer_svc.learner import to_cpu
@@ -65,10 +66,7 @@ def test_the_bf16_policy_on_cuda_keeps_float32_state_and_stays_close(tiny_lm):
     cpu, cpu_after, _, _ = one_update(tiny_lm, torch.device("cpu"), "fp32")
     gpu, gpu_after, model, optimizer = one_update(tiny_lm, CUDA, "auto")
     assert torch.cuda.is_bf16_supported()  # every GPU this runs on (Ampere and later)
-    assert {p.dtype for p in model.parameters()} == {torch.float32}
-    assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {torch.float32}
-    assert {v.dtype for s in optimizer.state.values() for k, v in s.items()
-            if k != "step"} == {torch.float32}
+    assert_float32_state(model, optimizer)
     assert gpu.old_logprobs.dtype == torch.float32
     mask = varied_batch(tiny_lm).response_mask > 0
     gap = (gpu.old_logprobs - cpu.old_logprobs)[mask].abs().max().item()

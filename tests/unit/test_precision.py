@@ -34,16 +34,21 @@ def one_update(lm, precision: str, **settings):
     return objective, result, model, optimizer
 
 
+def assert_float32_state(model, optimizer) -> None:
+    """What the bf16 policy keeps in float32: parameters, gradients, AdamW's moments."""
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {torch.float32}
+    assert {v.dtype for s in optimizer.state.values() for k, v in s.items()
+            if k != "step"} == {torch.float32}
+
+
 @pytest.mark.parametrize("settings", [
     {}, {"shared_prefix": False}, {"loss": {"name": "ppo", "kl_coef": 0.05}}])
 def test_a_bf16_update_keeps_float32_state_and_stays_close_to_float32(tiny_lm, settings):
     _, exact, exact_model, _ = one_update(tiny_lm, "fp32", **settings)
     objective, bf16, model, optimizer = one_update(tiny_lm, "bf16", **settings)
     assert objective.precision.name == "bf16"
-    assert {p.dtype for p in model.parameters()} == {torch.float32}
-    assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {torch.float32}
-    assert {v.dtype for s in optimizer.state.values() for k, v in s.items()
-            if k != "step"} == {torch.float32}
+    assert_float32_state(model, optimizer)
     assert bf16.old_logprobs.dtype == torch.float32
     mask = varied_batch(tiny_lm).response_mask > 0
     gap = (bf16.old_logprobs - exact.old_logprobs)[mask].abs()

@@ -12,13 +12,17 @@ token mean per sequence, the ratio clipped at 0.2, no KL term), the same problem
 same number of steps. TRL runs in the benches' own venv (bench/tools_venv.py: pinned, made on first
 use with the project's own torch, transformers and math-verify), never a project dependency.
 
-Rounds alternate (RelayRL, TRL, RelayRL, ...), each side with the machine to itself. Each
-saves the policy every --every steps with its wall time since its command started (service
-start-up and model loading included). Afterwards every saved policy is evaluated offline by
-relayrl's evaluator on the config's held-out set with its seed, so evaluation costs neither
-side training time. Reported (bench/peers_report.py has the arithmetic): the median and the
-spread over rounds of each side's time to each level, the ratio TRL time / RelayRL time
-(above 1: RelayRL is faster), samples/s; docs/peers_<setup>.md, a plot and a JSON line.
+Rounds alternate (RelayRL, TRL, RelayRL, ...), each side with the machine to itself. Round r
+seeds both sides with the config's seeds plus r (RelayRL's trainer and sampler, TRL's run), so
+the rounds are independent draws, not replays of one trajectory. Each side saves the policy
+every --every steps with its wall time since its command started (service start-up and model
+loading included). Afterwards every saved policy is evaluated offline by relayrl's evaluator
+on the config's held-out set with its seed, so evaluation costs neither side training time. A
+setup may sample each held-out problem several times (pass@1 is their mean): one answer per
+problem of a 25-problem set reads pass@1 with a spread of about 0.1. Reported
+(bench/peers_report.py has the arithmetic): the median and the spread over rounds of each
+side's time to each level, the ratio TRL time / RelayRL time (above 1: RelayRL is faster),
+samples/s; docs/peers_<setup>.md, a plot and a JSON line.
 """
 
 from __future__ import annotations
@@ -39,21 +43,26 @@ from bench.peers_report import Run, markdown, plot, summarize  # noqa: E402
 from bench.tools_venv import TRL_VERSION, bench_python  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 
-SETUPS = {  # config, steps, steps between saved policies
-    "tiny": ("examples/tiny_cpu.yaml", 1200, 50),
-    "smollm2": ("examples/smollm2_cpu.yaml", 30, 5),
+SETUPS = {  # config, steps, steps between saved policies, answers per held-out problem
+    "tiny": ("examples/tiny_cpu.yaml", 1200, 50, 1),
+    "smollm2": ("examples/smollm2_cpu.yaml", 30, 5, 4),
 }
+SEED_STRIDE = 1000  # rollout.seed is offset by worker index: keep rounds' workers apart
 
 
-def bench_config(path: str, steps: int, every: int, run_dir: Path) -> RunConfig:
+def bench_config(path: str, steps: int, every: int, run_dir: Path, round_: int = 0,
+                 eval_samples: int = 1) -> RunConfig:
     """A fresh run in `run_dir`: what an earlier bench left there goes, or the trainer would
     resume from its checkpoints and the round would measure nothing."""
     shutil.rmtree(run_dir, ignore_errors=True)
     data = load_run_config(path).model_dump(mode="json")
     data["run_dir"] = str(run_dir)
     data["trainer"].update(max_steps=steps, checkpoint_every=every, keep_checkpoints=1000,
-                           progress=False)
+                           progress=False, seed=data["trainer"]["seed"] + round_)
+    data["rollout"]["seed"] += SEED_STRIDE * round_
     data["eval"]["every"] = 0  # evaluated offline afterwards, as TRL's side is
+    for s in data["eval"]["sets"]:
+        s["samples"] = eval_samples
     assign_free_ports(data)
     return RunConfig.model_validate(data)
 
@@ -67,7 +76,7 @@ def run_relayrl(cfg: RunConfig) -> list[tuple[int, float, Path]]:
             for p in saves]
 
 
-def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path) -> Path:
+def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path, round_: int) -> Path:
     """The problems RelayRL's scheduler hands out (ids 0..), as TRL's dataset, and the run's
     settings, for bench/peers_trl.py."""
     from transformers import AutoTokenizer
@@ -95,9 +104,10 @@ def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path) -> Path:
             "max_new_tokens": cfg.rollout.max_new_tokens,
             "temperature": cfg.rollout.temperature, "lr": cfg.trainer.lr,
             "grad_clip": cfg.trainer.grad_clip, "clip_eps": loss.clip_eps, "every": every,
-            "seed": cfg.trainer.seed}
-    (work / "spec.json").write_text(json.dumps(spec, indent=1))
-    return work / "spec.json"
+            "seed": cfg.trainer.seed}  # the round's: bench_config offsets it
+    path = work / f"spec_{round_}.json"
+    path.write_text(json.dumps(spec, indent=1))
+    return path
 
 
 def run_trl(python: Path, spec: Path, out: Path) -> list[tuple[int, float, Path]]:
@@ -130,22 +140,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=int, help="steps between saved policies")
     parser.add_argument("--out", default=str(ROOT / "docs"))
     args = parser.parse_args(argv)
-    path, steps, every = SETUPS[args.setup]
+    path, steps, every, eval_samples = SETUPS[args.setup]
     steps, every = args.steps or steps, args.every or every
     if args.rounds < 1 or steps < every or every < 1:
         parser.error("need --rounds >= 1 and --steps >= --every >= 1")
     python = bench_python()
     work = ROOT / "runs" / "bench_peers" / args.setup
-    first = bench_config(path, steps, every, work / "relayrl_0")
+    first = bench_config(path, steps, every, work / "relayrl_0", 0, eval_samples)
     key = f"eval/{first.eval.sets[0].name}/pass@1"
     from relayrl.models.cache import resolve_model_path
 
     start = evaluate_checkpoint(first, resolve_model_path(first.model, first.task))[key]
     print(f"{args.setup}: the warm start's {key} is {start:.3f}", flush=True)
-    spec = trl_spec(first, steps, every, work)
     runs = []
     for r in range(args.rounds):
-        cfg = bench_config(path, steps, every, work / f"relayrl_{r}")
+        cfg = bench_config(path, steps, every, work / f"relayrl_{r}", r, eval_samples)
+        spec = trl_spec(cfg, steps, every, work, r)
         print(f"round {r + 1}/{args.rounds}: RelayRL, {steps} steps", flush=True)
         runs.append(evaluated(cfg, "relayrl", run_relayrl(cfg), start, key))
         print(f"round {r + 1}/{args.rounds}: TRL {TRL_VERSION}, {steps} steps", flush=True)

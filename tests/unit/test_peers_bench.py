@@ -2,6 +2,7 @@
 levels lie on the way from the start to TRL's final accuracy, a level counts as reached on
 the smoothed curve, medians over rounds, and the ratio is TRL's time over RelayRL's."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,16 @@ def test_each_round_starts_from_an_empty_run_dir(tmp_path):
     old.mkdir(parents=True)
     cfg = bench_config("examples/tiny_cpu.yaml", steps=100, every=25, run_dir=tmp_path)
     assert Path(cfg.run_dir) == tmp_path and not old.exists()
+
+
+def test_rounds_are_seeded_apart_and_trl_gets_the_rounds_seed(tmp_path):
+    """Rounds on one seed replay one trajectory: their spread would say nothing."""
+    from bench.peers import trl_spec
+
+    cfgs = [bench_config("examples/tiny_cpu.yaml", steps=100, every=25,
+                         run_dir=tmp_path / str(r), round_=r, eval_samples=4) for r in (0, 1)]
+    assert cfgs[0].trainer.seed != cfgs[1].trainer.seed
+    assert cfgs[0].rollout.seed != cfgs[1].rollout.seed
+    assert all(s.samples == 4 for s in cfgs[1].eval.sets)
+    spec = json.loads(trl_spec(cfgs[1], 100, 25, tmp_path / "work", 1).read_text())
+    assert spec["seed"] == cfgs[1].trainer.seed

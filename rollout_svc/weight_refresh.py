@@ -72,7 +72,8 @@ class WeightRefresher:
             self.weight_swaps += 1
             self.bytes_pulled += manifest.total_bytes
             self.last_pull_s = time.monotonic() - t0
-            log.info("now on version %d (%.0f ms)", manifest.version, 1e3 * self.last_pull_s)
+            log.info("now on version %d from %s (%.0f ms)", manifest.version,
+                     getattr(relay, "address", "relay"), 1e3 * self.last_pull_s)
             return True
         if answered or unreachable is None:
             self.outage.recovered()

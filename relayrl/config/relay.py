@@ -37,6 +37,15 @@ class RelayConfig(StrictModel):
         "re-serves their versions while they arrive (a relay tree). Empty: a root relay that "
         "the trainer publishes to.",
     )
+    children: int = Field(
+        0, ge=0, le=64,
+        description="Child relays `relayrl up` starts beside this one (the root): child k "
+        "follows it on children_base_port + k, and worker i pulls from child i mod children, "
+        "the root as its fallback (unless rollout.relays names the relays). 0: none.",
+    )
+    children_base_port: int = Field(
+        50540, ge=1, le=65000, description="Child relay k of `children` listens on base+k.",
+    )
     follow_poll_s: float = Field(
         0.02, gt=0, le=60, description="How often a follower asks its upstream for news."
     )

@@ -212,6 +212,9 @@ class RunConfig(StrictModel):
         for section in ("relay", "scheduler", "buffer", "trainer"):
             if port := getattr(self, section).metrics_port:
                 ports[f"{section}.metrics_port"] = port
+        for k in range(self.relay.children):
+            ports[f"child relay {k} (relay.children_base_port+{k})"] = (
+                self.relay.children_base_port + k)
         for i in range(self.rollout.num_workers):
             ports[f"rollout worker {i} (rollout.base_port+{i})"] = self.rollout.base_port + i
             if self.rollout.http_base_port:
@@ -223,8 +226,20 @@ class RunConfig(StrictModel):
         return ports
 
     @property
+    def child_relay_addresses(self) -> list[str]:
+        """host:port of the child relays `relayrl up` starts (relay.children)."""
+        host = self.relay.endpoint.host
+        return [f"{host}:{self.relay.children_base_port + k}" for k in range(self.relay.children)]
+
+    @property
     def relay_addresses(self) -> list[str]:
-        return list(self.rollout.relays) or [self.relay.endpoint.address]
+        """The relays this worker pulls from, in order of preference: rollout.relays if set;
+        else its child relay (worker i: child i mod relay.children), then the root."""
+        if self.rollout.relays:
+            return list(self.rollout.relays)
+        children = self.child_relay_addresses
+        own = [children[self.rollout.worker_index % len(children)]] if children else []
+        return own + [self.relay.endpoint.address]
 
     @property
     def inflight_limit(self) -> int:

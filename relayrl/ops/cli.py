@@ -90,11 +90,15 @@ def cmd_services(args) -> int:
         "trainer": (cfg.trainer.endpoint.address, trainer_pb2_grpc.TrainerStub,
                     trainer_pb2.TrainerStatusRequest()),
     }
+    for k, address in enumerate(cfg.child_relay_addresses):
+        calls[f"relay-child-{k}"] = (address, relay_pb2_grpc.RelayStub,
+                                     relay_pb2.ListVersionsRequest())
     for i in range(cfg.rollout.num_workers):
         worker = cfg.rollout.model_copy(update={"worker_index": i})
         calls[worker.worker_id] = (worker.endpoint.address, rollout_pb2_grpc.RolloutStub,
                                    rollout_pb2.RolloutStatusRequest())
-    methods = {"buffer": "Stats", "relay": "ListVersions"}
+    methods = {"buffer": "Stats", "relay": "ListVersions",
+               **{f"relay-child-{k}": "ListVersions" for k in range(cfg.relay.children)}}
     creds = auth.current()  # an operator's token, if set, reads every status (relayrl.roles)
     if operator := os.environ.get(cfg.auth.operator_token_env):
         creds = dataclasses.replace(creds, token=operator)

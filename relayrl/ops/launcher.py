@@ -1,4 +1,5 @@
-"""`relayrl up`: every service as its own local process, all started at once.
+"""`relayrl up`: every service as its own local process, all started at once; with
+relay.children, child relays that follow the root relay and serve the workers (a relay tree).
 
 The launcher owns the embedded Redis (when no URL is configured) and builds the model once
 before any service starts. A process that dies is restarted (relayrl.ops.restarts). Ctrl-C
@@ -60,12 +61,20 @@ class Launcher:
                          [f"rollout.worker_index={i}"],
                          RestartBudget.of(c.restarts, c.rollout.max_restarts))
                    for i in range(c.rollout.num_workers)]
+        # a child relay follows the root and serves its share of the workers
+        # (RunConfig.relay_addresses); it publishes nothing, so it gets no trainer token
+        children = [Child(f"relay-child-{k}", "relay_svc", address,
+                          [f"relay.endpoint.port={address.rsplit(':', 1)[1]}",
+                           f"relay.upstream=[{c.relay.endpoint.address!r}]",
+                           "relay.children=0", "relay.metrics_port=0"],
+                          RestartBudget.of(c.restarts))
+                    for k, address in enumerate(c.child_relay_addresses)]
         evaluator = [Child(EVALUATOR, "relayrl.evals.follower", "", [],
                            RestartBudget.of(c.restarts))] if c.eval.mode == "separate" else []
         return [
             [service("relay", c.relay.endpoint.address),
              service("scheduler", c.scheduler.endpoint.address),
-             service("buffer", c.buffer.endpoint.address)],
+             service("buffer", c.buffer.endpoint.address), *children],
             [service("trainer", c.trainer.endpoint.address)],
             workers,
             evaluator,

@@ -1,5 +1,6 @@
-"""The real stack: embedded Redis, relay, scheduler, buffer, trainer and two rollout workers,
-each its own process, for a few steps; then the books must balance exactly."""
+"""The real stack: embedded Redis, a root relay with a child relay that the workers pull
+from (relay.children), scheduler, buffer, trainer and two rollout workers, each its own
+process, for a few steps; then the books must balance exactly."""
 
 import os
 import time
@@ -8,6 +9,7 @@ import pytest
 
 from relayrl.config import RunConfig
 from relayrl.metrics import read_metrics
+from bench.common import free_port_block
 from relayrl.ops.launcher import Launcher
 from tests.conftest import small_stack_config, snapshot
 
@@ -17,8 +19,10 @@ STEPS, GROUPS, GROUP_SIZE = 10, 2, 4
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
-    cfg = RunConfig.model_validate(small_stack_config(
-        tmp, steps=STEPS, groups_per_batch=GROUPS, group_size=GROUP_SIZE))
+    data = small_stack_config(tmp, steps=STEPS, groups_per_batch=GROUPS,
+                              group_size=GROUP_SIZE)
+    data["relay"].update(children=1, children_base_port=free_port_block(1))
+    cfg = RunConfig.model_validate(data)
     launcher = Launcher(cfg, show_trainer_output=False)
     try:
         launcher.start()
@@ -65,6 +69,17 @@ def test_versions_advanced_and_workers_moved_between_them(finished_run):
     for w in state["workers"]:
         assert len(w.versions_used) > 1, f"{w.worker_id} ran only versions {w.versions_used}"
         assert w.weight_swaps >= 1
+
+
+def test_workers_took_every_version_from_the_child_relay(finished_run):
+    """The child followed the root, and the workers pulled from it, not from the root."""
+    cfg, _, _, _, _ = finished_run
+    child, root = cfg.child_relay_addresses[0], cfg.relay.endpoint.address
+    followed = (cfg.run_path / "logs" / "relay-child-0.log").read_text()
+    assert f"followed from {root}" in followed
+    for i in range(cfg.rollout.num_workers):
+        log = (cfg.run_path / "logs" / f"rollout-{i}.log").read_text()
+        assert f"from {child}" in log and f"from {root}" not in log, f"rollout-{i}"
 
 
 def test_buffer_drained(finished_run):

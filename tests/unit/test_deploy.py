@@ -163,11 +163,30 @@ def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
         env = services[name]["environment"]
         assert env[run.auth.token_env] == "test-token", name
         assert {run.auth.agent_token_env, run.auth.operator_token_env} <= set(env), name
-        publishes = module in ("trainer_svc", "relay_svc")  # only they see the trainer's
+        # only the trainer and the root relay, which checks its publishes, see its token
+        publishes = module == "trainer_svc" or (module == "relay_svc" and not run.relay.upstream)
         assert (env.get(run.auth.trainer_token_env) == "trainer-token") == publishes, name
     assert cfg.scheduler.rest_host == "0.0.0.0"
     assert [p.rsplit(":", 1)[1] for p in services["scheduler"]["ports"]] == [
         str(cfg.scheduler.rest_port)]
+
+
+def test_compose_runs_a_relay_tree_that_workers_pull_from(compose):
+    """The root relay takes the trainer's versions; a child follows it, and every worker
+    pulls from the child first."""
+    runs = {n: compose_config(s) for n, s in compose["services"].items() if "build" in s}
+    relays = {n: cfg for n, (m, cfg) in runs.items() if m == "relay_svc"}
+    roots = [n for n, cfg in relays.items() if not cfg.relay.upstream]
+    children = {n for n, cfg in relays.items() if cfg.relay.upstream}
+    assert len(roots) == 1 and children
+    trainer = next(cfg for m, cfg in runs.values() if m == "trainer_svc")
+    assert trainer.relay.endpoint.host == roots[0]
+    for name in children:
+        assert [a.rsplit(":", 1)[0] for a in relays[name].relay.upstream] == roots
+    for name, (module, cfg) in runs.items():
+        if module == "rollout_svc":
+            assert cfg.relay_addresses[0].rsplit(":", 1)[0] in children, name
+            assert compose["services"][name]["depends_on"].keys() & children, name
 
 
 def docker_builds(text: str) -> dict[str, dict[str, str]]:

@@ -58,8 +58,10 @@ def test_engine_and_trainer_agree_on_every_step(finished_run):
     trained = [r for r in read_metrics(f"{cfg.run_dir}/metrics.jsonl") if "train/loss" in r]
     assert trained
     for r in trained:
-        assert r["rollout/engine_tokens_frac"] > 0, r["step"]
-        assert r["rollout/engine_logp_absdiff"] < 1e-4 and r["rollout/engine_kl"] < 1e-6
+        seen = {k: v for k, v in r.items() if k.startswith(("rollout/", "staleness/"))}
+        assert r["rollout/engine_tokens_frac"] > 0, (r["step"], seen)
+        assert r["rollout/engine_logp_absdiff"] < 1e-4, (r["step"], seen)
+        assert r["rollout/engine_kl"] < 1e-6, (r["step"], seen)
         assert r["rollout/offpolicy_kl"] >= 0
 
 

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import CpuSampler, assign_free_ports, run_stack, window_figures  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.config.run import inflight_prompts  # noqa: E402
+from relayrl.staleness import inflight_prompts  # noqa: E402
 
 MODES = ("sync", "async_batch", "async", "async_repack")
 

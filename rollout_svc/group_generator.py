@@ -15,6 +15,7 @@ from relayrl.leases import LeasedPrompt
 from relayrl.models.loading import LoadedModel
 from relayrl.partial import PartialGroup, PartialSequence
 from relayrl.sampling.kv_state import SequenceKV
+from relayrl.staleness import must_restart
 from relayrl.streams import TrajectoryWriter
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.lengths import target_length
@@ -122,12 +123,9 @@ class GroupGenerator:
         the trainer can still train on (its version minus the staleness bound): the trainer
         would drop the whole group, so finishing it is wasted work. Only when the engine's
         version is recent enough itself; until then the worker is catching up."""
-        floor = self.trainer_version - self.max_staleness
-        if self.engine.version < floor:
-            return
         for group in groups:
-            versions = [min(s.versions) for s in group.sequences if s.versions]
-            if versions and min(versions) < floor:
+            if must_restart((min(s.versions) for s in group.sequences if s.versions),
+                            self.engine.version, self.trainer_version, self.max_staleness):
                 group.sequences = [PartialSequence() for _ in group.sequences]
                 self.groups_restarted_stale += 1
 

@@ -42,7 +42,7 @@ class Split:
 
 def split_stale(batch: Batch, version: int, max_staleness: int) -> Split:
     """A group is stale when its oldest token lags `version` by more than the bound
-    (relayrl.messages.is_stale, the rule Submit refuses by too)."""
+    (relayrl.staleness.is_stale, the rule Submit refuses by and the simulator drops by)."""
     kept, stale = [], []
     for g in batch.groups:
         (stale if g.is_stale(version, max_staleness) else kept).append(g)

@@ -71,6 +71,7 @@ class EpisodeGenerator(GroupGenerator):
         for group in groups:
             if must_restart((min(e.seq.versions) for e in group.episodes if e.seq.versions),
                             self.engine.version, self.trainer_version, self.max_staleness):
+                self.tokens_restarted_stale += sum(len(e.seq.tokens) for e in group.episodes)
                 fresh = self.start(group.lease)
                 group.episodes = fresh.episodes
                 self.groups_restarted_stale += 1

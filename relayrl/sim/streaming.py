@@ -12,10 +12,9 @@ prompt can go to the worker (relayrl.repack's rules, as the live scheduler's), s
 drained worker reloads at once; the target prefills their context again (or receives their
 KV cache, with sim.migration `kv`).
 
-The decisions are the live services' own functions: the in-flight cap and the lease floor
-(relayrl.staleness), the repack rules (relayrl.repack) and the trainer's staleness rule,
-which drops a group whose oldest token is too old when its batch is trained. `trace`, a list,
-records them for tests/unit/test_one_rulebook.py to replay through the services' code.
+The decisions are the services' own functions (relayrl.staleness, relayrl.repack); the
+trainer's rule drops a batch's too-old groups. `trace`, a list, records the decisions for
+tests/unit/test_one_rulebook.py to replay through the services' code.
 
 A worker whose course nothing can change until its next decision (its queue refills every
 slot that frees, or it can only drain) runs ahead of the clock to that decision in one go:
@@ -28,7 +27,6 @@ import dataclasses
 import itertools
 from collections import defaultdict, deque
 from heapq import heappop, heappush
-from itertools import repeat
 from typing import Any
 
 from relayrl.repack import is_tail, rank_targets, repack_wanted
@@ -65,8 +63,7 @@ class Streaming:
         self.idle: set[Worker] = set()
         self.holders: defaultdict[int, set[Worker]] = defaultdict(set)  # version -> workers
         self.migrations = 0
-        self.migration_s = 0.0
-        self.reprefill_tokens = 0
+        self.migration_s, self.reprefill_tokens = 0.0, 0  # modelled cost; context re-prefilled
         self.records = [START]
         self.trace: list[tuple] | None = None
 
@@ -154,7 +151,7 @@ class Streaming:
         if self.trace is not None:
             self.trace.append(("lease", w.wid, self.consumed, prompt))
         w.queue.extend(zip(range(prompt * self.group, (prompt + 1) * self.group),
-                           repeat(0, self.group), strict=True))
+                           itertools.repeat(0, self.group), strict=True))
 
     def hand_off(self, w: Worker, now: float) -> None:
         """Move w's sequences to the fullest workers of its version that have room; a target

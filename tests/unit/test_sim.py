@@ -289,3 +289,34 @@ def test_a_migration_re_prefills_unless_its_kv_cache_moves():
     assert again.migrations > 0 and moved.migrations > 0
     assert again.wasted_tokens["reprefill"] > 0 and moved.wasted_tokens["reprefill"] == 0
     assert again.migration_s > 0 and moved.migration_s > 0
+
+
+def test_sensitivity_scales_one_cost_at_a_time_and_checks_each_conclusion():
+    from relayrl.sim import sensitivity
+
+    costs = CostParams()
+    doubled = sensitivity.scaled(costs, sensitivity.COSTS["decode step"], 2.0)
+    assert doubled.decode_fixed_s == 2 * costs.decode_fixed_s
+    assert doubled.decode_per_token_s == 2 * costs.decode_per_token_s
+    assert doubled.prefill_per_token_s == costs.prefill_per_token_s
+    cfg = small(heavy_tail(median=100, max_len=3000), steps=8, warmup=4)
+    rows = sensitivity.run(cfg, 8, ("sync", "async", "async_repack"))
+    assert [(r["cost"], r["factor"]) for r in rows[:3]] == [
+        ("default", 1.0), ("decode step", 0.5), ("decode step", 2.0)]
+    assert len(rows) == 1 + 2 * len(sensitivity.COSTS)
+    assert all(r["speedup_vs_sync"]["sync"] == 1.0 for r in rows)
+    slower_sync = next(r for r in rows if r["cost"] == "weight sync" and r["factor"] == 2.0)
+    assert slower_sync["speedup_vs_sync"]["async"] > rows[0]["speedup_vs_sync"]["async"]
+    assert set(rows[0]["conclusions"]) == {
+        "async > sync", "repack > async", "best async >= 2x sync",
+        "best async >= 5.5x sync", "staleness within bound"}
+    assert set(sensitivity.surviving(rows)) <= set(rows[0]["conclusions"])
+
+
+def test_cli_prints_the_sensitivity_table(capsys):
+    code = main(["simulate", "--sensitivity", "--workers", "2,4", "--steps", "3",
+                 "--warmup", "1", "--modes", "sync,async", "--jobs", "1"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and "weight sync" in "\n".join(out)
+    last = json.loads(out[-1])
+    assert last["workers"] == 4 and len(last["rows"]) == 11

@@ -120,6 +120,8 @@ def surviving(rows: list[dict[str, Any]]) -> dict[str, bool]:
 def main(cfg: SimConfig, workers: int, modes: Sequence[str], jobs: int = 1) -> int:
     rows = run(cfg, workers, modes, jobs)
     print(format_table(rows))
+    if cfg.migration == "reprefill":
+        print("KV transfer: with sim.migration reprefill only migrate_fixed_s applies")
     print(json.dumps({"sensitivity": True, "workers": workers, "rows": rows,
                       "surviving": surviving(rows)}))
     return 0

@@ -88,7 +88,7 @@ class ModeResult:
     staleness_tok: dict[str, float]  # over their response tokens
     utilization: float
     migrations: int
-    migration_s: float  # modelled seconds of migrating, summed over sequences moved
+    migration_s: float  # modelled seconds of migrating: transfers, plus re-prefills
     preemptions: int
     trainer_idle: float
     sim_seconds: float  # simulated time of the measured window

@@ -171,7 +171,7 @@ class Streaming:
                 self.migrations += len(moved)
                 delay = (self.costs.migrate_fixed_s if self.reprefill
                          else self.costs.migrate_s(tokens))
-                self.migration_s += delay * len(moved)
+                self.migration_s += delay  # one transfer carries them all
                 self.push(now + delay, ARRIVE, d, (moved, tokens))
             if not w.active:
                 break

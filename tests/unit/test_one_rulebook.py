@@ -4,6 +4,8 @@ trained (which prompts it kept, which it dropped as stale) and every draining wo
 groups; the scheduler's LeasePolicy, the trainer's split_stale and the rollout's
 restart_stale then decide the same events."""
 
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -101,3 +103,12 @@ def test_the_simulator_takes_the_live_defaults():
     assert cfg.workload.group_size == live.rollout.samples_per_prompt
     batch = live.buffer.groups_per_batch
     assert cfg.inflight_limit(batch) == live.inflight_limit
+
+
+def test_the_simulator_imports_no_service():
+    """Shared rules live in relayrl/; the simulator reaching into a service would fork them."""
+    code = ("import sys, relayrl.sim.sweep, relayrl.sim.sensitivity; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0].endswith('_svc')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"

@@ -25,10 +25,15 @@ as in `relayrl simulate`:
   out, a worker left with a few long sequences hands them (token state and all) to the
   fullest worker with room, so they decode in one batch there.
 
-Reports trained samples/s after a warm-up, where each worker's loop time went and how full
-its engine calls were. Every mode runs `--repeats` times, in rounds; a mode's figure is its
-median run. Ends with one JSON line of the ratios of the medians, and per round (target:
-trajectory-level async >= 2x sync).
+Reports trained samples/s after a warm-up (only what the trainer kept: a group dropped as
+stale is no throughput), and beside it the work wasted: response tokens the trainer dropped,
+tokens the workers threw away restarting stale groups, and context re-prefilled after a
+repack moved a group without its KV state; staleness per sequence and per token as
+distributions (mean, p50, p99, max; lags of 9 or more count as 9); where each worker's loop
+time went and how full its engine calls were. Every mode runs `--repeats` times, in rounds;
+a mode's figure is its median run. Ends with one JSON line: trained_samples_per_s and
+staleness_max per mode, the ratios of the medians, and per round (target: trajectory-level
+async >= 2x sync).
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import CpuSampler, assign_free_ports, run_stack, window_figures  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.config.run import inflight_prompts  # noqa: E402
+from relayrl.sim.accounting import distribution  # noqa: E402
+from relayrl.staleness import inflight_prompts  # noqa: E402
 
 MODES = ("sync", "async_batch", "async", "async_repack")
 
@@ -92,7 +98,15 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
     recalls = sched_log.read_text().count("repack: lease") if sched_log.is_file() else 0
     busy = sum(r["time/step_s"] for r in rows[warmup:])
     fill, loop = worker_loops(Path(cfg.run_dir) / "logs")
-    return {"samples_per_s": round(window["samples_per_s"], 2),
+    restarted, reprefilled = worker_waste(Path(cfg.run_dir) / "logs")
+    measured = rows[warmup:]
+    return {"samples_per_s": round(window["samples_per_s"], 2),  # trained only
+            "wasted_tokens": {  # dropped: the window's; the workers': the whole run's
+                "dropped": sum(r.get("train/tokens_dropped_stale", 0) for r in measured),
+                "restarted": restarted, "reprefilled": reprefilled},
+            "staleness_seq": distribution(lag_counts(measured, "samples")),
+            "staleness_tok": distribution(lag_counts(measured, "tokens")),
+            "staleness_max": max((r.get("staleness/lag_max", 0) for r in measured), default=0),
             "trainer_busy": round(busy / elapsed, 2),  # share of the time spent stepping
             "repack_recalls": recalls,
             # the machine's busy share over the measured steps (None off Linux)
@@ -121,6 +135,36 @@ def worker_loops(logs: Path) -> tuple[float, str]:
             fills.append(float(filled) / int(seats))
             first = first or shares
     return (round(sum(fills) / len(fills), 2) if fills else 0.0), first
+
+
+WASTE_LINE = re.compile(r"waste: (\d+) groups restarted stale \((\d+) tokens\), (\d+) tokens "
+                        r"re-prefilled")
+
+
+def worker_waste(logs: Path) -> tuple[int, int]:
+    """(tokens thrown away restarting stale groups, context tokens re-prefilled after a
+    move), summed over the workers' closing waste lines (RolloutWorker.run)."""
+    restarted = reprefilled = 0
+    for log in sorted(logs.glob("rollout-*.log")):
+        found = WASTE_LINE.findall(log.read_text())
+        if found:
+            restarted += int(found[-1][1])
+            reprefilled += int(found[-1][2])
+    return restarted, reprefilled
+
+
+def lag_counts(rows: list[dict], unit: str) -> dict[int, int]:
+    """Trained samples (unit "samples") or tokens ("tokens") per lag, from the trainer's
+    staleness/<unit>_lag_<bucket> histograms; the 9plus bucket counts as lag 9, and `over`
+    (dropped) not at all."""
+    counts: dict[int, int] = {}
+    prefix = f"staleness/{unit}_lag_"
+    for r in rows:
+        for key, n in r.items():
+            if key.startswith(prefix) and key[len(prefix):] != "over" and n:
+                lag = int(key[len(prefix):].removesuffix("plus"))
+                counts[lag] = counts.get(lag, 0) + int(n)
+    return counts
 
 
 def main() -> None:
@@ -175,6 +219,9 @@ def main() -> None:
                       f"seats filled {stats['seats_filled']:.0%}  "
                       f"cpu busy {stats['cpu_busy'] or 0:.0%}  "
                       f"({time.monotonic() - t0:.0f} s)", flush=True)
+                print(f"{'':>15}  wasted tokens {stats['wasted_tokens']}  lag per "
+                      f"sequence {stats['staleness_seq']}, per token {stats['staleness_tok']}",
+                      flush=True)
                 print(f"{'':>15}  worker 0: {stats['worker_loop']}", flush=True)
                 runs[mode].append(stats)
     for mode, done in runs.items():  # the run with the median rate stands for the mode
@@ -189,6 +236,8 @@ def main() -> None:
                 result[f"{mode}_over_sync_by_round"] = [
                     round(a["samples_per_s"] / b["samples_per_s"], 2)
                     for a, b in zip(runs[mode], runs["sync"], strict=True)]
+    result["trained_samples_per_s"] = {m: result[m]["samples_per_s"] for m in runs}
+    result["staleness_max"] = {m: result[m]["staleness_max"] for m in runs}
     result["target_async_over_sync"] = 2.0
     print(json.dumps(result))
 

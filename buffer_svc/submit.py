@@ -24,9 +24,10 @@ from relayrl import control
 from relayrl.codec import CodecError
 from relayrl.config import RunConfig
 from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.messages import Group, Sample, encode_group, is_stale, validate_sample
+from relayrl.messages import Group, Sample, encode_group, validate_sample
 from relayrl.model_limits import ModelLimits
 from relayrl.proto.v1 import buffer_pb2
+from relayrl.staleness import is_stale
 from relayrl.streams import BufferFull
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -120,7 +121,7 @@ def to_samples(request: buffer_pb2.SubmitRequest, limits: SubmitLimits,
 
 def check_fresh(samples: list[Sample], latest_version: int, max_staleness: int) -> None:
     """StaleGroup when the trainer, already at `latest_version`, would drop the group as
-    stale (relayrl.messages.is_stale: its version only grows from here)."""
+    stale (relayrl.staleness.is_stale: its version only grows from here)."""
     oldest = Group(EXTERNAL_PROMPT_BASE, samples).oldest_version
     if is_stale(oldest, latest_version, max_staleness):
         i = next(i for i, s in enumerate(samples) if s.oldest_version == oldest)

@@ -15,14 +15,9 @@ import msgspec
 import numpy as np
 
 from relayrl.codec import CodecError, Wire, decode, encode
+from relayrl.staleness import is_stale
 
 LOGPROB_TOLERANCE = 1e-4
-
-
-def is_stale(oldest_version: int, version: int, max_staleness: int) -> bool:
-    """The staleness rule, the trainer's and Submit's alike: tokens whose oldest version lags
-    `version` by more than `max_staleness` (trainer.max_staleness) are not trained on."""
-    return version - oldest_version > max_staleness
 
 
 class FinishReason(str, enum.Enum):  # enum.StrEnum once Python 3.10 is dropped

@@ -22,6 +22,13 @@ class Move:
     target: Hashable
 
 
+def repack_wanted(queued: int, may_hand_out_new: bool) -> bool:
+    """Whether to plan moves at all: only when no prompt waits to be handed out, neither a
+    re-queued one (`queued`) nor a new one under the in-flight cap; idle room is otherwise
+    filled by new prompts instead."""
+    return not queued and not may_hand_out_new
+
+
 def is_tail(load: int, capacity: int, repack_below: float) -> bool:
     """True when a worker holds some sequences but no more than `repack_below` of what it can
     run at once."""

@@ -22,6 +22,7 @@ from relayrl.envs import TurnGlue, load_environment, make_environment
 from relayrl.envs.play import answer, goes_on, open_episode
 from relayrl.leases import LeasedPrompt
 from relayrl.models.loading import LoadedModel
+from relayrl.staleness import must_restart
 from relayrl.streams import TrajectoryWriter
 from relayrl.tasks.problem import Problem
 from rollout_svc.engine_api import Engine, SamplingSpec
@@ -67,12 +68,10 @@ class EpisodeGenerator(GroupGenerator):
 
     def restart_stale(self, groups: list[EpisodeGroup]) -> None:  # type: ignore[override]
         """As GroupGenerator.restart_stale, with fresh episodes (and environments)."""
-        floor = self.trainer_version - self.max_staleness
-        if self.engine.version < floor:
-            return
         for group in groups:
-            versions = [min(e.seq.versions) for e in group.episodes if e.seq.versions]
-            if versions and min(versions) < floor:
+            if must_restart((min(e.seq.versions) for e in group.episodes if e.seq.versions),
+                            self.engine.version, self.trainer_version, self.max_staleness):
+                self.tokens_restarted_stale += sum(len(e.seq.tokens) for e in group.episodes)
                 fresh = self.start(group.lease)
                 group.episodes = fresh.episodes
                 self.groups_restarted_stale += 1

@@ -15,6 +15,7 @@ from relayrl.leases import LeasedPrompt
 from relayrl.models.loading import LoadedModel
 from relayrl.partial import PartialGroup, PartialSequence
 from relayrl.sampling.kv_state import SequenceKV
+from relayrl.staleness import must_restart
 from relayrl.streams import TrajectoryWriter
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.lengths import target_length
@@ -36,6 +37,8 @@ class GroupGenerator:
         self.kv_imported = 0  # KV states taken over with a moved group (no re-prefill)
         self.kv_refused = 0  # ... that this engine could not use (another version, ...)
         self.groups_restarted_stale = 0  # started over: the trainer could no longer use them
+        self.tokens_restarted_stale = 0  # ... the tokens they had, decoded in vain
+        self.tokens_reprefilled = 0  # context of moved groups prefilled again (no KV came)
         self.prompts_cut = 0  # leased prompts too long for the model, cut to fit (start)
         self.prompt_limit = self._prompt_limit()
         # the run's live settings and the trainer's version, as last read
@@ -57,8 +60,13 @@ class GroupGenerator:
     def start(self, lease: LeasedPrompt) -> PartialGroup:
         prompt_tokens = self.fit_prompt(lease.prompt_id,
                                         self.lm.encode_problem(lease.text, lease.messages))
+        imported = self.kv_imported
         self._import_kv(lease)
-        return self._start_group(lease, prompt_tokens)
+        group = self._start_group(lease, prompt_tokens)
+        if lease.partial_state and self.kv_imported == imported:
+            self.tokens_reprefilled += len(group.prompt_tokens) + sum(
+                len(s.tokens) for s in group.sequences if not s.finished)
+        return group
 
     def fit_prompt(self, prompt_id: int, prompt_tokens: list[int]) -> list[int]:
         if len(prompt_tokens) > self.prompt_limit:
@@ -122,12 +130,10 @@ class GroupGenerator:
         the trainer can still train on (its version minus the staleness bound): the trainer
         would drop the whole group, so finishing it is wasted work. Only when the engine's
         version is recent enough itself; until then the worker is catching up."""
-        floor = self.trainer_version - self.max_staleness
-        if self.engine.version < floor:
-            return
         for group in groups:
-            versions = [min(s.versions) for s in group.sequences if s.versions]
-            if versions and min(versions) < floor:
+            if must_restart((min(s.versions) for s in group.sequences if s.versions),
+                            self.engine.version, self.trainer_version, self.max_staleness):
+                self.tokens_restarted_stale += sum(len(s.tokens) for s in group.sequences)
                 group.sequences = [PartialSequence() for _ in group.sequences]
                 self.groups_restarted_stale += 1
 

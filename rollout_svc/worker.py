@@ -45,6 +45,10 @@ SERVE_ONLY_POLL_S = 1.0
 CATCH_UP_SHARE = 0.25  # of the lease TTL, the longest a worker waits for required weights
 
 
+# decoded or prefilled for nothing, logged as a worker stops; bench/longtail.py reads it
+WASTE_LINE = "waste: %d groups restarted stale (%d tokens), %d tokens re-prefilled after a move"
+
+
 def _counter(part: str, name: str) -> property:
     return property(lambda self: getattr(getattr(self, part), name))
 
@@ -61,6 +65,8 @@ class RolloutWorker:
     mid_sequence_swaps = _counter("generator", "mid_sequence_swaps")
     groups_resumed = _counter("generator", "groups_resumed")
     groups_restarted_stale = _counter("generator", "groups_restarted_stale")
+    tokens_restarted_stale = _counter("generator", "tokens_restarted_stale")
+    tokens_reprefilled = _counter("generator", "tokens_reprefilled")
     kv_imported = _counter("generator", "kv_imported")
     kv_refused = _counter("generator", "kv_refused")
     samples_generated = _counter("boundary", "samples_generated")
@@ -186,6 +192,8 @@ class RolloutWorker:
                 active = []
                 stop.wait(1.0)
         self._report_loop(every_s=0.0)
+        log.info(WASTE_LINE, self.groups_restarted_stale, self.tokens_restarted_stale,
+                 self.tokens_reprefilled)
         self.leases.confirm_deliveries()
         self.release_all(active)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from relayrl.staleness import may_hand_out
 from scheduler_svc.idempotency import COMPLETED, RELEASED, ReplyMemory
 from scheduler_svc.lease_state import ActiveLease, Counters, Grant, WorkerState
 from scheduler_svc.repack_rules import RepackRules
@@ -142,7 +143,7 @@ class LeasePolicy(WorkerRules, RepackRules):
             return False
         if self.max_prompts and self.cursor >= self.max_prompts:
             return False
-        return self.inflight < self.max_inflight
+        return may_hand_out(self.inflight, self.max_inflight)
 
     def _lease(self, prompt_id: int, worker_id: str, now: float) -> Grant:
         self._next_lease += 1

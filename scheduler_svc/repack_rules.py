@@ -9,7 +9,7 @@ prompt is reserved for the fuller worker chosen to continue it, for `reservation
 
 from __future__ import annotations
 
-from relayrl.repack import Move, plan_moves
+from relayrl.repack import Move, plan_moves, repack_wanted
 
 
 class RepackRules:
@@ -49,7 +49,7 @@ class RepackRules:
         by new prompts instead). Workers with a move under way sit this round out."""
         if not self.worker_capacity:
             return []
-        if not force and (self.requeue or self._may_hand_out_new()):
+        if not force and not repack_wanted(len(self.requeue), self._may_hand_out_new()):
             return []
         self.expire(now)
         busy = {lease.worker_id for lease in self.leases.values() if lease.recall_to}

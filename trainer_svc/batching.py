@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 from relayrl.messages import Batch, Group
@@ -42,7 +43,7 @@ class Split:
 
 def split_stale(batch: Batch, version: int, max_staleness: int) -> Split:
     """A group is stale when its oldest token lags `version` by more than the bound
-    (relayrl.messages.is_stale, the rule Submit refuses by too)."""
+    (relayrl.staleness.is_stale, the rule Submit refuses by and the simulator drops by)."""
     kept, stale = [], []
     for g in batch.groups:
         (stale if g.is_stale(version, max_staleness) else kept).append(g)
@@ -65,11 +66,30 @@ def lag_histogram(batch: Batch, version: int, max_staleness: int) -> dict[str, i
     start mid-run."""
     hist = dict.fromkeys(lag_bucket_names(max_staleness), 0)
     for g in batch.groups:
-        lag = max(version - g.oldest_version, 0)
-        bucket = ("over" if lag > max_staleness
-                  else str(lag) if lag <= LAG_BUCKETS else f"{LAG_BUCKETS + 1}plus")
+        bucket = _bucket(max(version - g.oldest_version, 0), max_staleness)
         hist[f"staleness/samples_lag_{bucket}"] += len(g.samples)
     return hist
+
+
+def token_lag_histogram(groups: list[Group], version: int, max_staleness: int
+                        ) -> dict[str, int]:
+    """As lag_histogram, for the policy's response tokens of `groups`, each by its own lag
+    (`version` minus the version that sampled it): staleness per token, where a sample's lag
+    is its oldest token's. Names staleness/tokens_lag_<bucket>."""
+    hist = {name.replace("samples_lag", "tokens_lag"): 0
+            for name in lag_bucket_names(max_staleness)}
+    for g in groups:
+        for s in g.samples:
+            lags = np.maximum(version - s.versions[s.policy_token_mask], 0)
+            for lag, n in zip(*np.unique(lags, return_counts=True), strict=True):
+                hist[f"staleness/tokens_lag_{_bucket(int(lag), max_staleness)}"] += int(n)
+    return hist
+
+
+def _bucket(lag: int, max_staleness: int) -> str:
+    if lag > max_staleness:
+        return "over"
+    return str(lag) if lag <= LAG_BUCKETS else f"{LAG_BUCKETS + 1}plus"
 
 
 def split_uniform(groups: list[Group]) -> tuple[list[Group], list[Group]]:

@@ -23,7 +23,13 @@ from relayrl.outage import redis_write, ride_out
 from relayrl.streams import ensure_group, read_group
 from relayrl.tasks import make_run_task
 from trainer_svc import checkpoint
-from trainer_svc.batching import collate, lag_histogram, split_stale, split_uniform
+from trainer_svc.batching import (
+    collate,
+    lag_histogram,
+    split_stale,
+    split_uniform,
+    token_lag_histogram,
+)
 from trainer_svc.distributed import Parallel
 from trainer_svc.durability import Durability
 from trainer_svc.learner import Learner
@@ -136,7 +142,11 @@ class Trainer(Durability):
                         "train/samples_dropped_stale": dropped_samples,
                         "train/groups_filtered_uniform": len(uniform),
                         "train/samples_filtered_uniform": filtered_samples,
-                        **lag_histogram(batch, version, self.tc.max_staleness)}
+                        # decoded, then thrown away: bench/longtail.py counts it as waste
+                        "train/tokens_dropped_stale": sum(
+                            len(s.response_tokens) for g in split.stale for s in g.samples),
+                        **lag_histogram(batch, version, self.tc.max_staleness),
+                        **token_lag_histogram(split.kept, version, self.tc.max_staleness)}
         if kept:
             update, finite = self._optimize(kept, version)
             if not finite:  # no update, no publish, nothing trained (trainer_svc.finite)

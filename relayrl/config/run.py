@@ -26,18 +26,7 @@ from relayrl.config.security import AuthConfig
 from relayrl.config.task import AdditionTaskConfig, TaskConfig, task_shorthand
 from relayrl.config.trainer import TrainerConfig
 from relayrl.deadlines import REDIS_BLOCK_MARGIN_S
-
-
-def inflight_prompts(groups_per_batch: int, max_staleness: int) -> int:
-    """Prompts out at once by default (handed out, not yet consumed by the trainer): a
-    prompt waits for the batches out ahead of it, so with c batches out its tokens are about
-    c - 1 versions old when trained, and the long tail older. c = max_staleness leaves the
-    tail room under the bound; two at least once any staleness is allowed, or generation
-    would not overlap training. On bench/longtail.py at staleness 2, c = 3 dropped 13% of
-    groups as stale and c = 2 none, and trained 30% more samples a second."""
-    batches = 1 if max_staleness == 0 else max(2, max_staleness)
-    return groups_per_batch * batches
-
+from relayrl.staleness import inflight_prompts
 
 # vLLM 0.32's CPU attention kernels (CPUAttentionBackend.get_supported_head_sizes)
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

@@ -178,6 +178,11 @@ def cmd_simulate(args) -> int:
                                  args.warmup)
         workers = sweep.parse_list(args.workers, "workers", int)
         modes = sweep.parse_list(args.modes, "modes", str)
+        if args.sensitivity:  # every cost x0.5 and x2, at the largest fleet size
+            from relayrl.sim import sensitivity
+
+            return sensitivity.main(cfg, max(workers), modes,
+                                    args.jobs or min(4, os.cpu_count() or 1))
         return sweep.main(cfg, workers, modes, args.out, args.jobs)
     except ValueError as err:
         print(err, file=sys.stderr)
@@ -242,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--jobs", type=int, default=None, help="processes (default: CPU count)")
     p.add_argument("--out", default="runs/sim", help="writes sim.json and sim.png here")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="instead: every cost x0.5 and x2 at the largest --workers, and which "
+                   "conclusions survive (relayrl/sim/sensitivity.py)")
     p.set_defaults(fn=cmd_simulate)
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -2,8 +2,9 @@
 trainer, in four modes (sync, one_step_off, async, async_repack) on the same seeded
 workload. `relayrl simulate` sweeps fleet sizes; `simulate()` runs one mode."""
 
+from relayrl.sim.accounting import ModeResult
 from relayrl.sim.costs import CostParams, fit_decode_cost, load_costs
-from relayrl.sim.engine import MODES, ModeResult, SimConfig, config_from_mapping
+from relayrl.sim.engine import MODES, SimConfig, config_from_mapping
 from relayrl.sim.run import simulate
 from relayrl.sim.workload import RESPONSE_DISTS, LengthDist, Workload, heavy_tail
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from relayrl.sim.engine import START, SimConfig, StepRecord
+from relayrl.sim.accounting import START, StepRecord
+from relayrl.sim.engine import SimConfig
 from relayrl.sim.worker import KV_ADMIT, Worker
 from relayrl.sim.workload import Lengths
+from relayrl.staleness import is_stale
 
 
 class Fleet:
@@ -91,12 +93,17 @@ class Fleet:
         return response, prompt + response
 
     def record(self, step: int, at: float, staleness: int, train_s: float) -> StepRecord:
+        """Step `step`'s record: its batch is `staleness` versions old throughout, so the
+        staleness rule keeps all of it or none."""
         samples = len(self.prompts(step)) * self.cfg.workload.group_size
-        return StepRecord(
-            time=at, samples=samples, tokens=self.tokens(step)[0],
-            stale_sum=staleness * samples, stale_max=staleness, train_s=train_s,
-            busy=sum(w.busy for w in self.workers), migrations=0,
-            preemptions=sum(w.preemptions for w in self.workers))
+        tokens = self.tokens(step)[0]
+        common = dict(time=at, train_s=train_s, busy=sum(w.busy for w in self.workers),
+                      recompute_tokens=sum(w.recomputed for w in self.workers),
+                      preemptions=sum(w.preemptions for w in self.workers))
+        if is_stale(step - staleness, step, self.cfg.max_staleness):
+            return StepRecord(dropped_samples=samples, dropped_tokens=tokens, **common)
+        return StepRecord(samples=samples, tokens=tokens, lags=((staleness, samples, tokens),),
+                          **common)
 
 
 def run_sync(cfg: SimConfig, workers: int) -> list[StepRecord]:
@@ -104,7 +111,7 @@ def run_sync(cfg: SimConfig, workers: int) -> list[StepRecord]:
     fleet, t, records = Fleet(cfg, workers), 0.0, [START]
     for step in range(cfg.steps):
         generated = fleet.generate(step, t)
-        train_s = cfg.costs.train_step_s(fleet.tokens(step)[1], workers)
+        train_s = cfg.costs.train_step_s(fleet.tokens(step)[1], workers)  # never stale
         t = generated + train_s + cfg.costs.weight_sync_s
         records.append(fleet.record(step, t, 0, train_s))
     return records

@@ -1,8 +1,13 @@
 """What things cost, in seconds: one generation worker, migrations, weight syncs, the trainer.
 
-Defaults are loosely one H100 serving a 7B model in bf16 with grouped-query attention
-(Qwen2.5-7B: 15 GB of weights, about 57 KB of KV cache per token), and a trainer built from
-the same GPUs. Calibrate the decode terms against a real engine with `fit_decode_cost`.
+Defaults are one H100 SXM (989 TFLOP/s dense bf16, 3.35 TB/s HBM3: NVIDIA's H100 datasheet)
+serving a 7B model in bf16 with grouped-query attention (Qwen2.5-7B: 7.6e9 parameters,
+15.2 GB of weights; 28 layers x 4 KV heads x 128 dims x 2 (K, V) x 2 bytes = 57,344 bytes
+of KV cache per token), and a trainer built from the same GPUs. Each value says where it
+comes from: a published measurement where one was found, otherwise the arithmetic from the
+datasheet, said as such. Calibrate the decode terms against a real engine with
+`fit_decode_cost` (bench/calibrate_sim.py); see how much each value matters with
+relayrl.sim.sensitivity (`relayrl simulate --sensitivity`).
 """
 
 from __future__ import annotations
@@ -20,17 +25,41 @@ import numpy as np
 @dataclass(frozen=True)
 class CostParams:
     # decode step = fixed + per_seq * batch + per_token * (context tokens summed over the batch)
-    decode_fixed_s: float = 6e-3  # streaming 15 GB of weights at ~2.5 TB/s, plus launches
-    decode_per_seq_s: float = 3e-5  # MLP FLOPs and sampling for one more sequence
-    decode_per_token_s: float = 2.5e-8  # reading one token's KV (57 KB at ~2.3 TB/s)
-    max_batch: int = 128  # sequences decoded together (vLLM's max_num_seqs)
-    kv_budget_tokens: int = 1_000_000  # KV cache slots left after weights (~57 GB)
-    prefill_per_token_s: float = 4e-5  # 2 * 7.6e9 FLOP per token at ~40% of bf16 peak
-    migrate_fixed_s: float = 0.05  # per migration: connect, allocate blocks on the target
-    migrate_per_token_s: float = 2.5e-6  # one token's KV over ~25 GB/s RDMA
-    weight_sync_s: float = 2.0  # one worker receiving and loading a version (15 GB)
-    train_fixed_s: float = 3.0  # per trainer step: optimizer, snapshot for publishing
-    train_per_token_s: float = 1e-4  # per token per trainer GPU: 6 * 7.6e9 FLOP at ~45% MFU
+    # Streaming 15.2 GB of weights at 3.35 TB/s is 4.5 ms; measured, vLLM decodes Llama-3.1-8B
+    # at one request at 75 tokens/s on an A100-40GB, "77% of the memory-bandwidth ceiling"
+    # (johnmusgrave.com/p/vllm-throughput-latency-sweep-on), which is 6 ms on an H100 (x2.15
+    # the bandwidth).
+    decode_fixed_s: float = 6e-3
+    # 2 * 7.6e9 FLOP per token at half of bf16 peak; no published per-sequence figure found.
+    # Check on the whole: a batch of 128 at ~1,300 tokens of context each then decodes about
+    # 9,000 tokens/s, against a reported ~12,500 tokens/s for Llama-3.1-8B bf16 on one H100
+    # with vLLM (morphllm.com/vllm-benchmarks, a third-party compilation) and 5,777 tokens/s
+    # for MLPerf Inference v5.1's Llama-3.1-8B offline run (FP8, prefill included; Red Hat).
+    decode_per_seq_s: float = 3e-5
+    decode_per_token_s: float = 2.5e-8  # reading one token's KV (57 KB) at ~2.3 TB/s achieved
+    max_batch: int = 128  # sequences decoded together (vLLM's max_num_seqs default is 256)
+    kv_budget_tokens: int = 1_000_000  # KV slots left after weights: ~57 GB at 57 KB a token
+    # 2 * 7.6e9 FLOP per token at ~40% of bf16 peak; no published prefill rate for a 7B model
+    # on an H100 found to cite.
+    prefill_per_token_s: float = 4e-5
+    # KV transfer between engines (sim.migration `kv`): vLLM's Mooncake connector measured
+    # 123 / 202 / 529 ms for 8k / 16k / 32k-token prefixes between two idle instances, about
+    # 10 GB/s, falling to ~3 GB/s under decode load, with a flat ~58 ms when overlapped
+    # layer by layer (gitea.gahow.org/gahow/agentic-kvc, microbench/connector_tax notes; the
+    # model is not named there). Here: 60 ms per move, and 57 KB a token at 10 GB/s.
+    migrate_fixed_s: float = 0.06
+    migrate_per_token_s: float = 5.7e-6
+    # One worker receiving and loading a version (15.2 GB). No published figure for a 7B
+    # model found. Moonshot's checkpoint-engine reports updating Kimi-K2 (1T parameters) on
+    # thousands of GPUs in ~20 s; this repository's own relay measured 8 workers holding a
+    # 2 GB version in 1.68 s through one shared-memory relay (README, weights table), which
+    # scales to ~13 s for 15 GB on CPUs. 2 s is 15.2 GB at ~8 GB/s over RDMA: optimistic.
+    weight_sync_s: float = 2.0
+    train_fixed_s: float = 3.0  # per trainer step: optimizer, snapshot for publishing; a guess
+    # torchtitan (docs/performance.md) trains Llama-3.1-8B with FSDP on 8 H100s at 5,762
+    # tokens/s/GPU (6,667 with torch.compile): 1.4e-4 s a token for 7.6e9 parameters. RL
+    # adds no second forward here (the trainer rescores in the training pass).
+    train_per_token_s: float = 1.4e-4
     trainer_gpus_per_worker: float = 1.0  # the trainer is sized with the fleet (1:1)
 
     def __post_init__(self) -> None:

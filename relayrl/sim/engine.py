@@ -1,53 +1,76 @@
-"""The simulation's configuration, its per-step records and what a mode's run amounts to
-(the entry point, `simulate`, is relayrl.sim.run).
+"""The simulation's configuration (the entry point, `simulate`, is relayrl.sim.run; what a
+run amounts to is relayrl.sim.accounting).
 
-Every mode writes one `StepRecord` per trainer step. Rates are measured over a window that
-leaves out the first `warmup` steps, while the asynchronous pipeline fills up.
-
-Utilization is the fraction of the fleet's sequence slots that were decoding:
-sum over decode steps of (step time * sequences in the batch), over
-workers * max_batch * wall time. A worker waiting at a barrier, training's turn, loading
-weights, prefilling, or decoding a lone straggler counts as (nearly) idle, which is what a
-synchronous step's long tail wastes.
+The rules are the live system's own, and so are their defaults: the staleness bound is
+trainer.max_staleness's default, the cap on prompts out at once is the scheduler's
+(scheduler.max_inflight_prompts, 0 deriving it from the batch and the bound by
+relayrl.staleness.inflight_prompts), and repacking's threshold is scheduler.repack_below's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from relayrl.config.scheduler import SchedulerConfig
+from relayrl.config.trainer import TrainerConfig
 from relayrl.sim.costs import CostParams, costs_from_mapping
 from relayrl.sim.workload import Workload, workload_from_mapping
+from relayrl.staleness import inflight_prompts
 
 MODES = ("sync", "one_step_off", "async", "async_repack")
+MIGRATIONS = ("reprefill", "kv")
+
+
+def live_default(model: Any, name: str) -> Any:
+    """A live config field's default, so the simulator keeps no copy of its own."""
+    return model.model_fields[name].default
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """max_staleness (async modes): a worker holding version v starts no prompt once the
-    trainer is at v + max_staleness, as the prompt would be staler than that when the trainer
-    could first take it; prompts out at once are capped at (max_staleness + 1) batches.
-    repack_below (async_repack): a draining worker hands its sequences off once fewer than
-    this fraction of max_batch remain."""
+    """max_staleness (trainer.max_staleness): the trainer drops a group whose oldest token
+    lags it by more; a worker starts no prompt on weights older than the trainer still
+    trains on (the lease's min_version), so it drains and reloads first.
+    max_inflight_prompts: prompts out at once (handed out, not yet stepped past by the
+    trainer); 0 derives it as the scheduler does.
+    repack_below (async_repack): a worker holding at most this share of max_batch hands its
+    sequences off when no new prompt can go to it.
+    migration: how a moved sequence continues on its target: `reprefill` (vLLM, the live
+    repack: its context is prefilled again there) or `kv` (its KV cache is sent over the
+    network, costs.migrate_per_token_s a token)."""
 
     workload: Workload = field(default_factory=Workload)
     costs: CostParams = field(default_factory=CostParams)
     steps: int = 28  # trainer steps to simulate
     warmup: int = 20  # steps left out of the rates: about the longest tail's lifetime, after
     # which the asynchronous modes' spread of workers over versions no longer changes
-    max_staleness: int = 4
-    repack_below: float = 0.75
+    max_staleness: int = live_default(TrainerConfig, "max_staleness")
+    max_inflight_prompts: int = live_default(SchedulerConfig, "max_inflight_prompts")
+    repack_below: float = live_default(SchedulerConfig, "repack_below")
+    migration: str = "reprefill"
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"sim.steps must be >= 1, got {self.steps}")
         if not 0 <= self.warmup < self.steps:
             raise ValueError(f"sim.warmup must be in [0, steps), got {self.warmup}")
-        if self.max_staleness < 1:
-            raise ValueError(f"sim.max_staleness must be >= 1, got {self.max_staleness}")
+        if self.max_staleness < 0:
+            raise ValueError(f"sim.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.max_inflight_prompts < 0:
+            raise ValueError(f"sim.max_inflight_prompts must be >= 0, "
+                             f"got {self.max_inflight_prompts}")
         if not 0 < self.repack_below <= 1:
             raise ValueError(f"sim.repack_below must be in (0, 1], got {self.repack_below}")
+        if self.migration not in MIGRATIONS:
+            raise ValueError(f"sim.migration must be one of {MIGRATIONS}, got "
+                             f"{self.migration!r}")
+
+    def inflight_limit(self, groups_per_batch: int) -> int:
+        """As RunConfig.inflight_limit: the configured cap, or the scheduler's derived one."""
+        return self.max_inflight_prompts or inflight_prompts(groups_per_batch,
+                                                             self.max_staleness)
 
 
 def config_from_mapping(data: Mapping[str, Any]) -> SimConfig:
@@ -62,58 +85,3 @@ def config_from_mapping(data: Mapping[str, Any]) -> SimConfig:
             raise ValueError(f"sim.{key} is not a simulation field (known: {sorted(known)})")
     return SimConfig(workload=workload_from_mapping(data.get("workload") or {}),
                      costs=costs_from_mapping(data.get("costs") or {}), **sim)
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    time: float  # when the step's effects are visible (weights out, for the barrier modes)
-    samples: int
-    tokens: int  # response tokens
-    stale_sum: int  # summed over samples
-    stale_max: int
-    train_s: float
-    busy: float  # cumulative sequence-seconds of decoding, whole fleet
-    migrations: int  # cumulative sequences migrated
-    preemptions: int  # cumulative
-
-
-START = StepRecord(0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0)
-
-
-@dataclass(frozen=True)
-class ModeResult:
-    mode: str
-    workers: int
-    samples_per_s: float
-    tokens_per_s: float
-    utilization: float
-    staleness_mean: float
-    staleness_max: int
-    migrations: int
-    preemptions: int
-    trainer_idle: float
-    sim_seconds: float  # simulated time of the measured window
-    wall_seconds: float  # how long simulating it took
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def summarize(mode: str, workers: int, cfg: SimConfig, records: list[StepRecord],
-              wall_seconds: float) -> ModeResult:
-    """Rates over records[warmup] .. records[-1]; records[0] is START."""
-    first, last = records[cfg.warmup], records[-1]
-    window = records[cfg.warmup + 1:]
-    span = last.time - first.time
-    samples = sum(r.samples for r in window)
-    return ModeResult(
-        mode=mode, workers=workers,
-        samples_per_s=float(samples / span),
-        tokens_per_s=float(sum(r.tokens for r in window) / span),
-        utilization=float((last.busy - first.busy) / (workers * cfg.costs.max_batch * span)),
-        staleness_mean=float(sum(r.stale_sum for r in window) / samples),
-        staleness_max=int(max(r.stale_max for r in window)),
-        migrations=last.migrations - first.migrations,
-        preemptions=last.preemptions - first.preemptions,
-        trainer_idle=float(1.0 - sum(r.train_s for r in window) / span),
-        sim_seconds=float(span), wall_seconds=wall_seconds)

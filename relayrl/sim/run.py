@@ -1,7 +1,7 @@
 """`simulate`: one mode on N simulated workers, from configuration to its ModeResult.
 
 The modes' loops (relayrl.sim.barrier, relayrl.sim.streaming) use the records and config of
-relayrl.sim.engine; this module sits above all three.
+relayrl.sim.engine and relayrl.sim.accounting; this module sits above them all.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 import gc
 import time
 
+from relayrl.sim.accounting import ModeResult, summarize
 from relayrl.sim.barrier import run_one_step_off, run_sync
-from relayrl.sim.engine import MODES, ModeResult, SimConfig, summarize
+from relayrl.sim.engine import MODES, SimConfig
 from relayrl.sim.streaming import Streaming
 
 
@@ -31,4 +32,5 @@ def simulate(cfg: SimConfig, workers: int, mode: str) -> ModeResult:
             records = Streaming(cfg, workers, repack=mode == "async_repack").run()
     finally:
         gc.enable()
-    return summarize(mode, workers, cfg, records, time.perf_counter() - start)
+    return summarize(mode, workers, cfg.costs.max_batch, cfg.warmup, records,
+                     time.perf_counter() - start)

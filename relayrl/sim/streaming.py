@@ -4,11 +4,17 @@ Each worker leases prompts whenever it has a free slot and the staleness rule al
 and a finished group goes to the buffer; the trainer steps whenever the buffer holds a
 batch. An engine holds one version at a time and its KV cache belongs to that version, so
 a worker moves to new weights only once its batch is empty. Workers refresh lazily: they
-keep starting prompts on their version until the trainer is `max_staleness` versions ahead,
-then drain. Draining is where the heavy tail hurts: the last few long sequences keep a
-worker at a tiny batch. `async_repack` migrates them (KV cache and all) onto the fullest
-other worker of the same version with room (relayrl.repack's rule, as the live scheduler),
-so the drained worker reloads at once.
+keep starting prompts on their version while the trainer still trains on it (the lease's
+min_version, relayrl.staleness.oldest_trainable), then drain. Draining is where the heavy
+tail hurts: the last few long sequences keep a worker at a tiny batch. `async_repack`
+migrates them onto the fullest other worker of the same version with room, when no new
+prompt can go to the worker (relayrl.repack's rules, as the live scheduler's), so the
+drained worker reloads at once; the target prefills their context again (or receives their
+KV cache, with sim.migration `kv`).
+
+The decisions are the services' own functions (relayrl.staleness, relayrl.repack); the
+trainer's rule drops a batch's too-old groups. `trace`, a list, records the decisions for
+tests/unit/test_one_rulebook.py to replay through the services' code.
 
 A worker whose course nothing can change until its next decision (its queue refills every
 slot that frees, or it can only drain) runs ahead of the clock to that decision in one go:
@@ -17,16 +23,18 @@ the same results as event by event (`run_ahead=False`), at a fraction of the cos
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import defaultdict, deque
 from heapq import heappop, heappush
-from itertools import repeat
 from typing import Any
 
-from relayrl.repack import is_tail, rank_targets
-from relayrl.sim.engine import START, SimConfig, StepRecord
+from relayrl.repack import is_tail, rank_targets, repack_wanted
+from relayrl.sim.accounting import START, StepRecord, lag_counts
+from relayrl.sim.engine import SimConfig
 from relayrl.sim.worker import Worker
 from relayrl.sim.workload import Lengths
+from relayrl.staleness import is_stale, may_hand_out, must_restart, oldest_trainable
 
 DECODE, TRAINED, LOADED, ARRIVE, COMPLETE = range(5)
 
@@ -41,7 +49,8 @@ class Streaming:
                                self.group) for i in range(workers)]
         self.batch = workers * cfg.workload.groups_per_worker  # groups per trainer step
         self.max_staleness = cfg.max_staleness
-        self.max_out = (cfg.max_staleness + 1) * self.batch  # prompts out at once
+        self.max_inflight = cfg.inflight_limit(self.batch)
+        self.reprefill = cfg.migration == "reprefill"
         self.events: list[tuple[float, int, int, Any, Any]] = []
         self.order = itertools.count()
         self.version = 0  # the trainer's: steps taken
@@ -54,7 +63,9 @@ class Streaming:
         self.idle: set[Worker] = set()
         self.holders: defaultdict[int, set[Worker]] = defaultdict(set)  # version -> workers
         self.migrations = 0
+        self.migration_s, self.reprefill_tokens = 0.0, 0  # modelled cost; context re-prefilled
         self.records = [START]
+        self.trace: list[tuple] | None = None
 
     def push(self, at: float, kind: int, obj: Any, payload: Any) -> None:
         heappush(self.events, (at, next(self.order), kind, obj, payload))
@@ -95,15 +106,25 @@ class Streaming:
             self.holders[w.version].discard(w)
             self.push(now + self.costs.weight_sync_s, LOADED, w, self.version)
             return
-        fresh = self.version - w.version < self.max_staleness
+        # its sequences all hold tokens of its own version only: none is ever restarted
+        assert not must_restart((w.version,), w.version, self.version, self.max_staleness)
+        fresh = w.version >= oldest_trainable(self.version, self.max_staleness)
+        if self.trace is not None and active and not fresh:
+            self.trace.append(("hold", w.wid, w.version, self.version))
         if fresh:
             free = self.costs.max_batch - len(active) - w.incoming - len(queue)
-            while free > 0 and self.leased - self.consumed < self.max_out:
+            while free > 0:
+                if not may_hand_out(self.leased - self.consumed, self.max_inflight):
+                    if self.trace is not None:
+                        self.trace.append(("refused", w.wid, self.consumed))
+                    break
                 self.lease(w)
                 free -= self.group
         if queue:
             w.fill()
-        elif (self.repack and not fresh and not w.incoming
+        elif (self.repack and not w.incoming
+              and repack_wanted(0, fresh and may_hand_out(self.leased - self.consumed,
+                                                          self.max_inflight))
               and is_tail(len(active), self.costs.max_batch, self.cfg.repack_below)):
             self.hand_off(w, now)
             if not active:
@@ -127,8 +148,10 @@ class Streaming:
         if self.leased > len(self.lengths.prompt):
             self.lengths.ensure(self.leased)
         self.prompt_version[prompt] = w.version
+        if self.trace is not None:
+            self.trace.append(("lease", w.wid, self.consumed, prompt))
         w.queue.extend(zip(range(prompt * self.group, (prompt + 1) * self.group),
-                           repeat(0, self.group), strict=True))
+                           itertools.repeat(0, self.group), strict=True))
 
     def hand_off(self, w: Worker, now: float) -> None:
         """Move w's sequences to the fullest workers of its version that have room; a target
@@ -146,7 +169,10 @@ class Streaming:
                 d.incoming += len(moved)
                 d.incoming_ctx += tokens
                 self.migrations += len(moved)
-                self.push(now + self.costs.migrate_s(tokens), ARRIVE, d, (moved, tokens))
+                delay = (self.costs.migrate_fixed_s if self.reprefill
+                         else self.costs.migrate_s(tokens))
+                self.migration_s += delay  # one transfer carries them all
+                self.push(now + delay, ARRIVE, d, (moved, tokens))
             if not w.active:
                 break
         w.stamp += 1  # its planned decode is void: the batch changed
@@ -158,6 +184,12 @@ class Streaming:
         d.incoming_ctx -= tokens
         for sid, generated in moved:
             d.join(sid, generated)
+        if self.reprefill:  # before its next decode step, as a prefill would
+            cost = tokens * self.costs.prefill_per_token_s
+            d.t = max(d.t, now) + cost
+            d.prefill_s += cost
+            self.migration_s += cost
+            self.reprefill_tokens += tokens
         d.settle()
         self.decide(d, now)
 
@@ -173,26 +205,40 @@ class Streaming:
                 self.finished[prompt] = (done + 1, max(last, at))
 
     def train(self, now: float) -> None:
+        """Take a batch and train on what the staleness rule keeps: the rest is dropped, and
+        the trainer steps past it all."""
         g, lengths = self.group, self.lengths
         prompts = [self.ready.popleft() for _ in range(self.batch)]
-        response = sum(sum(lengths.response[p * g:(p + 1) * g]) for p in prompts)
-        tokens = response + g * sum(lengths.prompt[p] for p in prompts)
-        stale = [self.version - self.prompt_version.pop(p) for p in prompts]
+        kept, dropped, lags, tokens, versions = [], 0, [], 0, []
+        for p in prompts:
+            version = self.prompt_version.pop(p)
+            versions.append((p, version))
+            response = sum(lengths.response[p * g:(p + 1) * g])
+            if is_stale(version, self.version, self.max_staleness):
+                dropped += response
+                continue
+            kept.append(p)
+            lags.append((self.version - version, g, response))
+            tokens += response + g * lengths.prompt[p]
+        if self.trace is not None:
+            self.trace.append(("train", self.version, versions, kept))
         train_s = self.costs.train_step_s(tokens, self.n)
         self.training = True
         self.consumed += len(prompts)
-        self.push(now + train_s, TRAINED, None,
-                  (len(prompts) * g, response, g * sum(stale), max(stale), train_s))
+        self.push(now + train_s, TRAINED, None, StepRecord(
+            time=0.0, samples=len(kept) * g, tokens=sum(t for _, _, t in lags),
+            dropped_samples=(len(prompts) - len(kept)) * g, dropped_tokens=dropped,
+            lags=lag_counts(lags), train_s=train_s))
         self.wake(now)  # the cap on prompts out has room again
 
-    def trained(self, now: float, step: tuple[int, int, int, int, float]) -> None:
-        samples, response, stale_sum, stale_max, train_s = step
+    def trained(self, now: float, step: StepRecord) -> None:
         self.version += 1
         self.training = False
-        self.records.append(StepRecord(
-            time=now, samples=samples, tokens=response, stale_sum=stale_sum,
-            stale_max=stale_max, train_s=train_s,
-            busy=sum(w.busy_at(now) for w in self.workers), migrations=self.migrations,
+        self.records.append(dataclasses.replace(
+            step, time=now, busy=sum(w.busy_at(now) for w in self.workers),
+            migrations=self.migrations, migration_s=self.migration_s,
+            reprefill_tokens=self.reprefill_tokens,
+            recompute_tokens=sum(w.recomputed for w in self.workers),
             preemptions=sum(w.preemptions for w in self.workers)))
         if len(self.ready) >= self.batch:
             self.train(now)

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config.base import read_yaml
+from relayrl.sim.accounting import ModeResult
 from relayrl.sim.costs import load_costs
-from relayrl.sim.engine import MODES, ModeResult, SimConfig, config_from_mapping
+from relayrl.sim.engine import MODES, SimConfig, config_from_mapping
 from relayrl.sim.report import format_table, plot, summary, write_json
 from relayrl.sim.run import simulate
 from relayrl.sim.workload import RESPONSE_DISTS
@@ -89,7 +90,7 @@ def main(cfg: SimConfig, workers: Sequence[int], modes: Sequence[str], out: str 
     out.mkdir(parents=True, exist_ok=True)
 
     def progress(r: ModeResult) -> None:
-        print(f"[{r.workers:>5} workers] {r.mode:<13} {r.tokens_per_s:>11.0f} tokens/s  "
+        print(f"[{r.workers:>5} workers] {r.mode:<13} {r.trained_samples_per_s:>9.1f} trained/s  "
               f"util {r.utilization:.2f}  ({r.wall_seconds:.1f} s)", flush=True)
 
     results = run_grid(cfg, workers, modes, jobs, progress)

@@ -21,7 +21,8 @@ class Worker:
     __slots__ = ("wid", "costs", "a", "b", "c", "cap", "kv_limit", "plen", "rlen", "group", "t",
                  "step", "active",
                  "ctx", "queue", "version", "incoming", "incoming_ctx", "busy", "prefill_s",
-                 "preemptions", "joins", "plan", "plan_s", "plan_end", "stamp", "marks")
+                 "preemptions", "recomputed", "joins", "plan", "plan_s", "plan_end", "stamp",
+                 "marks")
 
     def __init__(self, wid: int, costs: CostParams, prompt_len: list[int],
                  response_len: list[int], group_size: int):
@@ -46,6 +47,7 @@ class Worker:
         self.busy = 0.0  # sequence-seconds spent decoding: utilization's numerator
         self.prefill_s = 0.0
         self.preemptions = 0
+        self.recomputed = 0  # context tokens prefilled again after a preemption
         self.joins = 0
         self.plan = 0  # decode steps until the next event
         self.plan_s = 0.0  # and how long they take
@@ -82,6 +84,8 @@ class Worker:
             # a preempted sequence recomputes everything it had
             if generated or sid % self.group == 0:
                 tokens += prompt + generated
+            if generated:
+                self.recomputed += prompt + generated
             response = self.rlen[sid]
             heappush(active, (self.step + response - generated, self.joins, sid,
                               prompt + response))

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from relayrl.config.rollout import RolloutConfig
+
 Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 KINDS = ("fixed", "uniform", "lognormal")
 
@@ -81,7 +83,8 @@ RESPONSE_DISTS: dict[str, LengthDist] = {
 class Workload:
     prompt: LengthDist = field(default_factory=lambda: LengthDist("uniform", low=64, high=512))
     response: LengthDist = field(default_factory=heavy_tail)
-    group_size: int = 8  # samples per prompt (a GRPO group)
+    # samples per prompt (a GRPO group): rollout.samples_per_prompt's default
+    group_size: int = RolloutConfig.model_fields["samples_per_prompt"].default
     groups_per_worker: int = 16  # trainer batch = workers * groups_per_worker groups
     seed: int = 0
 

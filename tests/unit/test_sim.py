@@ -71,7 +71,9 @@ def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match="costs.gpu_speed"):
         costs_from_mapping({"gpu_speed": 2})
     with pytest.raises(ValueError, match="sim.max_staleness"):
-        SimConfig(max_staleness=0)
+        SimConfig(max_staleness=-1)
+    with pytest.raises(ValueError, match="sim.migration"):
+        SimConfig(migration="rdma")
     with pytest.raises(ValueError, match="sim.warmup"):
         SimConfig(steps=4, warmup=4)
     with pytest.raises(ValueError, match="sim.repack"):
@@ -169,7 +171,8 @@ def test_closed_form_matches_event_loop():
 def test_fixed_lengths_sync_and_async_agree():
     cheap = dict(train_fixed_s=1e-3, train_per_token_s=1e-9, weight_sync_s=1e-3, max_batch=32)
     cfg = dataclasses.replace(small(), costs=CostParams(**cheap))
-    rates = {m: simulate(cfg, 4, m).samples_per_s for m in ("sync", "async", "async_repack")}
+    rates = {m: simulate(cfg, 4, m).trained_samples_per_s
+             for m in ("sync", "async", "async_repack")}
     assert rates["async"] == pytest.approx(rates["sync"], rel=0.03)
     assert rates["async_repack"] == pytest.approx(rates["sync"], rel=0.03)
 
@@ -178,7 +181,7 @@ def test_staleness_per_mode():
     cfg = small(heavy_tail(median=100, max_len=2000))
     assert simulate(cfg, 4, "sync").staleness_max == 0
     one_off = simulate(cfg, 4, "one_step_off")
-    assert one_off.staleness_mean == one_off.staleness_max == 1
+    assert one_off.staleness_seq["mean"] == one_off.staleness_max == 1
     assert simulate(cfg, 4, "async").staleness_max >= 1
 
 
@@ -207,8 +210,8 @@ def test_repacking_moves_sequences_without_losing_or_duplicating_one():
 def test_heavy_tail_async_beats_sync_and_repacking_beats_async():
     cfg = small(heavy_tail(median=100, max_len=3000), steps=12, warmup=6)
     sync, plain, repack = (simulate(cfg, 16, m) for m in ("sync", "async", "async_repack"))
-    assert plain.samples_per_s > 3 * sync.samples_per_s
-    assert repack.samples_per_s > 1.3 * plain.samples_per_s
+    assert plain.trained_samples_per_s > 3 * sync.trained_samples_per_s
+    assert repack.trained_samples_per_s > 1.3 * plain.trained_samples_per_s
     assert sync.utilization < plain.utilization < repack.utilization <= 1
     assert repack.migrations > 0 and plain.migrations == 0
 
@@ -241,6 +244,9 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert summary["workers"] == 4 and set(summary["speedup_vs_sync"]) == {
         "sync", "one_step_off", "async", "async_repack"}
     assert len(json.loads((tmp_path / "sim.json").read_text())["results"]) == 8
+    assert set(summary["trained_samples_per_s"]) == {"2", "4"}
+    assert all(v > 0 for v in summary["trained_samples_per_s"]["4"].values())
+    assert max(summary["staleness_max"].values()) <= SimConfig().max_staleness
     assert (tmp_path / "sim.png").stat().st_size > 0
     assert math.isclose(summary["speedup_vs_sync"]["sync"], 1.0)
 
@@ -254,3 +260,63 @@ def test_cli_refuses_bad_flags(tmp_path, capsys):
     assert main(["simulate", "--workers", "8,x", "--out", out]) == 2
     assert "--workers" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_distribution_weights_values_by_their_counts():
+    from relayrl.sim.accounting import distribution
+
+    assert distribution({0: 50, 1: 49, 5: 1}) == {"mean": 0.54, "p50": 0, "p99": 1, "max": 5}
+    assert distribution({}) == {"mean": 0.0, "p50": 0, "p99": 0, "max": 0}
+
+
+@pytest.mark.parametrize("mode", ["async", "async_repack"])
+def test_only_what_the_staleness_rule_keeps_counts(mode):
+    tight = simulate(small(heavy_tail(median=100, max_len=3000), steps=12, warmup=6,
+                           max_staleness=1), 16, mode)
+    assert tight.dropped_share > 0 and tight.wasted_tokens["dropped"] > 0
+    assert tight.generated_samples_per_s > tight.trained_samples_per_s
+    assert tight.staleness_max <= 1 and tight.staleness_tok["max"] <= 1
+    loose = simulate(small(heavy_tail(median=100, max_len=3000), steps=12, warmup=6,
+                           max_staleness=50, max_inflight_prompts=4 * 16 * 8), 16, mode)
+    assert loose.dropped_share == 0 and loose.wasted_tokens["dropped"] == 0
+    assert loose.generated_samples_per_s == pytest.approx(loose.trained_samples_per_s)
+
+
+def test_a_migration_re_prefills_unless_its_kv_cache_moves():
+    base = small(heavy_tail(median=100, max_len=3000), steps=12, warmup=6)
+    again = simulate(base, 16, "async_repack")
+    moved = simulate(dataclasses.replace(base, migration="kv"), 16, "async_repack")
+    assert again.migrations > 0 and moved.migrations > 0
+    assert again.wasted_tokens["reprefill"] > 0 and moved.wasted_tokens["reprefill"] == 0
+    assert again.migration_s > 0 and moved.migration_s > 0
+
+
+def test_sensitivity_scales_one_cost_at_a_time_and_checks_each_conclusion():
+    from relayrl.sim import sensitivity
+
+    costs = CostParams()
+    doubled = sensitivity.scaled(costs, sensitivity.COSTS["decode step"], 2.0)
+    assert doubled.decode_fixed_s == 2 * costs.decode_fixed_s
+    assert doubled.decode_per_token_s == 2 * costs.decode_per_token_s
+    assert doubled.prefill_per_token_s == costs.prefill_per_token_s
+    cfg = small(heavy_tail(median=100, max_len=3000), steps=8, warmup=4)
+    rows = sensitivity.run(cfg, 8, ("sync", "async", "async_repack"))
+    assert [(r["cost"], r["factor"]) for r in rows[:3]] == [
+        ("default", 1.0), ("decode step", 0.5), ("decode step", 2.0)]
+    assert len(rows) == 1 + 2 * len(sensitivity.COSTS)
+    assert all(r["speedup_vs_sync"]["sync"] == 1.0 for r in rows)
+    slower_sync = next(r for r in rows if r["cost"] == "weight sync" and r["factor"] == 2.0)
+    assert slower_sync["speedup_vs_sync"]["async"] > rows[0]["speedup_vs_sync"]["async"]
+    assert set(rows[0]["conclusions"]) == {
+        "async > sync", "repack > async", "best async >= 2x sync",
+        "best async >= 5.5x sync", "staleness within bound"}
+    assert set(sensitivity.surviving(rows)) <= set(rows[0]["conclusions"])
+
+
+def test_cli_prints_the_sensitivity_table(capsys):
+    code = main(["simulate", "--sensitivity", "--workers", "2,4", "--steps", "3",
+                 "--warmup", "1", "--modes", "sync,async", "--jobs", "1"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and "weight sync" in "\n".join(out)
+    last = json.loads(out[-1])
+    assert last["workers"] == 4 and len(last["rows"]) == 11

@@ -30,6 +30,7 @@ def test_a_group_past_the_bound_starts_over(oldest, restarted):
     g = group([oldest, 8, 8], [8], [])
     gen.restart_stale([g])
     assert gen.groups_restarted_stale == int(restarted)
+    assert gen.tokens_restarted_stale == (4 if restarted else 0)  # decoded in vain
     if restarted:
         assert [s.tokens for s in g.sequences] == [[], [], []]
         assert all(not s.versions and not s.finish_reason for s in g.sequences)

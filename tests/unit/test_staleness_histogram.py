@@ -3,7 +3,7 @@
 import pytest
 
 from relayrl.messages import Batch, Group, Sample
-from trainer_svc.batching import lag_histogram, split_stale
+from trainer_svc.batching import lag_histogram, split_stale, token_lag_histogram
 
 pytestmark = pytest.mark.unit
 
@@ -38,3 +38,14 @@ def test_a_large_bound_keeps_the_bucket_count_small():
     assert hist["staleness/samples_lag_9plus"] == 2  # lags 9 and 50
     assert hist["staleness/samples_lag_over"] == 1
     assert sum(hist.values()) == 4
+
+
+def test_tokens_fall_in_the_bucket_of_their_own_lag():
+    """Per token, a sample whose weights moved mid-sequence is only partly as old as its
+    oldest token; the sample histogram puts all of it at that lag."""
+    kept = split_stale(Batch("b", [group(1, [[8, 9, 10, 10], [10]]), group(2, [[2]])]),
+                       10, 3).kept
+    hist = token_lag_histogram(kept, 10, 3)
+    assert hist == {"staleness/tokens_lag_0": 3, "staleness/tokens_lag_1": 1,
+                    "staleness/tokens_lag_2": 1, "staleness/tokens_lag_3": 0,
+                    "staleness/tokens_lag_over": 0}

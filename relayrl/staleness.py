@@ -1,0 +1,57 @@
+"""The staleness rulebook: pure functions on policy versions, shared by the services and the
+simulator (relayrl.sim), so both decide alike.
+
+- `is_stale`: the trainer drops a group whose oldest token lags its version by more than
+  the bound (trainer_svc.batching.split_stale; buffer_svc's Submit refuses by it too).
+- `oldest_trainable`: the oldest version still trainable now; the scheduler hands it out
+  as a lease's min_version and a worker catches up to it before starting new prompts.
+- `must_restart`: a rollout worker starts over a group the trainer could no longer train,
+  once its own weights are recent enough (rollout_svc's restart_stale).
+- `inflight_prompts` and `may_hand_out`: the scheduler's cap on prompts out at once.
+
+Nothing here imports anything, so any module may use it without an import circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def is_stale(oldest_version: int, version: int, max_staleness: int) -> bool:
+    """Tokens whose oldest version lags `version` (the trainer's, about to be updated) by
+    more than `max_staleness` (trainer.max_staleness) are not trained on."""
+    return version - oldest_version > max_staleness
+
+
+def oldest_trainable(version: int, max_staleness: int) -> int:
+    """The oldest token version the trainer at `version` still trains on."""
+    return max(0, version - max_staleness)
+
+
+def must_restart(oldest_versions: Iterable[int], engine_version: int, trainer_version: int,
+                 max_staleness: int) -> bool:
+    """Whether a group whose sequences' oldest token versions are `oldest_versions` (none for
+    a sequence with no token yet) should start over under the engine's weights: a token is
+    already too old to train on, and the engine's own tokens would be trainable. An engine
+    behind the floor restarts nothing: its worker is catching up on weights."""
+    floor = trainer_version - max_staleness
+    if engine_version < floor:
+        return False
+    return any(v < floor for v in oldest_versions)
+
+
+def inflight_prompts(groups_per_batch: int, max_staleness: int) -> int:
+    """Prompts out at once by default (handed out, not yet consumed by the trainer): a
+    prompt waits for the batches out ahead of it, so with c batches out its tokens are about
+    c - 1 versions old when trained, and the long tail older. c = max_staleness leaves the
+    tail room under the bound; two at least once any staleness is allowed, or generation
+    would not overlap training. On bench/longtail.py at staleness 2, c = 3 dropped 13% of
+    groups as stale and c = 2 none, and trained 30% more samples a second."""
+    batches = 1 if max_staleness == 0 else max(2, max_staleness)
+    return groups_per_batch * batches
+
+
+def may_hand_out(inflight: int, max_inflight: int) -> bool:
+    """Whether the scheduler may hand out one more new prompt with `inflight` out (handed
+    out, neither consumed by the trainer nor failed) under the cap `max_inflight`."""
+    return inflight < max_inflight

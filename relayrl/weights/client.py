@@ -86,7 +86,8 @@ class RelayClient(WeightPlane):
         """Every shard of `version` (0: the latest), verified. With `staging` (a uint8 buffer
         the caller reuses), the gRPC, torch.distributed and NIXL planes receive into it and the
         tensors view it: fresh memory costs a page fault per 4 KiB, a large share of a
-        loopback transfer. The nccl plane's tensors view a fresh buffer on `device`."""
+        loopback transfer. The nccl plane's tensors view a fresh buffer on `device`, and
+        `staging` holds the host copy their checksums are computed on."""
         try:
             if self.plane == "grpc":
                 manifest = self.manifest(version)
@@ -97,7 +98,7 @@ class RelayClient(WeightPlane):
                 manifest, flat = self._pull_ticketed(version, staging)
         except grpc.RpcError as err:
             raise self._error(f"pull of version {version}", err) from err
-        return unpack(manifest, flat)
+        return unpack(manifest, flat, staging)  # nccl: staging holds the host copy checked
 
     def _pull_grpc(self, manifest: Manifest, staging: torch.Tensor | None) -> torch.Tensor:
         size = flat_size(manifest)

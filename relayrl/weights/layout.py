@@ -38,16 +38,24 @@ def pack(manifest: Manifest, tensors: dict[str, torch.Tensor], out: torch.Tensor
         out[off:off + s.nbytes].copy_(t)
 
 
-def unpack(manifest: Manifest, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+def unpack(manifest: Manifest, flat: torch.Tensor, host: torch.Tensor | None = None
+           ) -> dict[str, torch.Tensor]:
     """Verified tensors viewing `flat` (no copy), on its device: every shard's length and
-    checksum must match the manifest, or WeightError names the shard."""
-    if flat.numel() < flat_size(manifest):
+    checksum must match the manifest, or WeightError names the shard. `host`: a uint8 host
+    buffer to check a GPU `flat` in (a caller's reused staging), else a fresh one."""
+    size = flat_size(manifest)
+    if flat.numel() < size:
         raise WeightError(f"version {manifest.version}: got {flat.numel()} bytes, "
-                          f"its layout needs {flat_size(manifest)}")
+                          f"its layout needs {size}")
     # xxh3 reads host bytes: a GPU buffer (the nccl plane) costs one device-to-host copy of
-    # the whole version (PCIe, some 20-40 ms a GB, and that much host memory meanwhile) so
-    # that a corrupt or mismatched version never reaches the engine
-    arr = flat.cpu().numpy()
+    # the whole version (PCIe, some 20-40 ms a GB, and that much host memory) so that a
+    # corrupt or mismatched version never reaches the engine
+    if flat.device.type == "cpu":
+        arr = flat.numpy()
+    elif host is not None and host.numel() >= size:
+        arr = host[:size].copy_(flat[:size]).numpy()
+    else:
+        arr = flat[:size].cpu().numpy()
     offsets = shard_offsets(manifest)
     for s in manifest.shards:
         verify_shard(s, memoryview(arr[offsets[s.name]:offsets[s.name] + s.nbytes]))

@@ -6,7 +6,9 @@ For each payload size: raw loopback TCP throughput between two processes (the ce
 the pull throughput of every data plane from a real relay process (verified bytes, the
 worker's path), the trainer's stall per publish next to the plain copy time, and the time
 from publish until every one of N worker processes holds the new version, with one relay and
-with a two-level tree (root -> 2 followers). Ends with one JSON line.
+with a two-level tree (root -> 2 followers). The nccl plane is measured GPU to GPU against a
+raw NCCL broadcast instead (bench/weights_nccl.py; skipped, with the reason, without two
+GPUs). Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import weights_nccl  # noqa: E402
 from bench.common import spawn_service  # noqa: E402
 from relayrl.grpc_util import free_ports  # noqa: E402
 from relayrl.weights import nixl_plane  # noqa: E402
@@ -79,7 +82,8 @@ def start_relay(tmp: Path, planes: list[str], upstream: list[str] | None = None
     (port,) = free_ports(1)
     cfg = {"run_dir": str(tmp), "relay": {
         "endpoint": {"port": port}, "keep_versions": 1, "data_planes": planes,
-        "shm_dir": SHM_DIR, "upstream": upstream or [], "timeout_s": 300, "follow_poll_s": 0.005}}
+        "shm_dir": SHM_DIR, "upstream": upstream or [], "timeout_s": 300, "follow_poll_s": 0.005,
+        "device": weights_nccl.RELAY_GPU if "nccl" in planes else "auto"}}
     address = f"127.0.0.1:{port}"
     return spawn_service("relay_svc", cfg, tmp, f"relay-{port}", address, 60), address
 
@@ -144,7 +148,9 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
         out.update(publish_stall(publisher, payload))
         publisher.close()
         del publisher  # its snapshot buffers: at 2 GB, memory the fan-out below needs
-        for plane in planes:
+        if "nccl" in planes:
+            out.update(weights_nccl.nccl_row(address, nbytes, mb))
+        for plane in (p for p in planes if p != "nccl"):
             client = RelayClient(address, timeout_s=300, plane=plane)
             staging = torch.zeros(flat_size(client.manifest(0)), dtype=torch.uint8)
             times = []
@@ -225,7 +231,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes-mb", default="64,512,2048")
-    ap.add_argument("--planes", default="grpc,shm,torch_dist,nixl")
+    ap.add_argument("--planes", default="grpc,shm,torch_dist,nixl,nccl")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--grpc-fanout-max-mb", type=int, default=512,
                     help="gRPC workers each hold a private copy; above this only shared "
@@ -235,16 +241,23 @@ def main() -> None:
     if "nixl" in planes and not nixl_plane.available():
         print("nixl-cu12 is not installed; skipping the nixl plane", flush=True)
         planes.remove("nixl")
+    if "nccl" in planes and weights_nccl.skip_reason():
+        print(f"skipping the nccl row: {weights_nccl.skip_reason()}", flush=True)
+        planes.remove("nccl")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for mb in (int(s) for s in args.sizes_mb.split(",")):
             fanout = [p for p in ("shm", "grpc") if p in planes
                       and (p != "grpc" or mb <= args.grpc_fanout_max_mb)]
             results.append(bench_size(mb, planes, args.workers, Path(tmp), fanout))
-    best = {r["payload_mb"]: max(r[f"{p}_ratio"] for p in planes) for r in results}
+    tcp_planes = [p for p in planes if p != "nccl"]  # nccl's ratio is to its own ceiling
+    best = {r["payload_mb"]: max((r[f"{p}_ratio"] for p in tcp_planes), default=None)
+            for r in results}
     print(json.dumps({"results": results, "fastest_plane_ratio": best,
                       "grpc_ratio": {r["payload_mb"]: r["grpc_ratio"] for r in results}
                       if "grpc" in planes else {},
+                      "nccl_ratio": {r["payload_mb"]: r["nccl_ratio"] for r in results}
+                      if "nccl" in planes else {},
                       "stall_over_copy": {r["payload_mb"]: r["stall_over_copy"]
                                           for r in results}}))
 

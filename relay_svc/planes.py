@@ -12,6 +12,7 @@ import torch
 from relay_svc.stored_version import StoredVersion
 from relayrl.proto.v1 import relay_pb2
 from relayrl.weights import WeightError
+from relayrl.weights.collective import backend_for, broadcast, nccl_device, two_rank_group
 from relayrl.weights.hostid import host_id
 from relayrl.weights.nixl_plane import nixl_api
 
@@ -21,10 +22,18 @@ Plane = relay_pb2.DataPlane
 
 
 class RelayPlanes:
-    def __init__(self, enabled: list[str], host: str, transfer_timeout_s: float):
+    """`device` is where the nccl plane holds versions: a config spec (relay.device), which
+    must resolve to CUDA, or a torch.device taken as it is (a test's CPU, gloo standing in)."""
+
+    def __init__(self, enabled: list[str], host: str, transfer_timeout_s: float,
+                 device: str | torch.device = "auto"):
         self.enabled = set(enabled)
         self.host = host
         self.timeout = datetime.timedelta(seconds=transfer_timeout_s)
+        self.device: torch.device | None = None
+        if "nccl" in self.enabled:
+            self.device = device if isinstance(device, torch.device) else nccl_device(
+                device, "relay.device", "relay.data_planes")
         self._nixl = None
         if "nixl" in self.enabled:
             # NIXL's native library (UCX) loads here, on the thread that builds the relay
@@ -42,7 +51,9 @@ class RelayPlanes:
         if request.plane == Plane.DATA_PLANE_SHM:
             ticket.shm.CopyFrom(self._shm(stored, request.host_id))
         elif request.plane == Plane.DATA_PLANE_TORCH_DIST:
-            ticket.torch_dist.CopyFrom(self._torch_dist(stored))
+            ticket.torch_dist.CopyFrom(self._broadcast(stored, stored.flat))
+        elif request.plane == Plane.DATA_PLANE_NCCL:
+            ticket.torch_dist.CopyFrom(self._broadcast(stored, stored.on_device(self.device)))
         elif request.plane == Plane.DATA_PLANE_NIXL:
             ticket.nixl.CopyFrom(self._nixl_agent().offer(stored))
         else:
@@ -61,21 +72,23 @@ class RelayPlanes:
                               "relay's host")
         return relay_pb2.ShmTicket(path=stored.shm_path, size=stored.size)
 
-    def _torch_dist(self, stored: StoredVersion) -> relay_pb2.TorchDistTicket:
+    def _broadcast(self, stored: StoredVersion, flat: torch.Tensor
+                   ) -> relay_pb2.TorchDistTicket:
+        """A group of two for one pull: rank 0 here broadcasts `flat` (the version in host
+        memory for torch_dist, on the relay's GPU for nccl) to the worker that joins."""
         import torch.distributed as dist
 
         store = dist.TCPStore(self.host, 0, 2, True, timeout=self.timeout,
                               wait_for_workers=False)
-        backend = "gloo"  # the relay's buffer is in host memory; NCCL workers stage via gloo
+        backend = backend_for(flat.device)
 
         def serve() -> None:
             try:
-                group = dist.ProcessGroupGloo(store, 0, 2, self.timeout)
-                group.broadcast(stored.flat if stored.size else torch.empty(0, dtype=torch.uint8),
-                                0).wait()
+                group = two_rank_group(store, 0, backend, self.timeout)
+                broadcast(group, flat if stored.size else torch.empty(0, dtype=torch.uint8,
+                                                                      device=flat.device))
             except Exception as err:  # the worker gave up or died; it will retry
-                log.warning("torch.distributed send of version %d failed: %s",
-                            stored.version, err)
+                log.warning("%s send of version %d failed: %s", backend, stored.version, err)
 
         threading.Thread(target=serve, name=f"dist-v{stored.version}", daemon=True).start()
         return relay_pb2.TorchDistTicket(store_host=self.host, store_port=store.port,

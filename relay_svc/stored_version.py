@@ -38,6 +38,8 @@ class StoredVersion:
         self.state = State.PENDING
         self.error = ""
         self.released = False  # dropped by its store; readers may still hold the buffer
+        self._device_flat: torch.Tensor | None = None  # the nccl plane's copy, made lazily
+        self._device_lock = threading.Lock()  # not _cond: readers need not wait for a copy
         self._cond = threading.Condition()
 
     @property
@@ -55,9 +57,26 @@ class StoredVersion:
             os.close(fd)
         return torch.frombuffer(mapped, dtype=torch.uint8)[:self.size]
 
+    def on_device(self, device: torch.device) -> torch.Tensor:
+        """The complete buffer on `device`, copied there on the first call and kept until
+        the version is released (transfers in flight hold their own reference)."""
+        with self._device_lock:
+            if self.state is not State.COMPLETE or self.released:
+                raise WeightError(f"version {self.version} is {self.state.value}"
+                                  f"{' and released' if self.released else ''}")
+            if self._device_flat is None:
+                # a copy even on the CPU, where gloo stands in for NCCL: the stand-in then
+                # serves a buffer of its own, as a GPU copy would be
+                self._device_flat = torch.empty(self.size, dtype=torch.uint8, device=device)
+                self._device_flat.copy_(self.flat)
+            return self._device_flat
+
     def release(self) -> None:
-        """Drop the shared-memory name; readers that mapped it keep their mapping."""
+        """Drop the shared-memory name and the device copy; readers that mapped the one or
+        hold the other keep theirs."""
         self.released = True
+        with self._device_lock:
+            self._device_flat = None
         if self.shm_path is not None:
             try:
                 os.unlink(self.shm_path)

@@ -20,6 +20,7 @@ from relayrl.service import ServiceRunner
 from relayrl.streams import TrajectoryWriter
 from relayrl.tasks import check_reward
 from relayrl.weights.client import RelayClient
+from relayrl.weights.collective import worker_device
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.engine_factory import make_engine
 from rollout_svc.telemetry import rollout_metrics
@@ -86,6 +87,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 def serve(cfg: RunConfig) -> None:
     setup_logging(cfg.rollout.worker_id)
     torch.set_num_threads(cfg.rollout.torch_threads)
+    # before the model loads: a worker set for the nccl plane on a machine without CUDA stops
+    weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.device)
     model_path = resolve_model_path(cfg.model, cfg.task)
     lm = load_model(model_path)
     engine = make_engine(cfg, lm, model_path)
@@ -93,7 +96,8 @@ def serve(cfg: RunConfig) -> None:
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address, cfg.scheduler.call_timeout_s)
         relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,
-                              cfg.rollout.weight_plane) for a in cfg.relay_addresses]
+                              cfg.rollout.weight_plane, weight_device)
+                  for a in cfg.relay_addresses]
         worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
                                TrajectoryWriter(redis, RunKeys(cfg.run_id),
                                                 cfg.buffer.max_pending_samples),

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from relayrl.config.base import Endpoint, StrictModel
+from relayrl.devices import DEVICE_HELP, DEVICE_PATTERN
 
 
 class RelayConfig(StrictModel):
@@ -15,10 +16,17 @@ class RelayConfig(StrictModel):
     chunk_bytes: int = Field(
         1 << 20, ge=1024, le=32 << 20, description="Bytes per streamed chunk."
     )
-    data_planes: list[Literal["grpc", "shm", "torch_dist", "nixl"]] = Field(
+    data_planes: list[Literal["grpc", "shm", "torch_dist", "nixl", "nccl"]] = Field(
         default_factory=lambda: ["grpc", "torch_dist"], min_length=1,
         description="Data planes this relay serves versions through; gRPC carries the "
-        "control for all of them. shm needs shm_dir; nixl needs the nixl-cu12 package.",
+        "control for all of them. shm needs shm_dir; nixl needs the nixl-cu12 package; nccl "
+        "needs CUDA (device) and workers on other GPUs than the relay's.",
+    )
+    device: str = Field(
+        "auto", pattern=DEVICE_PATTERN,
+        description=f"The nccl plane's GPU: each version is copied there once, on its first "
+        f"nccl pull, and freed when the version is dropped. {DEVICE_HELP}; it must resolve to "
+        "CUDA when data_planes has nccl (checked at start), and is unused otherwise.",
     )
     shm_dir: str | None = Field(
         None, description="Keep versions as files in this shared-memory directory (e.g. "

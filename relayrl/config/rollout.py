@@ -36,8 +36,9 @@ class RolloutConfig(StrictModel):
         description="host:port of relays to pull from, in order of preference; a worker "
         "fails over to the next when one is down or serves a bad shard. Empty: relay.endpoint.",
     )
-    weight_plane: Literal["grpc", "shm", "torch_dist", "nixl"] = Field(
-        "grpc", description="Data plane workers pull weights through; the relays must serve it.",
+    weight_plane: Literal["grpc", "shm", "torch_dist", "nixl", "nccl"] = Field(
+        "grpc", description="Data plane workers pull weights through; the relays must serve it. "
+        "nccl receives onto `device`, which must be a GPU (checked at start).",
     )
     http_base_port: int = Field(
         0, ge=0, le=65000,

@@ -27,6 +27,7 @@ from relayrl.evals.sets import build_sets
 from relayrl.metrics import MetricsWriter, open_run_metrics, read_metrics
 from relayrl.models.loading import LoadedModel
 from relayrl.weights.client import RelayClient
+from relayrl.weights.collective import worker_device
 from relayrl.weights.manifest import WeightError
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,10 @@ def serve(cfg: RunConfig) -> None:
 
     setup_logging("evaluator")
     torch.set_num_threads(cfg.rollout.torch_threads)
+    weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.device)
     lm = load_model(resolve_model_path(cfg.model, cfg.task))
     relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,
-                          cfg.rollout.weight_plane) for a in cfg.relay_addresses]
+                          cfg.rollout.weight_plane, weight_device) for a in cfg.relay_addresses]
     writer = open_run_metrics(cfg, EVAL_FILE, job_type="eval")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

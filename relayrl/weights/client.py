@@ -17,14 +17,20 @@ from relayrl.weights.manifest import Manifest, WeightError, build_manifest, tens
 from relayrl.weights.plane import WeightPlane
 from relayrl.weights.wire import decode_bytes_chunk, encode_publish_chunk, iter_chunks
 
-DATA_PLANES = ("grpc", "shm", "torch_dist", "nixl")
+DATA_PLANES = ("grpc", "shm", "torch_dist", "nixl", "nccl")
 
 
 class RelayClient(WeightPlane):
+    """`device`: where the nccl plane receives (a GPU, from collective.worker_device; a test's
+    CPU has gloo stand in); the other planes receive into host memory and ignore it."""
+
     def __init__(self, address: str, chunk_bytes: int = 1 << 20, timeout_s: float = TRANSFER_S,
-                 plane: str = "grpc"):
+                 plane: str = "grpc", device: torch.device | None = None):
         if plane not in DATA_PLANES:
             raise ValueError(f"data plane must be one of {DATA_PLANES}, got {plane!r}")
+        if plane == "nccl" and device is None:
+            raise ValueError("RelayClient: the nccl plane needs the device to receive on")
+        self.device = device
         self.address = address
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
@@ -80,7 +86,8 @@ class RelayClient(WeightPlane):
         """Every shard of `version` (0: the latest), verified. With `staging` (a uint8 buffer
         the caller reuses), the gRPC, torch.distributed and NIXL planes receive into it and the
         tensors view it: fresh memory costs a page fault per 4 KiB, a large share of a
-        loopback transfer."""
+        loopback transfer. The nccl plane's tensors view a fresh buffer on `device`, and
+        `staging` holds the host copy their checksums are computed on."""
         try:
             if self.plane == "grpc":
                 manifest = self.manifest(version)
@@ -91,7 +98,7 @@ class RelayClient(WeightPlane):
                 manifest, flat = self._pull_ticketed(version, staging)
         except grpc.RpcError as err:
             raise self._error(f"pull of version {version}", err) from err
-        return unpack(manifest, flat)
+        return unpack(manifest, flat, staging)  # nccl: staging holds the host copy checked
 
     def _pull_grpc(self, manifest: Manifest, staging: torch.Tensor | None) -> torch.Tensor:
         size = flat_size(manifest)
@@ -124,6 +131,10 @@ class RelayClient(WeightPlane):
         if self.plane == "torch_dist":
             return manifest, fetchers.fetch_torch_dist(
                 ticket.torch_dist, _receive_buffer(ticket.flat_size, staging))
+        if self.plane == "nccl":  # a fresh buffer: the engine may keep the tensors it gets
+            return manifest, fetchers.fetch_torch_dist(
+                ticket.torch_dist,
+                torch.empty(ticket.flat_size, dtype=torch.uint8, device=self.device))
         if self._nixl is None:
             self._nixl = fetchers.NixlFetcher()
         try:

@@ -10,6 +10,7 @@ import os
 import torch
 
 from relayrl.proto.v1 import relay_pb2
+from relayrl.weights.collective import backend_for, broadcast, two_rank_group
 from relayrl.weights.hostid import host_id
 from relayrl.weights.manifest import WeightError
 
@@ -34,14 +35,18 @@ def fetch_shm(ticket: relay_pb2.ShmTicket, size: int) -> torch.Tensor:
 
 
 def fetch_torch_dist(ticket: relay_pb2.TorchDistTicket, flat: torch.Tensor) -> torch.Tensor:
-    """Join a two-rank group with the relay and receive its broadcast into `flat`."""
+    """Join a two-rank group with the relay and receive its broadcast into `flat`, whose
+    device must call for the backend the relay offers (torch_dist: gloo into host memory;
+    nccl: NCCL into GPU memory, or gloo standing in where the relay has no CUDA)."""
     import torch.distributed as dist
 
+    if ticket.backend != backend_for(flat.device):
+        raise WeightError(f"the relay offers a {ticket.backend} broadcast, and this worker "
+                          f"receives on {flat.device}, which needs {backend_for(flat.device)}")
     timeout = datetime.timedelta(seconds=ticket.timeout_s)
     store = dist.TCPStore(ticket.store_host, ticket.store_port, 2, False, timeout=timeout)
-    group = dist.ProcessGroupGloo(store, 1, 2, timeout)
     try:
-        group.broadcast(flat, 0).wait()
+        broadcast(two_rank_group(store, 1, ticket.backend, timeout), flat)
     except RuntimeError as err:
         raise WeightError(f"torch.distributed receive failed: {err}") from None
     return flat

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.weights.manifest import Manifest, WeightError, verify_shard
+from relayrl.weights.manifest import Manifest, WeightError, torch_dtype, verify_shard
 
 ALIGN = 64
 
@@ -38,14 +38,27 @@ def pack(manifest: Manifest, tensors: dict[str, torch.Tensor], out: torch.Tensor
         out[off:off + s.nbytes].copy_(t)
 
 
-def unpack(manifest: Manifest, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Verified tensors viewing `flat` (no copy): every shard's length and checksum must
-    match the manifest, or WeightError names the shard."""
-    if flat.numel() < flat_size(manifest):
+def unpack(manifest: Manifest, flat: torch.Tensor, host: torch.Tensor | None = None
+           ) -> dict[str, torch.Tensor]:
+    """Verified tensors viewing `flat` (no copy), on its device: every shard's length and
+    checksum must match the manifest, or WeightError names the shard. `host`: a uint8 host
+    buffer to check a GPU `flat` in (a caller's reused staging), else a fresh one."""
+    size = flat_size(manifest)
+    if flat.numel() < size:
         raise WeightError(f"version {manifest.version}: got {flat.numel()} bytes, "
-                          f"its layout needs {flat_size(manifest)}")
-    arr = flat.numpy()
-    out = {}
-    for s, off in zip(manifest.shards, shard_offsets(manifest).values(), strict=True):
-        out[s.name] = verify_shard(s, memoryview(arr[off:off + s.nbytes]))
-    return out
+                          f"its layout needs {size}")
+    # xxh3 reads host bytes: a GPU buffer (the nccl plane) costs one device-to-host copy of
+    # the whole version (PCIe, some 20-40 ms a GB, and that much host memory) so that a
+    # corrupt or mismatched version never reaches the engine
+    if flat.device.type == "cpu":
+        arr = flat.numpy()
+    elif host is not None and host.numel() >= size:
+        arr = host[:size].copy_(flat[:size]).numpy()
+    else:
+        arr = flat[:size].cpu().numpy()
+    offsets = shard_offsets(manifest)
+    for s in manifest.shards:
+        verify_shard(s, memoryview(arr[offsets[s.name]:offsets[s.name] + s.nbytes]))
+    # the offsets are 64-byte aligned, so every dtype may view its slice
+    return {s.name: flat[offsets[s.name]:offsets[s.name] + s.nbytes].view(
+        torch_dtype(s.dtype)).view(s.shape) for s in manifest.shards}

@@ -71,7 +71,7 @@ class Manifest:
         for s in m.shards:
             if not s.name or s.nbytes < 0 or not s.checksum:
                 raise WeightError(f"manifest.shards[{s.name!r}]: name, nbytes and checksum needed")
-            dtype = _dtype(s.dtype)
+            dtype = torch_dtype(s.dtype)
             if any(d < 0 for d in s.shape):
                 raise WeightError(f"manifest.shards[{s.name!r}].shape has a negative size")
             numel = 1
@@ -85,7 +85,7 @@ class Manifest:
         return cls(m.version, m.step, tuple(shards), m.created_unix)
 
 
-def _dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise WeightError(f"shard dtype {name!r} is not a torch dtype")
@@ -113,7 +113,7 @@ def verify_shard(info: ShardInfo, data: bytes | bytearray | memoryview) -> torch
     if checksum(view) != info.checksum:
         raise WeightError(f"shard {info.name!r}: checksum mismatch")
     if not info.nbytes:
-        return torch.empty(info.shape, dtype=_dtype(info.dtype))
+        return torch.empty(info.shape, dtype=torch_dtype(info.dtype))
     if view.readonly:
         view = memoryview(bytearray(view))
-    return torch.frombuffer(view, dtype=_dtype(info.dtype)).view(info.shape)
+    return torch.frombuffer(view, dtype=torch_dtype(info.dtype)).view(info.shape)

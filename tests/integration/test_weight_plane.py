@@ -1,5 +1,6 @@
 """One contract for every implementation: the in-process VersionStore and a relay reached
-over gRPC with each data plane (gRPC stream, shared memory, torch.distributed, NIXL)."""
+over gRPC with each data plane (gRPC stream, shared memory, torch.distributed, NIXL, and the
+nccl plane with gloo standing in: relay and worker get the CPU as their device)."""
 
 import dataclasses
 import importlib.util
@@ -29,15 +30,16 @@ KEEP = 2
 # interpreter (a relay is a process of its own): its cases run in a process of their own
 # (test_the_nixl_plane_keeps_the_contract_in_a_process_of_its_own).
 NIXL_HERE = os.environ.get("RELAYRL_TEST_NIXL_HERE") == "1"
-PLANES = ["grpc", "shm", "torch_dist", *(["nixl"] if NIXL_HERE else [])]
+PLANES = ["grpc", "shm", "torch_dist", "nccl", *(["nixl"] if NIXL_HERE else [])]
+CPU = torch.device("cpu")  # the nccl plane's device here: gloo stands in for NCCL
 
 
-def start_relay(tmp_path, planes: list[str]):
+def start_relay(tmp_path, planes: list[str], device: torch.device = CPU):
     shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
     store = VersionStore(KEEP, shm_dir=shm_dir, wait_timeout_s=10)
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
-    relay_planes = RelayPlanes(planes, "127.0.0.1", transfer_timeout_s=10)
+    relay_planes = RelayPlanes(planes, "127.0.0.1", transfer_timeout_s=10, device=device)
     server, _ = make_server(address, [(add_relay_servicer,
                                        RelayServicer(store, 1024, relay_planes, 10))])
     server.start()
@@ -63,7 +65,7 @@ def plane(request, relay_server):
         yield VersionStore(KEEP)
     else:  # small chunks force multi-chunk shards
         client = RelayClient(relay_server[0], chunk_bytes=1000, timeout_s=10,
-                             plane=request.param)
+                             plane=request.param, device=CPU)
         yield client
         client.close()
 

@@ -30,9 +30,11 @@ class _DataPlaneEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DataPlane.V
     DATA_PLANE_SHM: _DataPlane.ValueType  # 2
     """a file in the relay's shared-memory directory, same host only"""
     DATA_PLANE_TORCH_DIST: _DataPlane.ValueType  # 3
-    """torch.distributed broadcast from the relay (gloo or NCCL)"""
+    """gloo broadcast from the relay's host memory"""
     DATA_PLANE_NIXL: _DataPlane.ValueType  # 4
     """NIXL (UCX) read of the relay's registered buffer"""
+    DATA_PLANE_NCCL: _DataPlane.ValueType  # 5
+    """NCCL broadcast from the relay's GPU copy (a TorchDistTicket)"""
 
 class DataPlane(_DataPlane, metaclass=_DataPlaneEnumTypeWrapper):
     """Data planes a worker can pull a version's flat buffer through; gRPC carries the control."""
@@ -42,9 +44,11 @@ DATA_PLANE_GRPC: DataPlane.ValueType  # 1
 DATA_PLANE_SHM: DataPlane.ValueType  # 2
 """a file in the relay's shared-memory directory, same host only"""
 DATA_PLANE_TORCH_DIST: DataPlane.ValueType  # 3
-"""torch.distributed broadcast from the relay (gloo or NCCL)"""
+"""gloo broadcast from the relay's host memory"""
 DATA_PLANE_NIXL: DataPlane.ValueType  # 4
 """NIXL (UCX) read of the relay's registered buffer"""
+DATA_PLANE_NCCL: DataPlane.ValueType  # 5
+"""NCCL broadcast from the relay's GPU copy (a TorchDistTicket)"""
 Global___DataPlane: _TypeAlias = DataPlane  # noqa: Y015
 
 @_typing.final
@@ -403,7 +407,7 @@ class TorchDistTicket(_message.Message):
     store_host: _builtins.str
     store_port: _builtins.int
     backend: _builtins.str
-    """"gloo" or "nccl" """
+    """"gloo" (torch_dist; nccl without CUDA) or "nccl" """
     timeout_s: _builtins.float
     def __init__(
         self,
@@ -464,7 +468,9 @@ class PullTicket(_message.Message):
     @_builtins.property
     def shm(self) -> Global___ShmTicket: ...
     @_builtins.property
-    def torch_dist(self) -> Global___TorchDistTicket: ...
+    def torch_dist(self) -> Global___TorchDistTicket:
+        """DATA_PLANE_TORCH_DIST and DATA_PLANE_NCCL"""
+
     @_builtins.property
     def nixl(self) -> Global___NixlTicket: ...
     def __init__(

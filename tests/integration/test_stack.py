@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from bench.common import free_port_block
 from relayrl.config import RunConfig
 from relayrl.metrics import read_metrics
-from bench.common import free_port_block
 from relayrl.ops.launcher import Launcher
 from tests.conftest import small_stack_config, snapshot
 

@@ -152,3 +152,21 @@ def window_figures(rows: list[dict], skip: int, steps: int) -> dict[str, float]:
     return {"samples_per_s": sum(r.get("train/samples", 0) for r in window) / seconds,
             "lag_mean": statistics.fmean(lags) if lags else float("nan"),
             "groups_dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in window)}
+
+
+def fastest_pull_s(client, repeats: int = 3) -> float:
+    """The fastest of `repeats` pulls of a RelayClient's newest version, into one staging
+    buffer reused across them, as a worker reuses its own."""
+    import time
+
+    import torch
+
+    from relayrl.weights.layout import flat_size
+
+    staging = torch.zeros(flat_size(client.manifest(0)), dtype=torch.uint8)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        client.pull(0, staging=staging)
+        times.append(time.perf_counter() - start)
+    return min(times)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import weights_nccl  # noqa: E402
-from bench.common import spawn_service  # noqa: E402
+from bench.common import fastest_pull_s, spawn_service  # noqa: E402
 from relayrl.grpc_util import free_ports  # noqa: E402
 from relayrl.weights import nixl_plane  # noqa: E402
 from relayrl.weights.client import RelayClient  # noqa: E402
@@ -152,18 +152,11 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
             out.update(weights_nccl.nccl_row(address, nbytes, mb))
         for plane in (p for p in planes if p != "nccl"):
             client = RelayClient(address, timeout_s=300, plane=plane)
-            staging = torch.zeros(flat_size(client.manifest(0)), dtype=torch.uint8)
-            times = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                client.pull(0, staging=staging)
-                times.append(time.perf_counter() - t0)
-            out[f"{plane}_pull_gbps"] = round(nbytes / min(times) / 1e9, 3)
+            out[f"{plane}_pull_gbps"] = round(nbytes / fastest_pull_s(client) / 1e9, 3)
             out[f"{plane}_ratio"] = round(out[f"{plane}_pull_gbps"] / out["tcp_gbps"], 3)
             print(f"[{mb} MB] pull via {plane}: {out[f'{plane}_pull_gbps']} GB/s "
                   f"({out[f'{plane}_ratio']} of TCP)", flush=True)
             client.close()
-            del staging
         gc.collect()
         version = [RelayClient(address).manifest(0).version + 1]
 

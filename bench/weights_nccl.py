@@ -15,10 +15,10 @@ import time
 
 import torch
 
+from bench.common import fastest_pull_s
 from relayrl.grpc_util import free_ports
 from relayrl.weights.client import RelayClient
 from relayrl.weights.collective import two_rank_group
-from relayrl.weights.layout import flat_size
 
 RELAY_GPU, WORKER_GPU = "cuda:0", "cuda:1"
 TIMEOUT = datetime.timedelta(seconds=300)
@@ -70,17 +70,12 @@ def nccl_ceiling_s(nbytes: int, rounds: int = 3) -> float:
 def nccl_row(address: str, nbytes: int, mb: int) -> dict:
     """The plane's pull (group, broadcast, host copy and checksums) against the ceiling."""
     client = RelayClient(address, timeout_s=300, plane="nccl", device=torch.device(WORKER_GPU))
-    # the host buffer the checksums read, mapped once as a worker's reused staging is
-    staging = torch.zeros(flat_size(client.manifest(0)), dtype=torch.uint8)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        client.pull(0, staging=staging)
-        times.append(time.perf_counter() - start)
+    # the staging buffer holds the host copy the checksums read
+    pull_s = fastest_pull_s(client)
     client.close()
     ceiling = nbytes / nccl_ceiling_s(nbytes) / 1e9
     out = {"nccl_ceiling_gbps": round(ceiling, 3),
-           "nccl_pull_gbps": round(nbytes / min(times) / 1e9, 3)}
+           "nccl_pull_gbps": round(nbytes / pull_s / 1e9, 3)}
     out["nccl_ratio"] = round(out["nccl_pull_gbps"] / ceiling, 3)
     print(f"[{mb} MB] raw NCCL broadcast {RELAY_GPU} -> {WORKER_GPU}: {ceiling:.3f} GB/s; "
           f"pull via nccl: {out['nccl_pull_gbps']} GB/s ({out['nccl_ratio']} of it)",

@@ -120,6 +120,9 @@ def test_a_stopping_worker_hands_its_tokens_back_and_another_resumes(stack):
     again = core.acquire(b.worker_id, 1).leases[0]
     assert (again.prompt_id, again.attempt) == (lease.prompt_id, 1)  # not a failure
     assert b.run_lease(again) and b.groups_resumed == 1
+    # no KV came with the tokens: the prompt and every unfinished sequence's tokens again
+    assert b.tokens_reprefilled == len(saved.prompt_tokens) + sum(
+        len(s.tokens) for s in saved.unfinished()) > 0
     samples = delivered(r)
     assert sorted(s.response_tokens[:2].tolist() for s in samples) == sorted(
         s.tokens[:2] for s in saved.sequences)
@@ -220,6 +223,7 @@ def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stac
     assert a.groups_resumed == 1 and len(held_a) == 3
     # both engines hold version 0: the moved sequences' KV caches come along and are used
     assert (a.kv_imported, a.kv_refused) == (unfinished, 0)
+    assert a.tokens_reprefilled == 0  # the caches came along: nothing to prefill again
     resumed_before = a.engine.tokens_resumed
     held_a, _ = a.advance(held_a)
     assert a.engine.tokens_resumed - resumed_before >= sum(

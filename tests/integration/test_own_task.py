@@ -29,6 +29,9 @@ def own_task_run(tmp, reward):
     data["task"] = {"source": "dataset", "path": str(problems_file(tmp)), "eval_size": 8,
                     "eval_fraction": 0.1, "reward": reward,
                     "prompt": {"template": "{a}+{b}=", "format": "raw"}}
+    # every step must train: on a loaded machine a small stack's whole batch can lag past
+    # its staleness bound of 1 and be dropped, which is not what this test is about
+    data["trainer"]["max_staleness"] = STEPS
     cfg = RunConfig.model_validate(data)
     return run_to_end(cfg)
 

@@ -43,7 +43,14 @@ def start_run(tmp_path, started: list):
     return proc, marker, socket
 
 
-def wait_all_gone(markers: list[str], timeout_s: float = 30.0) -> list[str]:
+# After kill -9 of the launcher every service gets SIGTERM at once, so each may be mid-call
+# to a peer that is stopping too: a worker sees its stop only once that call returns, which
+# can take a call deadline or two (Redis commands: 10 s), then tears torch down. On a loaded
+# 2-core machine that once came to just over 30 s.
+GONE_WITHIN_S = 60.0
+
+
+def wait_all_gone(markers: list[str], timeout_s: float = GONE_WITHIN_S) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         left = [p for m in markers for p in processes_mentioning(m)]

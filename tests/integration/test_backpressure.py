@@ -6,9 +6,13 @@ further: workers wait and say so. Redis at its memory limit (maxmemory with noev
 refuses writes: producers back off, count the refusals, and deliver everything once the
 limit is raised. Either way the run then finishes and the books balance exactly."""
 
+from contextlib import ExitStack
+
+import httpx
 import pytest
 
-from tests.conftest import snapshot
+from relayrl.staleness import inflight_prompts
+from tests.conftest import free_ports, snapshot
 from tests.integration.live_stack import (
     buffer_depth,
     frozen,
@@ -25,6 +29,7 @@ pytestmark = pytest.mark.integration
 
 STEPS, GROUPS, GROUP_SIZE = 10, 2, 4  # small_stack_config's batch: 2 groups of 4 samples
 MAX_SAMPLES, MAX_BATCHES = 2 * GROUPS * GROUP_SIZE, 1
+API_TOKEN = "backpressure-test-token"
 
 
 def assert_run_finished_exactly(launcher) -> dict:
@@ -75,17 +80,33 @@ def test_a_stopped_trainer_fills_the_buffer_to_its_bound_and_workers_wait(tmp_pa
     assert "buffer full" in logs and "waiting for the trainer" in logs
 
 
-def test_redis_at_its_memory_limit_makes_producers_back_off_and_lose_nothing(tmp_path):
-    cfg = stack_config(tmp_path, STEPS)
+def test_redis_at_its_memory_limit_makes_producers_back_off_and_lose_nothing(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("RELAYRL_API_TOKEN", API_TOKEN)
+    (rest_port,) = free_ports(1)
+    cfg = stack_config(tmp_path, STEPS, scheduler={"rest_port": rest_port})
+    rest = httpx.Client(base_url=f"http://127.0.0.1:{rest_port}", timeout=10,
+                        headers={"Authorization": f"Bearer {API_TOKEN}"})
+    cap = inflight_prompts(cfg.buffer.groups_per_batch, cfg.trainer.max_staleness)
+    workers = [f"rollout-{i}" for i in range(cfg.rollout.num_workers)]
     with running(cfg) as launcher:
         r = redis_of(launcher.cfg)
         wait_for(lambda: trainer_version(launcher.cfg) >= 2, 120, "two trainer steps")
-        r.config_set("maxmemory-policy", "noeviction")
-        r.config_set("maxmemory", 1)  # every write that needs memory is refused
+        # Set the limit only where a worker must append under it. Paused, the workers finish
+        # what they hold and the trainer trains every full batch, which leaves the in-flight
+        # cap room; frozen, they cannot take it before the limit; thawed, each asks for a
+        # lease (granted without a Redis write) and appends what it generates.
+        assert rest.post("/v1/pause").json()["state"] == "paused"
+        wait_for(lambda: rest.get("/v1/status").json()["inflight"] < cap, 120,
+                 "the trainer caught up with the paused workers")
+        assert rest.get("/v1/status").json()["handed_out"] < STEPS * GROUPS  # prompts left
+        with ExitStack() as stack:
+            for name in workers:
+                stack.enter_context(frozen(pid_of(launcher, name)))
+            assert rest.post("/v1/resume").json()["state"] == "running"
+            r.config_set("maxmemory-policy", "noeviction")
+            r.config_set("maxmemory", 1)  # every write that needs memory is refused
         try:
-            # a worker that delivered all it held before the limit has nothing to append
-            # (new leases wait on the trainer's progress, a write Redis refuses too), so
-            # only the workers caught mid-delivery are refused: at least one is
             wait_for(lambda: any(worker_metric(launcher.cfg,
                                                "relayrl_rollout_redis_oom_refusals_total")),
                      120, "a worker refused by Redis")

@@ -78,11 +78,13 @@ def token_lag_histogram(groups: list[Group], version: int, max_staleness: int
     is its oldest token's. Names staleness/tokens_lag_<bucket>."""
     hist = {name.replace("samples_lag", "tokens_lag"): 0
             for name in lag_bucket_names(max_staleness)}
-    for g in groups:
-        for s in g.samples:
-            lags = np.maximum(version - s.versions[s.policy_token_mask], 0)
-            for lag, n in zip(*np.unique(lags, return_counts=True), strict=True):
-                hist[f"staleness/tokens_lag_{_bucket(int(lag), max_staleness)}"] += int(n)
+    # every lag past the bound is one bucket ("over"): clipped there, the counts stay short
+    lags = [np.clip(version - s.versions[s.policy_token_mask], 0, max_staleness + 1)
+            for g in groups for s in g.samples]
+    counts = np.bincount(np.concatenate(lags).astype(np.int64)) if lags else []
+    for lag, n in enumerate(counts):
+        if n:
+            hist[f"staleness/tokens_lag_{_bucket(lag, max_staleness)}"] += int(n)
     return hist
 
 

@@ -49,3 +49,15 @@ def test_tokens_fall_in_the_bucket_of_their_own_lag():
     assert hist == {"staleness/tokens_lag_0": 3, "staleness/tokens_lag_1": 1,
                     "staleness/tokens_lag_2": 1, "staleness/tokens_lag_3": 0,
                     "staleness/tokens_lag_over": 0}
+
+
+def test_token_lags_share_the_sample_buckets_past_eight_and_the_bound():
+    # trainer at 100, bound 60: lags 0, 9 and 50 in one sequence, 70 (over) in another
+    groups = [group(1, [[100, 91, 50, 50]]), group(2, [[30, 100]])]
+    hist = token_lag_histogram(groups, 100, 60)
+    assert len(hist) == 11
+    assert hist["staleness/tokens_lag_0"] == 2
+    assert hist["staleness/tokens_lag_9plus"] == 3
+    assert hist["staleness/tokens_lag_over"] == 1
+    assert sum(hist.values()) == 6
+    assert token_lag_histogram([], 100, 60) == dict.fromkeys(hist, 0)

@@ -9,9 +9,11 @@ An engine may also keep sequences' KV states (the torch engine does, when asked 
 continuation whose context extends a state it holds resumes from it instead of re-prefilling,
 and a state can be exported to move a sequence to another worker with its cache. The default
 keeps none: `export_state` gives None and `import_state` refuses, so a sequence migrates by its
-tokens and the destination re-prefills them (the vLLM engine works this way). Either way the
-tokens are the sequence; a state is only a shortcut that is refused (ValueError) when it does
-not fit the importing engine's model or version.
+tokens and the destination re-prefills them. The vLLM engine with KV transfer configured
+exports a ticket instead of the tensors: vLLM keeps the blocks and the next engine pulls them
+over NIXL (rollout_svc.vllm_kv). Either way the tokens are the sequence; a state is only a
+shortcut that is refused (ValueError) when it does not fit the importing engine's model or
+version. A state travels in its own wire form: `.encode()`, and the engine's `decode_state`.
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ class Engine(ABC):
         """The KV state this engine holds for `context` (covering all of it or all but its
         last token), or None."""
         return None
+
+    def decode_state(self, payload: bytes) -> SequenceKV:
+        """A state in the wire form this engine's kind exports (CodecError otherwise)."""
+        return SequenceKV.decode(payload)
 
     def import_state(self, state: SequenceKV) -> None:
         """Keep `state` so that a context extending its tokens resumes from it; ValueError

@@ -26,5 +26,7 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                           kv_cache_gib=r.vllm_kv_cache_gib, max_model_len=r.vllm_max_model_len,
                           dtype=r.vllm_dtype, enforce_eager=r.vllm_enforce_eager,
                           gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-                          tensor_parallel_size=r.vllm_tensor_parallel_size)
+                          tensor_parallel_size=r.vllm_tensor_parallel_size,
+                          kv_transfer_port=(r.kv_transfer_base_port + r.worker_index
+                                            if r.kv_transfer_base_port else 0))
     raise ValueError(f"rollout.engine: unknown engine {r.engine!r}")

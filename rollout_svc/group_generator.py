@@ -14,7 +14,6 @@ from relayrl.keys import RunKeys
 from relayrl.leases import LeasedPrompt
 from relayrl.models.loading import LoadedModel
 from relayrl.partial import PartialGroup, PartialSequence
-from relayrl.sampling.kv_state import SequenceKV
 from relayrl.staleness import must_restart
 from relayrl.streams import TrajectoryWriter
 from rollout_svc.engine_api import Engine, SamplingSpec
@@ -98,7 +97,7 @@ class GroupGenerator:
         version, another model, damaged) only costs its re-prefill."""
         for payload in lease.kv_states:
             try:
-                self.engine.import_state(SequenceKV.decode(payload))
+                self.engine.import_state(self.engine.decode_state(payload))
                 self.kv_imported += 1
             except (CodecError, ValueError) as err:
                 self.kv_refused += 1

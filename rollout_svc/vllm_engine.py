@@ -33,6 +33,7 @@ import torch
 from relayrl.sampling.sampler import Completion
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.torch_engine import check_state_dict
+from rollout_svc.vllm_kv import KVTicket, park_params, pull_params, transfer_config
 from rollout_svc.vllm_sampling import completion, greedy_temperature_processor, sampling_params
 
 MIN_BATCHED_TOKENS = 8192
@@ -82,7 +83,8 @@ class VllmEngine(Engine):
     def __init__(self, model_path: str | Path, *, seed: int = 0, version: int = 0,
                  eos_id: int | None = None, kv_cache_gib: float = 1.0,
                  max_model_len: int = 0, dtype: str = "float32", enforce_eager: bool = True,
-                 gpu_memory_utilization: float = 0.0, tensor_parallel_size: int = 1):
+                 gpu_memory_utilization: float = 0.0, tensor_parallel_size: int = 1,
+                 kv_transfer_port: int = 0):
         super().__init__()
         path = Path(model_path)
         if not (path / "config.json").is_file():
@@ -107,6 +109,11 @@ class VllmEngine(Engine):
                              "rollout.vllm_max_model_len")
         vllm = _import_vllm()
         self._SamplingParams = vllm.SamplingParams
+        # with a port, sequences move to and from other engines with their KV (vllm_kv)
+        transfer = ({"kv_transfer_config": transfer_config(
+            kv_transfer_port, "cuda" if on_gpu else "cpu")} if kv_transfer_port else {})
+        self.kv_transfer = bool(kv_transfer_port)
+        self._tickets: dict[tuple[int, ...], KVTicket] = {}
         self._expected = expected_state(config)
         set_num_threads = torch.set_num_threads
         try:
@@ -126,6 +133,7 @@ class VllmEngine(Engine):
                     logits_processors=[greedy_temperature_processor()],
                     generation_config="vllm",  # no sampling defaults from the model directory
                     use_tqdm_on_load=False,
+                    **transfer,
                 )
         finally:
             # vLLM's CPU worker turns torch.set_num_threads into a no-op for the whole process,
@@ -145,6 +153,7 @@ class VllmEngine(Engine):
         self.busy_s = 0.0
         self.weight_loads = 0
         self.load_s = 0.0
+        self.tokens_resumed = 0  # context tokens pulled from another engine, not prefilled
 
     @property
     def version(self) -> int:
@@ -162,6 +171,7 @@ class VllmEngine(Engine):
             self._check_usable()
             params = sampling_params(self._SamplingParams, spec, contexts,
                                      self.max_model_len, self.eos_id)
+            self._pull_moved(contexts, params)
             t0 = time.monotonic()
             outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params,
                                      use_tqdm=False)
@@ -176,6 +186,55 @@ class VllmEngine(Engine):
             completions = [completion(o.outputs[0]) for o in outs]
             self.tokens_generated += sum(len(c.tokens) for c in completions)
         return completions
+
+    def _pull_moved(self, contexts: list[list[int]], params: list[Any]) -> None:
+        """Requests whose context another engine parked for this one pull its KV blocks
+        instead of prefilling them; a ticket from another version than the engine's is
+        dropped (the context is prefilled under the current weights)."""
+        for context, p in zip(contexts, params, strict=True):
+            ticket = self._tickets.pop(tuple(context), None)
+            if ticket is None or ticket.version != self._version:
+                continue
+            p.extra_args = {**(p.extra_args or {}), "kv_transfer_params": pull_params(ticket)}
+            self.tokens_resumed += len(ticket.tokens)
+
+    def export_state(self, context: list[int]) -> KVTicket | None:
+        """Park `context`'s KV blocks for another engine to pull (rollout_svc.vllm_kv):
+        a one-token request (its token is discarded) that keeps the blocks; None without
+        KV transfer configured."""
+        if not self.kv_transfer:
+            return None
+        if not context or len(context) >= self.max_model_len:
+            raise ValueError(f"context of {len(context)} tokens cannot be parked "
+                             f"(max_model_len {self.max_model_len})")
+        with self.lock:
+            self.use_threads()
+            self._check_usable()
+            park = self._SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                                        extra_args={"kv_transfer_params": park_params()})
+            (out,) = self.llm.generate([{"prompt_token_ids": list(context)}], [park],
+                                       use_tqdm=False)
+            if not out.kv_transfer_params:
+                raise RuntimeError("vLLM parked no KV blocks for the context")
+            return KVTicket(tokens=list(context), version=self._version,
+                            params=dict(out.kv_transfer_params))
+
+    def import_state(self, state: KVTicket) -> None:
+        """Keep a parked context's ticket: the next request with exactly that context
+        pulls its blocks. ValueError for another kind of state or another version."""
+        if not isinstance(state, KVTicket):
+            raise ValueError(f"kv state: the vllm engine takes vLLM tickets, got "
+                             f"{type(state).__name__}")
+        if not self.kv_transfer:
+            raise ValueError("kv state: this vLLM engine has no KV transfer configured "
+                             "(rollout.kv_transfer_base_port)")
+        if state.version != self._version:
+            raise ValueError(f"kv state: computed by version {state.version}, the engine "
+                             f"holds {self._version}")
+        self._tickets[tuple(state.tokens)] = state
+
+    def decode_state(self, payload: bytes) -> KVTicket:
+        return KVTicket.decode(payload)
 
     def _check_usable(self) -> None:
         if self._broken is not None:
@@ -203,12 +262,14 @@ class VllmEngine(Engine):
             # cached prefixes hold keys and values computed under the old weights
             self.llm.reset_prefix_cache()
             self._version = version
+            self._tickets.clear()  # blocks computed under the old weights
             self.weight_loads += 1
             self.load_s += time.monotonic() - t0
 
     def stats(self) -> dict[str, float]:
         return {"tokens_generated": self.tokens_generated, "busy_s": self.busy_s,
-                "weight_loads": self.weight_loads, "load_s": self.load_s}
+                "weight_loads": self.weight_loads, "load_s": self.load_s,
+                "tokens_resumed": self.tokens_resumed}
 
     def close(self) -> None:
         """Free the model and KV cache and vLLM's (single-process) distributed state, so

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from relayrl.config.base import Endpoint, StrictModel
 from relayrl.config.environment import EnvironmentConfig
@@ -167,11 +167,30 @@ class RolloutConfig(StrictModel):
         True, description="Run vLLM eagerly: starts in seconds; False compiles (and on GPUs "
         "captures CUDA graphs) for throughput.",
     )
+    kv_transfer_base_port: int = Field(
+        0, ge=0, le=65535,
+        description="vLLM only: move a repacked sequence to its next worker with its KV "
+        "cache over NIXL (vLLM's NixlConnector; rollout_svc/vllm_kv.py) instead of "
+        "re-prefilling it there; worker i's side channel listens on this port + i. 0: "
+        "re-prefill.",
+    )
     environment: EnvironmentConfig | None = Field(
         None, description="A multi-turn environment every sample plays an episode in "
         "(relayrl/config/environment.py); max_new_tokens then bounds the model's tokens over "
         "all turns. None: one completion per sample.",
     )
+
+    @model_validator(mode="after")
+    def _kv_transfer_needs_vllm(self) -> RolloutConfig:
+        """kv_transfer_base_port moves KV between vLLM engines; the torch engine moves its
+        states through the scheduler without it."""
+        if self.kv_transfer_base_port and self.engine != "vllm":
+            raise ValueError(f"rollout.kv_transfer_base_port: {self.kv_transfer_base_port} "
+                             f"needs rollout.engine 'vllm', not {self.engine!r}")
+        if self.kv_transfer_base_port + self.worker_index > 65535:
+            raise ValueError(f"rollout.kv_transfer_base_port: {self.kv_transfer_base_port} + "
+                             f"worker {self.worker_index} passes port 65535")
+        return self
 
     @property
     def worker_id(self) -> str:

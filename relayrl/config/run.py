@@ -212,6 +212,9 @@ class RunConfig(StrictModel):
             if self.rollout.metrics_base_port:
                 ports[f"rollout worker {i} metrics (rollout.metrics_base_port+{i})"] = (
                     self.rollout.metrics_base_port + i)
+            if self.rollout.kv_transfer_base_port:
+                ports[f"rollout worker {i} KV side channel (rollout.kv_transfer_base_port+{i})"] \
+                    = self.rollout.kv_transfer_base_port + i
         return ports
 
     @property

@@ -47,15 +47,19 @@ SETUPS = {  # config, steps, steps between saved policies, answers per held-out 
     "tiny": ("examples/tiny_cpu.yaml", 1200, 50, 1),
     "smollm2": ("examples/smollm2_cpu.yaml", 30, 5, 4),
 }
+# what both sides run alike: RelayRL's config may not change these with --set
+SHARED = ("task.", "model.", "buffer.", "eval.", "trainer.lr", "trainer.loss", "trainer.grad_clip",
+          "trainer.max_steps", "trainer.seed", "rollout.max_new_tokens", "rollout.temperature",
+          "rollout.samples_per_prompt", "rollout.seed")
 SEED_STRIDE = 1000  # rollout.seed is offset by worker index: keep rounds' workers apart
 
 
 def bench_config(path: str, steps: int, every: int, run_dir: Path, round_: int = 0,
-                 eval_samples: int = 1) -> RunConfig:
+                 eval_samples: int = 1, overrides: list[str] | None = None) -> RunConfig:
     """A fresh run in `run_dir`: what an earlier bench left there goes, or the trainer would
     resume from its checkpoints and the round would measure nothing."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    data = load_run_config(path).model_dump(mode="json")
+    data = load_run_config(path, overrides or []).model_dump(mode="json")
     data["run_dir"] = str(run_dir)
     data["trainer"].update(max_steps=steps, checkpoint_every=every, keep_checkpoints=1000,
                            progress=False, seed=data["trainer"]["seed"] + round_)
@@ -139,14 +143,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, help="default: the setup's")
     parser.add_argument("--every", type=int, help="steps between saved policies")
     parser.add_argument("--out", default=str(ROOT / "docs"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.FIELD=VALUE",
+                        help="change RelayRL's config (e.g. scheduler.max_inflight_prompts=6); "
+                        "what TRL's side shares with it (task, batch, loss) is refused")
     args = parser.parse_args(argv)
     path, steps, every, eval_samples = SETUPS[args.setup]
     steps, every = args.steps or steps, args.every or every
     if args.rounds < 1 or steps < every or every < 1:
         parser.error("need --rounds >= 1 and --steps >= --every >= 1")
+    shared = [o for o in args.overrides if o.split("=", 1)[0].startswith(SHARED)]
+    if shared:
+        parser.error(f"--set {shared[0]}: both sides share that setting; change the config")
     python = bench_python()
     work = ROOT / "runs" / "bench_peers" / args.setup
-    first = bench_config(path, steps, every, work / "relayrl_0", 0, eval_samples)
+    first = bench_config(path, steps, every, work / "relayrl_0", 0, eval_samples,
+                         args.overrides)
     key = f"eval/{first.eval.sets[0].name}/pass@1"
     from relayrl.models.cache import resolve_model_path
 
@@ -154,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.setup}: the warm start's {key} is {start:.3f}", flush=True)
     runs = []
     for r in range(args.rounds):
-        cfg = bench_config(path, steps, every, work / f"relayrl_{r}", r, eval_samples)
+        cfg = bench_config(path, steps, every, work / f"relayrl_{r}", r, eval_samples,
+                           args.overrides)
         spec = trl_spec(cfg, steps, every, work, r)
         print(f"round {r + 1}/{args.rounds}: RelayRL, {steps} steps", flush=True)
         runs.append(evaluated(cfg, "relayrl", run_relayrl(cfg), start, key))

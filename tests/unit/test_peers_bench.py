@@ -75,3 +75,15 @@ def test_rounds_are_seeded_apart_and_trl_gets_the_rounds_seed(tmp_path):
     assert all(s.samples == 4 for s in cfgs[1].eval.sets)
     spec = json.loads(trl_spec(cfgs[1], 100, 25, tmp_path / "work", 1).read_text())
     assert spec["seed"] == cfgs[1].trainer.seed
+
+
+def test_set_changes_relayrls_side_only_where_trl_has_no_counterpart(tmp_path, capsys):
+    from bench.peers import main
+
+    cfg = bench_config("examples/smollm2_cpu.yaml", 12, 4, tmp_path / "r", 0, 1,
+                       ["scheduler.max_inflight_prompts=6"])
+    assert cfg.scheduler.max_inflight_prompts == 6
+    for shared in ("trainer.lr=0.1", "buffer.groups_per_batch=2", "rollout.temperature=0.5"):
+        with pytest.raises(SystemExit):
+            main(["--setup", "smollm2", "--set", shared])
+        assert "both sides share that setting" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import yaml
 
 from relayrl.auth import install_launcher_credentials
 from relayrl.config import AuthConfig, RunConfig
-from relayrl.grpc_util import free_ports, wait_healthy
+from relayrl.grpc_util import free_ports, reserve_ports, wait_healthy
 from relayrl.metrics import read_metrics
 from relayrl.ops.launcher import Launcher
 from relayrl.procs import child_env
@@ -63,7 +63,9 @@ def free_port_block(n: int, host: str = "127.0.0.1", tries: int = 50) -> int:
         try:
             for offset, sock in enumerate(socks):
                 sock.bind((host, first + offset))
-            return first
+            # its first port is fresh; the rest must not be another caller's either
+            if reserve_ports(list(range(first + 1, first + n))):
+                return first
         except OSError:
             continue
         finally:

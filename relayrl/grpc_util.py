@@ -3,6 +3,8 @@ credentials (relayrl.auth: the token checked and sent, TLS when certificates are
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -93,15 +95,44 @@ def wait_healthy(address: str, timeout_s: float = 60.0, alive: Callable[[], bool
     raise TimeoutError(f"{address} did not become healthy within {timeout_s:.0f}s")
 
 
+# Ports this process handed out lately. Two calls a moment apart (a config's ports, then a
+# test's extra one) may otherwise get the same port back from the kernel, and a run refuses
+# a config that uses a port twice.
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=4096)
+_HANDED_LOCK = threading.Lock()
+
+
+def reserve_ports(ports: list[int]) -> bool:
+    """Keep free_ports from handing out `ports` soon (ones picked some other way); False,
+    reserving nothing, when one of them was handed out lately itself."""
+    with _HANDED_LOCK:
+        if set(ports) & set(_HANDED_OUT):
+            return False
+        _HANDED_OUT.extend(ports)
+        return True
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct ports free on `host` now (held together while picked, so never repeated)."""
+    """n distinct ports free on `host` now (held together while picked), none of them handed
+    out by this process lately."""
     import socket
 
-    socks = [socket.socket() for _ in range(n)]
+    socks: list[socket.socket] = []
+    ports: list[int] = []
     try:
-        for sock in socks:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in socks]
+        with _HANDED_LOCK:
+            recent = set(_HANDED_OUT)
+            while len(ports) < n:
+                if len(socks) >= n + 1024:
+                    raise RuntimeError(f"no {n} fresh free ports on {host}")
+                sock = socket.socket()
+                socks.append(sock)  # held bound, so the kernel does not offer it again
+                sock.bind((host, 0))
+                port = sock.getsockname()[1]
+                if port not in recent:
+                    ports.append(port)
+            _HANDED_OUT.extend(ports)
+        return ports
     finally:
         for sock in socks:
             sock.close()

@@ -1,0 +1,29 @@
+"""Ports picked for configs and tests: never handed out twice by one process in a while, so a
+config assembled from several picks never uses a port twice (a run refuses that)."""
+
+import pytest
+
+from bench.common import free_port_block
+from relayrl.grpc_util import free_ports, reserve_ports
+
+pytestmark = pytest.mark.unit
+
+
+def test_separate_picks_never_repeat_a_port():
+    picked = [p for _ in range(300) for p in free_ports(2)]
+    assert len(set(picked)) == len(picked)
+
+
+def test_a_block_neither_overlaps_earlier_picks_nor_is_handed_out_again():
+    before = set(free_ports(20))
+    first = free_port_block(4)
+    block = set(range(first, first + 4))
+    assert not block & before
+    after = {p for _ in range(100) for p in free_ports(1)}
+    assert not block & after
+
+
+def test_a_reservation_clashing_with_a_recent_pick_is_refused():
+    (port,) = free_ports(1)
+    assert not reserve_ports([port])
+    assert reserve_ports([])

@@ -191,6 +191,8 @@ class VllmEngine(Engine):
         """Requests whose context another engine parked for this one pull its KV blocks
         instead of prefilling them; a ticket from another version than the engine's is
         dropped (the context is prefilled under the current weights)."""
+        if not self._tickets:  # the common case: no tuple of every context per segment
+            return
         for context, p in zip(contexts, params, strict=True):
             ticket = self._tickets.pop(tuple(context), None)
             if ticket is None or ticket.version != self._version:

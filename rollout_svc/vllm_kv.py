@@ -47,6 +47,24 @@ class KVTicket(Wire, tag=KIND):
         for key in ("remote_engine_id", "remote_block_ids", "remote_host", "remote_port"):
             if key not in self.params:
                 raise CodecError(f"{KIND}.params: no {key}")
+        # a peer's word on where to pull from: checked here, before vLLM dials it
+        p = self.params
+        port, host, engine = p["remote_port"], p["remote_host"], p["remote_engine_id"]
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise CodecError(f"{KIND}.params.remote_port: {port!r} is not a port (1..65535)")
+        for key, value in (("remote_host", host), ("remote_engine_id", engine)):
+            if not isinstance(value, str) or not 0 < len(value) <= 255:
+                raise CodecError(f"{KIND}.params.{key}: {value!r} is not a name of 1..255 "
+                                 "characters")
+        blocks = p["remote_block_ids"]
+        if not (isinstance(blocks, list | tuple) and all(  # vLLM's own are tuples
+                isinstance(g, list | tuple) and all(isinstance(b, int) and not isinstance(b, bool)
+                                            and 0 <= b < 1 << 31 for b in g) for g in blocks)):
+            raise CodecError(f"{KIND}.params.remote_block_ids: expected lists of block ids "
+                             "(0..2^31)")
+        if p.get("remote_num_tokens", len(self.tokens)) != len(self.tokens):
+            raise CodecError(f"{KIND}.params.remote_num_tokens: {p['remote_num_tokens']!r}, "
+                             f"the ticket holds {len(self.tokens)} tokens")
 
     def encode(self) -> bytes:
         return encode(self)

@@ -29,6 +29,11 @@ def test_a_ticket_round_trips_and_asks_to_pull():
     ({"tokens": []}, "vllm_kv_ticket.tokens"),
     ({"params": {k: v for k, v in PARAMS.items() if k != "remote_host"}}, "remote_host"),
     ({"version": -1}, "vllm_kv_ticket.version"),
+    ({"params": {**PARAMS, "remote_port": 70000}}, "remote_port"),
+    ({"params": {**PARAMS, "remote_host": ""}}, "remote_host"),
+    ({"params": {**PARAMS, "remote_block_ids": [[1, -2]]}}, "remote_block_ids"),
+    ({"params": {**PARAMS, "remote_block_ids": "1,2"}}, "remote_block_ids"),
+    ({"params": {**PARAMS, "remote_num_tokens": 9}}, "remote_num_tokens"),
 ])
 def test_a_damaged_ticket_is_refused_naming_the_field(change, field):
     wire = {"kind": "vllm_kv_ticket", "schema": 1, "tokens": [5], "version": 0,

@@ -8,12 +8,10 @@ prompt's part of the backward pass is shared too. Log-probabilities and gradient
 plain pass's up to float rounding (tests/unit/test_shared_prefix.py).
 
 The tiny example's rows are 7 prompt and about 4 response tokens: the pass runs 2.2x fewer
-tokens, and a step's forward and backward take 55 ms instead of 84 on one thread. For a
-large vocabulary more is saved by the vocabulary projection and log-softmax running over
-the response window only, and by one embedding lookup serving both calls (a tied
-embedding's backward builds a dense gradient over the whole vocabulary per lookup). A pass
-where no two rows share a prompt takes this path too (one more call into the model, at no
-more tokens): every pass of a step takes the same path, so one process and
+tokens, and a step's forward and backward take 55 ms instead of 84 on one thread. The
+log-softmax runs over the response window only, which is what saves most for a large
+vocabulary. A pass where no two rows share a prompt takes this path too (one more call into
+the model, at no more tokens): every pass of a step takes the same path, so one process and
 torchrun ranks, whose shares of a batch differ, compute alike.
 
 Outputs come back in the plain pass's [B, L-1] layout; positions outside a row's response
@@ -65,45 +63,34 @@ def shared_prefix_outputs(model, batch: TrainBatch, temperature: float,
 
     # the prompts, right-padded: what follows a prompt in its first row is masked out
     p_mask = (torch.arange(p, device=device) < prompt_len[first, None]).long()
+    cache = DynamicCache(config=model.config)
+    prompts = model(input_ids=batch.input_ids[first, :p], attention_mask=p_mask,
+                    past_key_values=cache, use_cache=True, output_hidden_states=hidden)
+    cache = prompts.past_key_values
+    cache.batch_select_indices(inverse)
+
     j = torch.arange(r, device=device)
     at = prompt_len[:, None] + j  # where response token j sits in the row
     r_mask = (at < lengths[:, None]).long()
-    prompt_ids = batch.input_ids[first, :p]
-    response_ids = batch.input_ids.gather(1, at.clamp(max=width - 1))
-    # one lookup for both passes: a tied embedding's backward builds a dense gradient of the
-    # whole vocabulary per lookup (113 MB for SmolLM2)
-    embeds = model.get_input_embeddings()(torch.cat([prompt_ids.flatten(),
-                                                     response_ids.flatten()]))
-    prompt_embeds, response_embeds = embeds.split([prompt_ids.numel(), response_ids.numel()])
-    # logits only where a response token is predicted: each prompt's last position and the
-    # responses' positions but the last (the vocabulary projection dominates a small model)
-    ends, end_at = torch.unique(prompt_len[first] - 1, return_inverse=True)
-    cache = DynamicCache(config=model.config)
-    prompts = model(inputs_embeds=prompt_embeds.view(*prompt_ids.shape, -1),
-                    attention_mask=p_mask, past_key_values=cache, use_cache=True,
-                    output_hidden_states=hidden, logits_to_keep=ends)
-    cache = prompts.past_key_values
-    cache.batch_select_indices(inverse)
-    responses = model(inputs_embeds=response_embeds.view(*response_ids.shape, -1),
+    responses = model(input_ids=batch.input_ids.gather(1, at.clamp(max=width - 1)),
                       attention_mask=torch.cat([p_mask[inverse], r_mask], dim=1),
                       position_ids=at, past_key_values=cache, use_cache=True,
-                      output_hidden_states=hidden, logits_to_keep=j[:-1])
+                      output_hidden_states=hidden)
 
-    def window(last: torch.Tensor, response_out: torch.Tensor) -> torch.Tensor:
+    def window(prompt_out: torch.Tensor, response_out: torch.Tensor) -> torch.Tensor:
         """Per-position outputs that predict response tokens 0..r-1: the prompt's last
-        position (`last`, per distinct prompt), then the responses' own positions."""
-        return torch.cat([last[inverse, None], response_out[:, :r - 1]], dim=1)
+        position, then the responses' own positions but the last."""
+        last = prompt_out[inverse, prompt_len - 1]
+        return torch.cat([last[:, None], response_out[:, :-1]], dim=1)
 
-    distinct = torch.arange(len(first), device=device)
-    logits = window(prompts.logits[distinct, end_at], responses.logits)
+    logits = window(prompts.logits, responses.logits)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = _into_rows(entropy_from_logprobs(logp), prompt_len - 1, width - 1)
-    taken = logp.gather(-1, response_ids[..., None])
+    taken = logp.gather(-1, batch.input_ids.gather(1, at.clamp(max=width - 1))[..., None])
     return PolicyOutputs(
         logprobs=_into_rows(taken.squeeze(-1) * r_mask, prompt_len - 1, width - 1),
         entropy=entropy,
-        hidden=_into_rows(window(prompts.hidden_states[-1][distinct, prompt_len[first] - 1],
-                                 responses.hidden_states[-1]),
+        hidden=_into_rows(window(prompts.hidden_states[-1], responses.hidden_states[-1]),
                           prompt_len - 1, width - 1) if hidden else None,
     )

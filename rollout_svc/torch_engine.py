@@ -22,6 +22,7 @@ import torch
 from relayrl.models.loading import LoadedModel
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache
 from relayrl.sampling.sampler import Completion, sample_with_kv
+from relayrl.weights.tied import load_published, tied_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
 
 
@@ -47,6 +48,7 @@ class TorchEngine(Engine):
         self.device = device or torch.device("cpu")
         lm.model.to(self.device)
         self.lm = lm
+        self._tied = tied_aliases(lm.model)
         config = lm.model.config
         self.context_length = (getattr(config, "max_position_embeddings", None)
                                or getattr(config, "n_positions", None) or self.context_length)
@@ -92,8 +94,9 @@ class TorchEngine(Engine):
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         with self.lock:
             self.use_threads()
-            check_state_dict(self.lm.model.state_dict(), tensors, version)
-            self.lm.model.load_state_dict(tensors, strict=True)
+            tensors = without(tensors, self._tied)  # each alias loads with its first name
+            check_state_dict(without(self.lm.model.state_dict(), self._tied), tensors, version)
+            load_published(self.lm.model, tensors, self._tied)
             self._version = version
             self.states.clear()
 

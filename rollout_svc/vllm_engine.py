@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from relayrl.sampling.sampler import Completion
+from relayrl.weights.tied import tied_aliases, with_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.torch_engine import check_state_dict
 from rollout_svc.vllm_kv import KVTicket, park_params, pull_params, transfer_config
@@ -67,14 +68,16 @@ def _reload(worker, items: list[tuple[str, torch.Tensor]]) -> None:
 
 
 def expected_state(config: Any, dtype: torch.dtype = torch.float32
-                   ) -> dict[str, torch.Tensor]:
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The Hugging Face state dict (names, shapes, dtypes) of a model with this config, on
-    the meta device: what the trainer publishes and a version must match."""
+    the meta device, less its tied aliases (relayrl.weights.tied), and those aliases: what
+    the trainer publishes and a version must match."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return dict(model.state_dict())
+    aliases = tied_aliases(model)
+    return without(dict(model.state_dict()), aliases), aliases
 
 
 class VllmEngine(Engine):
@@ -114,7 +117,7 @@ class VllmEngine(Engine):
             kv_transfer_port, "cuda" if on_gpu else "cpu")} if kv_transfer_port else {})
         self.kv_transfer = bool(kv_transfer_port)
         self._tickets: dict[tuple[int, ...], KVTicket] = {}
-        self._expected = expected_state(config)
+        self._expected, self._tied = expected_state(config)
         set_num_threads = torch.set_num_threads
         try:
             with warnings.catch_warnings():
@@ -246,13 +249,16 @@ class VllmEngine(Engine):
         with self.lock:
             self.use_threads()
             self._check_usable()
+            tensors = without(tensors, self._tied)  # an alias loads with its first name
             check_state_dict(self._expected, tensors, version)
             empty = sorted(name for name, t in tensors.items() if t.is_meta)
             if empty:
                 raise ValueError(f"version {version}: shards {empty[:5]} hold no data (meta)")
             t0 = time.monotonic()
             try:
-                self.llm.collective_rpc(_reload, args=(list(tensors.items()),))
+                # vLLM's layer-by-layer reload wants every name, aliases too
+                items = list(with_aliases(tensors, self._tied).items())
+                self.llm.collective_rpc(_reload, args=(items,))
             except BaseException as err:
                 # vLLM reloads layer by layer through the meta device; a reload that fails part
                 # way leaves its layer state unusable, even for later whole reloads (and a

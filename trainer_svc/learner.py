@@ -13,6 +13,7 @@ from torch import nn
 
 from relayrl.config import RunConfig
 from relayrl.models.loading import LoadedModel
+from relayrl.weights.tied import tied_aliases, without
 from trainer_svc.batching import TrainBatch
 from trainer_svc.distributed import Parallel
 from trainer_svc.objective import Objective, UpdateResult
@@ -36,6 +37,7 @@ class Learner:
         tc = cfg.trainer
         self.lm = lm
         self.parallel = parallel or Parallel()
+        self.tied = tied_aliases(lm.model)  # published once, under the first name
         # before the policy is sharded: the reference is copied from it whole
         self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,
                                    cfg.rollout.temperature, self.parallel)
@@ -58,9 +60,10 @@ class Learner:
             model.eval()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The policy's whole weights; in one process the live tensors."""
+        """The policy's whole weights, each tied tensor once (relayrl.weights.tied); in one
+        process the live tensors."""
         self.parallel.lead("weights")
-        return self.parallel.full_state_dict(self.lm.model)
+        return without(self.parallel.full_state_dict(self.lm.model), self.tied)
 
     def training_state(self) -> TrainingState:
         self.parallel.lead("training_state")

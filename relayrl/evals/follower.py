@@ -29,6 +29,7 @@ from relayrl.models.loading import LoadedModel
 from relayrl.weights.client import RelayClient
 from relayrl.weights.collective import worker_device
 from relayrl.weights.manifest import WeightError
+from relayrl.weights.tied import load_published
 
 log = logging.getLogger(__name__)
 EVAL_FILE = "eval.jsonl"
@@ -86,7 +87,7 @@ class Follower:
         except (WeightError, grpc.RpcError) as err:  # dropped meanwhile: the next look
             log.warning("pull of version %d from %s failed: %s", version, relay.address, err)
             return False
-        self.lm.model.load_state_dict(tensors, strict=True)
+        load_published(self.lm.model, tensors)
         self.evaluate(version)
         return True
 

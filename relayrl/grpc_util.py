@@ -112,25 +112,48 @@ def reserve_ports(ports: list[int]) -> bool:
         return True
 
 
+def _unassigned_range() -> tuple[int, int]:
+    """Ports the kernel never gives an outgoing connection: below its ephemeral range, less
+    a margin for the ports a service derives from a base (worker i serves on base + i)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768  # Linux's default
+    return 20000, max(ephemeral - 512, 20000 + 1024)
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """n distinct ports free on `host` now (held together while picked), none of them handed
-    out by this process lately."""
+    out by this process lately. They are drawn below the kernel's ephemeral range: a port
+    from bind(0) is an ephemeral one, which the kernel may give any outgoing connection (a
+    gRPC or Redis client's) before the service that was meant to have it binds it."""
+    import random
     import socket
 
+    low, high = _unassigned_range()
+    draw = random.Random()  # seeded from the OS: parallel test processes draw apart
     socks: list[socket.socket] = []
     ports: list[int] = []
     try:
         with _HANDED_LOCK:
             recent = set(_HANDED_OUT)
-            while len(ports) < n:
-                if len(socks) >= n + 1024:
-                    raise RuntimeError(f"no {n} fresh free ports on {host}")
+            for _ in range(n * 64 + 1024):
+                if len(ports) == n:
+                    break
+                port = draw.randrange(low, high)
+                if port in recent or port in ports:
+                    continue
                 sock = socket.socket()
-                socks.append(sock)  # held bound, so the kernel does not offer it again
-                sock.bind((host, 0))
-                port = sock.getsockname()[1]
-                if port not in recent:
-                    ports.append(port)
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    sock.close()
+                    continue
+                socks.append(sock)  # held bound until all n are picked
+                ports.append(port)
+            if len(ports) < n:
+                raise RuntimeError(f"no {n} fresh free ports on {host} in {low}..{high}")
             _HANDED_OUT.extend(ports)
         return ports
     finally:

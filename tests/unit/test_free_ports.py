@@ -27,3 +27,11 @@ def test_a_reservation_clashing_with_a_recent_pick_is_refused():
     (port,) = free_ports(1)
     assert not reserve_ports([port])
     assert reserve_ports([])
+
+
+def test_ports_lie_below_the_range_outgoing_connections_get():
+    """A port from the ephemeral range can be taken by any client's connection before the
+    service meant to have it binds it (a worker failed to start so in a loaded CI run)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+    assert all(p < ephemeral - 256 for _ in range(50) for p in free_ports(4))

@@ -11,7 +11,7 @@ from relay_svc.version_store import VersionStore
 from relayrl.config import TrainerConfig
 from tests.unit.test_losses_trainer import MAX_NEW_TOKENS, tiny_batch
 from trainer_svc import checkpoint
-from trainer_svc.finite import NonFiniteError, StepGuard, check_finite
+from trainer_svc.finite import NonFiniteError, StepGuard, check_finite, is_finite, nonfinite_tensors
 from trainer_svc.learner import TrainingState
 from trainer_svc.objective import Objective
 from trainer_svc.publisher import AsyncPublisher
@@ -82,3 +82,18 @@ def test_the_step_guard_counts_skips_in_a_row():
     with pytest.raises(NonFiniteError, match="2 steps in a row at step 8.*"
                                              "trainer.max_nonfinite_steps is 2.*ckpt"):
         guard.skipped(8, float("inf"), float("nan"), "ckpt")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_the_finite_check_is_exact_when_a_sum_overflows_or_cancels(dtype):
+    big = torch.finfo(dtype).max
+    overflowing = torch.tensor([big, big, -1.0], dtype=dtype)  # finite; its sum is inf
+    assert torch.isinf(overflowing.sum()) and is_finite(overflowing)
+    assert nonfinite_tensors({"w": overflowing}) == []
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = torch.zeros(1000, dtype=dtype)
+        t[537] = bad
+        assert not is_finite(t)
+        assert nonfinite_tensors({"ok": torch.ones(4, dtype=dtype), "w": t}) == ["w"]
+    cancelling = torch.tensor([float("inf"), -float("inf")], dtype=dtype)  # sum: nan
+    assert not is_finite(cancelling)

@@ -4,7 +4,8 @@
 
 For each payload size: raw loopback TCP throughput between two processes (the ceiling),
 the pull throughput of every data plane from a real relay process (verified bytes, the
-worker's path), the trainer's stall per publish next to the plain copy time, and the time
+worker's path), the trainer's stall per publish next to the plain copy time, a publish over
+gRPC against one handed over through shared memory (bench/weights_publish.py), and the time
 from publish until every one of N worker processes holds the new version, with one relay and
 with a two-level tree (root -> 2 followers). The nccl plane is measured GPU to GPU against a
 raw NCCL broadcast instead (bench/weights_nccl.py; skipped, with the reason, without two
@@ -30,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import weights_nccl  # noqa: E402
+from bench import weights_nccl, weights_publish  # noqa: E402
 from bench.common import fastest_pull_s, spawn_service  # noqa: E402
 from relayrl.grpc_util import free_ports  # noqa: E402
 from relayrl.weights import nixl_plane  # noqa: E402
@@ -148,6 +149,9 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
         out.update(publish_stall(publisher, payload))
         publisher.close()
         del publisher  # its snapshot buffers: at 2 GB, memory the fan-out below needs
+        if "shm" in planes:
+            out.update(weights_publish.publish_row(address, root.pid, SHM_DIR, payload,
+                                                   out["copy_s"], mb))
         if "nccl" in planes:
             out.update(weights_nccl.nccl_row(address, nbytes, mb))
         for plane in (p for p in planes if p != "nccl"):

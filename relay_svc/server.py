@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 
@@ -9,6 +10,7 @@ import grpc
 
 from relay_svc.follower import Follower
 from relay_svc.planes import RelayPlanes
+from relay_svc.stored_version import HandoffRefused
 from relay_svc.telemetry import relay_metrics
 from relay_svc.version_store import AlreadyHeld, VersionStore
 from relayrl.config import RunConfig
@@ -17,6 +19,7 @@ from relayrl.logs import setup_logging
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.service import ServiceRunner
 from relayrl.weights import Manifest, WeightError
+from relayrl.weights.hostid import host_id
 from relayrl.weights.wire import with_fast_pull_bytes
 
 log = logging.getLogger(__name__)
@@ -48,19 +51,32 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
         if first is None or first.WhichOneof("payload") != "manifest":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "Publish: the first message must carry the manifest")
+        second = next(request_iterator, None)
+        handoff = (second.shm if second is not None and second.WhichOneof("payload") == "shm"
+                   else None)
         try:
-            stored = self.store.begin(Manifest.from_proto(first.manifest), self.max_gap)
+            if handoff is not None and handoff.host_id != host_id():
+                raise HandoffRefused("Publish.shm.host_id: the publisher is not on this "
+                                     "relay's host; send the bytes over gRPC")
+            stored = self.store.begin(Manifest.from_proto(first.manifest), self.max_gap,
+                                      handoff.file_name if handoff is not None else None)
         except AlreadyHeld as err:
             for _ in request_iterator:  # the same bytes again: read to the end, keep none
                 pass
             log.info("%s (a retried publish, or a resumed trainer's replay)", err)
             return relay_pb2.PublishResponse(version=first.manifest.version, bytes_received=0)
+        except HandoffRefused as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except WeightError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Publish: {err}")
+        rest = request_iterator if handoff is not None or second is None else itertools.chain(
+            [second], request_iterator)
         try:
-            for msg in request_iterator:
-                if msg.WhichOneof("payload") != "chunk":
-                    raise WeightError("only the first message may carry a manifest")
+            for msg in rest:
+                if handoff is not None or msg.WhichOneof("payload") != "chunk":
+                    raise WeightError("a publish is the manifest, then chunks or one shm "
+                                      f"handoff alone; got {msg.WhichOneof('payload')} after "
+                                      f"{'the handoff' if handoff is not None else 'it'}")
                 stored.write_shard(msg.chunk.shard, msg.chunk.offset, msg.chunk.data)
             self.store.commit(stored)
         except WeightError as err:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 import time
 import uuid
@@ -15,6 +16,12 @@ import torch
 
 from relayrl.weights.layout import ALIGN, flat_size, shard_offsets
 from relayrl.weights.manifest import Manifest, WeightError, checksum
+from relayrl.weights.shm_handoff import HANDOFF_NAME
+
+
+class HandoffRefused(WeightError):
+    """A shared-memory handoff this relay cannot take (no shm_dir, another host, no such
+    file): the publisher should send the bytes over gRPC instead."""
 
 
 class State(Enum):
@@ -24,17 +31,23 @@ class State(Enum):
 
 
 class StoredVersion:
-    def __init__(self, manifest: Manifest, shm_dir: str | None = None):
+    """`adopt`: the name of a file in `shm_dir` a publisher on this host filled
+    (relayrl.weights.shm_handoff); the version is then whole on arrival, still unverified."""
+
+    def __init__(self, manifest: Manifest, shm_dir: str | None = None,
+                 adopt: str | None = None):
         self.manifest = manifest
         self.size = flat_size(manifest)
         self.offsets = shard_offsets(manifest)
         self.shm_path: str | None = None
-        if shm_dir is None:
+        if adopt is not None:
+            self.flat = self._adopt(shm_dir, adopt)
+        elif shm_dir is None:
             self.flat = torch.empty(self.size, dtype=torch.uint8)
         else:
             self.flat = self._shm_buffer(shm_dir)
         self._view = memoryview(self.flat.numpy()) if self.size else memoryview(b"")
-        self.filled = 0
+        self.filled = self.size if adopt is not None else 0
         self.state = State.PENDING
         self.error = ""
         self.released = False  # dropped by its store; readers may still hold the buffer
@@ -46,13 +59,48 @@ class StoredVersion:
     def version(self) -> int:
         return self.manifest.version
 
-    def _shm_buffer(self, shm_dir: str) -> torch.Tensor:
+    def _own_path(self, shm_dir: str) -> str:
         name = f"relayrl-{os.getpid()}-v{self.manifest.version}-{uuid.uuid4().hex[:8]}"
-        self.shm_path = os.path.join(shm_dir, name)
+        return os.path.join(shm_dir, name)
+
+    def _shm_buffer(self, shm_dir: str) -> torch.Tensor:
+        self.shm_path = self._own_path(shm_dir)
         fd = os.open(self.shm_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, max(self.size, 1))
             mapped = mmap.mmap(fd, max(self.size, 1))
+        finally:
+            os.close(fd)
+        return torch.frombuffer(mapped, dtype=torch.uint8)[:self.size]
+
+    def _adopt(self, shm_dir: str | None, file_name: str) -> torch.Tensor:
+        """Take over the publisher's file: renamed to this relay's own name (so release and
+        the orphan sweep treat it as any other version) and mapped shared."""
+        if shm_dir is None:
+            raise HandoffRefused("Publish.shm: this relay keeps versions in process memory "
+                                 "(relay.shm_dir is unset); send the bytes over gRPC")
+        if not HANDOFF_NAME.fullmatch(file_name):
+            raise WeightError(f"Publish.shm.file_name {file_name[:80]!r} is not a handoff "
+                              "name (relayrl-<pid>-v<version>-pub<16 hex digits>)")
+        source = os.path.join(shm_dir, file_name)
+        try:
+            fd = os.open(source, os.O_RDWR | os.O_NOFOLLOW)
+        except (FileNotFoundError, PermissionError) as err:  # elsewhere, or another user's
+            raise HandoffRefused(f"Publish.shm: cannot take {file_name} from relay.shm_dir "
+                                 f"{shm_dir} ({err.strerror}); send the bytes over gRPC"
+                                 ) from None
+        except OSError as err:
+            raise WeightError(f"Publish.shm: cannot open {file_name}: {err.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != max(self.size, 1):
+                raise WeightError(f"Publish.shm: {file_name} holds {info.st_size} bytes, not "
+                                  f"the {self.size} of version {self.version}'s layout")
+            mapped = mmap.mmap(fd, max(self.size, 1))
+            self.shm_path = self._own_path(shm_dir)
+            os.rename(source, self.shm_path)
+        except OSError as err:
+            raise WeightError(f"Publish.shm: cannot take {file_name} over: {err}") from None
         finally:
             os.close(fd)
         return torch.frombuffer(mapped, dtype=torch.uint8)[:self.size]

@@ -49,10 +49,12 @@ class VersionStore(WeightPlane):
 
     # -- writing -------------------------------------------------------------------------
 
-    def begin(self, manifest: Manifest, max_gap: int | None = None) -> StoredVersion:
+    def begin(self, manifest: Manifest, max_gap: int | None = None,
+              adopt: str | None = None) -> StoredVersion:
         """Open a version for writing; readers can follow it from now on. With `max_gap`, a
         version more than that past the newest held is refused (a publish's bound; a
-        follower copies whatever its upstream has)."""
+        follower copies whatever its upstream has). `adopt`: a publisher's file in shm_dir
+        holding the whole version (StoredVersion), to commit next."""
         with self._lock:
             held = self._versions.get(manifest.version)
             if held is not None and held.state is State.COMPLETE:
@@ -80,7 +82,7 @@ class VersionStore(WeightPlane):
                     f"manifest.version {manifest.version} is more than relay.max_version_gap "
                     f"({max_gap}) past the latest version {latest}: at most "
                     f"{latest + max_gap} is taken")
-            stored = StoredVersion(manifest, self.shm_dir)
+            stored = StoredVersion(manifest, self.shm_dir, adopt)
             self._versions[manifest.version] = stored
         return stored
 
@@ -99,9 +101,9 @@ class VersionStore(WeightPlane):
     def abort(self, stored: StoredVersion, error: str) -> None:
         stored.fail(error or "aborted")
         with self._lock:
-            self.stats.failed_publishes += 1
-            if self._versions.get(stored.version) is stored:
-                del self._versions[stored.version]
+            if self._versions.get(stored.version) is stored:  # counted once: commit aborts
+                del self._versions[stored.version]  # too, before its caller does
+                self.stats.failed_publishes += 1
         stored.release()
 
     def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:

@@ -162,6 +162,14 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _publish_plane_is_served(self) -> RunConfig:
+        """trainer.publish_plane shm needs the relay's shm plane (and so its shm_dir)."""
+        if self.trainer.publish_plane == "shm" and "shm" not in self.relay.data_planes:
+            raise ValueError(f"trainer.publish_plane 'shm' needs 'shm' in relay.data_planes "
+                             f"(now {self.relay.data_planes}) and relay.shm_dir")
+        return self
+
+    @model_validator(mode="after")
     def _shm_plane_has_a_directory(self) -> RunConfig:
         """relay.data_planes with 'shm' needs relay.shm_dir."""
         if "shm" in self.relay.data_planes and not self.relay.shm_dir:

@@ -3,6 +3,9 @@ several data planes for the bytes of a version's flat buffer."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 from collections.abc import Iterator
 
 import grpc
@@ -12,20 +15,27 @@ from relayrl.deadlines import TRANSFER_S
 from relayrl.grpc_util import channel
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.weights import fetchers
+from relayrl.weights.hostid import host_id
 from relayrl.weights.layout import flat_size, unpack
 from relayrl.weights.manifest import Manifest, WeightError, build_manifest, tensor_bytes
 from relayrl.weights.plane import WeightPlane
+from relayrl.weights.shm_handoff import write_handoff
 from relayrl.weights.wire import decode_bytes_chunk, encode_publish_chunk, iter_chunks
 
+log = logging.getLogger(__name__)
 DATA_PLANES = ("grpc", "shm", "torch_dist", "nixl", "nccl")
 
 
 class RelayClient(WeightPlane):
     """`device`: where the nccl plane receives (a GPU, from collective.worker_device; a test's
-    CPU has gloo stand in); the other planes receive into host memory and ignore it."""
+    CPU has gloo stand in); the other planes receive into host memory and ignore it.
+    `publish_shm_dir`: the relay's shm_dir, to publish through shared memory
+    (relayrl.weights.shm_handoff); a relay that cannot take a handoff gets the bytes over
+    gRPC instead, from then on."""
 
     def __init__(self, address: str, chunk_bytes: int = 1 << 20, timeout_s: float = TRANSFER_S,
-                 plane: str = "grpc", device: torch.device | None = None):
+                 plane: str = "grpc", device: torch.device | None = None,
+                 publish_shm_dir: str | None = None):
         if plane not in DATA_PLANES:
             raise ValueError(f"data plane must be one of {DATA_PLANES}, got {plane!r}")
         if plane == "nccl" and device is None:
@@ -35,6 +45,7 @@ class RelayClient(WeightPlane):
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
         self.plane = plane
+        self.publish_shm_dir = publish_shm_dir
         self._channel = channel(address)  # a trainer's publishes carry its own token
         self._stub = relay_pb2_grpc.RelayStub(self._channel)
         self._pull_bytes = self._channel.unary_stream(
@@ -63,11 +74,38 @@ class RelayClient(WeightPlane):
 
     def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
         manifest = build_manifest(version, step, tensors)
+        if self.publish_shm_dir is not None and self._publish_shm(manifest, tensors):
+            return manifest
         try:
             self._publish_raw(self._messages(manifest, tensors), timeout=self.timeout_s)
         except grpc.RpcError as err:
             raise self._error(f"publish of version {version}", err) from err
         return manifest
+
+    def _publish_shm(self, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> bool:
+        """Hand the version over in a file; False if this relay cannot take one."""
+        try:
+            path = write_handoff(self.publish_shm_dir, manifest, tensors)
+        except OSError as err:  # e.g. the directory is full: this version goes over gRPC
+            log.warning("version %d over gRPC: no handoff file in %s (%s)", manifest.version,
+                        self.publish_shm_dir, err)
+            return False
+        handoff = relay_pb2.ShmHandoff(file_name=os.path.basename(path), host_id=host_id())
+        messages = [relay_pb2.PublishMessage(manifest=manifest.to_proto()),
+                    relay_pb2.PublishMessage(shm=handoff)]
+        try:
+            self._stub.Publish(iter(messages), timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise self._error(f"publish of version {manifest.version}", err) from err
+            log.warning("publishing over gRPC from now on: the relay at %s takes no "
+                        "shared-memory handoff (%s)", self.address, err.details())
+            self.publish_shm_dir = None
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):  # gone if the relay took it over
+                os.unlink(path)
+        return True
 
     # -- pulling -------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """One contract for every implementation: the in-process VersionStore and a relay reached
 over gRPC with each data plane (gRPC stream, shared memory, torch.distributed, NIXL, and the
-nccl plane with gloo standing in: relay and worker get the CPU as their device)."""
+nccl plane with gloo standing in: relay and worker get the CPU as their device), and a
+trainer that publishes through shared memory (test_shm_handoff.py has the rest of it)."""
 
 import dataclasses
 import importlib.util
@@ -59,14 +60,19 @@ def relay_server(tmp_path):
     stop()
 
 
-@pytest.fixture(params=["in_process", *PLANES])
+@pytest.fixture(params=["in_process", *PLANES, "shm_handoff"])
 def plane(request, relay_server):
+    """shm_handoff: published through shared memory (trainer.publish_plane shm), pulled
+    through it too."""
     if request.param == "in_process":
         yield VersionStore(KEEP)
     else:  # small chunks force multi-chunk shards
+        handoff = request.param == "shm_handoff"
         client = RelayClient(relay_server[0], chunk_bytes=1000, timeout_s=10,
-                             plane=request.param, device=CPU)
+                             plane="shm" if handoff else request.param, device=CPU,
+                             publish_shm_dir=relay_server[1].shm_dir if handoff else None)
         yield client
+        assert not handoff or client.publish_shm_dir, "the handoff fell back to gRPC"
         client.close()
 
 

@@ -138,6 +138,10 @@ CROSS_CHECKS = {
     "_redis_timeout_outlasts_a_blocking_read": (
         {"redis": {"socket_timeout_s": 1.0}, "buffer": {"read_block_ms": 2000}},
         r"redis.socket_timeout_s \(1\) must exceed buffer.read_block_ms \(2000\)"),
+    "_publish_plane_is_served": (
+        {"trainer": {"publish_plane": "shm"}},
+        r"trainer.publish_plane 'shm' needs 'shm' in relay.data_planes \(now \['grpc', "
+        r"'torch_dist'\]\) and relay.shm_dir"),
     "_shm_plane_has_a_directory": (
         {"relay": {"data_planes": ["grpc", "shm"], "shm_dir": ""}},
         "relay.data_planes has 'shm' but relay.shm_dir is unset"),

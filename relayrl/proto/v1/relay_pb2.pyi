@@ -149,28 +149,63 @@ class ShardChunk(_message.Message):
 Global___ShardChunk: _TypeAlias = ShardChunk  # noqa: Y015
 
 @_typing.final
+class ShmHandoff(_message.Message):
+    """A version handed over through shared memory: a publisher on the relay's host wrote its
+    flat buffer (relayrl.weights.layout) into a file in the relay's shm_dir, and the relay
+    takes the file over instead of receiving the bytes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILE_NAME_FIELD_NUMBER: _builtins.int
+    HOST_ID_FIELD_NUMBER: _builtins.int
+    file_name: _builtins.str
+    """relayrl-<pid>-v<version>-pub<16 hex>, inside relay.shm_dir"""
+    host_id: _builtins.str
+    """the publisher's host and boot (relayrl.weights.hostid)"""
+    def __init__(
+        self,
+        *,
+        file_name: _builtins.str = ...,
+        host_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["file_name", b"file_name", "host_id", b"host_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShmHandoff: _TypeAlias = ShmHandoff  # noqa: Y015
+
+@_typing.final
 class PublishMessage(_message.Message):
-    """Publish stream: the first message carries the manifest, every later one a chunk."""
+    """Publish stream: the first message carries the manifest; then either chunks, or one
+    ShmHandoff alone.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     MANIFEST_FIELD_NUMBER: _builtins.int
     CHUNK_FIELD_NUMBER: _builtins.int
+    SHM_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def manifest(self) -> Global___Manifest: ...
     @_builtins.property
     def chunk(self) -> Global___ShardChunk: ...
+    @_builtins.property
+    def shm(self) -> Global___ShmHandoff: ...
     def __init__(
         self,
         *,
         manifest: Global___Manifest | None = ...,
         chunk: Global___ShardChunk | None = ...,
+        shm: Global___ShmHandoff | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "manifest", b"manifest", "payload", b"payload"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "manifest", b"manifest", "payload", b"payload", "shm", b"shm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "manifest", b"manifest", "payload", b"payload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "manifest", b"manifest", "payload", b"payload", "shm", b"shm"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["manifest", "chunk"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["manifest", "chunk", "shm"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

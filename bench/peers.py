@@ -12,17 +12,19 @@ token mean per sequence, the ratio clipped at 0.2, no KL term), the same problem
 same number of steps. TRL runs in the benches' own venv (bench/tools_venv.py: pinned, made on first
 use with the project's own torch, transformers and math-verify), never a project dependency.
 
-Rounds alternate (RelayRL, TRL, RelayRL, ...), each side with the machine to itself. Round r
-seeds both sides with the config's seeds plus r (RelayRL's trainer and sampler, TRL's run), so
-the rounds are independent draws, not replays of one trajectory. Each side saves the policy
-every --every steps with its wall time since its command started (service start-up and model
-loading included). Afterwards every saved policy is evaluated offline by relayrl's evaluator
-on the config's held-out set with its seed, so evaluation costs neither side training time. A
-setup may sample each held-out problem several times (pass@1 is their mean): one answer per
-problem of a 25-problem set reads pass@1 with a spread of about 0.1. Reported
-(bench/peers_report.py has the arithmetic): the median and the spread over rounds of each
-side's time to each level, the ratio TRL time / RelayRL time (above 1: RelayRL is faster),
-samples/s; docs/peers_<setup>.md, a plot and a JSON line.
+Both compute in float32, or with --bf16 both in bfloat16: RelayRL's trainer under autocast
+with float32 master weights, and its vLLM engine's weights; TRL with bf16=True (accelerate's
+autocast). Rounds alternate (RelayRL, TRL, RelayRL, ...), each side with the machine to
+itself. Round r seeds both sides with the config's seeds plus r (RelayRL's trainer and
+sampler, TRL's run), so the rounds are independent draws, not replays of one trajectory.
+Each side saves the policy every --every steps with its wall time since its command started
+(service start-up and model loading included). Afterwards every saved policy is evaluated
+offline by relayrl's evaluator on the config's held-out set with its seed, so evaluation
+costs neither side training time. A setup may sample each held-out problem several times
+(pass@1 is their mean): one answer per problem of a 25-problem set reads pass@1 with a
+spread of about 0.1. Reported (bench/peers_report.py has the arithmetic): the median and the
+spread over rounds of each side's time to each level, the ratio TRL time / RelayRL time
+(above 1: RelayRL is faster), samples/s; docs/peers_<setup>.md, a plot and a JSON line.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ SETUPS = {  # config, steps, steps between saved policies, answers per held-out 
 }
 # what both sides run alike: RelayRL's config may not change these with --set
 SHARED = ("task.", "model.", "buffer.", "eval.", "trainer.lr", "trainer.loss", "trainer.grad_clip",
-          "trainer.max_steps", "trainer.seed", "rollout.max_new_tokens", "rollout.temperature",
-          "rollout.samples_per_prompt", "rollout.seed")
+          "trainer.max_steps", "trainer.seed", "trainer.precision", "rollout.max_new_tokens",
+          "rollout.temperature", "rollout.samples_per_prompt", "rollout.seed",
+          "rollout.vllm_dtype")
+BF16 = ["trainer.precision=bf16", "rollout.vllm_dtype=bfloat16"]  # --bf16, RelayRL's side
 SEED_STRIDE = 1000  # rollout.seed is offset by worker index: keep rounds' workers apart
 
 
@@ -108,7 +112,8 @@ def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path, round_: int) ->
             "max_new_tokens": cfg.rollout.max_new_tokens,
             "temperature": cfg.rollout.temperature, "lr": cfg.trainer.lr,
             "grad_clip": cfg.trainer.grad_clip, "clip_eps": loss.clip_eps, "every": every,
-            "seed": cfg.trainer.seed}  # the round's: bench_config offsets it
+            "seed": cfg.trainer.seed,  # the round's: bench_config offsets it
+            "bf16": cfg.trainer.precision == "bf16"}
     path = work / f"spec_{round_}.json"
     path.write_text(json.dumps(spec, indent=1))
     return path
@@ -147,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
                         metavar="SECTION.FIELD=VALUE",
                         help="change RelayRL's config (e.g. scheduler.max_inflight_prompts=6); "
                         "what TRL's side shares with it (task, batch, loss) is refused")
+    parser.add_argument("--bf16", action="store_true",
+                        help="both sides compute in bfloat16: RelayRL's trainer passes under "
+                        "autocast and its vLLM engine's weights, TRL's run (bf16=True)")
     args = parser.parse_args(argv)
     path, steps, every, eval_samples = SETUPS[args.setup]
     steps, every = args.steps or steps, args.every or every
@@ -155,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     shared = [o for o in args.overrides if o.split("=", 1)[0].startswith(SHARED)]
     if shared:
         parser.error(f"--set {shared[0]}: both sides share that setting; change the config")
+    if args.bf16:
+        args.overrides += BF16
     python = bench_python()
     work = ROOT / "runs" / "bench_peers" / args.setup
     first = bench_config(path, steps, every, work / "relayrl_0", 0, eval_samples,

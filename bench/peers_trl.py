@@ -82,7 +82,7 @@ def main() -> None:
         num_generations=spec["samples_per_prompt"], num_iterations=1,
         max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"],
         top_p=1.0, top_k=0, beta=0.0, epsilon=spec["clip_eps"], loss_type="grpo",
-        scale_rewards="group", use_cpu=True, bf16=False, report_to="none",
+        scale_rewards="group", use_cpu=True, bf16=spec.get("bf16", False), report_to="none",
         save_strategy="no", logging_steps=max(1, spec["every"]), disable_tqdm=True,
         dataloader_num_workers=0)
     trainer = GRPOTrainer(

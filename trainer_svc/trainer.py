@@ -71,6 +71,7 @@ class Trainer(Durability):
         self.history = VersionHistory(self.tc.engine_check_versions if self.engine_check_seqs
                                       else 0)
         self.step = 0
+        self.saved_step = -1  # the step of the last checkpoint written (or resumed from)
         self.ledger = checkpoint.Ledger()
         self.pressure = PressureCounters()  # writes Redis refused for its memory limit
         self.seen_up_to = b"0"  # id of the last batch entry this process was handed

@@ -111,3 +111,22 @@ def test_a_delivery_whose_reply_was_lost_is_trained_next(env):
     trainer.publisher.close()
     assert r.xpending(keys.batches, TRAINER_GROUP)["pending"] == 0
     assert ledger.members(r, keys, "consumed") == set(range(6))
+
+
+def test_a_step_already_checkpointed_is_not_written_again(env):
+    """The loop's periodic save at max_steps, then the final save: one write. A save after
+    something was read (a batch whose groups were all dropped) writes again."""
+    cfg, r, model_path = env
+    keys = RunKeys(cfg.run_id)
+    trainer = new_trainer(cfg, r, model_path)
+    r.xadd(keys.batches, {FIELD: encode_batch(make_batch(trainer.lm, 0))})
+    step_once(trainer)
+    trainer.save_checkpoint()
+    written = trainer.ckpt_dir / "step_00000001" / "trainer_state.pt"
+    stamp = written.stat().st_mtime_ns
+    trainer.save_checkpoint()
+    assert written.stat().st_mtime_ns == stamp  # same step, nothing read: not rewritten
+    trainer.ledger.dropped.append(7)
+    trainer.save_checkpoint()
+    assert written.stat().st_mtime_ns != stamp and ledger.members(r, keys, "dropped") == {7}
+    trainer.publisher.close()

@@ -86,9 +86,10 @@ class RelayClient(WeightPlane):
         """Hand the version over in a file; False if this relay cannot take one."""
         try:
             path = write_handoff(self.publish_shm_dir, manifest, tensors)
-        except OSError as err:  # e.g. the directory is full: this version goes over gRPC
-            log.warning("version %d over gRPC: no handoff file in %s (%s)", manifest.version,
-                        self.publish_shm_dir, err)
+        except OSError as err:  # no such directory here, or it is full
+            log.warning("publishing over gRPC from now on: no handoff file can be written in "
+                        "%s (%s)", self.publish_shm_dir, err)
+            self.publish_shm_dir = None
             return False
         handoff = relay_pb2.ShmHandoff(file_name=os.path.basename(path), host_id=host_id())
         messages = [relay_pb2.PublishMessage(manifest=manifest.to_proto()),

@@ -128,6 +128,16 @@ def test_a_relay_that_takes_no_handoff_gets_the_bytes_over_grpc(tmp_path, caplog
         store.close()
 
 
+def test_a_publisher_that_cannot_write_the_file_sends_the_bytes_over_grpc(relay, tmp_path,
+                                                                          caplog):
+    address, store = relay
+    client = RelayClient(address, timeout_s=10, publish_shm_dir=str(tmp_path / "missing"))
+    with caplog.at_level(logging.WARNING):
+        client.publish(1, 1, weights(1))
+    assert "no handoff file can be written" in caplog.text and client.publish_shm_dir is None
+    assert store.versions() == [1]
+
+
 def test_nothing_may_follow_a_handoff(relay):
     address, store = relay
     manifest = build_manifest(1, 1, weights(1))

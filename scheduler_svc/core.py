@@ -22,7 +22,7 @@ from relayrl.control import LiveSettings, RunState, SettingsChange
 from relayrl.keys import RunKeys
 from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt
 from relayrl.repack import Move
-from relayrl.staleness import inflight_prompts, oldest_trainable
+from relayrl.staleness import inflight_prompts, oldest_startable
 from relayrl.tasks import make_run_task
 from scheduler_svc.idempotency import check_id
 from scheduler_svc.policy import LeasePolicy
@@ -231,7 +231,8 @@ class SchedulerCore(SavedProgress, LeaseClient):
                                        self.partials.get(g.prompt_id, b""),
                                        self.kv_handoffs.pop(g.prompt_id, ()),
                                        p.messages, p.metadata))
-        floor = oldest_trainable(self.trainer_version, self.settings.max_staleness)
+        floor = oldest_startable(self.trainer_version, self.settings.max_staleness,
+                                 self.cfg.scheduler.max_start_lag)
         return LeaseBatch(leases, done, 0.0 if leases else 0.05, floor)
 
     def complete(self, worker_id: str, lease_id: str) -> bool:

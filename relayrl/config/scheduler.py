@@ -24,6 +24,13 @@ class SchedulerConfig(StrictModel):
         description="Prompts handed out but not yet consumed; 0 derives it from the trainer's "
         "batch size and staleness bound (max(2, max_staleness) batches; one at staleness 0).",
     )
+    max_start_lag: int = Field(
+        1, ge=0, le=1_000_000,
+        description="New prompts start only on weights at most this many versions behind the "
+        "trainer (the lease's min_version; never older than trainer.max_staleness allows): a "
+        "prompt started further behind has fewer steps left to finish in before it is too "
+        "stale to train.",
+    )
     max_prompts: int = Field(
         0, ge=0, description="Distinct prompts to hand out in total; 0 means unlimited."
     )

@@ -31,8 +31,9 @@ def live_default(model: Any, name: str) -> Any:
 @dataclass(frozen=True)
 class SimConfig:
     """max_staleness (trainer.max_staleness): the trainer drops a group whose oldest token
-    lags it by more; a worker starts no prompt on weights older than the trainer still
-    trains on (the lease's min_version), so it drains and reloads first.
+    lags it by more.
+    max_start_lag (scheduler.max_start_lag): a worker starts no prompt on weights further
+    behind the trainer (the lease's min_version), so it drains and reloads first.
     max_inflight_prompts: prompts out at once (handed out, not yet stepped past by the
     trainer); 0 derives it as the scheduler does.
     repack_below (async_repack): a worker holding at most this share of max_batch hands its
@@ -49,6 +50,7 @@ class SimConfig:
     max_staleness: int = live_default(TrainerConfig, "max_staleness")
     max_inflight_prompts: int = live_default(SchedulerConfig, "max_inflight_prompts")
     repack_below: float = live_default(SchedulerConfig, "repack_below")
+    max_start_lag: int = live_default(SchedulerConfig, "max_start_lag")
     migration: str = "reprefill"
 
     def __post_init__(self) -> None:
@@ -58,6 +60,8 @@ class SimConfig:
             raise ValueError(f"sim.warmup must be in [0, steps), got {self.warmup}")
         if self.max_staleness < 0:
             raise ValueError(f"sim.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.max_start_lag < 0:
+            raise ValueError(f"sim.max_start_lag must be >= 0, got {self.max_start_lag}")
         if self.max_inflight_prompts < 0:
             raise ValueError(f"sim.max_inflight_prompts must be >= 0, "
                              f"got {self.max_inflight_prompts}")

@@ -3,14 +3,14 @@
 Each worker leases prompts whenever it has a free slot and the staleness rule allows it,
 and a finished group goes to the buffer; the trainer steps whenever the buffer holds a
 batch. An engine holds one version at a time and its KV cache belongs to that version, so
-a worker moves to new weights only once its batch is empty. Workers refresh lazily: they
-keep starting prompts on their version while the trainer still trains on it (the lease's
-min_version, relayrl.staleness.oldest_trainable), then drain. Draining is where the heavy
-tail hurts: the last few long sequences keep a worker at a tiny batch. `async_repack`
-migrates them onto the fullest other worker of the same version with room, when no new
-prompt can go to the worker (relayrl.repack's rules, as the live scheduler's), so the
-drained worker reloads at once; the target prefills their context again (or receives their
-KV cache, with sim.migration `kv`).
+a worker moves to new weights only once its batch is empty. Workers keep starting prompts
+on their version while it is at most scheduler.max_start_lag versions behind the trainer
+(the lease's min_version, relayrl.staleness.oldest_startable), then drain. Draining is
+where the heavy tail hurts: the last few long sequences keep a worker at a tiny batch.
+`async_repack` migrates them onto the fullest other worker of the same version with room,
+when no new prompt can go to the worker (relayrl.repack's rules, as the live scheduler's),
+so the drained worker reloads at once; the target prefills their context again (or
+receives their KV cache, with sim.migration `kv`).
 
 The decisions are the services' own functions (relayrl.staleness, relayrl.repack); the
 trainer's rule drops a batch's too-old groups. `trace`, a list, records the decisions for
@@ -34,7 +34,7 @@ from relayrl.sim.accounting import START, StepRecord, lag_counts
 from relayrl.sim.engine import SimConfig
 from relayrl.sim.worker import Worker
 from relayrl.sim.workload import Lengths
-from relayrl.staleness import is_stale, may_hand_out, must_restart, oldest_trainable
+from relayrl.staleness import is_stale, may_hand_out, must_restart, oldest_startable
 
 DECODE, TRAINED, LOADED, ARRIVE, COMPLETE = range(5)
 
@@ -108,7 +108,8 @@ class Streaming:
             return
         # its sequences all hold tokens of its own version only: none is ever restarted
         assert not must_restart((w.version,), w.version, self.version, self.max_staleness)
-        fresh = w.version >= oldest_trainable(self.version, self.max_staleness)
+        fresh = w.version >= oldest_startable(self.version, self.max_staleness,
+                                              self.cfg.max_start_lag)
         if self.trace is not None and active and not fresh:
             self.trace.append(("hold", w.wid, w.version, self.version))
         if fresh:

@@ -6,6 +6,7 @@ import pytest
 
 from relayrl import ledger
 from relayrl.config import RunConfig
+from relayrl.control import SettingsChange
 from relayrl.grpc_util import make_server
 from relayrl.keys import RunKeys
 from relayrl.leases import GrpcLeaseClient, ProgressReply
@@ -84,7 +85,7 @@ def test_a_capped_lease_call_reads_the_trainers_progress_at_once(setup):
     redis.set(keys.trainer_version, 7)
     batch = client.acquire("w0", 5)  # no refresh() in between
     assert [lp.prompt_id for lp in batch.leases] == [3, 4]
-    assert batch.min_version == 7 - core.settings.max_staleness
+    assert batch.min_version == 7 - core.cfg.scheduler.max_start_lag
 
 
 def test_a_capped_lease_call_with_redis_down_answers_from_the_last_figures(setup, redis):
@@ -269,8 +270,12 @@ def test_leases_name_the_oldest_weights_worth_starting_with(setup, redis):
     redis.set(RunKeys("leases").trainer_version, 6)
     core.refresh()
     batch = client.acquire("w0", 1)
-    # tokens older than trainer version 6 - trainer.max_staleness (4) would be dropped
-    assert batch.leases and batch.min_version == 6 - core.cfg.trainer.max_staleness
+    # a prompt started on weights older than 6 - scheduler.max_start_lag (1) would have
+    # fewer steps to finish in before trainer.max_staleness (4) drops it
+    assert batch.leases and batch.min_version == 5
+    if core is client:  # a tighter live bound tightens the start too
+        core.change_settings(SettingsChange(max_staleness=0))
+        assert client.acquire("w0", 1).min_version == 6
 
 
 # A lost or repeated reply changes nothing (issue 18, item 7 and must-show 5): each call

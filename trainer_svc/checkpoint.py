@@ -47,13 +47,30 @@ def save(ckpt_dir: Path, step: int, model, state: TrainingState, ledger: Ledger,
         "extra": extra,
     }
     torch.save(trainer_state, tmp / "trainer_state.pt")
-    with open(tmp / "trainer_state.pt", "rb") as f:
-        os.fsync(f.fileno())
+    _sync_tree(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    _sync(ckpt_dir)  # the rename too, before the caller acknowledges what this covers
     for old in sorted(ckpt_dir.glob("step_*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(directory: Path) -> None:
+    """Every file, then the directory: the rename publishes the checkpoint, and a crash after
+    it must not leave a complete-looking step whose weights never reached the disk."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            _sync(path)
+    _sync(directory)
 
 
 def latest(ckpt_dir: Path) -> Path | None:

@@ -202,8 +202,9 @@ class RolloutWorker:
 
     def _catch_up(self, min_version: int, stop: threading.Event) -> None:
         """Before starting new prompts, move to at least `min_version` if a relay can serve
-        it soon: tokens of older weights would be dropped as stale. Gives up after a fraction
-        of the lease TTL rather than let the leases lapse."""
+        it soon: a prompt started on older weights has too few trainer steps left to finish in
+        before its tokens are dropped as stale (scheduler.max_start_lag). Gives up after a
+        fraction of the lease TTL rather than let the leases lapse."""
         self.weights.catch_up(min_version, stop,
                               CATCH_UP_SHARE * self.cfg.scheduler.lease_ttl_s)
 

@@ -67,7 +67,11 @@ class VersionHistory:
         if self.keep == 0:
             return
         params = dict(model.named_parameters())
-        if len(self._slots) < self.keep:
+        # a version trained again (its step was skipped as non-finite) keeps one slot
+        same = [i for i, (v, _) in enumerate(self._slots) if v == version]
+        if same:
+            slot = self._slots.pop(same[0])[1]
+        elif len(self._slots) < self.keep:
             slot = {k: torch.empty_like(v) for k, v in params.items()}
         else:
             slot = self._slots.pop(0)[1]

@@ -153,6 +153,8 @@ class Trainer(Durability):
             if not finite:  # no update, no publish, nothing trained (trainer_svc.finite)
                 return self.set_aside.nonfinite_step(entry_id, batch, kept, update, record)
             record.update(update)
+        else:  # no update: the version about to be published holds these very weights
+            self.history.remember(version, self.lm.model)
         self.ledger.consumed.extend(g.prompt_id for g in kept)
         self.set_aside.passed()
         self.step += 1

@@ -99,3 +99,5 @@ def test_history_keeps_the_newest_versions_in_reused_buffers():
         history.remember(v, model)
     assert history.versions == [2, 3] and history.get(1) is None
     assert VersionHistory(keep=0).versions == []
+    history.remember(3, model)  # the same version again keeps one slot
+    assert history.versions == [2, 3]

@@ -20,9 +20,7 @@ import re
 
 import torch
 
-DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
-DEVICE_HELP = ("auto (CUDA when present, else the CPU), cpu, cuda (cuda:LOCAL_RANK under "
-               "torchrun, else cuda:0) or cuda:N")
+from relayrl.config.base import DEVICE_HELP, DEVICE_PATTERN
 
 
 def resolve_device(spec: str, field: str) -> torch.device:

@@ -1,4 +1,5 @@
-"""Shared pieces of every config model: strictness, endpoints and YAML loading."""
+"""Shared pieces of every config model: strictness, endpoints, device specs and YAML
+loading."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+# a device spec's spelling; what it names is resolved where the service runs (relayrl.devices)
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
+DEVICE_HELP = ("auto (CUDA when present, else the CPU), cpu, cuda (cuda:LOCAL_RANK under "
+               "torchrun, else cuda:0) or cuda:N")
 
 
 class StrictModel(BaseModel):

@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from relayrl.config.base import Endpoint, StrictModel
-from relayrl.devices import DEVICE_HELP, DEVICE_PATTERN
+from relayrl.config.base import DEVICE_HELP, DEVICE_PATTERN, Endpoint, StrictModel
 
 
 class RelayConfig(StrictModel):

@@ -6,9 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config.base import Endpoint, StrictModel
+from relayrl.config.base import DEVICE_HELP, DEVICE_PATTERN, Endpoint, StrictModel
 from relayrl.config.environment import EnvironmentConfig
-from relayrl.devices import DEVICE_HELP, DEVICE_PATTERN
 
 # The lowest sampling temperature any surface accepts (config, live settings, Generate, HTTP).
 # Sampling and the trainer's rescoring divide float32 logits by it: 1e-300 overflows them to

@@ -7,9 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from relayrl.config.base import Endpoint, StrictModel
+from relayrl.config.base import DEVICE_HELP, DEVICE_PATTERN, Endpoint, StrictModel
 from relayrl.config.loss import RECIPES, GrpoLoss, LossConfig, shorthand
-from relayrl.devices import DEVICE_HELP, DEVICE_PATTERN
 
 # Fields that lived flat on the trainer before each loss recipe had its own model.
 MOVED_TO_LOSS = ("correction", "tis_cap", "clip_eps", "clip_eps_low", "clip_eps_high",

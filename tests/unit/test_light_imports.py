@@ -1,0 +1,18 @@
+"""Services that hold no model start without torch: importing it costs about a second of CPU
+a process, and on a small machine every service starts at once on the same cores."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("module", ["scheduler_svc.server", "buffer_svc.server",
+                                    "relayrl.ops.cli"])
+def test_a_service_without_a_model_imports_no_torch(module):
+    code = f"import sys, {module}; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["False", "False"], f"{module} imports torch or transformers"

@@ -208,7 +208,13 @@ class SchedulerCore(SavedProgress, LeaseClient):
         check_id(incarnation, "Register.incarnation")
         with self.lock:
             self.policy.register(worker_id, self.clock(), incarnation)
+            waiting = (not self.policy.started
+                       and len(self.policy.workers) < self.policy.start_after_workers)
+            have, need = len(self.policy.workers), self.policy.start_after_workers
         log.info("worker %s registered (%s)", worker_id, address)
+        if waiting:  # else a run short of workers looks hung
+            log.info("no lease until %d workers have registered, %d so far "
+                     "(scheduler.start_after_workers)", need, have)
 
     def acquire(self, worker_id: str, max_prompts: int, request_id: str = "") -> LeaseBatch:
         if not worker_id:

@@ -80,9 +80,18 @@ class Launcher:
             evaluator,
         ]
 
+    def _warn_if_short_of_workers(self) -> None:
+        need, have = self.cfg.scheduler.start_after_workers, self.cfg.rollout.num_workers
+        if need > have:  # legal (workers started elsewhere count too), but a run may hang
+            log.warning("scheduler.start_after_workers is %d and this launcher starts %d "
+                        "worker(s) (rollout.num_workers): no lease is handed out until %d "
+                        "more register from elsewhere", need, have, need - have)
+
     def prepare(self) -> None:
         from relayrl.models import resolve_model_path
         from relayrl.ops.redis_server import RedisServer
+
+        self._warn_if_short_of_workers()
 
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         tokens = install_launcher_credentials(self.cfg.auth, self.run_dir)  # children: by env

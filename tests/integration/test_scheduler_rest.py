@@ -1,6 +1,8 @@
 """The scheduler's REST control API on a real HTTP server in front of a real scheduler core:
 token required, workers and leases listed, drain and resume change what a worker is given."""
 
+import logging
+
 import httpx
 import pytest
 
@@ -118,3 +120,21 @@ def test_a_triggered_repack_recalls_the_tail_for_the_fuller_worker(stack):
     leases = {le["lease_id"]: le for le in client.get("/v1/leases").json()}
     assert leases[held[2].lease_id]["recalled_to"] == "w0"
     assert client.get("/v1/status").json()["leases_recalled"] == 1
+
+
+def test_a_scheduler_waiting_for_workers_says_how_many(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    server = EmbeddedRedis(tmp_path)
+    try:
+        cfg = RunConfig.model_validate({"run_id": "gate",
+                                        "scheduler": {"start_after_workers": 2}})
+        core = SchedulerCore(cfg, connect(server.url))
+        core.register("w0", "127.0.0.1:1")
+        assert "no lease until 2 workers have registered, 1 so far" in caplog.text
+        assert core.acquire("w0", 4).leases == []
+        caplog.clear()
+        core.register("w1", "127.0.0.1:2")
+        assert "no lease until" not in caplog.text
+        assert core.acquire("w1", 4).leases
+    finally:
+        server.shutdown()

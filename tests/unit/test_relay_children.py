@@ -59,3 +59,15 @@ def test_the_launcher_starts_children_that_follow_the_root(tmp_path):
 def test_a_child_count_out_of_range_is_refused_by_name(children):
     with pytest.raises(ConfigError, match="relay.children"):
         load_model(RunConfig, {"relay": {"children": children}}, "test")
+
+
+def test_a_launcher_short_of_the_workers_the_scheduler_waits_for_says_so(tmp_path, caplog):
+    cfg = RunConfig.model_validate({"run_dir": str(tmp_path), "rollout": {"num_workers": 1},
+                                    "scheduler": {"start_after_workers": 2}})
+    Launcher(cfg)._warn_if_short_of_workers()
+    assert "start_after_workers is 2 and this launcher starts 1" in caplog.text
+    caplog.clear()
+    enough = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+        update={"num_workers": 2})})
+    Launcher(enough)._warn_if_short_of_workers()
+    assert "start_after_workers" not in caplog.text

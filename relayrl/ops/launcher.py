@@ -80,18 +80,28 @@ class Launcher:
             evaluator,
         ]
 
-    def _warn_if_short_of_workers(self) -> None:
-        need, have = self.cfg.scheduler.start_after_workers, self.cfg.rollout.num_workers
-        if need > have:  # legal (workers started elsewhere count too), but a run may hang
+    def _warn_of_settings_that_stall(self) -> None:
+        """Settings that are legal, since workers and groups may come from elsewhere (an
+        agent's), but under which this launcher's run alone never ends."""
+        c = self.cfg
+        need, have = c.scheduler.start_after_workers, c.rollout.num_workers
+        if need > have:
             log.warning("scheduler.start_after_workers is %d and this launcher starts %d "
                         "worker(s) (rollout.num_workers): no lease is handed out until %d "
                         "more register from elsewhere", need, have, need - have)
+        groups = c.trainer.max_steps * c.buffer.groups_per_batch
+        if 0 < c.scheduler.max_prompts < groups:
+            log.warning("scheduler.max_prompts is %d and trainer.max_steps %d needs %d groups "
+                        "(buffer.groups_per_batch %d a step): the trainer waits after step %d "
+                        "unless groups come from elsewhere", c.scheduler.max_prompts,
+                        c.trainer.max_steps, groups, c.buffer.groups_per_batch,
+                        c.scheduler.max_prompts // c.buffer.groups_per_batch)
 
     def prepare(self) -> None:
         from relayrl.models import resolve_model_path
         from relayrl.ops.redis_server import RedisServer
 
-        self._warn_if_short_of_workers()
+        self._warn_of_settings_that_stall()
 
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         tokens = install_launcher_credentials(self.cfg.auth, self.run_dir)  # children: by env

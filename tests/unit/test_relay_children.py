@@ -61,13 +61,19 @@ def test_a_child_count_out_of_range_is_refused_by_name(children):
         load_model(RunConfig, {"relay": {"children": children}}, "test")
 
 
-def test_a_launcher_short_of_the_workers_the_scheduler_waits_for_says_so(tmp_path, caplog):
-    cfg = RunConfig.model_validate({"run_dir": str(tmp_path), "rollout": {"num_workers": 1},
-                                    "scheduler": {"start_after_workers": 2}})
-    Launcher(cfg)._warn_if_short_of_workers()
+def test_a_launcher_warns_of_settings_under_which_its_run_never_ends(tmp_path, caplog):
+    cfg = RunConfig.model_validate({
+        "run_dir": str(tmp_path), "rollout": {"num_workers": 1},
+        "scheduler": {"start_after_workers": 2, "max_prompts": 20},
+        "buffer": {"groups_per_batch": 8}, "trainer": {"max_steps": 3}})
+    Launcher(cfg)._warn_of_settings_that_stall()
     assert "start_after_workers is 2 and this launcher starts 1" in caplog.text
+    assert "max_prompts is 20 and trainer.max_steps 3 needs 24 groups" in caplog.text
+    assert "waits after step 2" in caplog.text
     caplog.clear()
-    enough = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
-        update={"num_workers": 2})})
-    Launcher(enough)._warn_if_short_of_workers()
-    assert "start_after_workers" not in caplog.text
+    enough = RunConfig.model_validate({
+        "run_dir": str(tmp_path), "rollout": {"num_workers": 2},
+        "scheduler": {"start_after_workers": 2, "max_prompts": 24},
+        "buffer": {"groups_per_batch": 8}, "trainer": {"max_steps": 3}})
+    Launcher(enough)._warn_of_settings_that_stall()
+    assert caplog.text == ""

@@ -26,29 +26,42 @@ from trainer_svc.trainer import Trainer
 STEPS, GROUP, RESPONSE = 3, 2, 3
 
 
-@pytest.fixture
-def trainer(tmp_path, tiny_lm):
+def in_process_trainer(tmp_path, model_path, run_id: str, groups_per_batch: int,
+                       trainer: dict, eval_every: int) -> tuple[Trainer, EmbeddedRedis]:
+    """A trainer on embedded Redis publishing into an in-process version store."""
     server = EmbeddedRedis(tmp_path)
     cfg = RunConfig.model_validate({
-        "run_id": "tmetrics", "run_dir": str(tmp_path / "run"), "redis": {"url": server.url},
+        "run_id": run_id, "run_dir": str(tmp_path / "run"), "redis": {"url": server.url},
         "task": {"digits": 1, "eval_size": 4},
         "rollout": {"samples_per_prompt": GROUP, "max_new_tokens": RESPONSE},
-        "buffer": {"group_size": GROUP, "groups_per_batch": 2},
-        "trainer": {"max_steps": STEPS, "max_staleness": 100, "progress": False,
-                    "plot_every": 1, "checkpoint_every": 100, "engine_check_seqs": 0},
-        "eval": {"every": 2},
+        "buffer": {"group_size": GROUP, "groups_per_batch": groups_per_batch},
+        "trainer": {"progress": False, "checkpoint_every": 100, **trainer},
+        "eval": {"every": eval_every},
     })
-    r = connect(server.url)
     torch.manual_seed(0)
-    t = Trainer(cfg, load_model(tiny_lm.path), r, AsyncPublisher(VersionStore(8)))
+    return Trainer(cfg, load_model(model_path), connect(server.url),
+                   AsyncPublisher(VersionStore(8))), server
+
+
+def add_batch(t: Trainer, name: str, prompt_ids: list[int], version: int = 0) -> None:
+    """One batch of GROUP-sample groups sampled by `version`, rewards 0..GROUP-1."""
+    groups = [Group(pid, [
+        Sample(prompt_id=pid, lease_id=f"L{pid}", worker_id="w",
+               prompt_tokens=t.lm.encode_prompt(f"{pid % 10}+1="),
+               response_tokens=[5 + k] * (RESPONSE - 1) + [t.lm.eos_id],
+               logprobs=[-1.0] * RESPONSE, versions=[version] * RESPONSE, reward=float(k))
+        for k in range(GROUP)]) for pid in prompt_ids]
+    t.r.xadd(RunKeys(t.cfg.run_id).batches, {FIELD: encode_batch(Batch(name, groups))})
+
+
+@pytest.fixture
+def trainer(tmp_path, tiny_lm):
+    t, server = in_process_trainer(
+        tmp_path, tiny_lm.path, "tmetrics", 2,
+        {"max_steps": STEPS, "max_staleness": 100, "plot_every": 1, "engine_check_seqs": 0},
+        eval_every=2)
     for step in range(STEPS):
-        groups = [Group(pid, [
-            Sample(prompt_id=pid, lease_id=f"L{pid}", worker_id="w",
-                   prompt_tokens=t.lm.encode_prompt(f"{pid % 10}+1="),
-                   response_tokens=[5 + k] * (RESPONSE - 1) + [t.lm.eos_id],
-                   logprobs=[-1.0] * RESPONSE, versions=[0] * RESPONSE, reward=float(k))
-            for k in range(GROUP)]) for pid in (10 * step, 10 * step + 1)]
-        r.xadd(RunKeys(cfg.run_id).batches, {FIELD: encode_batch(Batch(f"b{step}", groups))})
+        add_batch(t, f"b{step}", [10 * step, 10 * step + 1])
     yield t
     t.publisher.close()
     server.shutdown()

@@ -32,6 +32,8 @@ def test_an_environment_runs_episodes_on_the_stack(tmp_path, engine):
     # every step must train: on a loaded machine a small stack's whole batch can lag past
     # its staleness bound of 1 and be dropped, which is not what this test is about
     data["trainer"]["max_staleness"] = STEPS
+    # and the engine check keeps every version a trained token can come from
+    data["trainer"]["engine_check_versions"] = STEPS
     cfg = RunConfig.model_validate(data)
     cfg, code, state = run_to_end(cfg)
     assert code == 0

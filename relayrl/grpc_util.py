@@ -100,6 +100,11 @@ def wait_healthy(address: str, timeout_s: float = 60.0, alive: Callable[[], bool
 # a config that uses a port twice.
 _HANDED_OUT: collections.deque[int] = collections.deque(maxlen=4096)
 _HANDED_LOCK = threading.Lock()
+# A port handed out may be a base a service derives more from (worker i serves on base + i),
+# so a pick keeps PORT_SPAN away from the latest _SPACED picks: a config's worker ports then
+# never land on a port another pick gave its trainer.
+PORT_SPAN = 8
+_SPACED = 256
 
 
 def reserve_ports(ports: list[int]) -> bool:
@@ -124,10 +129,11 @@ def _unassigned_range() -> tuple[int, int]:
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct ports free on `host` now (held together while picked), none of them handed
-    out by this process lately. They are drawn below the kernel's ephemeral range: a port
-    from bind(0) is an ephemeral one, which the kernel may give any outgoing connection (a
-    gRPC or Redis client's) before the service that was meant to have it binds it."""
+    """n ports free on `host` now (held together while picked), none of them handed out by
+    this process lately and each at least PORT_SPAN from the others and the latest picks.
+    They are drawn below the kernel's ephemeral range: a port from bind(0) is an ephemeral
+    one, which the kernel may give any outgoing connection (a gRPC or Redis client's) before
+    the service that was meant to have it binds it."""
     import random
     import socket
 
@@ -138,11 +144,13 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     try:
         with _HANDED_LOCK:
             recent = set(_HANDED_OUT)
+            near = {r + d for r in list(_HANDED_OUT)[-_SPACED:]
+                    for d in range(1 - PORT_SPAN, PORT_SPAN)}
             for _ in range(n * 64 + 1024):
                 if len(ports) == n:
                     break
                 port = draw.randrange(low, high)
-                if port in recent or port in ports:
+                if port in recent or port in near:
                     continue
                 sock = socket.socket()
                 try:
@@ -152,6 +160,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
                     continue
                 socks.append(sock)  # held bound until all n are picked
                 ports.append(port)
+                near.update(port + d for d in range(1 - PORT_SPAN, PORT_SPAN))
             if len(ports) < n:
                 raise RuntimeError(f"no {n} fresh free ports on {host} in {low}..{high}")
             _HANDED_OUT.extend(ports)

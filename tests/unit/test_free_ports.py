@@ -4,7 +4,7 @@ config assembled from several picks never uses a port twice (a run refuses that)
 import pytest
 
 from bench.common import free_port_block
-from relayrl.grpc_util import free_ports, reserve_ports
+from relayrl.grpc_util import PORT_SPAN, free_ports, reserve_ports
 
 pytestmark = pytest.mark.unit
 
@@ -12,6 +12,13 @@ pytestmark = pytest.mark.unit
 def test_separate_picks_never_repeat_a_port():
     picked = [p for _ in range(300) for p in free_ports(2)]
     assert len(set(picked)) == len(picked)
+
+
+def test_picks_leave_room_for_the_ports_derived_from_them():
+    """A config's worker i serves on base_port + i; a port picked after the config's (a test's
+    HTTP base) once landed one below its trainer's, so worker 1's HTTP port was the trainer's."""
+    picked = sorted(p for _ in range(60) for p in free_ports(3))
+    assert min(b - a for a, b in zip(picked, picked[1:], strict=False)) >= PORT_SPAN
 
 
 def test_a_block_neither_overlaps_earlier_picks_nor_is_handed_out_again():

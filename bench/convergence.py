@@ -123,12 +123,18 @@ def study_result(args, summaries, comparisons, scale) -> dict:
                     "seeds": args.seeds, "points_per_reward": scale}
     for s in summaries:
         entry = {"final_reward": round(s.final_reward, 4),
+                 "heldout": None if s.heldout is None else round(s.heldout, 4),
                  "reach_s": None if s.reach_s is None else round(s.reach_s, 1),
                  "wall_s": round(s.wall_s, 1), "lag_mean": round(s.lag_mean, 2),
                  "groups_dropped_stale": round(s.groups_dropped_stale, 1)}
         cmp = comparisons.get(s.mode)
         if cmp:
             entry.update(delta_points=round(cmp.delta_points, 2),
+                         delta_se_points=round(cmp.delta_se_points, 2),
+                         heldout_delta_points=None if cmp.heldout_delta_points is None
+                         else round(cmp.heldout_delta_points, 2),
+                         learns_as_well=cmp.learns_as_well,
+                         heldout_as_well=cmp.heldout_as_well,
                          wall_ratio=None if cmp.wall_ratio is None else round(cmp.wall_ratio, 3),
                          meets_target=cmp.meets_target)
         result[s.mode] = entry

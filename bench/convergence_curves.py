@@ -13,6 +13,10 @@ Definitions (also written into the report):
   its wall-time axis is the seeds' mean wall time at each step.
 - a mode reaches sync's final reward when its curve first comes within the tolerance (2
   points) of it; the wall-time ratio is that time over the time sync's own curve first does.
+- held-out accuracy of a run: the mean of its last 3 evaluations (sampled), which the
+  trainer makes on problems it never trains on; a mode's is the mean of its seeds'.
+- a mode learns as well as sync, by either measure, when its seed mean is at most the
+  tolerance below sync's; each difference is shown with its standard error.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 FINAL_FRACTION = 0.1
 TOLERANCE_POINTS = 2.0
 TARGET_TIME_RATIO = 0.5
+HELDOUT_EVALS = 3
 
 
 @dataclass
@@ -147,13 +152,15 @@ class ModeSummary:
     seeds: int
     final_reward: float  # mean over seeds of each run's final reward
     final_reward_std: float
+    final_reward_se: float  # standard error of that mean; 0 with one seed
     wall_s: float  # mean over seeds of the whole run's wall time
     reach_s: float | None  # when the mode's curve first comes within tolerance of sync's final
     samples_per_s: float
     lag_mean: float
     groups_dropped_stale: float  # per run, mean over seeds
     groups_total: float  # trained + dropped stale, per run
-    eval_accuracy: float | None  # last held-out sampled accuracy, mean over seeds
+    heldout: float | None  # mean over seeds of each run's held-out accuracy
+    heldout_se: float
 
 
 def final_reward(runs: list[RunCurve]) -> tuple[float, float]:
@@ -162,20 +169,33 @@ def final_reward(runs: list[RunCurve]) -> tuple[float, float]:
     return statistics.fmean(finals), statistics.pstdev(finals) if len(finals) > 1 else 0.0
 
 
+def standard_error(values: list[float]) -> float:
+    """Of the mean of `values`, from their sample standard deviation; 0 for one value."""
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+
+
+def heldout_accuracy(run: RunCurve, last: int = HELDOUT_EVALS) -> float | None:
+    """Mean of the run's last `last` evaluations after step 0; None if it made none."""
+    trained = [acc for step, acc in run.evals if step > 0]
+    return statistics.fmean(trained[-last:]) if trained else None
+
+
 def summarize(mode: str, staleness: int, correction: str, runs: list[RunCurve],
               curve: ModeCurve, level: float | None) -> ModeSummary:
     final, spread = final_reward(runs)
-    last_evals = [r.evals[-1][1] for r in runs if r.evals]
+    heldouts = [h for h in map(heldout_accuracy, runs) if h is not None]
     return ModeSummary(
         mode=mode, staleness=staleness, correction=correction, seeds=len(runs),
         final_reward=final, final_reward_std=spread,
+        final_reward_se=standard_error([final_mean(r.reward) for r in runs]),
         wall_s=statistics.fmean(r.wall_s[-1] for r in runs),
         reach_s=None if level is None else first_reach(curve.wall_s, curve.reward, level),
         samples_per_s=statistics.fmean(r.samples_per_s for r in runs),
         lag_mean=statistics.fmean(r.lag_mean for r in runs),
         groups_dropped_stale=statistics.fmean(r.groups_dropped_stale for r in runs),
         groups_total=statistics.fmean(r.groups_trained + r.groups_dropped_stale for r in runs),
-        eval_accuracy=statistics.fmean(last_evals) if last_evals else None,
+        heldout=statistics.fmean(heldouts) if heldouts else None,
+        heldout_se=standard_error(heldouts),
     )
 
 
@@ -190,8 +210,22 @@ class Comparison:
     """An asynchronous mode against sync."""
 
     delta_points: float  # final reward minus sync's, in points
+    delta_se_points: float  # the standard error of that difference
     wall_ratio: float | None  # its reach time over sync's; None if either never reaches
     meets_target: bool  # corrected, reaches sync's final, in at most half sync's time
+    heldout_delta_points: float | None  # held-out accuracy minus sync's, in points
+    heldout_se_points: float
+
+    @property
+    def learns_as_well(self) -> bool:
+        """By final training reward: at most the tolerance below sync."""
+        return self.delta_points >= -TOLERANCE_POINTS
+
+    @property
+    def heldout_as_well(self) -> bool:
+        """By held-out accuracy: at most the tolerance below sync."""
+        return (self.heldout_delta_points is not None
+                and self.heldout_delta_points >= -TOLERANCE_POINTS)
 
 
 def compare(mode: ModeSummary, sync: ModeSummary, scale: float,
@@ -199,7 +233,12 @@ def compare(mode: ModeSummary, sync: ModeSummary, scale: float,
     ratio = None
     if mode.reach_s is not None and sync.reach_s:
         ratio = mode.reach_s / sync.reach_s
+    both = mode.heldout is not None and sync.heldout is not None
     return Comparison(
         delta_points=(mode.final_reward - sync.final_reward) * scale,
+        delta_se_points=math.hypot(mode.final_reward_se, sync.final_reward_se) * scale,
         wall_ratio=ratio,
-        meets_target=mode.correction != "none" and ratio is not None and ratio <= time_ratio)
+        meets_target=mode.correction != "none" and ratio is not None and ratio <= time_ratio,
+        # held-out accuracy is a share: its points are percentage points whatever the reward
+        heldout_delta_points=(mode.heldout - sync.heldout) * 100 if both else None,
+        heldout_se_points=math.hypot(mode.heldout_se, sync.heldout_se) * 100)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bench.convergence_curves import (
     FINAL_FRACTION,
+    HELDOUT_EVALS,
     TARGET_TIME_RATIO,
     TOLERANCE_POINTS,
     Comparison,
@@ -37,6 +38,12 @@ def _seconds(value: float | None) -> str:
     return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
 
 
+def _delta(points: float | None, se: float) -> str:
+    if points is None:
+        return "–"
+    return f"{points:+.1f} ± {se:.1f}" if se else f"{points:+.1f}"
+
+
 def _dropped(summary: ModeSummary) -> str:
     share = summary.groups_dropped_stale / summary.groups_total if summary.groups_total else 0.0
     return f"{summary.groups_dropped_stale:.1f} of {summary.groups_total:.0f} ({share:.1%})"
@@ -44,22 +51,35 @@ def _dropped(summary: ModeSummary) -> str:
 
 def table_rows(summaries: list[ModeSummary], comparisons: dict[str, Comparison]) -> list[str]:
     header = ("| mode | staleness | correction | final reward | vs sync (points) "
+              "| held-out accuracy | vs sync (points) "
               "| reaches sync's final at | wall-time ratio | run wall time | samples/s "
-              "| mean lag | groups dropped stale (per run) | held-out accuracy |")
+              "| mean lag | groups dropped stale (per run) |")
     rows = [header, "|" + "---|" * header.count(" | ") + "---|"]
     for s in summaries:
         cmp = comparisons.get(s.mode)
-        delta = f"{cmp.delta_points:+.1f}" if cmp else "–"
         ratio = f"{cmp.wall_ratio:.2f}" if cmp and cmp.wall_ratio is not None else "–"
         if cmp and cmp.meets_target:
             ratio = f"**{ratio}**"
-        accuracy = "–" if s.eval_accuracy is None else f"{s.eval_accuracy:.3f}"
+        accuracy = "–" if s.heldout is None else f"{s.heldout:.3f}"
         rows.append(
             f"| {s.mode} | {s.staleness} | {s.correction} "
-            f"| {_reward(s.final_reward, s.final_reward_std, s.seeds)} | {delta} "
+            f"| {_reward(s.final_reward, s.final_reward_std, s.seeds)} "
+            f"| {_delta(cmp.delta_points, cmp.delta_se_points) if cmp else '–'} "
+            f"| {accuracy} "
+            f"| {_delta(cmp.heldout_delta_points, cmp.heldout_se_points) if cmp else '–'} "
             f"| {_seconds(s.reach_s)} | {ratio} | {_seconds(s.wall_s)} | {s.samples_per_s:.1f} "
-            f"| {s.lag_mean:.2f} | {_dropped(s)} | {accuracy} |")
+            f"| {s.lag_mean:.2f} | {_dropped(s)} |")
     return rows
+
+
+def _learning_verdict(summaries: list[ModeSummary], comparisons: dict[str, Comparison]) -> str:
+    corrected = {s.mode: comparisons[s.mode] for s in summaries
+                 if s.mode in comparisons and s.correction != "none"}
+    by_reward = [m for m, c in corrected.items() if c.learns_as_well] or ["none"]
+    by_heldout = [m for m, c in corrected.items() if c.heldout_as_well] or ["none"]
+    return (f"Learning as well as sync (a seed mean at most {TOLERANCE_POINTS:g} points "
+            f"below sync's), corrected modes: by final training reward, "
+            f"{', '.join(by_reward)}; by held-out accuracy, {', '.join(by_heldout)}.")
 
 
 def render_markdown(settings: StudySettings, summaries: list[ModeSummary],
@@ -90,11 +110,14 @@ def render_markdown(settings: StudySettings, summaries: list[ModeSummary],
         f"sync's final reward in at most {TARGET_TIME_RATIO:g} of the wall time sync takes "
         f"to get there. {verdict}",
         "",
+        _learning_verdict(summaries, comparisons) if comparisons else "",
+        "",
         *table_rows(summaries, comparisons),
         "",
         f"- final reward: mean training reward over the last {FINAL_FRACTION:.0%} of a run's "
         "steps, mean ± standard deviation over seeds.",
-        f"- points: {points} of reward.",
+        f"- points: {points} of reward; held-out accuracy in percentage points; each "
+        "difference from sync ± its standard error (from the seeds' spread).",
         "- wall time: seconds since the trainer began its first step (service start-up and "
         "the first batch's generation are left out: they are the same in every mode).",
         f"- reaches sync's final at: the first wall time at which the mode's curve (each "
@@ -105,7 +128,8 @@ def render_markdown(settings: StudySettings, summaries: list[ModeSummary],
         "- wall-time ratio: that time over the time sync's own curve gets there.",
         "- mean lag: policy versions between the sampling weights and the trained ones, mean "
         "over steps; groups dropped stale: groups over the staleness bound, never trained on.",
-        "- held-out accuracy: the trainer's last evaluation (sampled), mean over seeds.",
+        f"- held-out accuracy: the mean of a run's last {HELDOUT_EVALS} evaluations (sampled, "
+        "on problems never trained on), mean over seeds.",
         "",
         f"![reward against steps and wall time]({png_name})",
         "",

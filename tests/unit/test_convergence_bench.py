@@ -27,11 +27,12 @@ def _run(reward, wall, evals=(), lag=0.0, dropped=0):
                     samples_trained=64 * len(reward))
 
 
-def _summary(mode, staleness, correction, final, reach, wall=100.0):
+def _summary(mode, staleness, correction, final, reach, wall=100.0, heldout=0.7):
     return ModeSummary(mode=mode, staleness=staleness, correction=correction, seeds=2,
-                       final_reward=final, final_reward_std=0.01, wall_s=wall, reach_s=reach,
-                       samples_per_s=200.0, lag_mean=staleness / 2, groups_dropped_stale=1.5,
-                       groups_total=800.0, eval_accuracy=0.7)
+                       final_reward=final, final_reward_std=0.01, final_reward_se=0.003,
+                       wall_s=wall, reach_s=reach, samples_per_s=200.0,
+                       lag_mean=staleness / 2, groups_dropped_stale=1.5, groups_total=800.0,
+                       heldout=heldout, heldout_se=0.004)
 
 
 def test_trailing_mean_looks_back_only():
@@ -91,8 +92,9 @@ def test_run_curve_from_metrics_rows():
 
 
 def test_seed_mean_and_summary():
-    a = _run([0.2, 0.4, 0.6, 0.8], [1, 2, 3, 4], evals=[(4, 0.6)], lag=1.0, dropped=2)
-    b = _run([0.4, 0.6, 0.8, 1.0, 1.0], [3, 4, 5, 6, 7], evals=[(4, 0.8)], lag=2.0)
+    a = _run([0.2, 0.4, 0.6, 0.8], [1, 2, 3, 4], evals=[(0, 0.1), (2, 0.5), (4, 0.7)],
+             lag=1.0, dropped=2)
+    b = _run([0.4, 0.6, 0.8, 1.0, 1.0], [3, 4, 5, 6, 7], evals=[(0, 0.1), (4, 0.8)], lag=2.0)
     curve = seed_mean([a, b], window=2)
     assert curve.steps == [1, 2, 3, 4]  # up to the shortest run
     assert curve.reward == pytest.approx([0.3, 0.4, 0.6, 0.8])
@@ -101,9 +103,12 @@ def test_seed_mean_and_summary():
     summary = summarize("async_2_tis_token", 2, "tis_token", [a, b], curve, level=0.55)
     assert summary.final_reward == pytest.approx((0.8 + 1.0) / 2)
     assert summary.final_reward_std == pytest.approx(0.1)
+    assert summary.final_reward_se == pytest.approx(0.1)  # stdev 0.1414 over sqrt(2)
     assert summary.reach_s == 4  # the seed mean first reaches 0.55 at step 3
     assert summary.wall_s == pytest.approx(5.5)
-    assert summary.eval_accuracy == pytest.approx(0.7)
+    # a run's last evaluations after step 0 (a's two, b's one), then the seeds' mean
+    assert summary.heldout == pytest.approx((0.6 + 0.8) / 2)
+    assert summary.heldout_se == pytest.approx(0.1)
     assert (summary.lag_mean, summary.groups_dropped_stale) == (1.5, 1.0)
     assert summarize("sync", 0, "tis_token", [a], curve, level=None).reach_s is None
 
@@ -112,6 +117,9 @@ def test_compare_against_sync():
     sync = _summary("sync", 0, "tis_token", 0.74, reach=200.0)
     fast = compare(_summary("async_2_tis_token", 2, "tis_token", 0.73, 90.0), sync, 100.0)
     assert fast.delta_points == pytest.approx(-1.0)
+    assert fast.delta_se_points == pytest.approx(0.3 * 2 ** 0.5)
+    assert fast.learns_as_well and fast.heldout_as_well
+    assert fast.heldout_delta_points == pytest.approx(0.0)
     assert fast.wall_ratio == pytest.approx(0.45)
     assert fast.meets_target
     slow = compare(_summary("async_1_tis_token", 1, "tis_token", 0.75, 120.0), sync, 100.0)
@@ -120,6 +128,11 @@ def test_compare_against_sync():
     assert not uncorrected.meets_target  # the target is about corrected training
     never = compare(_summary("async_8_none", 8, "none", 0.5, None), sync, 100.0)
     assert never.wall_ratio is None and never.delta_points == pytest.approx(-24.0)
+    assert not never.learns_as_well
+    worse = compare(_summary("async_4_tis_token", 4, "tis_token", 0.75, 90.0, heldout=0.67),
+                    sync, 100.0)
+    assert worse.learns_as_well and not worse.heldout_as_well  # 3 points below on held-out
+    assert worse.heldout_delta_points == pytest.approx(-3.0)
 
 
 def test_table_and_report():
@@ -130,15 +143,18 @@ def test_table_and_report():
     rows = table_rows([sync, fast, never], comparisons)
     assert len(rows) == 5
     assert all(r.count("|") == rows[0].count("|") for r in rows)
-    assert rows[2] == ("| sync | 0 | tis_token | 0.740 ± 0.010 | – | 200 s | – | 250 s | 200.0 "
-                       "| 0.00 | 1.5 of 800 (0.2%) | 0.700 |")
-    assert "| -1.0 | 90 s | **0.45** | 150 s |" in rows[3]
-    assert "| -24.0 | never | – |" in rows[4]
+    assert rows[2] == ("| sync | 0 | tis_token | 0.740 ± 0.010 | – | 0.700 | – | 200 s | – "
+                       "| 250 s | 200.0 | 0.00 | 1.5 of 800 (0.2%) |")
+    assert "| -1.0 ± 0.4 | 0.700 | +0.0 ± 0.6 | 90 s | **0.45** | 150 s |" in rows[3]
+    assert "| -24.0 ± 0.4 | 0.700 | +0.0 ± 0.6 | never | – |" in rows[4]
     settings = StudySettings(command="python bench/convergence.py --seeds 2", config="x.yaml",
                              steps=100, groups_per_batch=8, group_size=8, seeds=2,
                              smooth_window=5, points_scale=100.0)
     text = render_markdown(settings, [sync, fast, never], comparisons, "convergence.png")
     assert "**Met** by async_2_tis_token." in text
+    # the uncorrected mode is judged by neither measure
+    assert ("by final training reward, async_2_tis_token; by held-out accuracy, "
+            "async_2_tis_token." in text)
     assert "`python bench/convergence.py --seeds 2`" in text
     assert "trailing mean over 5 steps" in text and "![" in text
     assert "**Not met**" in render_markdown(settings, [sync, never],

@@ -79,10 +79,13 @@ def open_tensorboard(log_dir: str | Path):
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete line of a metrics file; a last line still being written (no newline
+    yet: its writer is appending while this reads) is left out."""
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().split("\n")[:-1]  # after the last newline: empty, or torn
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def rolling_mean(values: list[float], window: int) -> list[float]:
@@ -107,17 +110,15 @@ def set_keys(rows: list[dict]) -> list[str]:
 def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "") -> None:
     """Training reward per step and held-out accuracy at each eval (the first set's sampled
     and greedy, every other set's pass@1), against steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     rows = read_metrics(metrics_path)
     train = [r for r in rows if "train/reward_mean" in r]
     evals = [r for r in rows + read_metrics(Path(metrics_path).with_name("eval.jsonl"))
              if "eval/accuracy_sampled" in r]
     evals.sort(key=lambda r: r["step"])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     if train:
         steps = [r["step"] for r in train]
         rewards = [r["train/reward_mean"] for r in train]
@@ -144,17 +145,13 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "")
     fig.tight_layout()
     tmp = Path(out_png).with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=100)
-    plt.close(fig)
     tmp.replace(out_png)
 
 
 def plot_throughput(metrics_path: str | Path, out_png: str | Path, title: str = "") -> None:
     """Samples/s, tokens/s and policy-version lag against trainer steps, one panel each;
     per-step values faint, their rolling mean solid."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     rows = [r for r in read_metrics(metrics_path) if "throughput/samples_per_s" in r]
     panels = (
@@ -165,7 +162,8 @@ def plot_throughput(metrics_path: str | Path, out_png: str | Path, title: str = 
                                 ("staleness/lag_max", "batch max", "tab:red"))),
     )
     window = max(1, len(rows) // 40)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 7), sharex=True)
+    fig = Figure(figsize=(7, 7))
+    axes = fig.subplots(len(panels), 1, sharex=True)
     for ax, (ylabel, series) in zip(axes, panels, strict=True):
         for key, label, color in series:
             steps = [r["step"] for r in rows if key in r]
@@ -186,5 +184,4 @@ def plot_throughput(metrics_path: str | Path, out_png: str | Path, title: str = 
     fig.tight_layout()
     tmp = Path(out_png).with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=100)
-    plt.close(fig)
     tmp.replace(out_png)

@@ -13,7 +13,6 @@ import torch
 from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
 from relayrl.logs import setup_logging
-from relayrl.metrics import plot_rewards, plot_throughput
 from relayrl.models import resolve_model_path
 from relayrl.models.loading import load_model
 from relayrl.proto.v1 import trainer_pb2, trainer_pb2_grpc
@@ -23,6 +22,7 @@ from relayrl.weights.client import RelayClient
 from trainer_svc.distributed import Parallel, close_world, init_world
 from trainer_svc.learner import Learner
 from trainer_svc.operator import OperatorSignals
+from trainer_svc.plots import Plotter
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.telemetry import tokens_generated, trainer_metrics
 from trainer_svc.trainer import Trainer
@@ -50,13 +50,6 @@ def _progress(trainer: Trainer, enabled: bool):
                 disable=not enabled, dynamic_ncols=True)
 
 
-def draw_plots(trainer: Trainer) -> None:
-    """reward.png and throughput.png of the run so far."""
-    title = trainer.cfg.run_id
-    plot_rewards(trainer.metrics.path, trainer.run_dir / "reward.png", title)
-    plot_throughput(trainer.metrics.path, trainer.run_dir / "throughput.png", title)
-
-
 def run_loop(trainer: Trainer, stop: threading.Event) -> None:
     tc = trainer.tc
     trainer.stop = stop
@@ -69,6 +62,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         trainer.publisher.publish(trainer.step, trainer.step, trainer.learner.weights())
     operator = OperatorSignals(trainer)
     halt = operator.watch(stop)  # set by a signal, or by a graceful stop once it is due
+    plots = Plotter(trainer.metrics.path, trainer.run_dir, trainer.cfg.run_id)
     bar = _progress(trainer, tc.progress)
     # (time, samples, tokens trained, tokens generated so far) of recent steps
     window: list[tuple[float, int, int, int]] = []
@@ -114,7 +108,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         if trainer.step % tc.checkpoint_every == 0:
             trainer.save_checkpoint()
         if trainer.step % tc.plot_every == 0:
-            draw_plots(trainer)
+            plots.request()
         bar.update(1)
         bar.set_postfix(reward=f"{trainer.last_reward:.2f}", acc=f"{acc:.2f}",
                         sps=f"{rate:.0f}", lag=f"{record.get('staleness/lag_mean', 0):.1f}")
@@ -125,7 +119,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         log.error("stopping with Redis unreachable: checkpoint %d is written but its batches "
                   "are not acknowledged; a resumed trainer acknowledges them", trainer.step)
     trainer.publisher.wait(stop)  # the final version at the relay, unless told to stop
-    draw_plots(trainer)
+    plots.close()
     trainer.finished = trainer.step >= tc.max_steps
     halt.set()  # ends the watcher
     log.info("trainer %s at step %d", "finished" if trainer.finished else "stopped", trainer.step)

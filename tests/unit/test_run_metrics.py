@@ -1,5 +1,6 @@
 """A run's metrics files: throughput.png from metrics.jsonl (also one written before tokens/s
-was recorded), and TensorBoard scalars, refused by name when TensorBoard is not installed."""
+was recorded), read while the trainer appends to it, the trainer's plots drawn off its loop,
+and TensorBoard scalars, refused by name when TensorBoard is not installed."""
 
 import json
 import sys
@@ -7,6 +8,7 @@ import sys
 import pytest
 
 from relayrl.metrics import plot_throughput, read_metrics
+from trainer_svc.plots import Plotter
 from trainer_svc.trainer import open_metrics
 
 
@@ -27,6 +29,31 @@ def test_throughput_plot_is_drawn(tmp_path, with_tokens):
     plot_throughput(tmp_path / "metrics.jsonl", tmp_path / "throughput.png", "t")
     assert (tmp_path / "throughput.png").stat().st_size > 10_000
     assert not list(tmp_path.glob("*.tmp.png"))
+
+
+def test_a_line_still_being_written_is_not_read(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    write_rows(path, [{"step": 1}, {"step": 2}])
+    with open(path, "a") as f:
+        f.write('{"step": 3, "train/rew')  # the trainer is mid-line
+    assert read_metrics(path) == [{"step": 1}, {"step": 2}]
+
+
+def test_the_plots_are_drawn_off_the_loop_and_a_failed_draw_stops_nothing(tmp_path, caplog):
+    rows = [{"step": s, "train/reward_mean": s / 40, "throughput/samples_per_s": 100.0}
+            for s in range(1, 41)]
+    write_rows(tmp_path / "metrics.jsonl", rows)
+    plots = Plotter(tmp_path / "metrics.jsonl", tmp_path, "t")
+    plots.request()
+    plots.close()  # waits for the requested draw, then draws the final picture
+    assert plots.draws >= 1 and plots.failures == 0
+    for name in ("reward.png", "throughput.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+    gone = Plotter(tmp_path / "metrics.jsonl", tmp_path / "no such dir", "t")
+    gone.request()
+    gone.close()  # no exception reaches the trainer
+    assert gone.draws == 0 and gone.failures >= 1
+    assert "could not draw the run's plots" in caplog.text
 
 
 def test_tensorboard_missing_is_named(tmp_path, monkeypatch):

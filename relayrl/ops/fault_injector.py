@@ -53,9 +53,12 @@ class FaultInjector:
     # -- what the run is doing ----------------------------------------------------------------
 
     def step(self) -> int | None:
-        """The trainer's last recorded step; None while Redis cannot be reached."""
+        """The trainer's last recorded step; None while Redis cannot be reached, or before
+        the launcher has started it."""
         if self._redis is None:
             cfg = self.launcher.cfg
+            if not cfg.redis.url:
+                return None
             self._redis = redis_lib.Redis.from_url(cfg.redis.url, socket_timeout=2,
                                                    socket_connect_timeout=2)
         try:

@@ -58,15 +58,17 @@ def run_with_faults(cfg: RunConfig, schedule: list[Fault], steps_per_restart: in
     `timeout_s` (a wedged run must not hang its caller)."""
     t0 = time.monotonic()
     launcher = Launcher(cfg, show_trainer_output=False)
+    injector = FaultInjector(launcher, schedule, due_steps(schedule, steps_per_restart),
+                             recovery_timeout_s)
+    ended, stop = threading.Event(), threading.Event()
+    # watching from before the start: the run may be steps in by the time every service has
+    # answered the launcher's health check
+    thread = threading.Thread(target=injector.run, args=(ended, stop), name="faults",
+                              daemon=True)
+    thread.start()
     try:
-        launcher.start()
-        injector = FaultInjector(launcher, schedule, due_steps(schedule, steps_per_restart),
-                                 recovery_timeout_s)
-        ended, stop = threading.Event(), threading.Event()
-        thread = threading.Thread(target=injector.run, args=(ended, stop), name="faults",
-                                  daemon=True)
-        thread.start()
         try:
+            launcher.start()
             code = launcher.wait(timeout_s=timeout_s - (time.monotonic() - t0))
             ended.set()
             # a process killed late may still be coming back: keep restarting it so its

@@ -2,9 +2,10 @@
 relay.children, child relays that follow the root relay and serve the workers (a relay tree).
 
 The launcher owns the embedded Redis (when no URL is configured) and builds the model once
-before any service starts. A process that dies is restarted (relayrl.ops.restarts). Ctrl-C
-or SIGTERM stops every child; children also get SIGTERM from the kernel if the launcher
-itself dies, so nothing is left orphaned.
+before any service starts. Services are forked from a zygote that has imported torch and
+transformers once (relayrl.ops.zygote). A process that dies is restarted
+(relayrl.ops.restarts). Ctrl-C or SIGTERM stops every child; children also get SIGTERM from
+the kernel if the launcher itself dies, so nothing is left orphaned.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from relayrl.auth import install_launcher_credentials
 from relayrl.config import RunConfig
 from relayrl.grpc_util import wait_healthy
 from relayrl.ops.restarts import RestartBudget
+from relayrl.ops.zygote import Forked, Zygote
 from relayrl.procs import child_env
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class Child:
     address: str
     overrides: list[str]
     budget: RestartBudget
-    proc: subprocess.Popen | None = None
+    proc: Forked | None = None
 
 
 class Launcher:
@@ -47,6 +48,7 @@ class Launcher:
         self.show_trainer_output = show_trainer_output
         self.children: list[Child] = []
         self.embedded = None  # relayrl.ops.redis_server.RedisServer, when no URL is configured
+        self.zygote: Zygote | None = None
         self.redis_budget = RestartBudget.of(cfg.restarts)
         self.config_path = self.run_dir / "config.yaml"
 
@@ -108,6 +110,8 @@ class Launcher:
         if tokens is not None:
             log.info("the agent and operator tokens of this run are in %s (mode 0600): "
                      "`source` it before starting an agent or `relayrl status`", tokens)
+        # it imports while Redis starts and the model resolves
+        self.zygote = Zygote(self._env(), str(self.run_dir))
         updates = {}
         if not self.cfg.redis.url:
             self.embedded = RedisServer(self.run_dir, self.cfg.redis.appendfsync,
@@ -121,19 +125,28 @@ class Launcher:
         self.config_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"),
                                                    sort_keys=False))
 
+    def _env(self, child: Child | None = None) -> dict[str, str]:
+        """A child's environment; the zygote's (child None) holds no trainer token, so no
+        service's exec environment (/proc/PID/environ) shows it."""
+        env = {**child_env(), "PYTHONUNBUFFERED": "1"}
+        if child is None or child.name not in PUBLISH_PARTIES:  # who holds it can publish
+            env.pop(self.cfg.auth.trainer_token_env, None)
+        return env
+
     def _spawn(self, child: Child) -> None:
         log_path = self.run_dir / "logs" / f"{child.name}.log"
-        env = {**child_env(), "RELAYRL_LOG_FILE": str(log_path), "PYTHONUNBUFFERED": "1"}
-        if child.name not in PUBLISH_PARTIES:  # who holds the trainer token can publish
-            env.pop(self.cfg.auth.trainer_token_env, None)
-        out = open(log_path, "ab")
-        cmd = [sys.executable, "-m", child.module, "--config", str(self.config_path)]
+        env = {**self._env(child), "RELAYRL_LOG_FILE": str(log_path)}
+        argv = ["--config", str(self.config_path)]
         for o in child.overrides:
-            cmd += ["--set", o]
+            argv += ["--set", o]
         to_terminal = child.name == "trainer" and self.show_trainer_output
-        child.proc = subprocess.Popen(cmd, env=env, stdout=out,
-                                      stderr=None if to_terminal else subprocess.STDOUT)
-        out.close()
+        if not self.zygote.alive():
+            log.warning("the zygote exited with %s; starting another",
+                        self.zygote.proc.returncode)
+            self.zygote.close()
+            self.zygote = Zygote(self._env(), str(self.run_dir))
+        child.proc = self.zygote.spawn(child.name, child.module, argv, env, str(log_path),
+                                       stderr_to_log=not to_terminal)
         if child not in self.children:
             self.children.append(child)
 
@@ -222,6 +235,9 @@ class Launcher:
                 log.warning("%s did not stop in time; killing it", c.name)
                 c.proc.kill()
                 c.proc.wait()
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
         if self.embedded is not None:
             self.embedded.shutdown()
             self.embedded = None

@@ -1,0 +1,19 @@
+"""A service stand-in for tests/unit/test_zygote.py, forked by a zygote as
+`python -m tests.unit.zygote_child MODE [ARG]`: reports what it was given, then exits (exit
+ARG), raises (raise) or sleeps (sleep)."""
+
+import json
+import os
+import sys
+import time
+
+print(json.dumps({"argv": sys.argv, "name": __name__, "env": dict(os.environ),
+                  "ppid": os.getppid(), "stdin": sys.stdin.read()}))
+print("this line went to stderr", file=sys.stderr)
+mode = sys.argv[1]
+if mode == "exit":
+    sys.exit(int(sys.argv[2]))
+if mode == "raise":
+    raise RuntimeError("the service failed")
+if mode == "sleep":
+    time.sleep(120)

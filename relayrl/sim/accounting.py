@@ -7,9 +7,14 @@ Only what the trainer trains counts as throughput: a group the staleness rule dr
 (relayrl.staleness.is_stale, the live trainer's split_stale) is generated, decoded and then
 thrown away, so its response tokens are reported as wasted, beside the tokens prefilled again
 for a migrated sequence (its KV cache re-prefilled on the target, as vLLM's live repack does)
-and those recomputed after a KV-cache preemption. The simulator's engines hold one version
-at a time, so no group ever mixes versions and the rollout's restart rule never fires:
-there are no restarted tokens to count.
+and those recomputed after a KV-cache preemption. An engine holds one version at a time;
+with sim.tails `preempt` a worker reloads under its running sequences and prefills their
+context again (counted as `swap`), so their later tokens carry a newer version than their
+first. The rollout's restart rule never fires: a draining worker is behind the trainer's
+floor, and a worker holding a sequence it would restart drains instead of reloading. (A
+resumed sequence that falls below the floor later is dropped when its group reaches the
+trainer, where a live worker would start its group over: its tokens count as dropped, not
+restarted.)
 
 Utilization is the fraction of the fleet's sequence slots that were decoding: sum over
 decode steps of (step time * sequences in the batch), over workers * max_batch * wall time.
@@ -41,6 +46,8 @@ class StepRecord:
     reprefill_tokens: int = 0  # context tokens prefilled again after a migration
     recompute_tokens: int = 0  # context tokens prefilled again after a KV preemption
     preemptions: int = 0
+    swaps: int = 0  # reloads under running sequences (sim.tails preempt)
+    swap_tokens: int = 0  # their context, prefilled again on the new weights
 
 
 START = StepRecord(0.0)
@@ -54,6 +61,23 @@ def lag_counts(lags: Iterable[tuple[int, int, int]]) -> tuple[tuple[int, int, in
         samples[lag] += n
         tokens[lag] += t
     return tuple((lag, samples[lag], tokens[lag]) for lag in sorted(samples))
+
+
+def group_lags(version: int, oldest: int, cuts: list[list[tuple[int, int]] | None],
+               responses: list[int]) -> list[tuple[int, int, int]]:
+    """(lag, samples, tokens) for a group the trainer at `version` keeps: each sample by its
+    oldest token (`oldest`, its prompt's version), each token by the version it was decoded
+    with. cuts[i]: sample i's [(version, tokens before it), ...] from its first on, when it
+    was resumed on newer weights (sim.tails preempt); None when it never was."""
+    if not any(cuts):
+        return [(version - oldest, len(responses), sum(responses))]
+    lags = [(version - oldest, len(responses), 0)]
+    for sample, response in zip(cuts, responses, strict=True):
+        sample = sample or [(oldest, 0)]
+        ends = [start for _, start in sample[1:]] + [response]
+        lags += [(version - v, 0, end - start) for (v, start), end in zip(sample, ends,
+                                                                          strict=True)]
+    return lags
 
 
 def distribution(weights: dict[int, int]) -> dict[str, float]:
@@ -82,7 +106,7 @@ class ModeResult:
     trained_tokens_per_s: float
     generated_samples_per_s: float  # trained or dropped
     dropped_share: float  # of the samples generated, dropped as stale
-    wasted_tokens: dict[str, int]  # dropped (decoded), reprefill and recompute (prefilled)
+    wasted_tokens: dict[str, int]  # dropped (decoded); reprefill, recompute, swap (prefilled)
     wasted_share: float  # wasted tokens over trained response tokens plus wasted
     staleness_seq: dict[str, float]  # over trained sequences
     staleness_tok: dict[str, float]  # over their response tokens
@@ -90,6 +114,7 @@ class ModeResult:
     migrations: int
     migration_s: float  # modelled seconds of migrating: transfers, plus re-prefills
     preemptions: int
+    swaps: int  # reloads under running sequences
     trainer_idle: float
     sim_seconds: float  # simulated time of the measured window
     wall_seconds: float  # how long simulating it took
@@ -113,7 +138,8 @@ def summarize(mode: str, workers: int, max_batch: int, warmup: int,
     dropped = sum(r.dropped_samples for r in window)
     wasted = {"dropped": sum(r.dropped_tokens for r in window),
               "reprefill": last.reprefill_tokens - first.reprefill_tokens,
-              "recompute": last.recompute_tokens - first.recompute_tokens}
+              "recompute": last.recompute_tokens - first.recompute_tokens,
+              "swap": last.swap_tokens - first.swap_tokens}
     seq: Counter[int] = Counter()
     tok: Counter[int] = Counter()
     for r in window:
@@ -133,5 +159,6 @@ def summarize(mode: str, workers: int, max_batch: int, warmup: int,
         migrations=last.migrations - first.migrations,
         migration_s=float(last.migration_s - first.migration_s),
         preemptions=last.preemptions - first.preemptions,
+        swaps=last.swaps - first.swaps,
         trainer_idle=float(1.0 - sum(r.train_s for r in window) / span),
         sim_seconds=float(span), wall_seconds=wall_seconds)

@@ -21,6 +21,7 @@ from relayrl.staleness import inflight_prompts
 
 MODES = ("sync", "one_step_off", "async", "async_repack")
 MIGRATIONS = ("reprefill", "kv")
+TAILS = ("drain", "preempt")
 
 
 def live_default(model: Any, name: str) -> Any:
@@ -40,7 +41,15 @@ class SimConfig:
     sequences off when no new prompt can go to it.
     migration: how a moved sequence continues on its target: `reprefill` (vLLM, the live
     repack: its context is prefilled again there) or `kv` (its KV cache is sent over the
-    network, costs.migrate_per_token_s a token)."""
+    network, costs.migrate_per_token_s a token).
+    tails: what a worker does with its running sequences once it may start no new prompt
+    (its weights too far behind): `drain` them on its version and reload after (an engine
+    holds one version; the live default, rollout.segment_tokens 0), or `preempt` them:
+    reload at once and resume them on the new weights, their context prefilled again, as a
+    live worker does at a segment boundary (rollout.segment_tokens > 0). A preempted
+    sequence keeps its oldest token's version, so the drop rule judges it as before; only
+    its later tokens are fresher. A worker holding a sequence the rollout's restart rule
+    would start over drains instead."""
 
     workload: Workload = field(default_factory=Workload)
     costs: CostParams = field(default_factory=CostParams)
@@ -52,6 +61,7 @@ class SimConfig:
     repack_below: float = live_default(SchedulerConfig, "repack_below")
     max_start_lag: int = live_default(SchedulerConfig, "max_start_lag")
     migration: str = "reprefill"
+    tails: str = "drain"
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -70,6 +80,8 @@ class SimConfig:
         if self.migration not in MIGRATIONS:
             raise ValueError(f"sim.migration must be one of {MIGRATIONS}, got "
                              f"{self.migration!r}")
+        if self.tails not in TAILS:
+            raise ValueError(f"sim.tails must be one of {TAILS}, got {self.tails!r}")
 
     def inflight_limit(self, groups_per_batch: int) -> int:
         """As RunConfig.inflight_limit: the configured cap, or the scheduler's derived one."""

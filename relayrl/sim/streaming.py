@@ -7,6 +7,8 @@ a worker moves to new weights only once its batch is empty. Workers keep startin
 on their version while it is at most scheduler.max_start_lag versions behind the trainer
 (the lease's min_version, relayrl.staleness.oldest_startable), then drain. Draining is
 where the heavy tail hurts: the last few long sequences keep a worker at a tiny batch.
+With sim.tails `preempt` the worker reloads at once instead and resumes its sequences on
+the new weights, their context prefilled again (the live worker at a segment boundary).
 `async_repack` migrates them onto the fullest other worker of the same version with room,
 when no new prompt can go to the worker (relayrl.repack's rules, as the live scheduler's),
 so the drained worker reloads at once; the target prefills their context again (or
@@ -30,7 +32,7 @@ from heapq import heappop, heappush
 from typing import Any
 
 from relayrl.repack import is_tail, rank_targets, repack_wanted
-from relayrl.sim.accounting import START, StepRecord, lag_counts
+from relayrl.sim.accounting import START, StepRecord, group_lags, lag_counts
 from relayrl.sim.engine import SimConfig
 from relayrl.sim.worker import Worker
 from relayrl.sim.workload import Lengths
@@ -51,6 +53,11 @@ class Streaming:
         self.max_staleness = cfg.max_staleness
         self.max_inflight = cfg.inflight_limit(self.batch)
         self.reprefill = cfg.migration == "reprefill"
+        self.preempt = cfg.tails == "preempt"
+        # by sample, when preempted: [(version, tokens generated before it), ...], from the
+        # first (the prompt's) on
+        self.token_versions: dict[int, list[tuple[int, int]]] = {}
+        self.swaps, self.swap_tokens = 0, 0
         self.events: list[tuple[float, int, int, Any, Any]] = []
         self.order = itertools.count()
         self.version = 0  # the trainer's: steps taken
@@ -92,6 +99,11 @@ class Streaming:
             elif kind == LOADED:
                 obj.version, obj.t = payload, now
                 self.holders[payload].add(obj)
+                if obj.active:  # preempted: their KV belongs to the old weights
+                    cost = obj.ctx * self.costs.prefill_per_token_s
+                    obj.t += cost
+                    obj.prefill_s += cost
+                    self.swap_tokens += obj.ctx
                 self.decide(obj, now)
             else:
                 self.arrive(obj, payload, now)
@@ -106,10 +118,15 @@ class Streaming:
             self.holders[w.version].discard(w)
             self.push(now + self.costs.weight_sync_s, LOADED, w, self.version)
             return
-        # its sequences all hold tokens of its own version only: none is ever restarted
-        assert not must_restart((w.version,), w.version, self.version, self.max_staleness)
         fresh = w.version >= oldest_startable(self.version, self.max_staleness,
                                               self.cfg.max_start_lag)
+        # at the point where it would start draining: its queue is empty (the boundary a
+        # worker running ahead stops at too)
+        if not fresh and self.preempt and not queue and not w.incoming and self.swap(w, now):
+            return
+        # the oldest token of each of its sequences is at least its prompt's version: none
+        # is ever restarted (swap leaves a worker that would restart one to drain)
+        assert not must_restart((w.version,), w.version, self.version, self.max_staleness)
         if self.trace is not None and active and not fresh:
             self.trace.append(("hold", w.wid, w.version, self.version))
         if fresh:
@@ -135,13 +152,36 @@ class Streaming:
             if not w.incoming:
                 self.idle.add(w)
             return
-        drain = not fresh and not self.repack  # no prompt, no migration can reach it
+        # no prompt, no migration can reach it (preempting, it swaps at its next boundary)
+        drain = not fresh and not self.repack and not self.preempt
         if self.run_ahead and not w.incoming and (queue or drain):
             self.finish(w.run_ahead(drain))
             at = w.t
         else:
             at = w.plan_next()
         heappush(self.events, (at, next(self.order), DECODE, w, w.stamp))
+
+    def swap(self, w: Worker, now: float) -> bool:
+        """Reload `w` under its running sequences (sim.tails preempt); they resume on the
+        new weights once it has them (LOADED). False, changing nothing, when one of them
+        belongs to a group the rollout would restart on the new weights."""
+        g, versions = self.group, self.prompt_version
+        running = [(sid, w.rlen[sid] - (finish - w.step)) for finish, _, sid, _ in w.active]
+        if any(must_restart((versions[sid // g],), self.version, self.version,
+                            self.max_staleness) for sid, _ in running):
+            return False
+        for sid, generated in running:
+            if generated:
+                bounds = self.token_versions.setdefault(sid, [(versions[sid // g], 0)])
+                bounds.append((self.version, generated))
+        if self.trace is not None:
+            self.trace.append(("swap", w.wid, w.version, self.version,
+                               sorted({versions[sid // g] for sid, _ in running})))
+        self.holders[w.version].discard(w)
+        w.stamp += 1  # its planned decode is void: it pauses for the weights
+        self.swaps += 1
+        self.push(max(now, w.t) + self.costs.weight_sync_s, LOADED, w, self.version)
+        return True
 
     def lease(self, w: Worker) -> None:
         prompt = self.leased
@@ -215,12 +255,14 @@ class Streaming:
             version = self.prompt_version.pop(p)
             versions.append((p, version))
             response = sum(lengths.response[p * g:(p + 1) * g])
+            bounds = [self.token_versions.pop(sid, None) for sid in range(p * g, (p + 1) * g)]
             if is_stale(version, self.version, self.max_staleness):
                 dropped += response
                 continue
             kept.append(p)
-            lags.append((self.version - version, g, response))
             tokens += response + g * lengths.prompt[p]
+            lags += group_lags(self.version, version, bounds,
+                               lengths.response[p * g:(p + 1) * g])
         if self.trace is not None:
             self.trace.append(("train", self.version, versions, kept))
         train_s = self.costs.train_step_s(tokens, self.n)
@@ -240,7 +282,8 @@ class Streaming:
             migrations=self.migrations, migration_s=self.migration_s,
             reprefill_tokens=self.reprefill_tokens,
             recompute_tokens=sum(w.recomputed for w in self.workers),
-            preemptions=sum(w.preemptions for w in self.workers)))
+            preemptions=sum(w.preemptions for w in self.workers),
+            swaps=self.swaps, swap_tokens=self.swap_tokens))
         if len(self.ready) >= self.batch:
             self.train(now)
         self.wake(now)

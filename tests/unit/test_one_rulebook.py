@@ -20,13 +20,13 @@ from scheduler_svc.policy import LeasePolicy
 from trainer_svc.batching import split_stale
 
 
-def traced(max_staleness: int, repack: bool) -> Streaming:
+def traced(max_staleness: int, repack: bool, tails: str = "drain") -> Streaming:
     workload = Workload(prompt=LengthDist("fixed", length=64),
                         response=heavy_tail(median=100, max_len=3000),
                         group_size=4, groups_per_worker=8)
     costs = CostParams(max_batch=32, train_fixed_s=0.1, weight_sync_s=0.2)
     sim = Streaming(SimConfig(workload=workload, costs=costs, steps=12, warmup=4,
-                              max_staleness=max_staleness), 6, repack=repack)
+                              max_staleness=max_staleness, tails=tails), 6, repack=repack)
     sim.trace = []
     sim.run()
     return sim
@@ -40,11 +40,12 @@ def group(prompt: int, version: int) -> Group:
 
 
 CASES = [(s, repack) for s in (1, 2, 4) for repack in (False, True)]
+TAILS = [(s, repack, tails) for s, repack in CASES for tails in ("drain", "preempt")]
 
 
-@pytest.mark.parametrize("max_staleness, repack", CASES)
-def test_the_trainer_keeps_what_the_simulator_trains(max_staleness, repack):
-    sim = traced(max_staleness, repack)
+@pytest.mark.parametrize("max_staleness, repack, tails", TAILS)
+def test_the_trainer_keeps_what_the_simulator_trains(max_staleness, repack, tails):
+    sim = traced(max_staleness, repack, tails)
     trains = [e for e in sim.trace if e[0] == "train"]
     assert len(trains) == sim.cfg.steps
     dropped = 0
@@ -93,6 +94,27 @@ def test_the_rollout_restarts_what_the_simulator_restarts(max_staleness, repack)
         gen.trainer_version, gen.max_staleness = trainer_version, max_staleness
         seq = PartialSequence(tokens=[7], logprobs=[-1.0], versions=[engine_version])
         gen.restart_stale([PartialGroup(3, [1, 2], [seq])])
+        assert gen.groups_restarted_stale == 0
+
+
+@pytest.mark.parametrize("max_staleness, repack", CASES)
+def test_a_worker_reloads_under_no_group_the_rollout_would_restart(max_staleness, repack):
+    """sim.tails preempt: a worker reloads under its running sequences only where the
+    rollout, its engine on the new weights, would start none of their groups over. At
+    bound 1 that is never: a worker too far behind to start prompts (start lag 1) holds
+    only groups below the trainer's floor, so it drains."""
+    sim = traced(max_staleness, repack, "preempt")
+    swaps = [e for e in sim.trace if e[0] == "swap"]
+    assert sim.swaps == len(swaps) and bool(swaps) == (max_staleness > 1)
+    for _, _, old, new, prompt_versions in swaps:
+        assert old < new
+        gen = GroupGenerator(RunConfig(), SimpleNamespace(version=new, context_length=256),
+                             lm=None, writer=None)
+        gen.trainer_version, gen.max_staleness = new, max_staleness
+        groups = [PartialGroup(p, [1, 2], [PartialSequence(tokens=[7, 8], logprobs=[-1.0] * 2,
+                                                           versions=[v, new])])
+                  for p, v in enumerate(prompt_versions)]
+        gen.restart_stale(groups)
         assert gen.groups_restarted_stale == 0
 
 

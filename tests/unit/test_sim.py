@@ -74,6 +74,8 @@ def test_bad_config_names_the_field():
         SimConfig(max_staleness=-1)
     with pytest.raises(ValueError, match="sim.migration"):
         SimConfig(migration="rdma")
+    with pytest.raises(ValueError, match="sim.tails"):
+        SimConfig(tails="pause")
     with pytest.raises(ValueError, match="sim.warmup"):
         SimConfig(steps=4, warmup=4)
     with pytest.raises(ValueError, match="sim.repack"):
@@ -231,10 +233,53 @@ def test_starting_prompts_only_on_recent_weights_wastes_less(mode):
 
 
 @pytest.mark.parametrize("repack", [False, True])
-def test_running_ahead_changes_nothing(repack):
-    cfg = small(heavy_tail(median=100, max_len=3000), steps=10)
+@pytest.mark.parametrize("tails", ["drain", "preempt"])
+def test_running_ahead_changes_nothing(repack, tails):
+    cfg = small(heavy_tail(median=100, max_len=3000), steps=10, tails=tails)
     runs = [Streaming(cfg, 6, repack, run_ahead=ahead).run() for ahead in (False, True)]
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("repack", [False, True])
+def test_preempting_tails_loses_or_duplicates_no_sequence(repack):
+    cfg = small(heavy_tail(median=100, max_len=3000), steps=10, tails="preempt")
+    sim = Streaming(cfg, 6, repack=repack)
+    finished: list[int] = []
+    finish = sim.finish
+
+    def record(samples):
+        finished.extend(sid for _, sid in samples)
+        finish(samples)
+
+    sim.finish = record
+    sim.run()
+    assert sim.swaps > 0 and sim.swap_tokens > 0
+    in_flight = [sid for w in sim.workers for _, _, sid, _ in w.active]
+    in_flight += [sid for w in sim.workers for sid, _ in w.queue]
+    in_flight += [sid for _, _, kind, _, payload in sim.events if kind == ARRIVE
+                  for sid, _ in payload[0]]
+    counts = Counter(finished + in_flight)
+    assert set(counts.values()) == {1}
+    assert sorted(counts) == list(range(sim.leased * cfg.workload.group_size))
+
+
+def test_a_preempted_sample_keeps_its_lag_and_its_later_tokens_are_fresher():
+    """A sample's lag is its oldest token's; once preempted, the tokens after the reload
+    carry the newer version, so they lag less; every trained token is counted once."""
+    cfg = small(heavy_tail(median=100, max_len=3000), steps=12, warmup=6, tails="preempt")
+    records = Streaming(cfg, 16, repack=False).run()
+    split = 0
+    for r in records[1:]:
+        assert sum(n for _, n, _ in r.lags) == r.samples
+        assert sum(t for _, _, t in r.lags) == r.tokens
+        split += sum(t for _, n, t in r.lags if n == 0)
+    assert split > 0
+    drained = simulate(dataclasses.replace(cfg, tails="drain"), 16, "async")
+    preempted = simulate(cfg, 16, "async")
+    assert preempted.swaps > 0 and drained.swaps == 0
+    assert preempted.wasted_tokens["swap"] > 0 and drained.wasted_tokens["swap"] == 0
+    assert preempted.staleness_max <= cfg.max_staleness
+    assert preempted.staleness_tok["mean"] < preempted.staleness_seq["mean"]
 
 
 def test_simulation_is_deterministic_under_a_seed():

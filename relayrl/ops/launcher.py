@@ -24,7 +24,7 @@ from relayrl.auth import install_launcher_credentials
 from relayrl.config import RunConfig
 from relayrl.grpc_util import wait_healthy
 from relayrl.ops.restarts import RestartBudget
-from relayrl.ops.zygote import Forked, Zygote
+from relayrl.ops.zygote_client import Forked, Zygote
 from relayrl.procs import child_env
 
 log = logging.getLogger(__name__)

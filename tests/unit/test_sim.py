@@ -187,9 +187,9 @@ def test_staleness_per_mode():
     assert simulate(cfg, 4, "async").staleness_max >= 1
 
 
-def test_repacking_moves_sequences_without_losing_or_duplicating_one():
-    cfg = small(heavy_tail(median=100, max_len=3000), steps=10)
-    sim = Streaming(cfg, 6, repack=True)
+def run_counting_every_sample(sim: Streaming) -> None:
+    """Run `sim` and check every sample it leased either finished once or is still in flight
+    once (running, queued or migrating): none lost, none duplicated."""
     finished: list[int] = []
     finish = sim.finish
 
@@ -199,14 +199,19 @@ def test_repacking_moves_sequences_without_losing_or_duplicating_one():
 
     sim.finish = record
     sim.run()
-    assert sim.migrations > 0
     in_flight = [sid for w in sim.workers for _, _, sid, _ in w.active]
     in_flight += [sid for w in sim.workers for sid, _ in w.queue]
     in_flight += [sid for _, _, kind, _, payload in sim.events if kind == ARRIVE
                   for sid, _ in payload[0]]
     counts = Counter(finished + in_flight)
     assert set(counts.values()) == {1}
-    assert sorted(counts) == list(range(sim.leased * cfg.workload.group_size))
+    assert sorted(counts) == list(range(sim.leased * sim.group))
+
+
+def test_repacking_moves_sequences_without_losing_or_duplicating_one():
+    sim = Streaming(small(heavy_tail(median=100, max_len=3000), steps=10), 6, repack=True)
+    run_counting_every_sample(sim)
+    assert sim.migrations > 0
 
 
 def test_heavy_tail_async_beats_sync_and_repacking_beats_async():
@@ -244,23 +249,8 @@ def test_running_ahead_changes_nothing(repack, tails):
 def test_preempting_tails_loses_or_duplicates_no_sequence(repack):
     cfg = small(heavy_tail(median=100, max_len=3000), steps=10, tails="preempt")
     sim = Streaming(cfg, 6, repack=repack)
-    finished: list[int] = []
-    finish = sim.finish
-
-    def record(samples):
-        finished.extend(sid for _, sid in samples)
-        finish(samples)
-
-    sim.finish = record
-    sim.run()
+    run_counting_every_sample(sim)
     assert sim.swaps > 0 and sim.swap_tokens > 0
-    in_flight = [sid for w in sim.workers for _, _, sid, _ in w.active]
-    in_flight += [sid for w in sim.workers for sid, _ in w.queue]
-    in_flight += [sid for _, _, kind, _, payload in sim.events if kind == ARRIVE
-                  for sid, _ in payload[0]]
-    counts = Counter(finished + in_flight)
-    assert set(counts.values()) == {1}
-    assert sorted(counts) == list(range(sim.leased * cfg.workload.group_size))
 
 
 def test_a_preempted_sample_keeps_its_lag_and_its_later_tokens_are_fresher():

@@ -1,11 +1,12 @@
-"""The launcher's zygote (relayrl.ops.zygote): a forked child is `python -m` in all that a
-service can see, its exit is reported as subprocess reports one, and it dies with the
-zygote. The zygote here preloads nothing, to start fast."""
+"""The launcher's zygote (relayrl.ops.zygote and its client): a forked child is `python -m`
+in all that a service can see, its exit is reported as subprocess reports one, and it dies
+with the zygote. The zygote here preloads nothing, to start fast."""
 
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from relayrl.config import RunConfig
 from relayrl.ops.launcher import PUBLISH_PARTIES, Child, Launcher
 from relayrl.ops.restarts import RestartBudget
-from relayrl.ops.zygote import Zygote
+from relayrl.ops.zygote_client import Zygote
 from relayrl.procs import PARENT_ENV
 
 CHILD = "tests.unit.zygote_child"
@@ -94,3 +95,24 @@ def test_only_the_publishers_get_the_trainer_token(tmp_path, monkeypatch):
     for name in ("trainer", "relay", "scheduler", "buffer", "rollout-0", "relay-child-0"):
         child = Child(name, "x", "", [], RestartBudget.of(cfg.restarts))
         assert (launcher._env(child).get(var) == "publish-secret") == (name in PUBLISH_PARTIES)
+
+
+def test_threads_polling_at_once_each_see_every_exit(zygote, tmp_path):
+    """The launcher's supervisor and a watcher (the fault injector) poll side by side."""
+    procs = [zygote.spawn(f"c{i}", CHILD, ["exit", str(i)], {}, str(tmp_path / f"c{i}.log"),
+                          True) for i in range(4)]
+    seen: list[dict[int, int]] = [{}, {}]
+
+    def watch(into: dict[int, int]) -> None:
+        deadline = time.monotonic() + 30
+        while len(into) < len(procs) and time.monotonic() < deadline:
+            for p in procs:
+                if (code := p.poll()) is not None:
+                    into[p.pid] = code
+
+    threads = [threading.Thread(target=watch, args=(s,)) for s in seen]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen[0] == seen[1] == {p.pid: i for i, p in enumerate(procs)}

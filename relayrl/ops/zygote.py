@@ -14,7 +14,8 @@ children with it.
 A forked service is `python -m <module>` in all but its exec: its environment, stdio, argv
 and signal dispositions are set first and it runs through runpy, outside every frame of the
 zygote's loop. /proc/PID/cmdline shows that command line (setproctitle); /proc/PID/environ
-is the zygote's exec environment, which holds no trainer token. Each child dies with the
+shows the zygote's exec environment, which holds no trainer token (or the part of it the
+title overwrote), never what the service was given. Each child dies with the
 zygote, which dies with the launcher (relayrl.procs). The launcher's end,
 relayrl.ops.zygote_client, starts it as `python -u -m relayrl.ops.zygote LAUNCHER_PID
 RUN_DIR MODULE...` (the run directory only names it in `ps`; the modules are imported

@@ -3,6 +3,7 @@ CUDA, for a few steps, reported as one JSON line.
 
     python bench/gpu_smoke.py                 # examples/tiny_cpu.yaml, 20 steps, on cuda
     python bench/gpu_smoke.py --steps 50 --skip 5
+    python bench/gpu_smoke.py --config examples/smollm2_cpu.yaml --set rollout.engine=torch
 
 Every service is its own process (relayrl up's launcher) on free ports, evaluation off, with
 trainer.device=cuda and rollout.device=cuda (precision left at auto: bf16 where the GPU
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="examples/tiny_cpu.yaml")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip", type=int, default=2, help="warm-up steps left out")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override beside the devices (repeatable)")
     args = parser.parse_args(argv)
     if not 0 <= args.skip < args.steps:
         parser.error("need 0 <= --skip < --steps")
@@ -93,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
               "run it where one is", file=sys.stderr)
         return 2
     run_dir = ROOT / "runs" / "bench_gpu_smoke"
-    cfg = run_config(args.config, OVERRIDES, args.steps, run_dir)
+    cfg = run_config(args.config, [*OVERRIDES, *args.set], args.steps, run_dir)
     rows = run_stack(cfg)
     print(json.dumps({"bench": "gpu_smoke", "config": args.config, "steps": args.steps,
-                      "skip": args.skip, "gpu": torch.cuda.get_device_name(0),
+                      "skip": args.skip, "set": args.set, "gpu": torch.cuda.get_device_name(0),
                       "torch": torch.__version__, **logged_devices(run_dir),
                       **summary(rows, args.skip, args.steps)}))
     return 0

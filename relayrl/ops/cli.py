@@ -41,9 +41,13 @@ def _summary(cfg) -> None:
 
 def cmd_up(args) -> int:
     cfg = _load(args)
-    from relayrl.ops.launcher import up
+    from relayrl.ops.launcher import StartFailed, up
 
-    code = up(cfg)
+    try:
+        code = up(cfg)
+    except StartFailed as err:
+        print(f"relayrl up: {err}", file=sys.stderr)
+        return 1
     _summary(cfg)
     if code == 0:  # the books of a finished run must balance
         audit = argparse.Namespace(config=str(cfg.run_path / "config.yaml"), overrides=[])

@@ -31,6 +31,22 @@ log = logging.getLogger(__name__)
 PUBLISH_PARTIES = ("trainer", "relay")  # the children that see the trainer token
 EVALUATOR = "evaluator"  # eval.mode separate: serves nothing, exits 0 after the last version
 
+class StartFailed(RuntimeError):
+    """A service exited before it served: the message names it, its exit code and the end of
+    its log, where a service says why it refused to start."""
+
+
+def log_tail(path: Path, lines: int = 6) -> str:
+    """The last lines of a log, progress bars left out, indented."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        return f"  ({err})"
+    kept = [ln for ln in text.replace("\r", "\n").splitlines()
+            if ln.strip() and "it/s]" not in ln]
+    return "\n".join("  " + ln for ln in kept[-lines:])
+
+
 @dataclass
 class Child:
     name: str
@@ -161,7 +177,13 @@ class Launcher:
             proc = child.proc
             if not child.address:  # the evaluator: no server to ask
                 continue
-            wait_healthy(child.address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
+            try:
+                wait_healthy(child.address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
+            except RuntimeError:  # it exited
+                path = self.run_dir / "logs" / f"{child.name}.log"
+                raise StartFailed(f"{child.name} exited with code {proc.poll()} before serving "
+                                  f"on {child.address}; the end of {path}:\n"
+                                  f"{log_tail(path)}") from None
             log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
 
     def wait(self, timeout_s: float | None = None) -> int:

@@ -21,7 +21,7 @@ def exact_match(completion: str, reference: str) -> float:
     return 1.0 if completion.strip() == reference.strip() else 0.0
 
 
-@register("math_verify")
+@register("math_verify", requires=(("math_verify", "math-verify==0.9.0"),))
 def math_verify(completion: str, reference: str) -> float:
     """1 when the completion's answer equals the reference's, by Hugging Face's math-verify
     (numbers, fractions, percentages, LaTeX, expressions, sets), behind the layer in

@@ -9,7 +9,7 @@ from typing import Any
 from relayrl.rewards.registry import register
 
 
-@register("reasoning_gym")
+@register("reasoning_gym", requires=(("reasoning_gym", "reasoning-gym==0.1.25"),))
 def reasoning_gym_reward(completion: str, reference: str, metadata: Mapping[str, Any]) -> float:
     """The generator's own scorer on the completion's <answer> (or the whole completion)."""
     from reasoning_gym import get_score_answer_fn

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from relayrl.rewards.calling import Metadata, call_group, call_one, name_of, plan_call
 from relayrl.rewards.imported import load_reward
-from relayrl.rewards.registry import REWARDS, RewardFn
+from relayrl.rewards.registry import REWARDS, RewardFn, check_installed
 from relayrl.rewards.remote import RemoteReward
 
 REMOTE_PREFIX = "remote:"
@@ -112,4 +112,5 @@ def _resolve(ref: str, where: str) -> RewardFn:
         raise ValueError(f"{where}: unknown reward function {ref!r}; known: {sorted(REWARDS)}"
                          f", {REMOTE_PREFIX}HOST:PORT or package.module:function")
     plan_call(REWARDS[ref], where)  # a registered function no form fits fails here, not later
+    check_installed(ref, where)
     return REWARDS[ref]

@@ -110,3 +110,20 @@ def test_a_service_started_alone_stops_the_redis_it_embedded(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_service_that_cannot_start_is_named_with_its_reason_and_nothing_stays(tmp_path):
+    """`relayrl up` says which service refused to start and why (the end of its log), not
+    only that a port never answered, and stops the services already started."""
+    data = small_stack_config(tmp_path, steps=5)
+    data["relay"]["shm_dir"] = str(tmp_path / "no-such-dir")
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    proc = subprocess.run([sys.executable, "-m", "relayrl.ops.cli", "up", str(cfg_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = proc.stderr[proc.stderr.index("relayrl up: "):]
+    assert said.startswith("relayrl up: relay exited with code 1 before serving"), said
+    assert f"relay.shm_dir '{tmp_path / 'no-such-dir'}' is not a directory" in said, said
+    assert str(tmp_path / "run" / "logs" / "relay.log") in said
+    assert wait_all_gone([str(tmp_path)]) == []

@@ -161,6 +161,27 @@ def test_score_keeps_rewards_inside_the_range(value, error):
         (0.0, error) if error else (value, ""))
 
 
+def test_a_reward_whose_library_is_missing_is_refused_when_its_spec_resolves():
+    """Not at the first sample, where every score would quietly be 0 (it happened on a
+    machine without math-verify)."""
+    from relayrl.config import RunConfig
+    from relayrl.rewards.registry import REQUIRES
+    from relayrl.tasks import check_reward
+
+    register("test_needs_a_library", requires=(("relayrl_no_such_module", "no-such==1.0"),))(
+        lambda c, r: 1.0)
+    try:
+        with pytest.raises(ValueError, match=r"term '0.5\*test_needs_a_library': needs the Python "
+                           r"package 'no-such==1.0' \(module 'relayrl_no_such_module'\)"):
+            get_reward("exact_match+0.5*test_needs_a_library")
+        with pytest.raises(ValueError, match="^task.reward: .*no-such==1.0"):
+            task = RunConfig.model_validate({"task": {"reward": "test_needs_a_library"}}).task
+            check_reward(task)
+    finally:
+        del REWARDS["test_needs_a_library"], REQUIRES["test_needs_a_library"]
+    assert get_reward("math_verify") is math_verify  # installed here: resolves as before
+
+
 def test_register_adds_a_name_and_refuses_bad_ones():
     @register("test_always_half")
     def half(completion, reference):

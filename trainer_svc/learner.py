@@ -42,9 +42,12 @@ class Learner:
         self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,
                                    cfg.rollout.temperature, self.parallel)
         self.parallel.shard(lm.model)
+        # fused: one vectorized, threaded kernel over every tensor, where the default loops
+        # over them in Python (SmolLM2 on 2 cores: 0.09 s a step against 0.3); sharded
+        # (DTensor) parameters keep the default
         self.optimizer = torch.optim.AdamW(
             [*lm.model.parameters(), *self.objective.parameters()], lr=tc.lr,
-            weight_decay=tc.weight_decay)
+            weight_decay=tc.weight_decay, fused=not self.parallel.active)
         # the optimizer's modules by name, which key its whole state under torchrun
         heads = {"value_head": self.objective.value_head} if self.objective.value_head else {}
         self.trainable = nn.ModuleDict({"policy": lm.model, **heads})

@@ -184,7 +184,8 @@ class Trainer(Durability):
 
         def before_first_step() -> None:
             self.publisher.fence()  # the last published snapshot must be taken first
-            self.history.remember(version, model)
+            if self.tc.max_staleness > 0:  # at 0 no kept token is older than its batch
+                self.history.remember(version, model)
 
         result = self.learner.update(tb, before_first_step)
         if result.nonfinite:

@@ -58,6 +58,7 @@ class WeightRefresher:
                 if self._staging is None or self._staging.numel() < size:
                     self._staging = torch.empty(size, dtype=torch.uint8)
                 tensors = relay.pull(manifest.version, staging=self._staging)
+                t_pulled = time.monotonic()
                 self.engine.load_weights(tensors, manifest.version)
             except (WeightError, ValueError, grpc.RpcError) as err:
                 self.pull_failures += 1
@@ -72,8 +73,10 @@ class WeightRefresher:
             self.weight_swaps += 1
             self.bytes_pulled += manifest.total_bytes
             self.last_pull_s = time.monotonic() - t0
-            log.info("now on version %d from %s (%.0f ms)", manifest.version,
-                     getattr(relay, "address", "relay"), 1e3 * self.last_pull_s)
+            log.info("now on version %d from %s (%.0f ms: pull %.0f, load %.0f)",
+                     manifest.version, getattr(relay, "address", "relay"),
+                     1e3 * self.last_pull_s, 1e3 * (t_pulled - t0),
+                     1e3 * (self.last_pull_s - (t_pulled - t0)))
             return True
         if answered or unreachable is None:
             self.outage.recovered()

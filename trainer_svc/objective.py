@@ -149,7 +149,8 @@ class Objective:
         share = self.rank_share(tb) if self.parallel.active else RankShare(
             torch.arange(size), 1.0, True)
         local = select_rows(tb, share.rows, device) if self.parallel.active else tb.to(device)
-        parts = split_batch(local, self.micro_batch_tokens, self.loss.aggregation)
+        parts = split_batch(local, self.micro_batch_tokens, self.loss.aggregation,
+                            self.shared_prefix)
         real = len(parts)
         if self.parallel.active:  # FSDP gathers weights in every pass: ranks pass alike
             count = int(self.parallel.max(torch.tensor([len(parts)])).item())

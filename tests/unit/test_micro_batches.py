@@ -26,6 +26,18 @@ def test_no_budget_is_one_part_and_a_long_tail_is_split():
     assert cost(lengths, parts) < 0.2 * (32 * 200)
 
 
+def test_under_a_shared_prefix_short_answers_stay_one_pass_and_a_long_tail_splits():
+    """Planned on responses, with the distinct prompts paid again in every pass: SmolLM2's
+    chat sums (4 prompts of 44 tokens, answers of 6-16) are one pass, which the plain plan
+    on whole rows cut in two (measured slower: 5.4-6.3 s a step against 4.0-4.4)."""
+    prompts = 4 * 44
+    answers = [16] * 8 + [6] * 24
+    assert len(plan_parts([44 + n for n in answers], 8192)) == 2
+    assert len(plan_parts(answers, 8192, prompts)) == 1
+    tail = [2000] + [20] * 31
+    assert [len(p) for p in plan_parts(tail, 8192, prompts)] == [1, 31]
+
+
 def test_parts_are_the_batch_rows_cut_to_their_longest(tiny_lm):
     tb = tiny_batch(tiny_lm)
     parts = split_batch(tb, max_tokens=1, aggregation="token_mean")
@@ -59,7 +71,7 @@ def one_update(tiny_lm, loss, micro_batch_tokens):
 
 
 @pytest.mark.parametrize("loss", sorted(LOSSES))
-@pytest.mark.parametrize("budget", [1, 24])
+@pytest.mark.parametrize("budget", [1, 8])
 def test_an_update_through_parts_equals_the_whole_batch_update(tiny_lm, loss, budget):
     whole_model, whole_obj, whole = one_update(tiny_lm, loss, 0)
     model, obj, split = one_update(tiny_lm, loss, budget)

@@ -53,8 +53,9 @@ class TrainerConfig(StrictModel):
     )
     micro_batch_tokens: int = Field(
         8192, ge=0, le=10_000_000,
-        description="Most padded tokens (rows x longest row) in one forward and backward pass. "
-        "A batch's rows are sorted by length and split where that saves padding, so a "
+        description="Most padded tokens (rows x longest row; with shared_prefix, rows x longest "
+        "response, each distinct prompt running once besides) in one forward and backward "
+        "pass. A batch's rows are sorted by length and split where that saves padding, so a "
         "long-tailed batch no longer pads every row to its longest; 0: one pass per batch.",
     )
     shared_prefix: bool = Field(

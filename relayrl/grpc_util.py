@@ -84,13 +84,18 @@ def check_health(address: str, timeout_s: float = 1.0) -> bool:
     return resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
+class ExitedBeforeHealthy(RuntimeError):
+    """The process that was to serve an address exited before it did."""
+
+
 def wait_healthy(address: str, timeout_s: float = 60.0, alive: Callable[[], bool] | None = None):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check_health(address):
             return
         if alive is not None and not alive():
-            raise RuntimeError(f"process serving {address} exited before becoming healthy")
+            raise ExitedBeforeHealthy(f"process serving {address} exited before becoming "
+                                      "healthy")
         time.sleep(0.1)
     raise TimeoutError(f"{address} did not become healthy within {timeout_s:.0f}s")
 

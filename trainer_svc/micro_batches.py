@@ -60,10 +60,11 @@ def plan_parts(lengths: list[int], max_tokens: int, prefix_tokens: int = 0
 def split_batch(tb: TrainBatch, max_tokens: int, aggregation: str,
                 shared_prefix: bool = False) -> list[MicroBatch]:
     """`shared_prefix`: the parts will take the shared-prefix pass (planned as above)."""
-    lengths = tb.attention_mask.sum(dim=1).tolist()  # right-padded: a row's real length
+    row_lengths = tb.attention_mask.sum(dim=1)  # right-padded: a row's real length
+    lengths = row_lengths.tolist()
     if shared_prefix:
         first, _ = prompt_sharing(tb)
-        windows = (tb.attention_mask.sum(dim=1) - tb.prompt_lengths).tolist()
+        windows = (row_lengths - tb.prompt_lengths).tolist()
         plan = plan_parts(windows, max_tokens, int(tb.prompt_lengths[first].sum()))
     else:
         plan = plan_parts(lengths, max_tokens)

@@ -22,7 +22,7 @@ import yaml
 from relayrl.auth import current as current_credentials
 from relayrl.auth import install_launcher_credentials
 from relayrl.config import RunConfig
-from relayrl.grpc_util import wait_healthy
+from relayrl.grpc_util import ExitedBeforeHealthy, wait_healthy
 from relayrl.ops.restarts import RestartBudget
 from relayrl.ops.zygote_client import Forked, Zygote
 from relayrl.procs import child_env
@@ -179,7 +179,7 @@ class Launcher:
                 continue
             try:
                 wait_healthy(child.address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
-            except RuntimeError:  # it exited
+            except ExitedBeforeHealthy:
                 path = self.run_dir / "logs" / f"{child.name}.log"
                 raise StartFailed(f"{child.name} exited with code {proc.poll()} before serving "
                                   f"on {child.address}; the end of {path}:\n"

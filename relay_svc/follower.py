@@ -11,6 +11,7 @@ import time
 import grpc
 
 from relay_svc.version_store import VersionStore
+from relayrl.config import ConfigError
 from relayrl.grpc_util import channel
 from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.weights import Manifest, WeightError
@@ -23,7 +24,7 @@ class Follower:
     def __init__(self, store: VersionStore, upstreams: list[str], chunk_bytes: int,
                  poll_s: float, timeout_s: float):
         if not upstreams:
-            raise ValueError("relay.upstream: a follower needs at least one upstream relay")
+            raise ConfigError("relay.upstream: a follower needs at least one upstream relay")
         self.store = store
         self.upstreams = upstreams
         self.poll_s = poll_s

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from relay_svc.stored_version import State, StoredVersion
+from relayrl.config import ConfigError
 from relayrl.weights.layout import pack, unpack
 from relayrl.weights.manifest import Manifest, WeightError, build_manifest
 from relayrl.weights.plane import WeightPlane
@@ -38,7 +39,7 @@ class VersionStore(WeightPlane):
             raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
         if shm_dir is not None:
             if not os.path.isdir(shm_dir):
-                raise ValueError(f"relay.shm_dir {shm_dir!r} is not a directory")
+                raise ConfigError(f"relay.shm_dir {shm_dir!r} is not a directory")
             _remove_orphaned_segments(shm_dir)
         self.keep = keep_versions
         self.shm_dir = shm_dir

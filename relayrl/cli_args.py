@@ -39,7 +39,10 @@ def install_run_credentials(cfg: RunConfig) -> None:
 
 def run_service(service: str) -> None:
     """The whole of every `python -m <svc>`: parse the config first, so a bad one fails fast,
-    then import the service's server module (torch, transformers, ...) and serve."""
+    then import the service's server module (torch, transformers, ...) and serve. A setting
+    the service refuses only once it meets the machine or the data (a GPU that is not there,
+    a dataset path that does not exist: a ConfigError) ends it as a bad file does: exit
+    status 2, the message on stderr, no traceback."""
     import importlib
 
     from relayrl.procs import die_with_launcher
@@ -47,4 +50,8 @@ def run_service(service: str) -> None:
     die_with_launcher()
     cfg, _ = parse_service_args(service)
     install_run_credentials(cfg)
-    importlib.import_module(f"{service}.server").serve(cfg)
+    try:
+        importlib.import_module(f"{service}.server").serve(cfg)
+    except ConfigError as err:
+        print(f"{service}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

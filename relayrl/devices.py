@@ -20,6 +20,7 @@ import re
 
 import torch
 
+from relayrl.config import ConfigError
 from relayrl.config.base import DEVICE_HELP, DEVICE_PATTERN
 
 
@@ -28,13 +29,13 @@ def resolve_device(spec: str, field: str) -> torch.device:
     field it came from) when it is malformed or names a GPU that is not there."""
     match = re.fullmatch(DEVICE_PATTERN, spec)
     if match is None:
-        raise ValueError(f"{field}: {spec!r} is not a device; expected {DEVICE_HELP}")
+        raise ConfigError(f"{field}: {spec!r} is not a device; expected {DEVICE_HELP}")
     if spec == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         if spec == "auto":
             return torch.device("cpu")
-        raise ValueError(f"{field}: {spec!r} asks for a GPU, and CUDA is not available on "
+        raise ConfigError(f"{field}: {spec!r} asks for a GPU, and CUDA is not available on "
                          "this machine (set cpu or auto)")
     count = torch.cuda.device_count()
     if match.group(2):  # cuda:N
@@ -44,7 +45,7 @@ def resolve_device(spec: str, field: str) -> torch.device:
         index = _local_rank(field)
         what = f"{field}: {spec!r} takes GPU LOCAL_RANK={index}"
     if index >= count:
-        raise ValueError(f"{what}, and this machine has {count} GPU(s), at most "
+        raise ConfigError(f"{what}, and this machine has {count} GPU(s), at most "
                          f"cuda:{count - 1}")
     return torch.device("cuda", index)
 
@@ -53,7 +54,7 @@ def _local_rank(field: str) -> int:
     """This process's GPU under torchrun (one process per GPU), else 0."""
     raw = os.environ.get("LOCAL_RANK", "0")
     if not raw.isdigit():
-        raise ValueError(f"{field}: LOCAL_RANK={raw!r} is not a GPU index (torchrun sets it)")
+        raise ConfigError(f"{field}: LOCAL_RANK={raw!r} is not a GPU index (torchrun sets it)")
     return int(raw)
 
 

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from relayrl.config import ConfigError
+
 if TYPE_CHECKING:
     from relayrl.config import RunConfig
 
@@ -57,7 +59,7 @@ def open_metrics(run_dir: str | Path, tensorboard: bool, wandb_run: Any = None,
         return MetricsWriter(run_dir / name, run_dir / "tensorboard" if tensorboard else None,
                              wandb_run)
     except ValueError as err:
-        raise ValueError(f"trainer.tensorboard is true, but {err}") from None
+        raise ConfigError(f"trainer.tensorboard is true, but {err}") from None
 
 
 def open_run_metrics(cfg: RunConfig, name: str = "metrics.jsonl",
@@ -73,7 +75,7 @@ def open_tensorboard(log_dir: str | Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as err:
-        raise ValueError(f"TensorBoard output needs the tensorboard package (pip install "
+        raise ConfigError(f"TensorBoard output needs the tensorboard package (pip install "
                          f"tensorboard, or the relayrl[tensorboard] extra): {err}") from None
     return SummaryWriter(log_dir=str(log_dir), flush_secs=10)
 

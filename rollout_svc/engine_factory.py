@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relayrl.config import RunConfig
+from relayrl.config import ConfigError, RunConfig
 from relayrl.devices import resolve_device
 from relayrl.models.loading import LoadedModel
 from rollout_svc.engine_api import Engine
@@ -29,4 +29,4 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                           tensor_parallel_size=r.vllm_tensor_parallel_size,
                           kv_transfer_port=(r.kv_transfer_base_port + r.worker_index
                                             if r.kv_transfer_base_port else 0))
-    raise ValueError(f"rollout.engine: unknown engine {r.engine!r}")
+    raise ConfigError(f"rollout.engine: unknown engine {r.engine!r}")

@@ -9,7 +9,7 @@ import redis
 
 from relayrl import control
 from relayrl.codec import CodecError
-from relayrl.config import RunConfig
+from relayrl.config import ConfigError, RunConfig
 from relayrl.keys import RunKeys
 from relayrl.leases import LeasedPrompt
 from relayrl.models.loading import LoadedModel
@@ -51,7 +51,7 @@ class GroupGenerator:
         rc = self.cfg.rollout
         room = self.engine.context_length - rc.max_new_tokens
         if room < 1:
-            raise ValueError(f"rollout.max_new_tokens: {rc.max_new_tokens} leaves no room for a "
+            raise ConfigError(f"rollout.max_new_tokens: {rc.max_new_tokens} leaves no room for a "
                              f"prompt in the model's context of {self.engine.context_length} "
                              "tokens")
         return min(rc.max_prompt_tokens, room)

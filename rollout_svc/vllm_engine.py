@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from relayrl.config import ConfigError
 from relayrl.sampling.sampler import Completion
 from relayrl.weights.tied import tied_aliases, with_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
@@ -91,12 +92,12 @@ class VllmEngine(Engine):
         super().__init__()
         path = Path(model_path)
         if not (path / "config.json").is_file():
-            raise ValueError(f"model.path: {path} holds no config.json")
+            raise ConfigError(f"model.path: {path} holds no config.json")
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib: must be > 0, got {kv_cache_gib}")
         on_gpu = gpu_memory_utilization > 0 or tensor_parallel_size > 1
         if on_gpu and not torch.cuda.is_available():
-            raise ValueError("rollout.vllm_gpu_memory_utilization / vllm_tensor_parallel_size: "
+            raise ConfigError("rollout.vllm_gpu_memory_utilization / vllm_tensor_parallel_size: "
                              f"{gpu_memory_utilization} / {tensor_parallel_size} ask for GPUs, "
                              "and CUDA is not available here (leave them at 0 / 1)")
         # on a GPU a share of its memory, else a KV-cache budget in bytes (all vLLM's CPU takes)
@@ -108,7 +109,7 @@ class VllmEngine(Engine):
         config = AutoConfig.from_pretrained(path)
         max_len = max_model_len or getattr(config, "max_position_embeddings", 0)
         if not max_len:
-            raise ValueError(f"model.path: {path} gives no max_position_embeddings; set "
+            raise ConfigError(f"model.path: {path} gives no max_position_embeddings; set "
                              "rollout.vllm_max_model_len")
         vllm = _import_vllm()
         self._SamplingParams = vllm.SamplingParams
@@ -148,7 +149,7 @@ class VllmEngine(Engine):
             eos_id = model_config.hf_config.eos_token_id
             eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
         if eos_id is None:
-            raise ValueError(f"model.path: {path} names no eos_token_id; pass eos_id")
+            raise ConfigError(f"model.path: {path} names no eos_token_id; pass eos_id")
         self.eos_id = int(eos_id)
         self._version = version
         self._broken: str | None = None

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from relayrl.codec import CodecError, Wire, decode, encode
+from relayrl.config import ConfigError
 
 KIND = "vllm_kv_ticket"
 SIDE_CHANNEL_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
@@ -79,7 +80,7 @@ def transfer_config(side_channel_port: Port, device: Literal["cpu", "cuda"]) -> 
     channel on `side_channel_port`; set before the engine starts (vLLM reads it from the
     environment, once per process, and a worker runs one engine)."""
     if not 1 <= side_channel_port <= 65535:
-        raise ValueError(f"rollout.kv_transfer_base_port: port {side_channel_port} is not in "
+        raise ConfigError(f"rollout.kv_transfer_base_port: port {side_channel_port} is not in "
                          "1..65535")
     os.environ[SIDE_CHANNEL_ENV] = str(side_channel_port)
     _alias_nixl()
@@ -102,7 +103,7 @@ def _alias_nixl() -> None:
     try:
         package = importlib.import_module("nixl_cu12")
     except ImportError as err:
-        raise ValueError("rollout.kv_transfer_base_port: moving KV between vLLM engines needs "
+        raise ConfigError("rollout.kv_transfer_base_port: moving KV between vLLM engines needs "
                          "NIXL (pip install nixl-cu12)") from err
     sys.modules["nixl"] = package
     for sub in ("_api", "_bindings"):

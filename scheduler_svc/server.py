@@ -11,7 +11,7 @@ import grpc
 from relayrl.auth import control_api_book
 from relayrl.auth import current as current_credentials
 from relayrl.backpressure import StoppedWaiting
-from relayrl.config import RunConfig
+from relayrl.config import ConfigError, RunConfig
 from relayrl.logs import setup_logging
 from relayrl.outage import ride_out
 from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -120,7 +120,7 @@ def serve(cfg: RunConfig) -> None:
         if sc.rest_port:
             token = control_api_book(current_credentials(), sc.rest_token_env)
             if token is None:
-                raise ValueError(f"scheduler.rest_port is set but ${sc.rest_token_env} is empty "
+                raise ConfigError(f"scheduler.rest_port is set but ${sc.rest_token_env} is empty "
                                  f"and so is the run token (auth.required is false): "
                                  "the control API needs a bearer token")
             from relayrl.http_server import BackgroundHTTPServer

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from relayrl.config import ConfigError
 from relayrl.devices import resolve_device
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -61,10 +62,10 @@ def init_world(device: str = "auto") -> World:
         return World(device=resolve_device(device, "trainer.device"))
     missing = [v for v in TORCHRUN_VARS if v not in os.environ]
     if missing:
-        raise ValueError(f"WORLD_SIZE={size} but {', '.join(missing)} unset: launch with "
+        raise ConfigError(f"WORLD_SIZE={size} but {', '.join(missing)} unset: launch with "
                          "torchrun (python -m torch.distributed.run)")
     if device.startswith("cuda:"):
-        raise ValueError(f"trainer.device: {device!r} would put all {size} torchrun ranks on "
+        raise ConfigError(f"trainer.device: {device!r} would put all {size} torchrun ranks on "
                          "one GPU; set auto or cuda (each rank takes cuda:LOCAL_RANK)")
     resolved = resolve_device(device, "trainer.device")
     if resolved.type == "cuda":

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl.config import TrainerConfig
+from relayrl.config import ConfigError, TrainerConfig
 from trainer_svc.batching import PolicyOutputs, TrainBatch, policy_outputs, select_rows
 from trainer_svc.distributed import Parallel, normaliser, shard_rows
 from trainer_svc.losses import LossInputs, get_loss
@@ -65,7 +65,7 @@ class Objective:
         self.overlong_buffer = tc.loss.overlong_buffer
         self.overlong_factor = tc.loss.overlong_penalty
         if self.overlong_buffer > max_response_len:
-            raise ValueError(f"trainer.loss.overlong_buffer ({self.overlong_buffer}) must be "
+            raise ConfigError(f"trainer.loss.overlong_buffer ({self.overlong_buffer}) must be "
                              f"at most rollout.max_new_tokens ({max_response_len})")
         self.value_head = (ValueHead(model.config.hidden_size) if self.loss.uses_value_model
                            else None)
@@ -75,7 +75,7 @@ class Objective:
         if self.parallel.active and self.loss.uses_value_model \
                 and self.loss.aggregation != "token_mean":
             # the value loss is a token mean: one scale fits both terms only then
-            raise ValueError(f"loss {self.loss.name!r}: a value model with aggregation "
+            raise ConfigError(f"loss {self.loss.name!r}: a value model with aggregation "
                              f"{self.loss.aggregation!r} cannot be split over ranks")
         for module in (self.value_head, self.reference):
             if module is not None:
@@ -94,7 +94,7 @@ class Objective:
     def load_state_dict(self, state: dict) -> None:
         if self.value_head is not None:
             if "value_head" not in state:
-                raise ValueError(f"trainer.loss.name {self.loss.name!r} needs a value head, and "
+                raise ConfigError(f"trainer.loss.name {self.loss.name!r} needs a value head, and "
                                  "the checkpoint holds none (it was trained with another loss)")
             self.parallel.load_full_state_dict(self.value_head, state["value_head"])
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from relayrl.config import ConfigError
+
 
 @dataclass(frozen=True)
 class Precision:
@@ -36,10 +38,10 @@ def resolve_precision(spec: str, device: torch.device) -> Precision:
     """`spec` (trainer.precision: auto, fp32 or bf16) on `device`: auto is bf16 on a GPU that
     supports it, fp32 elsewhere; bf16 where the device has none is a ValueError."""
     if spec not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"trainer.precision: {spec!r} is not one of auto, fp32, bf16")
+        raise ConfigError(f"trainer.precision: {spec!r} is not one of auto, fp32, bf16")
     bf16_ok = device.type == "cpu" or (device.type == "cuda" and _cuda_bf16(device))
     if spec == "bf16" and not bf16_ok:
-        raise ValueError(f"trainer.precision: bf16 on {device}, which has no bfloat16 support "
+        raise ConfigError(f"trainer.precision: bf16 on {device}, which has no bfloat16 support "
                          "(set fp32 or auto)")
     if spec == "bf16" or (spec == "auto" and device.type == "cuda" and bf16_ok):
         return Precision(device, torch.bfloat16)

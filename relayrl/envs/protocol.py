@@ -33,6 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from relayrl.config import ConfigError
 from relayrl.rewards.imported import import_user_module
 from relayrl.tasks.problem import ROLES, Problem
 
@@ -93,16 +94,16 @@ def load_environment(spec: str) -> type[Environment]:
     target = BUILTIN.get(spec, spec)
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"rollout.environment.cls: {spec!r} is not 'package.module:Class' "
+        raise ConfigError(f"rollout.environment.cls: {spec!r} is not 'package.module:Class' "
                          f"or one of {sorted(BUILTIN)}")
     try:
         module = import_user_module(module_name)
     except ImportError as err:
-        raise ValueError(f"rollout.environment.cls: cannot import {module_name!r} ({err})"
+        raise ConfigError(f"rollout.environment.cls: cannot import {module_name!r} ({err})"
                          ) from None
     cls = getattr(module, attr, None)
     if not isinstance(cls, type) or not callable(getattr(cls, "step", None)):
-        raise ValueError(f"rollout.environment.cls: {target!r} is not a class with a step() "
+        raise ConfigError(f"rollout.environment.cls: {target!r} is not a class with a step() "
                          "method")
     return cls
 
@@ -111,5 +112,5 @@ def make_environment(cls: type[Environment], options: Mapping[str, Any]) -> Envi
     try:
         return cls(**options)
     except TypeError as err:
-        raise ValueError(f"rollout.environment.options do not fit {cls.__name__}: {err}"
+        raise ConfigError(f"rollout.environment.options do not fit {cls.__name__}: {err}"
                          ) from None

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from relayrl.config import ConfigError
+
 
 @dataclass
 class LoadedModel:
@@ -68,7 +70,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMo
 
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ValueError(f"model.path: {path} holds no config.json")
+        raise ConfigError(f"model.path: {path} holds no config.json")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.eval()

@@ -6,6 +6,7 @@ from functools import cached_property
 
 import numpy as np
 
+from relayrl.config import ConfigError
 from relayrl.tasks.problem import Problem
 
 CHAT_QUESTION = "What is {a}+{b}? Reply with the number only."
@@ -17,10 +18,10 @@ class AdditionTask:
     def __init__(self, digits: int, seed: int, eval_size: int, prompt_format: str = "raw",
                  reward: str | None = None):
         if digits < 1:
-            raise ValueError(f"task.digits must be >= 1, got {digits}")
+            raise ConfigError(f"task.digits must be >= 1, got {digits}")
         space = (10**digits) ** 2
         if eval_size > space // 4:
-            raise ValueError(
+            raise ConfigError(
                 f"task.eval_size {eval_size} is over a quarter of the {space} problems")
         self.digits = digits
         self.seed = seed

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from relayrl.config import ConfigError
 from relayrl.config.task import DatasetTaskConfig
 from relayrl.tasks.problem import (
     BadRecord,
@@ -64,7 +65,7 @@ class DatasetTask:
         self._rows = train
         self._held_out, self._train = self._split(good)
         if not len(self._train):
-            raise ValueError(f"task: no usable training rows in {where}; skipped: "
+            raise ConfigError(f"task: no usable training rows in {where}; skipped: "
                              f"{dict(self.skipped)}")
         self._order: dict[int, np.ndarray] = {}
 
@@ -109,7 +110,7 @@ class DatasetTask:
                           "takes (rollout.max_prompt_tokens, or the context less "
                           "max_new_tokens)")
                 if self.cfg.long_prompts == "error":
-                    raise ValueError(f"task: {where}: {reason}; task.long_prompts: skip "
+                    raise ConfigError(f"task: {where}: {reason}; task.long_prompts: skip "
                                      "trains without it")
                 return self._skip("prompt too long", where, reason)
         return problem
@@ -133,7 +134,7 @@ class DatasetTask:
         cfg = self.cfg
         if cfg.eval_path or cfg.eval_split:
             if cfg.eval_split and cfg.path and format_of(cfg) != "arrow":
-                raise ValueError(f"task.eval_split {cfg.eval_split!r}: {cfg.path} is a file "
+                raise ConfigError(f"task.eval_split {cfg.eval_split!r}: {cfg.path} is a file "
                                  "with one split; hold out a file with task.eval_path")
             rows = open_rows(cfg, cfg.eval_path or cfg.path, cfg.eval_split or "train")
             name = f"{cfg.eval_path or cfg.path or cfg.hub} ({cfg.eval_split or 'eval'})"
@@ -151,7 +152,7 @@ class DatasetTask:
     def _eval_streamed(self) -> list[Problem]:
         cfg = self.cfg
         if cfg.eval_fraction:
-            raise ValueError("task.eval_fraction needs a dataset read whole: with streaming, "
+            raise ConfigError("task.eval_fraction needs a dataset read whole: with streaming, "
                              "hold out with eval_split or eval_path")
         if not (cfg.eval_path or cfg.eval_split) or not cfg.eval_size:
             return []

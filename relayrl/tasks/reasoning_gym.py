@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from relayrl.config import ConfigError
 from relayrl.config.task import ReasoningGymTaskConfig
 from relayrl.tasks.dataset import PromptLimit
 from relayrl.tasks.problem import BadRecord, Problem, build_prompt
@@ -32,11 +33,11 @@ class ReasoningGymTask:
             import reasoning_gym
             from reasoning_gym.factory import DATASETS
         except ImportError:
-            raise ValueError("task.source 'reasoning_gym' needs the reasoning-gym package: "
+            raise ConfigError("task.source 'reasoning_gym' needs the reasoning-gym package: "
                              "pip install 'relayrl[gym]'") from None
 
         if cfg.generator not in DATASETS:
-            raise ValueError(f"task.generator: unknown reasoning-gym dataset "
+            raise ConfigError(f"task.generator: unknown reasoning-gym dataset "
                              f"{cfg.generator!r}; known: {sorted(DATASETS)}")
         self.cfg = cfg
         self.limit = limit
@@ -45,7 +46,7 @@ class ReasoningGymTask:
         try:
             self._generator(0)
         except Exception as err:  # the generator's own checks of its options
-            raise ValueError(f"task.options: {cfg.generator} refused {cfg.options}: "
+            raise ConfigError(f"task.options: {cfg.generator} refused {cfg.options}: "
                              f"{type(err).__name__}: {err}") from None
         from reasoning_gym.utils import SYSTEM_PROMPTS
 
@@ -81,7 +82,7 @@ class ReasoningGymTask:
                 return self._problem(prompt_id, entry)
             except BadRecord:
                 self.skipped += 1
-        raise ValueError(f"task: {self.cfg.generator} keeps producing held-out or over-long "
+        raise ConfigError(f"task: {self.cfg.generator} keeps producing held-out or over-long "
                          "problems; lower task.eval_size or change task.options")
 
     def eval_problems(self) -> list[Problem]:

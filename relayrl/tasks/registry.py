@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from relayrl.config import RunConfig, TaskConfig
+from relayrl.config import ConfigError, RunConfig, TaskConfig
 from relayrl.tasks.addition import AdditionTask
 from relayrl.tasks.dataset import DatasetTask, PromptLimit
 from relayrl.tasks.problem import Problem
@@ -37,7 +37,7 @@ def check_reward(cfg: TaskConfig) -> str:
     try:
         get_reward(spec)
     except ValueError as err:
-        raise ValueError(f"task.reward: {err}") from None
+        raise ConfigError(f"task.reward: {err}") from None
     return spec
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from relayrl.config import ConfigError
 from relayrl.config.task import DatasetTaskConfig
 
 SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -26,11 +27,11 @@ def open_rows(cfg: DatasetTaskConfig, path: str | None, split: str) -> Any:
             return datasets.load_dataset(cfg.hub, cfg.hub_config, split=split,
                                          streaming=cfg.streaming)
         except Exception as err:  # the hub, the network or the builder: all reported alike
-            raise ValueError(f"task.hub: {cfg.hub!r} split {split!r} could not be loaded: "
+            raise ConfigError(f"task.hub: {cfg.hub!r} split {split!r} could not be loaded: "
                              f"{type(err).__name__}: {err}") from None
     where = Path(path)
     if not where.exists():
-        raise ValueError(f"task: {where} does not exist")
+        raise ConfigError(f"task: {where} does not exist")
     fmt = format_of(cfg, where)
     try:
         if fmt == "arrow":
@@ -43,7 +44,7 @@ def open_rows(cfg: DatasetTaskConfig, path: str | None, split: str) -> Any:
     except ValueError:
         raise
     except Exception as err:  # a malformed file: name it and what the reader said
-        raise ValueError(f"task: {where} could not be read as {fmt}: "
+        raise ConfigError(f"task: {where} could not be read as {fmt}: "
                          f"{type(err).__name__}: {err}") from None
 
 
@@ -58,10 +59,10 @@ def format_of(cfg: DatasetTaskConfig, path: Path | None = None) -> str:
         kinds = {SUFFIXES[p.suffix] for p in path.iterdir() if p.suffix in SUFFIXES}
         if len(kinds) == 1:
             return kinds.pop()
-        raise ValueError(f"task.path: {path} is neither a save_to_disk directory nor a "
+        raise ConfigError(f"task.path: {path} is neither a save_to_disk directory nor a "
                          f"directory of one kind of file ({sorted(SUFFIXES)}); set task.format")
     if path.suffix not in SUFFIXES:
-        raise ValueError(f"task.path: cannot tell the format of {path} from its suffix "
+        raise ConfigError(f"task.path: cannot tell the format of {path} from its suffix "
                          f"(known: {sorted(SUFFIXES)}); set task.format")
     return SUFFIXES[path.suffix]
 
@@ -70,6 +71,6 @@ def _from_disk(datasets: Any, path: Path, split: str) -> Any:
     rows = datasets.load_from_disk(str(path))
     if isinstance(rows, datasets.DatasetDict):
         if split not in rows:
-            raise ValueError(f"task: {path} has no split {split!r}; it has {sorted(rows)}")
+            raise ConfigError(f"task: {path} has no split {split!r}; it has {sorted(rows)}")
         return rows[split]
     return rows

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from relayrl.config import ConfigError
 from relayrl.config.task import DatasetTaskConfig
 from relayrl.tasks.problem import Problem
 
@@ -53,7 +54,7 @@ class StreamedRows:
                 row, record = next(self._records)
             except StopIteration:
                 if not self.made_this_epoch:
-                    raise ValueError(f"task: {self.cfg.path or self.cfg.hub} holds no usable "
+                    raise ConfigError(f"task: {self.cfg.path or self.cfg.hub} holds no usable "
                                      "row") from None
                 self.epoch += 1
                 self.made_this_epoch = 0

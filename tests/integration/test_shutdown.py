@@ -123,7 +123,8 @@ def test_a_service_that_cannot_start_is_named_with_its_reason_and_nothing_stays(
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     said = proc.stderr[proc.stderr.index("relayrl up: "):]
-    assert said.startswith("relayrl up: relay exited with code 1 before serving"), said
+    assert said.startswith("relayrl up: relay exited with code 2 before serving"), said
+    assert "Traceback" not in said, said  # a refusal, not a crash
     assert f"relay.shm_dir '{tmp_path / 'no-such-dir'}' is not a directory" in said, said
     assert str(tmp_path / "run" / "logs" / "relay.log") in said
     assert wait_all_gone([str(tmp_path)]) == []

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from relayrl.config import ConfigError
+
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 # Rewards reach the trainer through float32 arithmetic in places (engines, reward code), whose
 # rounding is ~6e-8 of the value: a group whose rewards spread less than this share of their
@@ -96,7 +98,7 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int,
     if buffer <= 0:
         return torch.zeros(lengths.shape, dtype=torch.float32)
     if buffer > max_len:
-        raise ValueError(f"trainer.loss.overlong_buffer ({buffer}) must be at most the response "
+        raise ConfigError(f"trainer.loss.overlong_buffer ({buffer}) must be at most the response "
                          f"length cap rollout.max_new_tokens ({max_len})")
     over = (lengths.float() - (max_len - buffer)).clamp(min=0.0, max=float(buffer))
     return -factor * over / buffer

@@ -24,6 +24,9 @@ as in `relayrl simulate`:
 - async_repack: as async, with the scheduler repacking: when no new prompt can be handed
   out, a worker left with a few long sequences hands them (token state and all) to the
   fullest worker with room, so they decode in one batch there.
+- async_when_behind (only when named in --modes): as async, with rollout.reload
+  when_behind: a worker holding groups moves to newer weights only once it may start no
+  prompt on its own (the simulator's sim.tails preempt), not at every boundary.
 
 Reports trained samples/s after a warm-up (only what the trainer kept: a group dropped as
 stale is no throughput), and beside it the work wasted: response tokens the trainer dropped,
@@ -54,7 +57,9 @@ from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.sim.accounting import distribution  # noqa: E402
 from relayrl.staleness import inflight_prompts  # noqa: E402
 
-MODES = ("sync", "async_batch", "async", "async_repack")
+MODES = ("sync", "async_batch", "async", "async_repack", "async_when_behind")
+DEFAULT_MODES = MODES[:4]
+SEGMENTED = ("async", "async_repack", "async_when_behind")
 
 
 def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
@@ -79,8 +84,9 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
                            max_active_groups=active, max_new_tokens=args.max_tokens,
                            synthetic_length_median=args.median,
                            synthetic_length_p99_ratio=args.p99_ratio,
-                           segment_tokens=args.segment if mode in ("async", "async_repack")
-                           else 0)
+                           segment_tokens=args.segment if mode in SEGMENTED else 0,
+                           reload="when_behind" if mode == "async_when_behind"
+                           else "every_segment")
     assign_free_ports(data)  # after num_workers: workers need a block of consecutive ports
     return RunConfig.model_validate(data)
 
@@ -99,6 +105,8 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
     busy = sum(r["time/step_s"] for r in rows[warmup:])
     fill, loop = worker_loops(Path(cfg.run_dir) / "logs")
     restarted, reprefilled = worker_waste(Path(cfg.run_dir) / "logs")
+    reloads = sum(log.read_text().count(RELOAD_LINE)
+                  for log in (Path(cfg.run_dir) / "logs").glob("rollout-*.log"))
     measured = rows[warmup:]
     return {"samples_per_s": round(window["samples_per_s"], 2),  # trained only
             "wasted_tokens": {  # dropped: the window's; the workers': the whole run's
@@ -109,6 +117,7 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
             "staleness_max": max((r.get("staleness/lag_max", 0) for r in measured), default=0),
             "trainer_busy": round(busy / elapsed, 2),  # share of the time spent stepping
             "repack_recalls": recalls,
+            "weight_reloads": reloads,  # every worker's, the whole run's
             # the machine's busy share over the measured steps (None off Linux)
             "cpu_busy": cpu.busy_share(warmup, len(every)),
             "seats_filled": fill,  # mean share of a worker's seats its engine calls used
@@ -137,6 +146,7 @@ def worker_loops(logs: Path) -> tuple[float, str]:
     return (round(sum(fills) / len(fills), 2) if fills else 0.0), first
 
 
+RELOAD_LINE = "now on version"  # rollout_svc.weight_refresh logs one per reload
 WASTE_LINE = re.compile(r"waste: (\d+) groups restarted stale \((\d+) tokens\), (\d+) tokens "
                         r"re-prefilled")
 
@@ -170,7 +180,8 @@ def lag_counts(rows: list[dict], unit: str) -> dict[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "examples/tiny_cpu.yaml"))
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"of {', '.join(MODES)}")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the rates")
     parser.add_argument("--groups", type=int, default=8, help="prompts per trainer batch")
@@ -213,16 +224,17 @@ def main() -> None:
                 t0 = time.monotonic()
                 run_dir = Path(tmp) / f"{mode}-{round_}"
                 stats = run_mode(mode_config(base, mode, run_dir, args), args.warmup)
-                print(f"{mode:>15}: {stats['samples_per_s']:7.2f} samples/s  "
+                print(f"{mode:>17}: {stats['samples_per_s']:7.2f} samples/s  "
                       f"{stats['tokens_per_s']:8.1f} tokens/s  lag {stats['lag_mean']:.2f}  "
                       f"trainer busy {stats['trainer_busy']:.0%}  "
                       f"seats filled {stats['seats_filled']:.0%}  "
                       f"cpu busy {stats['cpu_busy'] or 0:.0%}  "
                       f"({time.monotonic() - t0:.0f} s)", flush=True)
-                print(f"{'':>15}  wasted tokens {stats['wasted_tokens']}  lag per "
+                print(f"{'':>17}  reloads {stats['weight_reloads']}, wasted tokens "
+                      f"{stats['wasted_tokens']}  lag per "
                       f"sequence {stats['staleness_seq']}, per token {stats['staleness_tok']}",
                       flush=True)
-                print(f"{'':>15}  worker 0: {stats['worker_loop']}", flush=True)
+                print(f"{'':>17}  worker 0: {stats['worker_loop']}", flush=True)
                 runs[mode].append(stats)
     for mode, done in runs.items():  # the run with the median rate stands for the mode
         ranked = sorted(done, key=lambda st: st["samples_per_s"])

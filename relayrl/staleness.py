@@ -6,6 +6,8 @@ simulator (relayrl.sim), so both decide alike.
 - `oldest_trainable`: the oldest version still trainable now.
 - `oldest_startable`: the oldest weights a new prompt may start on; the scheduler hands it
   out as a lease's min_version and a worker catches up to it before starting new prompts.
+- `behind`: weights a worker may start no new prompt on; under rollout.reload when_behind
+  a worker holding running groups moves to newer weights only then.
 - `must_restart`: a rollout worker starts over a group the trainer could no longer train,
   once its own weights are recent enough (rollout_svc's restart_stale).
 - `inflight_prompts` and `may_hand_out`: the scheduler's cap on prompts out at once.
@@ -36,6 +38,14 @@ def oldest_startable(version: int, max_staleness: int, max_start_lag: int) -> in
     simulate`, 1024 workers, bound 4) starting only on weights at most one version old took
     async_repack from 3.7x sync to 6.0x, the dropped share from 56% to 25%."""
     return oldest_trainable(version, min(max_start_lag, max_staleness))
+
+
+def behind(version: int, trainer_version: int, max_staleness: int, max_start_lag: int) -> bool:
+    """Whether weights at `version` are too old to start a new prompt on (oldest_startable):
+    a worker on them must reload before it takes prompts. The simulator's preempting worker
+    (sim.tails preempt) and a live one under rollout.reload when_behind reload their running
+    sequences only then, not at every newer version."""
+    return version < oldest_startable(trainer_version, max_staleness, max_start_lag)
 
 
 def must_restart(oldest_versions: Iterable[int], engine_version: int, trainer_version: int,

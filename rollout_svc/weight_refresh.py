@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 import torch
 
+from relayrl.config import ConfigError
 from relayrl.outage import Outage, is_outage
 from relayrl.weights import WeightError, WeightPlane
 from relayrl.weights.layout import flat_size
@@ -26,7 +28,7 @@ CATCH_UP_POLL_S = 0.02
 class WeightRefresher:
     def __init__(self, engine: Engine, relays: list[WeightPlane], outage: Outage | None = None):
         if not relays:
-            raise ValueError("rollout.relays: a worker needs at least one relay")
+            raise ConfigError("rollout.relays: a worker needs at least one relay")
         self.engine = engine
         self.relays = relays
         self.weight_swaps = 0
@@ -38,11 +40,12 @@ class WeightRefresher:
         self.outage = outage or Outage("relay")  # no relay reachable: unready meanwhile
         self._retry_at = 0.0  # during an outage, the next try (monotonic seconds)
 
-    def refresh(self) -> bool:
+    def refresh(self, stay: Callable[[int], bool] | None = None) -> bool:
         """Move to the newest version any relay offers, trying relays in order. A relay that
         is down or serves anything that fails verification is skipped; if none succeeds the
         engine stays, whole, on the version it has. True if the engine moved. While every
-        relay is unreachable, a call before the backoff's next try returns False at once."""
+        relay is unreachable, a call before the backoff's next try returns False at once.
+        `stay(newest)` true keeps the weights at hand although `newest` is out."""
         if self.outage.down and time.monotonic() < self._retry_at:
             return False
         unreachable: Exception | None = None
@@ -50,7 +53,8 @@ class WeightRefresher:
         for relay in self.relays:
             try:
                 manifest = relay.manifest(0)
-                if manifest is None or manifest.version <= self.engine.version:
+                if (manifest is None or manifest.version <= self.engine.version
+                        or (stay is not None and stay(manifest.version))):
                     self.outage.recovered()
                     return False
                 t0 = time.monotonic()
@@ -73,6 +77,7 @@ class WeightRefresher:
             self.weight_swaps += 1
             self.bytes_pulled += manifest.total_bytes
             self.last_pull_s = time.monotonic() - t0
+            # one line per reload: bench/longtail.py counts them
             log.info("now on version %d from %s (%.0f ms: pull %.0f, load %.0f)",
                      manifest.version, getattr(relay, "address", "relay"),
                      1e3 * self.last_pull_s, 1e3 * (t_pulled - t0),

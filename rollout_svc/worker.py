@@ -30,6 +30,7 @@ from relayrl.config import RunConfig
 from relayrl.leases import LeaseClient, LeasedPrompt
 from relayrl.models.loading import LoadedModel
 from relayrl.outage import Outage, is_outage, ride_out
+from relayrl.staleness import behind
 from relayrl.streams import TrajectoryWriter
 from relayrl.weights import WeightPlane
 from rollout_svc.boundary import ActiveGroup, SegmentBoundary
@@ -101,9 +102,17 @@ class RolloutWorker:
         """Sequences the training loop runs at once at most."""
         return self.cfg.rollout.max_active_groups * self.cfg.rollout.samples_per_prompt
 
-    def refresh_weights(self) -> bool:
-        """Move to the newest version a relay offers (WeightRefresher.refresh)."""
-        return self.weights.refresh()
+    def refresh_weights(self, holding: bool = False) -> bool:
+        """Move to the newest version a relay offers (WeightRefresher.refresh). A worker
+        `holding` unfinished groups under rollout.reload when_behind stays on its weights
+        while it may still start prompts on them (relayrl.staleness.behind, the rule the
+        simulator's preempting workers follow); the relay's newest version stands for the
+        trainer's."""
+        if not holding or self.cfg.rollout.reload == "every_segment":
+            return self.weights.refresh()
+        return self.weights.refresh(stay=lambda newest: not behind(
+            self.engine.version, newest, self.generator.max_staleness,
+            self.cfg.scheduler.max_start_lag))
 
     def register(self) -> None:
         self.leases.register(self.cfg.rollout.endpoint.address)
@@ -150,7 +159,7 @@ class RolloutWorker:
                 self.release_all(active)
                 return False
             if active:
-                self.refresh_weights()
+                self.refresh_weights(holding=True)
         return delivered == 1
 
     def run(self, stop: threading.Event) -> None:
@@ -168,7 +177,7 @@ class RolloutWorker:
         active: list[ActiveGroup] = []
         while not stop.is_set():
             with self.loop.timed("weights"):
-                self.refresh_weights()
+                self.refresh_weights(holding=bool(active))
             with self.loop.timed("lease"):
                 self.leases.confirm_deliveries()
                 wait_s = self._refill(active, stop)

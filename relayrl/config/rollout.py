@@ -62,6 +62,15 @@ class RolloutConfig(StrictModel):
         "move to the newest weights (and, every save_every_s, save the token state with the "
         "scheduler) before going on; 0 generates each response in one segment.",
     )
+    reload: Literal["every_segment", "when_behind"] = Field(
+        "every_segment",
+        description="Partial rollouts: when a worker holding unfinished groups moves to newer "
+        "weights. `every_segment`: at every boundary a newer version is out. `when_behind`: "
+        "only once its weights are too old to start a prompt on (scheduler.max_start_lag), "
+        "so running contexts are reloaded (and, on vLLM, prefilled again) once every few "
+        "versions, not every version; the simulator's sim.tails preempt. A worker holding no "
+        "group always moves.",
+    )
     save_every_s: float = Field(
         1.0, ge=0, le=3600,
         description="Partial rollouts: save a generating group's token state with the "

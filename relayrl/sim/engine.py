@@ -46,7 +46,8 @@ class SimConfig:
     (its weights too far behind): `drain` them on its version and reload after (an engine
     holds one version; the live default, rollout.segment_tokens 0), or `preempt` them:
     reload at once and resume them on the new weights, their context prefilled again, as a
-    live worker does at a segment boundary (rollout.segment_tokens > 0). A preempted
+    live worker does at a segment boundary (rollout.segment_tokens > 0, rollout.reload
+    when_behind; relayrl.staleness.behind decides for both). A preempted
     sequence keeps its oldest token's version, so the drop rule judges it as before; only
     its later tokens are fresher. A worker holding a sequence the rollout's restart rule
     would start over drains instead."""

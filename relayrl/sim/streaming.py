@@ -36,7 +36,7 @@ from relayrl.sim.accounting import START, StepRecord, group_lags, lag_counts
 from relayrl.sim.engine import SimConfig
 from relayrl.sim.worker import Worker
 from relayrl.sim.workload import Lengths
-from relayrl.staleness import is_stale, may_hand_out, must_restart, oldest_startable
+from relayrl.staleness import behind, is_stale, may_hand_out, must_restart
 
 DECODE, TRAINED, LOADED, ARRIVE, COMPLETE = range(5)
 
@@ -118,8 +118,7 @@ class Streaming:
             self.holders[w.version].discard(w)
             self.push(now + self.costs.weight_sync_s, LOADED, w, self.version)
             return
-        fresh = w.version >= oldest_startable(self.version, self.max_staleness,
-                                              self.cfg.max_start_lag)
+        fresh = not behind(w.version, self.version, self.max_staleness, self.cfg.max_start_lag)
         # at the point where it would start draining: its queue is empty (the boundary a
         # worker running ahead stops at too)
         if not fresh and self.preempt and not queue and not w.incoming and self.swap(w, now):

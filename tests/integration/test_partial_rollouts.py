@@ -106,6 +106,27 @@ def test_segments_move_to_newer_weights_and_tag_every_token(stack):
     assert split.stale == [group]
 
 
+def test_when_behind_a_worker_holding_groups_reloads_only_once_it_may_start_none(stack):
+    """rollout.reload when_behind: with scheduler.max_start_lag 1 the worker keeps version 1
+    while version 2 is out and moves when version 3 is (relayrl.staleness.behind)."""
+    cfg, r, core, _, tiny_lm = stack
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+        update={"reload": "when_behind"})})
+    assert cfg.scheduler.max_start_lag == 1 < cfg.trainer.max_staleness
+    store = VersionStore(8)
+    store.publish(1, 1, load_model(tiny_lm.path).model.state_dict())
+    worker = make_worker(cfg, r, core, tiny_lm, 0, store)
+    worker.refresh_weights()
+    lease = core.acquire(worker.worker_id, 1).leases[0]
+    assert worker.run_lease(lease)
+    for s in delivered(r):
+        v = list(s.versions)
+        assert v == [1, 1, 1, 1, 3, 3][:len(v)]
+    assert worker.weight_swaps == 2  # 1 at start, then 3; never 2
+    worker.refresh_weights()  # holding nothing, it moves to the newest at once
+    assert worker.engine.version == 4
+
+
 def test_a_stopping_worker_hands_its_tokens_back_and_another_resumes(stack):
     cfg, r, core, _, tiny_lm = stack
     stop = threading.Event()

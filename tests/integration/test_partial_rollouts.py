@@ -82,14 +82,21 @@ def delivered(r) -> list:
     return [s for _, fields in entries for s in decode_group(fields[b"data"]).samples]
 
 
-def test_segments_move_to_newer_weights_and_tag_every_token(stack):
-    cfg, r, core, _, tiny_lm = stack
+def run_one_lease(cfg, r, core, tiny_lm):
+    """A worker starting on version 1 runs one lease whole (a newer version after every
+    segment); returns the worker and the lease."""
     store = VersionStore(8)
     store.publish(1, 1, load_model(tiny_lm.path).model.state_dict())
     worker = make_worker(cfg, r, core, tiny_lm, 0, store)
     worker.refresh_weights()
     lease = core.acquire(worker.worker_id, 1).leases[0]
     assert worker.run_lease(lease)
+    return worker, lease
+
+
+def test_segments_move_to_newer_weights_and_tag_every_token(stack):
+    cfg, r, core, _, tiny_lm = stack
+    worker, lease = run_one_lease(cfg, r, core, tiny_lm)
     samples = delivered(r)
     assert len(samples) == N
     for s in samples:
@@ -113,12 +120,7 @@ def test_when_behind_a_worker_holding_groups_reloads_only_once_it_may_start_none
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"reload": "when_behind"})})
     assert cfg.scheduler.max_start_lag == 1 < cfg.trainer.max_staleness
-    store = VersionStore(8)
-    store.publish(1, 1, load_model(tiny_lm.path).model.state_dict())
-    worker = make_worker(cfg, r, core, tiny_lm, 0, store)
-    worker.refresh_weights()
-    lease = core.acquire(worker.worker_id, 1).leases[0]
-    assert worker.run_lease(lease)
+    worker, _ = run_one_lease(cfg, r, core, tiny_lm)
     for s in delivered(r):
         v = list(s.versions)
         assert v == [1, 1, 1, 1, 3, 3][:len(v)]

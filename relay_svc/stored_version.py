@@ -16,7 +16,7 @@ import torch
 
 from relayrl.weights.layout import ALIGN, flat_size, shard_offsets
 from relayrl.weights.manifest import Manifest, WeightError, checksum
-from relayrl.weights.shm_handoff import HANDOFF_NAME
+from relayrl.weights.shm_handoff import HANDOFF_NAME, claim_file, recycle
 
 
 class HandoffRefused(WeightError):
@@ -65,9 +65,8 @@ class StoredVersion:
 
     def _shm_buffer(self, shm_dir: str) -> torch.Tensor:
         self.shm_path = self._own_path(shm_dir)
-        fd = os.open(self.shm_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = claim_file(self.shm_path, self.size)
         try:
-            os.ftruncate(fd, max(self.size, 1))
             mapped = mmap.mmap(fd, max(self.size, 1))
         finally:
             os.close(fd)
@@ -119,17 +118,23 @@ class StoredVersion:
                 self._device_flat.copy_(self.flat)
             return self._device_flat
 
-    def release(self) -> None:
+    def release(self, recycle_file: bool = False) -> None:
         """Drop the shared-memory name and the device copy; readers that mapped the one or
-        hold the other keep theirs."""
+        hold the other keep theirs. `recycle_file`: keep the file as a spare for a later
+        version (relayrl.weights.shm_handoff.recycle), a reader still copying from it then
+        getting bytes its checksums refuse."""
         self.released = True
         with self._device_lock:
             self._device_flat = None
-        if self.shm_path is not None:
-            try:
-                os.unlink(self.shm_path)
-            except FileNotFoundError:
-                pass
+        if self.shm_path is None:
+            return
+        if recycle_file:
+            recycle(self.shm_path)
+            return
+        try:
+            os.unlink(self.shm_path)
+        except FileNotFoundError:
+            pass
 
     # -- writing -------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from relayrl.config import ConfigError
 from relayrl.weights.layout import pack, unpack
 from relayrl.weights.manifest import Manifest, WeightError, build_manifest
 from relayrl.weights.plane import WeightPlane
+from relayrl.weights.shm_handoff import remove_spares
 
 
 class AlreadyHeld(WeightError):
@@ -97,7 +98,7 @@ class VersionStore(WeightPlane):
             self.stats.versions_published += 1
             complete = [v for v, s in self._versions.items() if s.state is State.COMPLETE]
             for v in complete[:-self.keep]:
-                self._versions.pop(v).release()
+                self._versions.pop(v).release(recycle_file=True)
 
     def abort(self, stored: StoredVersion, error: str) -> None:
         stored.fail(error or "aborted")
@@ -171,6 +172,8 @@ class VersionStore(WeightPlane):
             for stored in self._versions.values():
                 stored.release()
             self._versions.clear()
+        if self.shm_dir is not None:
+            remove_spares(self.shm_dir, os.getpid())
 
 
 def _remove_orphaned_segments(shm_dir: str) -> None:

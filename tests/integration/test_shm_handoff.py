@@ -1,7 +1,8 @@
 """Publishing through shared memory (relayrl.weights.shm_handoff, trainer.publish_plane shm)
 beyond the shared contract (test_weight_plane.py runs that for it): the relay takes the
 publisher's file over, refuses files that are not a handoff or do not match the manifest,
-and a relay that cannot take one gets the bytes over gRPC."""
+recycles the files of versions it lets go, and a relay that cannot take one gets the bytes
+over gRPC."""
 
 import logging
 import os
@@ -57,6 +58,25 @@ def test_the_relay_takes_the_file_over_and_serves_it(relay):
         client.publish(v, v, weights(v))
     assert not os.path.exists(stored.shm_path)
     assert client.publish_shm_dir == store.shm_dir  # no fallback happened
+
+
+def test_a_let_go_version_s_file_is_the_next_version_s_and_none_outlives_the_relay(relay):
+    """Recycling (relayrl.weights.shm_handoff): version 1's file, let go when version 3
+    arrives (keep 2), holds version 4; closing the relay removes its spares."""
+    address, store = relay
+    client = RelayClient(address, timeout_s=10, plane="shm", publish_shm_dir=store.shm_dir)
+    client.publish(1, 1, weights(1))
+    inode = os.stat(store.get(1).shm_path).st_ino
+    for v in (2, 3):
+        client.publish(v, v, weights(v))
+    spares = [n for n in os.listdir(store.shm_dir) if "-spare" in n]
+    assert [os.stat(os.path.join(store.shm_dir, n)).st_ino for n in spares] == [inode]
+    client.publish(4, 4, weights(4))
+    assert os.stat(store.get(4).shm_path).st_ino == inode
+    pulled = client.pull(4)
+    assert all(torch.equal(pulled[k], t) for k, t in weights(4).items())
+    store.close()
+    assert not [n for n in os.listdir(store.shm_dir) if n.startswith(f"relayrl-{os.getpid()}")]
 
 
 def test_a_file_whose_bytes_do_not_match_the_manifest_is_refused_and_removed(relay):

@@ -69,21 +69,41 @@ def _write_all(fd: int, data: memoryview, offset: int) -> None:
 def claim_file(path: str, size: int) -> int:
     """An O_RDWR descriptor of a new file at `path` of `size` bytes (at least 1): a spare
     in its directory renamed there when one is waiting, else a new file. The bytes between
-    shards are not defined (the layout's gaps, which no checksum covers)."""
+    shards are not defined (the layout's gaps, which no checksum covers). On an error
+    nothing is left at `path`."""
     for spare in glob.glob(os.path.join(os.path.dirname(path), SPARES)):
-        try:
-            os.rename(spare, path)  # atomic: of two claimants one wins, the other moves on
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        except OSError:
-            continue
+        fd = _take_spare(spare, path)
+        if fd is not None:
+            break
+    else:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, max(size, 1))
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd
+
+
+def _take_spare(spare: str, path: str) -> int | None:
+    """`spare` renamed to `path` and opened, or None: another claimant took it first, or it
+    is not a regular file of ours (given its name back, for its owner)."""
+    try:
+        os.rename(spare, path)  # atomic: of two claimants one wins, the other moves on
+    except OSError:
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        fd = None
+    if fd is not None:
         info = os.fstat(fd)
         if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
-            os.ftruncate(fd, max(size, 1))
             return fd
-        os.close(fd)  # not a file of ours: leave it to its owner, under the name it got
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.ftruncate(fd, max(size, 1))
-    return fd
+        os.close(fd)
+    os.rename(path, spare)
+    return None
 
 
 def recycle(path: str) -> None:

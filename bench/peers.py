@@ -8,9 +8,11 @@ and their ratio.
 
 Both sides get the config's task, model and warm start (its cached model), batch (prompts x
 samples a step), learning rate, gradient clip and loss (GRPO: group-scaled advantages, a
-token mean per sequence, the ratio clipped at 0.2, no KL term), the same problems and the
-same number of steps. TRL runs in the benches' own venv (bench/tools_venv.py: pinned, made on first
-use with the project's own torch, transformers and math-verify), never a project dependency.
+token mean per sequence, the ratio clipped at 0.2, no KL term), the same problems in the same
+order (TRL's dataset is not shuffled, so step k learns from the same problems on both sides
+and the per-step accuracies compare like with like) and the same number of steps. TRL runs
+in the benches' own venv (bench/tools_venv.py: pinned, made on first use with the project's
+own torch, transformers and math-verify), never a project dependency.
 
 Both compute in float32, or with --bf16 both in bfloat16: RelayRL's trainer under autocast
 with float32 master weights, and its vLLM engine's weights; TRL with bf16=True (accelerate's
@@ -24,7 +26,11 @@ costs neither side training time. A setup may sample each held-out problem sever
 (pass@1 is their mean): one answer per problem of a 25-problem set reads pass@1 with a
 spread of about 0.1. Reported (bench/peers_report.py has the arithmetic): the median and the
 spread over rounds of each side's time to each level, the ratio TRL time / RelayRL time
-(above 1: RelayRL is faster), samples/s; docs/peers_<setup>.md, a plot and a JSON line.
+(above 1: RelayRL is faster), samples/s, each side's pass@1 per saved step;
+docs/peers_<setup>.md, a plot, the rounds' curves (peers_<setup>_rounds.json) and a JSON line.
+
+More rounds later: `--first-round 3 --merge docs/peers_smollm2_rounds.json` runs rounds 3, 4,
+... and reports them together with the earlier command's (same setup, steps and settings).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -132,13 +139,15 @@ def run_trl(python: Path, spec: Path, out: Path) -> list[tuple[int, float, Path]
 
 def evaluated(cfg: RunConfig, side: str, saves: list[tuple[int, float, Path]],
               start: float, key: str) -> Run:
-    curve = [(0.0, start)]
+    curve, steps = [(0.0, start)], [0]
     for step, seconds, path in saves:
         curve.append((seconds, evaluate_checkpoint(cfg, path)[key]))
+        steps.append(step)
         print(f"  {side} step {step:>5} at {seconds:7.1f} s: {key} {curve[-1][1]:.3f}",
               flush=True)
     batch = cfg.buffer.groups_per_batch * cfg.buffer.group_size
-    return Run(side=side, curve=curve, samples=saves[-1][0] * batch, seconds=saves[-1][1])
+    return Run(side=side, curve=curve, steps=steps, samples=saves[-1][0] * batch,
+               seconds=saves[-1][1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -152,6 +161,11 @@ def main(argv: list[str] | None = None) -> None:
                         metavar="SECTION.FIELD=VALUE",
                         help="change RelayRL's config (e.g. scheduler.max_inflight_prompts=6); "
                         "what TRL's side shares with it (task, batch, loss) is refused")
+    parser.add_argument("--first-round", type=int, default=0,
+                        help="seed offset of the first round (rounds already run elsewhere)")
+    parser.add_argument("--merge", action="append", default=[], metavar="ROUNDS_JSON",
+                        help="report these rounds too: an earlier command's "
+                        "peers_<setup>_rounds.json with the same setup, steps and settings")
     parser.add_argument("--bf16", action="store_true",
                         help="both sides compute in bfloat16: RelayRL's trainer passes under "
                         "autocast and its vLLM engine's weights, TRL's run (bf16=True)")
@@ -165,6 +179,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--set {shared[0]}: both sides share that setting; change the config")
     if args.bf16:
         args.overrides += BF16
+    settings = {"setup": args.setup, "steps": steps, "every": every,
+                "overrides": sorted(args.overrides)}
+    try:
+        merged = [rec for path in args.merge for rec in earlier_rounds(Path(path), settings)]
+    except ValueError as err:
+        parser.error(str(err))
+    rounds = range(args.first_round, args.first_round + args.rounds)
+    clash = sorted({rec["round"] for rec in merged} & set(rounds))
+    if clash:
+        parser.error(f"--first-round {args.first_round}: rounds {clash} are in --merge already")
     python = bench_python()
     work = ROOT / "runs" / "bench_peers" / args.setup
     first = bench_config(path, steps, every, work / "relayrl_0", 0, eval_samples,
@@ -174,25 +198,39 @@ def main(argv: list[str] | None = None) -> None:
 
     start = evaluate_checkpoint(first, resolve_model_path(first.model, first.task))[key]
     print(f"{args.setup}: the warm start's {key} is {start:.3f}", flush=True)
-    runs = []
-    for r in range(args.rounds):
+    records = list(merged)
+    for r in rounds:
         cfg = bench_config(path, steps, every, work / f"relayrl_{r}", r, eval_samples,
                            args.overrides)
         spec = trl_spec(cfg, steps, every, work, r)
-        print(f"round {r + 1}/{args.rounds}: RelayRL, {steps} steps", flush=True)
-        runs.append(evaluated(cfg, "relayrl", run_relayrl(cfg), start, key))
-        print(f"round {r + 1}/{args.rounds}: TRL {TRL_VERSION}, {steps} steps", flush=True)
+        print(f"round {r + 1}/{rounds.stop}: RelayRL, {steps} steps", flush=True)
+        records.append({"round": r, **asdict(evaluated(cfg, "relayrl", run_relayrl(cfg),
+                                                        start, key))})
+        print(f"round {r + 1}/{rounds.stop}: TRL {TRL_VERSION}, {steps} steps", flush=True)
         saves = run_trl(python, spec, work / f"trl_{r}")
-        runs.append(evaluated(cfg, "trl", saves, start, key))
+        records.append({"round": r, **asdict(evaluated(cfg, "trl", saves, start, key))})
+    runs = [Run(**{k: v for k, v in rec.items() if k != "round"}) for rec in records]
     report = summarize(runs, start)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / f"peers_{args.setup}_rounds.json").write_text(json.dumps(
+        {**settings, "start": start, "runs": records}) + "\n")
     plot(runs, report, out / f"peers_{args.setup}.png")
     command = "python bench/peers.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     (out / f"peers_{args.setup}.md").write_text(markdown(
         report, args.setup, path, TRL_VERSION, command.strip(), f"peers_{args.setup}.png"))
     print(json.dumps({"bench": "peers", "setup": args.setup, "trl": TRL_VERSION,
-                      "rounds": args.rounds, "steps": steps, **report}))
+                      "rounds": len(records) // 2, "steps": steps, **report}))
+
+
+def earlier_rounds(path: Path, settings: dict) -> list[dict]:
+    """The round records of an earlier command's rounds JSON, refused unless it ran these
+    settings (setup, steps, saves and --set)."""
+    data = json.loads(path.read_text())
+    ran = {k: data.get(k) for k in settings}
+    if ran != settings:
+        raise ValueError(f"--merge {path}: its rounds ran {ran}, this command {settings}")
+    return data["runs"]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 (seconds, pass@1), smoothed by a trailing mean of SMOOTH saves, so a level is reached only
 when the curve stays near it; the levels, the start plus LEVELS of the way to TRL's final
 accuracy (the median over TRL's rounds of each run's mean over its last SMOOTH saves); each
-side's median and spread of the time to each level, and TRL time / RelayRL time.
+side's median and spread of the time to each level, and TRL time / RelayRL time. Per step,
+whatever either side's speed: each round's pass@1 at each saved step, and the difference of
+the sides' means over every save with its standard error over rounds (learning per step).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ SIDES = ("relayrl", "trl")
 class Run:
     side: str
     curve: list[tuple[float, float]]  # (seconds since the command started, pass@1); (0, start)
+    steps: list[int]  # the optimizer step of each point of the curve; 0 for the start
     samples: int  # trained by the last save
     seconds: float  # of the last save
 
@@ -65,7 +68,24 @@ def summarize(runs: list[Run], start: float) -> dict:
         trl, ours = (sides[s]["time_to"][i]["median"] for s in ("trl", "relayrl"))
         ratios.append(None if trl is None or ours is None else round(trl / ours, 2))
     return {"start_pass@1": round(start, 4), "levels": levels, "fractions": list(LEVELS),
-            "sides": sides, "trl_over_relayrl": ratios}
+            "sides": sides, "trl_over_relayrl": ratios, "per_step": per_step(by_side)}
+
+
+def per_step(by_side: dict[str, list[Run]]) -> dict:
+    """Each round's pass@1 at the steps every run saved, and RelayRL's mean over those saves
+    minus TRL's, with the standard error of that difference over rounds (None with fewer
+    than two rounds a side)."""
+    steps = sorted(set.intersection(*(set(r.steps[1:]) for rs in by_side.values()
+                                      for r in rs)))
+    rounds = {side: [[dict(zip(r.steps, (a for _, a in r.curve), strict=True))[s]
+                      for s in steps] for r in rs] for side, rs in by_side.items()}
+    means = {side: [statistics.fmean(accs) for accs in rs] for side, rs in rounds.items()}
+    gap = statistics.fmean(means["relayrl"]) - statistics.fmean(means["trl"])
+    enough = all(len(m) > 1 for m in means.values())
+    se = (sum(statistics.variance(m) / len(m) for m in means.values()) ** 0.5
+          if enough else None)
+    return {"steps": steps, "rounds": rounds, "gap": round(gap, 4) if steps else None,
+            "gap_se": None if se is None or not steps else round(se, 4)}
 
 
 def _cell(s: dict) -> str:
@@ -98,7 +118,22 @@ def markdown(report: dict, setup: str, config: str, trl_version: str, command: s
               "- Every saved policy is evaluated offline by relayrl's evaluator on the same "
               "held-out set with the same seed, so evaluation costs neither side time.", "",
               f"![held-out accuracy against seconds]({png})", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + per_step_markdown(report["per_step"]))
+
+
+def per_step_markdown(ps: dict) -> list[str]:
+    if not ps["steps"]:
+        return []
+    lines = ["## Per step", "",
+             "Held-out pass@1 of each saved policy: the mean of the rounds (each round).", "",
+             "| step | " + " | ".join(str(s) for s in ps["steps"]) + " |",
+             "|---|" + "---|" * len(ps["steps"])]
+    for side, rounds in ps["rounds"].items():
+        cells = [f"{statistics.fmean(col):.2f} ({' / '.join(f'{a:.2f}' for a in col)})"
+                 for col in zip(*rounds, strict=True)]
+        lines.append(f"| {side} | " + " | ".join(cells) + " |")
+    se = "" if ps["gap_se"] is None else f" +- {ps['gap_se']:.3f} (standard error over rounds)"
+    return lines + ["", f"Mean over these saves, RelayRL minus TRL: {ps['gap']:+.3f}{se}.", ""]
 
 
 def plot(runs: list[Run], report: dict, out: Path) -> None:

@@ -83,8 +83,8 @@ def main() -> None:
         max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"],
         top_p=1.0, top_k=0, beta=0.0, epsilon=spec["clip_eps"], loss_type="grpo",
         scale_rewards="group", use_cpu=True, bf16=spec.get("bf16", False), report_to="none",
-        save_strategy="no", logging_steps=max(1, spec["every"]), disable_tqdm=True,
-        dataloader_num_workers=0)
+        save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+        shuffle_dataset=False)  # the problems in the order RelayRL's scheduler hands them out
     trainer = GRPOTrainer(
         model=model, processing_class=tokenizer, args=config,
         reward_funcs={"exact_match": exact_match, "math_verify": math_verify}[spec["reward"]],

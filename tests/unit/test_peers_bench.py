@@ -15,7 +15,8 @@ START = 0.2
 
 def run(side: str, accs: list[float], every_s: float) -> Run:
     curve = [(0.0, START)] + [(every_s * (i + 1), a) for i, a in enumerate(accs)]
-    return Run(side=side, curve=curve, samples=64 * 50 * len(accs), seconds=curve[-1][0])
+    return Run(side=side, curve=curve, steps=list(range(0, 50 * len(accs) + 1, 50)),
+               samples=64 * 50 * len(accs), seconds=curve[-1][0])
 
 
 def test_levels_run_from_the_start_to_trls_final_accuracy_and_ratios_compare_medians():
@@ -43,6 +44,22 @@ def test_a_round_that_never_reaches_a_level_is_counted_not_dropped():
     table = markdown(report, "tiny", "examples/tiny_cpu.yaml", "1.16.0",
                      "python bench/peers.py --rounds 1", "peers_tiny.png")
     assert "| relayrl | 0.200 |" in table and "not reached (1 rounds)" in table
+
+
+def test_per_step_compares_the_saves_of_each_step_and_gives_the_gap_an_error():
+    ours = [run("relayrl", [0.3, 0.5], every_s=5), run("relayrl", [0.5, 0.7], every_s=5)]
+    trl = [run("trl", [0.4, 0.8, 0.9], every_s=10), run("trl", [0.6, 0.8, 0.9], every_s=10)]
+    ps = summarize(ours + trl, START)["per_step"]
+    assert ps["steps"] == [50, 100]  # TRL's third save has no RelayRL counterpart
+    assert ps["rounds"] == {"relayrl": [[0.3, 0.5], [0.5, 0.7]], "trl": [[0.4, 0.8], [0.6, 0.8]]}
+    # round means 0.4, 0.6 against 0.6, 0.7: gap -0.15, se sqrt(0.02 / 2 + 0.005 / 2)
+    assert ps["gap"] == pytest.approx(-0.15)
+    assert ps["gap_se"] == pytest.approx(0.1118, abs=1e-4)
+    table = markdown(summarize(ours + trl, START), "tiny", "c.yaml", "1.16.0", "cmd", "p.png")
+    assert "| relayrl | 0.40 (0.30 / 0.50) | 0.60 (0.50 / 0.70) |" in table
+    assert "RelayRL minus TRL: -0.150 +- 0.112" in table
+    one = summarize([ours[0], trl[0]], START)["per_step"]
+    assert one["gap_se"] is None
 
 
 def test_both_sides_are_needed():
@@ -87,3 +104,19 @@ def test_set_changes_relayrls_side_only_where_trl_has_no_counterpart(tmp_path, c
         with pytest.raises(SystemExit):
             main(["--setup", "smollm2", "--set", shared])
         assert "both sides share that setting" in capsys.readouterr().err
+
+
+def test_merged_rounds_must_share_the_settings_and_not_repeat_a_round(tmp_path, capsys):
+    from bench.peers import main
+
+    rounds = tmp_path / "peers_smollm2_rounds.json"
+    ran = {"setup": "smollm2", "steps": 30, "every": 5, "overrides": []}
+    rounds.write_text(json.dumps({**ran, "start": START, "runs": [
+        {"round": 0, **vars(run("trl", [0.5], every_s=1))}]}))
+    with pytest.raises(SystemExit):
+        main(["--setup", "smollm2", "--merge", str(rounds)])
+    assert "rounds [0] are in --merge already" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--setup", "smollm2", "--steps", "20", "--first-round", "1", "--merge",
+              str(rounds)])
+    assert "its rounds ran" in capsys.readouterr().err

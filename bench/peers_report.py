@@ -79,13 +79,15 @@ def per_step(by_side: dict[str, list[Run]]) -> dict:
                                       for r in rs)))
     rounds = {side: [[dict(zip(r.steps, (a for _, a in r.curve), strict=True))[s]
                       for s in steps] for r in rs] for side, rs in by_side.items()}
+    if not steps:
+        return {"steps": steps, "rounds": rounds, "gap": None, "gap_se": None}
     means = {side: [statistics.fmean(accs) for accs in rs] for side, rs in rounds.items()}
     gap = statistics.fmean(means["relayrl"]) - statistics.fmean(means["trl"])
     enough = all(len(m) > 1 for m in means.values())
     se = (sum(statistics.variance(m) / len(m) for m in means.values()) ** 0.5
           if enough else None)
-    return {"steps": steps, "rounds": rounds, "gap": round(gap, 4) if steps else None,
-            "gap_se": None if se is None or not steps else round(se, 4)}
+    return {"steps": steps, "rounds": rounds, "gap": round(gap, 4),
+            "gap_se": None if se is None else round(se, 4)}
 
 
 def _cell(s: dict) -> str:

@@ -62,6 +62,15 @@ def test_per_step_compares_the_saves_of_each_step_and_gives_the_gap_an_error():
     assert one["gap_se"] is None
 
 
+def test_runs_without_a_common_save_have_no_per_step_gap():
+    ours = Run(side="relayrl", curve=[(0.0, START), (5.0, 0.5)], steps=[0, 30], samples=64,
+               seconds=5.0)
+    trl = run("trl", [0.4, 0.8], every_s=10)
+    report = summarize([ours, trl], START)
+    assert report["per_step"]["steps"] == [] and report["per_step"]["gap"] is None
+    assert "## Per step" not in markdown(report, "tiny", "c.yaml", "1.16.0", "cmd", "p.png")
+
+
 def test_both_sides_are_needed():
     with pytest.raises(ValueError, match="both sides"):
         summarize([run("trl", [0.5], every_s=1)], START)

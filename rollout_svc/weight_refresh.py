@@ -22,7 +22,7 @@ from relayrl.weights.layout import flat_size
 from rollout_svc.engine_api import Engine
 
 log = logging.getLogger(__name__)
-CATCH_UP_POLL_S = 0.02
+CATCH_UP_POLL_S = 0.005  # the trainer has published it: the relay is a send away
 
 
 class WeightRefresher:

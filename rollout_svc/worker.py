@@ -27,9 +27,11 @@ import redis
 
 from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
+from relayrl.keys import RunKeys
 from relayrl.leases import LeaseClient, LeasedPrompt
 from relayrl.models.loading import LoadedModel
 from relayrl.outage import Outage, is_outage, ride_out
+from relayrl.progress import StepWaiter
 from relayrl.staleness import behind
 from relayrl.streams import TrajectoryWriter
 from relayrl.weights import WeightPlane
@@ -87,6 +89,8 @@ class RolloutWorker:
         self.scheduler = scheduler
         self.weights = WeightRefresher(engine, relays)
         self.writer = writer
+        # a worker with no room under the in-flight cap wakes at the trainer's next step
+        self.steps = None if writer is None else StepWaiter(writer.r, RunKeys(cfg.run_id))
         generator = GroupGenerator if cfg.rollout.environment is None else EpisodeGenerator
         self.generator = generator(cfg, engine, lm, writer)
         self.scheduler_call_failures = 0  # calls that failed or passed their deadline
@@ -180,11 +184,14 @@ class RolloutWorker:
                 self.refresh_weights(holding=bool(active))
             with self.loop.timed("lease"):
                 self.leases.confirm_deliveries()
-                wait_s = self._refill(active, stop)
+                wait_s, capped = self._refill(active, stop)
             self._report_loop()
             if not active:
                 with self.loop.timed("idle"):
-                    stop.wait(wait_s)
+                    if capped and self.steps is not None:
+                        self.steps.wait(wait_s, stop)
+                    else:
+                        stop.wait(wait_s)
                 continue
             try:
                 active, _ = self.advance(active, stop)
@@ -217,15 +224,16 @@ class RolloutWorker:
         self.weights.catch_up(min_version, stop,
                               CATCH_UP_SHARE * self.cfg.scheduler.lease_ttl_s)
 
-    def _refill(self, active: list[ActiveGroup], stop: threading.Event) -> float:
+    def _refill(self, active: list[ActiveGroup], stop: threading.Event) -> tuple[float, bool]:
         """Lease about as many prompts as there are free seats for (capacity:
         rollout.max_active_groups groups' worth of sequences); new groups join at the next
-        segment. Returns how long to wait if there is nothing to generate."""
+        segment. Returns how long to wait if there is nothing to generate, and whether the
+        scheduler asked to retry (no prompt free now: a trainer step may free one)."""
         n = self.cfg.rollout.samples_per_prompt
         free = self.seats - sum(
             len(a.group.unfinished()) for a in active)
         if free <= 0:
-            return 0.0
+            return 0.0, False
         # a seat short of a whole group still asks for one: a repacked tail reserved for this
         # worker may need only that seat (a fresh group may then overfill by < n sequences)
         want = max(1, free // n)
@@ -234,13 +242,13 @@ class RolloutWorker:
         except grpc.RpcError as err:
             self.scheduler_call_failures += 1
             if is_outage(err):  # the wait is logged once, and drawn with backoff
-                return self.scheduler_outage.failed(err)
+                return self.scheduler_outage.failed(err), False
             log.warning("scheduler unavailable (%s); retrying", err.code())
-            return 1.0
+            return 1.0, False
         self.scheduler_outage.recovered()
         if resp.done and not active:
             log.info("scheduler has no more prompts; idling")
-            return 1.0
+            return 1.0, False
         if resp.leases:
             self._catch_up(resp.min_version, stop)
         for lease in resp.leases:
@@ -248,4 +256,6 @@ class RolloutWorker:
                 self.boundary.release(lease.lease_id)
                 continue
             active.append(self.activate(lease))
-        return resp.retry_after_s or 0.05
+        if resp.leases:
+            return 0.0, False
+        return resp.retry_after_s or 0.05, True

@@ -17,6 +17,7 @@ import torch
 from relayrl import ledger as prompt_ledger
 from relayrl.keys import TRAINER_GROUP
 from relayrl.outage import redis_write
+from relayrl.progress import announce_step
 from trainer_svc import checkpoint
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,11 @@ class Durability:
         self.saved_step = self.step
 
     def record_progress(self) -> None:
+        """The version and prompts stepped past, and a wake-up for waiting workers
+        (relayrl.progress), in one transaction; repeated after a timeout it changes nothing
+        but a second wake-up."""
         pipe = self.r.pipeline(transaction=True)
         pipe.set(self.keys.trainer_version, self.step)
         pipe.set(self.keys.prompts_finished, self.totals["scheduler_prompts_finished"])
+        announce_step(pipe, self.keys, self.step)
         pipe.execute()

@@ -160,8 +160,7 @@ class Trainer(Durability):
         self.step += 1
         record.update(publish_times(self.publisher).figures())  # the previous version's
         self.publisher.publish(self.step, self.step, self.learner.weights())
-        redis_write(self.record_progress, self.pressure, "the trainer's version",  # two SETs
-                    self.stop)
+        redis_write(self.record_progress, self.pressure, "the trainer's version", self.stop)
         record["train/external_groups"] = external
         record.update(publish_counts(self.publisher).figures())
         record.update(self.set_aside.counters())

@@ -22,11 +22,12 @@ sampler, TRL's run), so the rounds are independent draws, not replays of one tra
 Each side saves the policy every --every steps with its wall time since its command started
 (service start-up and model loading included). Afterwards every saved policy is evaluated
 offline by relayrl's evaluator on the config's held-out set with its seed, so evaluation
-costs neither side training time. A setup may sample each held-out problem several times
-(pass@1 is their mean): one answer per problem of a 25-problem set reads pass@1 with a
-spread of about 0.1. Reported (bench/peers_report.py has the arithmetic): the median and the
-spread over rounds of each side's time to each level, the ratio TRL time / RelayRL time
-(above 1: RelayRL is faster), samples/s, each side's pass@1 per saved step;
+costs neither side training time, and then deleted. A setup may sample each held-out
+problem several times (pass@1 is their mean): one answer per problem of a 25-problem set
+reads pass@1 with a spread of about 0.1. Reported (bench/peers_report.py has the
+arithmetic): the median and the spread over rounds of each side's time to each level, the
+ratio TRL time / RelayRL time (above 1: RelayRL is faster), samples/s, each side's pass@1
+per saved step;
 docs/peers_<setup>.md, a plot, the rounds' curves (peers_<setup>_rounds.json) and a JSON line.
 
 More rounds later: `--first-round 3 --merge docs/peers_smollm2_rounds.json` runs rounds 3, 4,
@@ -143,6 +144,7 @@ def evaluated(cfg: RunConfig, side: str, saves: list[tuple[int, float, Path]],
     for step, seconds, path in saves:
         curve.append((seconds, evaluate_checkpoint(cfg, path)[key]))
         steps.append(step)
+        shutil.rmtree(path)  # a SmolLM2 round's saves take 7.6 GB: nine filled the disk
         print(f"  {side} step {step:>5} at {seconds:7.1f} s: {key} {curve[-1][1]:.3f}",
               flush=True)
     batch = cfg.buffer.groups_per_batch * cfg.buffer.group_size

@@ -84,6 +84,9 @@ class SegmentBoundary:
                 with self.loop.timed("deliver"):
                     self.deliver(a.lease, a.group, stop)
                 delivered += 1
+        if delivered:
+            with self.loop.timed("deliver"):
+                self.leases.confirm_deliveries()
         now = self.clock()
         due = self._due_for_saving(going, now)
         if not due:

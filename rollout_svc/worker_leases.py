@@ -76,9 +76,10 @@ class WorkerLeases:
                     raise
 
     def delivered(self, lease_id: str) -> None:
-        """The lease's group is in the buffer: complete it (now, or later if unanswered)."""
+        """The lease's group is in the buffer: complete it at the next confirm_deliveries
+        (the segment's other groups go to the buffer first, so a batch is not held up by a
+        Complete round trip per group)."""
         self._unconfirmed.append(lease_id)
-        self.confirm_deliveries()
 
     def confirm_deliveries(self) -> None:
         while self._unconfirmed:

@@ -295,3 +295,25 @@ def test_a_reward_outside_the_range_is_an_error_on_its_sample(stack):
     assert len(samples) == N
     assert {(s.reward, s.reward_error) for s in samples} == {
         (0.0, "ValueError: reward 3e+38 is outside buffer.reward_range [-10000, 10000]")}
+
+
+def test_a_segments_groups_reach_the_buffer_before_their_leases_complete(stack):
+    """A Complete round trip per group no longer stands between one group's append and the
+    next's: the trainer's batch is whole one scheduler call per group sooner."""
+    cfg, r, core, _, tiny_lm = stack
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+        update={"segment_tokens": 0})})  # each group finishes in the first engine call
+    store = VersionStore(8)
+    store.publish(1, 1, load_model(tiny_lm.path).model.state_dict())
+    worker = make_worker(cfg, r, core, tiny_lm, 0, store)
+    worker.refresh_weights()
+    order, append, complete = [], worker.writer.append, core.complete
+    worker.writer.append = lambda group, stop=None: (order.append("append"),
+                                                    append(group, stop))[1]
+    core.complete = lambda worker_id, lease_id: (order.append("complete"),
+                                                 complete(worker_id, lease_id))[1]
+    active = [worker.activate(lease) for lease in core.acquire(worker.worker_id, 2).leases]
+    still, delivered_now = worker.advance(active)
+    assert (still, delivered_now) == ([], 2)
+    assert order == ["append", "append", "complete", "complete"]
+    assert worker.leases.held() == set() and len(delivered(r)) == 2 * N

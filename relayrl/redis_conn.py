@@ -74,10 +74,12 @@ def without_retries(r: redis.Redis) -> redis.Redis:
     """A client of the same server whose commands fail at once when it is away: for a wait
     that has a fallback of its own (relayrl.progress), where ~8 s of reconnecting would hold
     up the caller's loop and its stop."""
-    pool = r.connection_pool
-    return redis.Redis(connection_pool=redis.ConnectionPool(
-        connection_class=pool.connection_class,
-        **{**pool.connection_kwargs, "retry": Retry(ExponentialBackoff(), 0)}))
+    kwargs = dict(r.connection_pool.connection_kwargs)
+    timeout = kwargs.pop("socket_timeout")  # every client here has one (connect, deadlines)
+    pool = redis.ConnectionPool(connection_class=r.connection_pool.connection_class,
+                                socket_timeout=timeout,
+                                **{**kwargs, "retry": Retry(ExponentialBackoff(), 0)})
+    return redis.Redis(connection_pool=pool)
 
 
 class EmbeddedRedis:

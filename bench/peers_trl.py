@@ -44,6 +44,26 @@ def _text(completion) -> str:
     return completion if isinstance(completion, str) else completion[-1]["content"]
 
 
+REWARDS = {"exact_match": exact_match, "math_verify": math_verify}
+
+
+def grpo_config(spec: dict, output_dir: Path) -> GRPOConfig:
+    """TRL's settings for the spec: the same batch, loss, clip, learning rate and sampling as
+    RelayRL's side (bench/peers_step_trl.py replays one batch under them too)."""
+    n = spec["prompts_per_step"] * spec["samples_per_prompt"]
+    return GRPOConfig(
+        output_dir=str(output_dir), max_steps=spec["steps"], seed=spec["seed"],
+        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=spec["grad_clip"],
+        per_device_train_batch_size=n, gradient_accumulation_steps=1,
+        num_generations=spec["samples_per_prompt"], num_iterations=1,
+        max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"],
+        top_p=1.0, top_k=0, beta=0.0, epsilon=spec["clip_eps"], loss_type="grpo",
+        scale_rewards="group", use_cpu=True, bf16=spec.get("bf16", False), report_to="none",
+        save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+        shuffle_dataset=False)  # the problems in the order RelayRL's scheduler hands them out
+
+
 class SaveEvery(TrainerCallback):
     """The policy and its wall time every `every` steps."""
 
@@ -73,21 +93,10 @@ def main() -> None:
     torch.manual_seed(spec["seed"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
-    n = spec["prompts_per_step"] * spec["samples_per_prompt"]
-    config = GRPOConfig(
-        output_dir=str(out / "trl"), max_steps=spec["steps"], seed=spec["seed"],
-        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=spec["grad_clip"],
-        per_device_train_batch_size=n, gradient_accumulation_steps=1,
-        num_generations=spec["samples_per_prompt"], num_iterations=1,
-        max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"],
-        top_p=1.0, top_k=0, beta=0.0, epsilon=spec["clip_eps"], loss_type="grpo",
-        scale_rewards="group", use_cpu=True, bf16=spec.get("bf16", False), report_to="none",
-        save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
-        shuffle_dataset=False)  # the problems in the order RelayRL's scheduler hands them out
+    config = grpo_config(spec, out / "trl")
     trainer = GRPOTrainer(
         model=model, processing_class=tokenizer, args=config,
-        reward_funcs={"exact_match": exact_match, "math_verify": math_verify}[spec["reward"]],
+        reward_funcs=REWARDS[spec["reward"]],
         train_dataset=load_dataset("json", data_files=spec["train"], split="train"),
         callbacks=[SaveEvery(out, spec["every"], model, tokenizer)])
     trainer.train()

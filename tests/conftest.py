@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,8 +29,13 @@ from relayrl.proto.v1 import (
 TIERS = ("unit", "integration", "chaos")
 
 # One tiny-model cache for the session: the warm start is most of a small stack's start-up,
-# and a model's directory is named by its settings, so tests never see another's model.
-MODEL_CACHE = Path(tempfile.mkdtemp(prefix="relayrl-test-models-"))
+# and a model's directory is named by its settings, so tests never see another's model. A
+# process the tests spawn imports this module too: it finds the session's cache in its
+# environment instead of making a directory that no session end removes.
+_OWN_CACHE = not os.environ.get("RELAYRL_TEST_MODEL_CACHE")  # a nested pytest's is its parent's
+MODEL_CACHE = Path(os.environ.get("RELAYRL_TEST_MODEL_CACHE")
+                   or tempfile.mkdtemp(prefix="relayrl-test-models-"))
+os.environ["RELAYRL_TEST_MODEL_CACHE"] = str(MODEL_CACHE)
 # the session's small model and task: a warm start built in seconds, shared through the cache
 SMALL_MODEL = {"cache_dir": str(MODEL_CACHE), "hidden_size": 32, "num_layers": 2,
                "num_heads": 2, "sft_steps": 20, "sft_stop_accuracy": 1.0}
@@ -37,7 +43,8 @@ SMALL_TASK = {"digits": 1, "eval_size": 8}
 
 
 def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(MODEL_CACHE, ignore_errors=True)
+    if _OWN_CACHE:
+        shutil.rmtree(MODEL_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

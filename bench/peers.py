@@ -30,6 +30,11 @@ ratio TRL time / RelayRL time (above 1: RelayRL is faster), samples/s, each side
 per saved step;
 docs/peers_<setup>.md, a plot, the rounds' curves (peers_<setup>_rounds.json) and a JSON line.
 
+With --extra-steps N both sides train N steps past --steps and the levels come from TRL's
+saves up to --steps: TRL's final level is the median of its rounds' finals, which about half
+of any side's rounds reach only after that step, so without the extra steps such a round
+counts as a miss and a median time to the level often does not exist on either side.
+
 More rounds later: `--first-round 3 --merge docs/peers_smollm2_rounds.json` runs rounds 3, 4,
 ... and reports them together with the earlier command's (same setup, steps and settings).
 """
@@ -168,14 +173,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--merge", action="append", default=[], metavar="ROUNDS_JSON",
                         help="report these rounds too: an earlier command's "
                         "peers_<setup>_rounds.json with the same setup, steps and settings")
+    parser.add_argument("--extra-steps", type=int, default=0,
+                        help="both sides train this many steps past --steps, and the levels "
+                        "come from TRL's accuracy at --steps: a round that gets there after "
+                        "TRL's nominal end is timed instead of counted as a miss")
     parser.add_argument("--bf16", action="store_true",
                         help="both sides compute in bfloat16: RelayRL's trainer passes under "
                         "autocast and its vLLM engine's weights, TRL's run (bf16=True)")
     args = parser.parse_args(argv)
     path, steps, every, eval_samples = SETUPS[args.setup]
     steps, every = args.steps or steps, args.every or every
-    if args.rounds < 1 or steps < every or every < 1:
-        parser.error("need --rounds >= 1 and --steps >= --every >= 1")
+    if args.rounds < 1 or steps < every or every < 1 or args.extra_steps < 0:
+        parser.error("need --rounds >= 1, --steps >= --every >= 1 and --extra-steps >= 0")
     shared = [o for o in args.overrides if o.split("=", 1)[0].startswith(SHARED)]
     if shared:
         parser.error(f"--set {shared[0]}: both sides share that setting; change the config")
@@ -183,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
         args.overrides += BF16
     settings = {"setup": args.setup, "steps": steps, "every": every,
                 "overrides": sorted(args.overrides)}
+    if args.extra_steps:  # absent otherwise, so earlier rounds files still merge
+        settings["extra_steps"] = args.extra_steps
+    total = steps + args.extra_steps
     try:
         merged = [rec for path in args.merge for rec in earlier_rounds(Path(path), settings)]
     except ValueError as err:
@@ -202,17 +214,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.setup}: the warm start's {key} is {start:.3f}", flush=True)
     records = list(merged)
     for r in rounds:
-        cfg = bench_config(path, steps, every, work / f"relayrl_{r}", r, eval_samples,
+        cfg = bench_config(path, total, every, work / f"relayrl_{r}", r, eval_samples,
                            args.overrides)
-        spec = trl_spec(cfg, steps, every, work, r)
-        print(f"round {r + 1}/{rounds.stop}: RelayRL, {steps} steps", flush=True)
+        spec = trl_spec(cfg, total, every, work, r)
+        print(f"round {r + 1}/{rounds.stop}: RelayRL, {total} steps", flush=True)
         records.append({"round": r, **asdict(evaluated(cfg, "relayrl", run_relayrl(cfg),
                                                         start, key))})
-        print(f"round {r + 1}/{rounds.stop}: TRL {TRL_VERSION}, {steps} steps", flush=True)
+        print(f"round {r + 1}/{rounds.stop}: TRL {TRL_VERSION}, {total} steps", flush=True)
         saves = run_trl(python, spec, work / f"trl_{r}")
         records.append({"round": r, **asdict(evaluated(cfg, "trl", saves, start, key))})
     runs = [Run(**{k: v for k, v in rec.items() if k != "round"}) for rec in records]
-    report = summarize(runs, start)
+    report = summarize(runs, start, steps if args.extra_steps else None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"peers_{args.setup}_rounds.json").write_text(json.dumps(

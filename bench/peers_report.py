@@ -1,8 +1,9 @@
 """bench/peers.py's arithmetic and report, free of services: each run's held-out curve
 (seconds, pass@1), smoothed by a trailing mean of SMOOTH saves, so a level is reached only
 when the curve stays near it; the levels, the start plus LEVELS of the way to TRL's final
-accuracy (the median over TRL's rounds of each run's mean over its last SMOOTH saves); each
-side's median and spread of the time to each level, and TRL time / RelayRL time. Per step,
+accuracy (the median over TRL's rounds of each run's mean over its last SMOOTH saves, up
+to the level step when the sides ran past it); each side's median and spread of the time to
+each level, and TRL time / RelayRL time. Per step,
 whatever either side's speed: each round's pass@1 at each saved step, and the difference of
 the sides' means over every save with its standard error over rounds (learning per step).
 """
@@ -31,8 +32,11 @@ class Run:
     def smoothed(self) -> list[float]:
         return trailing_mean([acc for _, acc in self.curve], SMOOTH)
 
-    def final(self) -> float:
-        return statistics.fmean(acc for _, acc in self.curve[-SMOOTH:])
+    def final(self, until: int | None = None) -> float:
+        """The mean of the last SMOOTH saves, of those up to step `until` if given."""
+        accs = [acc for step, (_, acc) in zip(self.steps, self.curve, strict=True)
+                if until is None or step <= until]
+        return statistics.fmean(accs[-SMOOTH:])
 
     def time_to(self, level: float) -> float | None:
         # the tolerance keeps a mean that equals the level from missing it by rounding
@@ -50,16 +54,19 @@ def spread(values: list[float | None]) -> dict:
             "max": None if missed or not got else round(got[-1], 1), "missed": missed}
 
 
-def summarize(runs: list[Run], start: float) -> dict:
+def summarize(runs: list[Run], start: float, until: int | None = None) -> dict:
+    """`until`: the step whose saves set the levels (TRL's final accuracy there), where both
+    sides ran past it so that a round that gets there late is timed rather than missed; the
+    final pass@1 reported is each side's there too. None: each run's last save."""
     by_side = {side: [r for r in runs if r.side == side] for side in SIDES}
     if not all(by_side.values()):
         raise ValueError(f"need runs of both sides, got {sorted({r.side for r in runs})}")
-    target = statistics.median(r.final() for r in by_side["trl"])
+    target = statistics.median(r.final(until) for r in by_side["trl"])
     levels = [round(start + f * (target - start), 4) for f in LEVELS]
     sides = {}
     for side, rs in by_side.items():
         sides[side] = {
-            "final_pass@1": round(statistics.median(r.final() for r in rs), 4),
+            "final_pass@1": round(statistics.median(r.final(until) for r in rs), 4),
             "samples_per_s": round(statistics.median(r.samples / r.seconds for r in rs), 1),
             "seconds": round(statistics.median(r.seconds for r in rs), 1),
             "time_to": [spread([r.time_to(level) for r in rs]) for level in levels]}
@@ -68,7 +75,8 @@ def summarize(runs: list[Run], start: float) -> dict:
         trl, ours = (sides[s]["time_to"][i]["median"] for s in ("trl", "relayrl"))
         ratios.append(None if trl is None or ours is None else round(trl / ours, 2))
     return {"start_pass@1": round(start, 4), "levels": levels, "fractions": list(LEVELS),
-            "sides": sides, "trl_over_relayrl": ratios, "per_step": per_step(by_side)}
+            "level_step": until, "sides": sides, "trl_over_relayrl": ratios,
+            "per_step": per_step(by_side)}
 
 
 def per_step(by_side: dict[str, list[Run]]) -> dict:
@@ -113,7 +121,11 @@ def markdown(report: dict, setup: str, config: str, trl_version: str, command: s
     ratios = " | ".join("-" if r is None else f"{r:.2f}" for r in report["trl_over_relayrl"])
     lines += [f"| TRL time / RelayRL time | | | {ratios} |", "",
               "- Levels: the start plus 50/75/90/100% of the way to TRL's final held-out "
-              "pass@1 (median over its rounds of each run's mean over its last 3 saves).",
+              "pass@1 (median over its rounds of each run's mean over its last 3 saves"
+              + ("" if report.get("level_step") is None else
+                 f" up to step {report['level_step']}; both sides ran on past it, so a round "
+                 "that reaches a level late is timed, not missed; final pass@1 is at that "
+                 "step too") + ").",
               "- Times: seconds since the side's command started, to the first save at which "
               "the trailing mean of 3 saves reaches the level; median over rounds (fastest-"
               "slowest). Above 1 in the last row: RelayRL got there first.",

@@ -135,3 +135,18 @@ def test_merged_rounds_must_share_the_settings_and_not_repeat_a_round(tmp_path, 
         main(["--setup", "smollm2", "--steps", "20", "--first-round", "1", "--merge",
               str(rounds)])
     assert "its rounds ran" in capsys.readouterr().err
+
+
+def test_past_the_level_step_a_late_round_is_timed_and_levels_stay_trls_at_that_step():
+    """Both sides ran 2 saves past step 150: TRL's level is its mean over saves up to 150
+    (0.5), a side that gets there only at step 200 is timed there, not missed."""
+    trl = [run("trl", [0.5, 0.5, 0.5, 0.9, 0.9], every_s=10) for _ in range(3)]
+    late = [run("relayrl", [0.3, 0.4, 0.4, 0.6, 0.6], every_s=8) for _ in range(3)]
+    report = summarize(trl + late, START, until=150)
+    assert report["levels"][-1] == pytest.approx(0.5) and report["level_step"] == 150
+    assert report["sides"]["trl"]["final_pass@1"] == pytest.approx(0.5)
+    # RelayRL's trailing mean of 3: 0.3, 0.367, 0.467, 0.533 at 16..40 s
+    assert report["sides"]["relayrl"]["time_to"][-1]["median"] == 40
+    # without a level step, the last 3 saves: 0.5, 0.9, 0.9
+    assert summarize(trl + late, START)["levels"][-1] == pytest.approx(0.7667)
+    assert "up to step 150" in markdown(report, "tiny", "c.yaml", "1.16.0", "cmd", "p.png")

@@ -199,6 +199,8 @@ class Trainer(Durability):
         record = {
             "train/reward_mean": self.last_reward, "train/reward_std": tb.rewards.std().item(),
             "train/samples": n, "train/groups": len(groups),
+            # TRL's frac_reward_zero_std: groups that teach nothing (all right or all wrong)
+            "train/groups_uniform_frac": len(split_uniform(groups)[1]) / len(groups),
             "train/reward_errors": len(reward_errors),
             "train/tokens": int(tb.response_lengths.sum()),
             "train/response_len_mean": tb.response_lengths.float().mean().item(),

@@ -10,8 +10,9 @@ weights at the end.
 bench/peers.py compares learning curves, where sampling noise hides a small difference in
 the update. Here the samples are shared: each step's batch is drawn from RelayRL's current
 policy by relayrl's sampler (the torch engine's) on the problems bench/peers.py hands both
-sides, in its order, and scored by the task's reward; TRL's side (bench/peers_step_trl.py,
-in the benches' own venv) takes the same rows. The ceiling is float rounding: a relative
+sides, in its order, scored by the task's reward and passed through the wire codec as the
+buffer hands it to the trainer; TRL's side (bench/peers_step_trl.py, in the benches' own
+venv) takes the same rows. The ceiling is float rounding: a relative
 difference near 1e-6 says the two updates are one. TRL divides by the group's std plus
 1e-4 where RelayRL adds 1e-6, which alone moves a gradient by about 1e-5 of its size.
 Prints a table and one JSON line.
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.peers import SETUPS, bench_config, trl_spec  # noqa: E402
 from bench.tools_venv import bench_python  # noqa: E402
 from relayrl.config import RunConfig  # noqa: E402
-from relayrl.messages import Group, Sample  # noqa: E402
+from relayrl.messages import Batch, Group, Sample, decode_batch, encode_batch  # noqa: E402
 from relayrl.models.cache import resolve_model_path  # noqa: E402
 from relayrl.models.loading import LoadedModel, load_model  # noqa: E402
 from relayrl.rewards.scoring import score_group  # noqa: E402
@@ -79,7 +80,9 @@ def relayrl_steps(cfg: RunConfig, steps: int) -> dict:
     generator = torch.Generator().manual_seed(cfg.rollout.seed)
     out = []
     for step in range(steps):
-        groups = batch(cfg, lm, step, generator)
+        # through the wire codec, as the buffer hands a batch to the trainer
+        groups = decode_batch(encode_batch(Batch(f"step-{step}",
+                                                 batch(cfg, lm, step, generator)))).groups
         tb = collate(groups, step, lm.pad_id, cfg.trainer.loss.scales_by_group_std)
         result = learner.update(tb)
         out.append({

@@ -124,9 +124,10 @@ class Trainer(Durability):
         t0 = time.monotonic()
         version = self.step  # the weights about to be updated are version `step`
         split = split_stale(batch, version, self.tc.max_staleness)
+        varied, agreeing = split_uniform(split.kept)
         kept, uniform = split.kept, []
         if self.objective.loss.filters_uniform_groups:
-            kept, uniform = split_uniform(split.kept)
+            kept, uniform = varied, agreeing
         # A filtered group is finished like a stale one: not trained on, never re-issued.
         self.ledger.entry_ids.append(entry_id)
         self.ledger.dropped.extend(g.prompt_id for g in [*split.stale, *uniform])
@@ -143,6 +144,9 @@ class Trainer(Durability):
                         "train/samples_dropped_stale": dropped_samples,
                         "train/groups_filtered_uniform": len(uniform),
                         "train/samples_filtered_uniform": filtered_samples,
+                        # TRL's frac_reward_zero_std: groups that teach nothing (all right or
+                        # all wrong), before any filter
+                        "train/groups_uniform_frac": len(agreeing) / max(len(split.kept), 1),
                         # decoded, then thrown away: bench/longtail.py counts it as waste
                         "train/tokens_dropped_stale": sum(
                             len(s.response_tokens) for g in split.stale for s in g.samples),
@@ -199,8 +203,6 @@ class Trainer(Durability):
         record = {
             "train/reward_mean": self.last_reward, "train/reward_std": tb.rewards.std().item(),
             "train/samples": n, "train/groups": len(groups),
-            # TRL's frac_reward_zero_std: groups that teach nothing (all right or all wrong)
-            "train/groups_uniform_frac": len(split_uniform(groups)[1]) / len(groups),
             "train/reward_errors": len(reward_errors),
             "train/tokens": int(tb.response_lengths.sum()),
             "train/response_len_mean": tb.response_lengths.float().mean().item(),

@@ -80,7 +80,7 @@ def test_the_trainer_steps_every_loss(tmp_path, redis_url, tiny_lm, loss):
         assert record["train/groups_filtered_uniform"] == 1
         assert record["train/groups"] == 1 and record["train/samples"] == 2
         assert (consumed, dropped) == ({10}, {11})
-        assert record["train/groups_uniform_frac"] == 0  # of the groups trained on
+        assert record["train/groups_uniform_frac"] == 0.5  # before the filter
         assert trainer.totals["groups_filtered_uniform"] == 1
         assert trainer.totals["samples_filtered_uniform"] == 2
     else:

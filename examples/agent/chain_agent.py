@@ -13,7 +13,9 @@ staleness exactly as for its own workers.
 Both servers want the run's shared token as `Authorization: Bearer <token>`: the openai client
 sends its api_key that way, and the gRPC call carries it as metadata. Each group is submitted
 with its own request_id and retried with it when the buffer is unreachable or slow
-(relayrl.buffer_client), so a lost reply never trains a group twice.
+(relayrl.buffer_client), so a lost reply never trains a group twice. A group the buffer
+refuses as too stale (FAILED_PRECONDITION: the trainer moved past the bound while it was
+played) is played again with the current weights, up to STALE_TRIES times.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import openai
 
 from relayrl.buffer_client import submit_group
 from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
+
+STALE_TRIES = 5
 
 
 class ChainEpisodes:
@@ -72,6 +76,21 @@ class ChainEpisodes:
         return out
 
 
+def play_and_submit(episodes: ChainEpisodes, buffer, auth, a: int, b: int, c: int,
+                    size: int) -> tuple[list[buffer_pb2.Trajectory], buffer_pb2.SubmitResponse]:
+    """One group played and submitted; played again while the buffer refuses it as stale."""
+    for attempt in range(STALE_TRIES):
+        trajs = episodes.group(a, b, c, size)
+        try:
+            return trajs, submit_group(buffer, trajs, source="chain-agent", metadata=auth,
+                                       timeout_s=30)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.FAILED_PRECONDITION or attempt == STALE_TRIES - 1:
+                raise
+            print(f"{a}+{b}, +{c}: {err.details()}; playing it again", flush=True)
+    raise AssertionError("unreachable")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--http", required=True, help="host:port of a worker's OpenAI server")
@@ -95,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     hi = 10 ** args.digits - 1
     for g in range(args.groups):
         a, b, c = (rng.randint(0, hi) for _ in range(3))
-        trajs = episodes.group(a, b, c, args.group_size)
-        resp = submit_group(buffer, trajs, source="chain-agent", metadata=auth, timeout_s=30)
+        trajs, resp = play_and_submit(episodes, buffer, auth, a, b, c, args.group_size)
         mean = sum(t.reward for t in trajs) / len(trajs)
         print(f"group {g}: {a}+{b}, +{c}: mean reward {mean:.2f} -> prompt {resp.prompt_id}",
               flush=True)

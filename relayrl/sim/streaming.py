@@ -85,6 +85,9 @@ class Streaming:
             now, _, kind, obj, payload = heappop(self.events)
             if kind == DECODE:
                 if payload == obj.stamp:
+                    if obj.held:
+                        self.finish(obj.held)
+                        obj.held = []
                     if obj.plan:  # planned, not run ahead: decode up to now
                         self.finish([(now, sid) for sid in obj.advance(obj.plan)])
                     if obj.ctx + len(obj.active) > self.costs.kv_budget_tokens:
@@ -152,11 +155,19 @@ class Streaming:
             if not w.incoming:
                 self.idle.add(w)
             return
-        # no prompt, no migration can reach it (preempting, it swaps at its next boundary)
-        drain = not fresh and not self.repack and not self.preempt
+        # no prompt, no migration can reach it (preempting, it swaps at its next boundary);
+        # for good only if it is behind with no batch out ahead: a consumed batch lowers the
+        # start floor, and a worker a version behind may start prompts again until the step ends
+        drain = (not fresh and not self.repack and not self.preempt
+                 and behind(w.version, self.version, self.max_staleness, self.cfg.max_start_lag))
         if self.run_ahead and not w.incoming and (queue or drain):
-            self.finish(w.run_ahead(drain))
+            done = w.run_ahead(drain)
             at = w.t
+            # the last finishes end the run at the worker's next decision; step by step they
+            # are counted when that decode event fires, after events queued for the same
+            # instant (a trainer step their group completes would otherwise come first)
+            w.held = [d for d in done if d[0] >= at]
+            self.finish([d for d in done if d[0] < at])
         else:
             at = w.plan_next()
         heappush(self.events, (at, next(self.order), DECODE, w, w.stamp))

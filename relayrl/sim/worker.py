@@ -22,7 +22,7 @@ class Worker:
                  "step", "active",
                  "ctx", "queue", "version", "incoming", "incoming_ctx", "busy", "prefill_s",
                  "preemptions", "recomputed", "joins", "plan", "plan_s", "plan_end", "stamp",
-                 "marks")
+                 "marks", "held")
 
     def __init__(self, wid: int, costs: CostParams, prompt_len: list[int],
                  response_len: list[int], group_size: int):
@@ -55,6 +55,7 @@ class Worker:
         self.stamp = 0  # bumped on every re-plan; stale events carry an old one
         # stretches decoded ahead of the simulation's clock: (start, end, batch, busy before)
         self.marks: list[tuple[float, float, int, float]] = []
+        self.held: list[tuple[float, int]] = []  # finishes at the end of a run ahead
 
     def room(self) -> int:
         return self.cap - len(self.active) - self.incoming

@@ -14,7 +14,9 @@ config, with one mode's edits:
   (scheduler.max_inflight_prompts = buffer.groups_per_batch): generation and training
   alternate, every sample is on-policy.
 - async_<k>_<correction>: trainer.max_staleness k and the default in-flight limit
-  (max(2, k) batches: relayrl.config.run.inflight_prompts), trained with
+  (max(2, k) batches: relayrl.staleness.inflight_prompts), or async_<k>_in<b>_<correction>
+  with b batches in flight (--inflight; b may be a fraction: 2.5 is 20 prompts of 8 a
+  batch), which sets the mean lag under the bound; trained with
   trainer.loss.correction <correction> (tis_token: truncated importance sampling, the default;
   none: stale samples trained as if on-policy).
 
@@ -67,12 +69,14 @@ class Mode:
     name: str
     staleness: int
     correction: str
+    batches: float = 0  # batches of prompts in flight; 0: the live default for the bound
 
 
 def study_modes(staleness: list[int], corrections: list[str], sync_correction: str,
-                patterns: list[str]) -> list[Mode]:
+                patterns: list[str], inflight: tuple[float, ...] = (0,)) -> list[Mode]:
     modes = [Mode("sync", 0, sync_correction)]
-    modes += [Mode(f"async_{k}_{c}", k, c) for k in staleness for c in corrections]
+    modes += [Mode(f"async_{k}_{f'in{b:g}_' if b else ''}{c}", k, c, b)
+              for k in staleness for b in inflight for c in corrections]
     chosen = [m for m in modes if any(fnmatch.fnmatchcase(m.name, p) for p in patterns)]
     if not chosen:
         raise ValueError(f"--modes: {patterns} match none of {[m.name for m in modes]}")
@@ -85,7 +89,8 @@ def mode_config(base: RunConfig, mode: Mode, seed: int, steps: int, eval_every: 
     data = base.model_dump(mode="json")
     groups = data["buffer"]["groups_per_batch"]
     data.update(run_id=f"convergence-{mode.name}-s{seed}", run_dir=str(run_dir))
-    data["scheduler"]["max_inflight_prompts"] = groups if mode.staleness == 0 else 0
+    batches = 1 if mode.staleness == 0 else mode.batches
+    data["scheduler"]["max_inflight_prompts"] = round(groups * batches)
     data["trainer"]["loss"]["correction"] = mode.correction
     data["trainer"].update(
         max_staleness=mode.staleness, max_steps=steps,
@@ -153,6 +158,9 @@ def parse_args(argv=None):
     parser.add_argument("--staleness", help="asynchronous staleness bounds (default 1,2,4,8)")
     parser.add_argument("--corrections", default="tis_token,none",
                         help="corrections of the asynchronous modes")
+    parser.add_argument("--inflight", default="0", help="batches of prompts in flight in the "
+                        "asynchronous modes, comma-separated, e.g. 0,2.5 (0, the default: the "
+                        "live rule, max(2, k))")
     parser.add_argument("--modes", default="*", help="comma-separated names or globs, e.g. "
                         "'sync,async_2_*' (default: all)")
     parser.add_argument("--eval-every", type=int, help="default: the config's")
@@ -181,6 +189,13 @@ def parse_args(argv=None):
                                            else Path("runs") / args.name)).resolve()
     if args.seeds < 1:
         raise ValueError("--seeds: must be >= 1")
+    try:
+        args.inflight = tuple(float(b) for b in args.inflight.split(","))
+    except ValueError:
+        raise ValueError(f"--inflight: numbers of batches, got {args.inflight!r}") from None
+    if any(0 < b < 1 or b < 0 for b in args.inflight):
+        raise ValueError(f"--inflight: 0 (the live rule) or at least one batch, a trainer "
+                         f"batch must fit in flight; got {args.inflight}")
     if min(args.staleness) < 1:
         raise ValueError("--staleness: asynchronous bounds must be >= 1 (sync is staleness 0)")
     return args
@@ -191,7 +206,7 @@ def main(argv=None) -> None:
     base = load_run_config(args.config)
     args.steps = args.steps or base.trainer.max_steps
     modes = study_modes(args.staleness, args.corrections.split(","), base.trainer.loss.correction,
-                        args.modes.split(","))
+                        args.modes.split(","), args.inflight)
     window = max(1, round(args.smooth * args.steps))
     curves_by_mode: dict[Mode, list[RunCurve]] = {}
     for mode in modes:

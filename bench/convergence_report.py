@@ -101,8 +101,9 @@ def render_markdown(settings: StudySettings, summaries: list[ModeSummary],
         f"{settings.groups_per_batch} prompts x {settings.group_size} samples, "
         f"{settings.seeds} seed(s) per mode. sync trains with a staleness bound of 0 and one "
         "batch of prompts in flight, so generation and training alternate; async_k allows "
-        "k versions of lag and max(2, k) batches in flight, with the configured off-policy "
-        "correction or with none. Seeds vary trainer.seed and rollout.seed; the task seed "
+        "k versions of lag and max(2, k) batches in flight (async_k_in<b>: b batches, which "
+        "sets the mean lag under the bound), with the configured off-policy correction or "
+        "with none. Seeds vary trainer.seed and rollout.seed; the task seed "
         "stays, since it fixes the held-out split and the warm-started model every mode "
         "starts from.",
         "",

@@ -10,9 +10,9 @@ engines ignore end-of-sequence), `--groups` prompts of `group_size` samples per 
 the batch shapes of the modes to differ). Four modes on the same prompts and lengths, named
 as in `relayrl simulate`:
 
-- sync: one batch of prompts in flight; the next is handed out only once the trainer has
-  stepped past it, so generation and training alternate and each batch waits for its longest
-  response.
+- sync: one batch of prompts in flight at a staleness bound of 0; the next is handed out
+  only once the trainer has stepped past it and starts on the weights that step made, so
+  generation and training alternate and each batch waits for its longest response.
 - async_batch: batch-level asynchrony (staleness bound `--staleness`, 2 by default, so two
   batches of prompts in flight): workers keep generating, in larger batches, while the
   trainer trains, but each engine call still runs until its longest response ends, so a
@@ -65,7 +65,7 @@ SEGMENTED = ("async", "async_repack", "async_when_behind")
 def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
     data = base.model_dump(mode="json")
     # sync generates one training batch at a time; async keeps more batches in flight (the
-    # scheduler's default: relayrl.config.run.inflight_prompts), so its workers run more
+    # scheduler's default: relayrl.staleness.inflight_prompts), so its workers run more
     # sequences at once
     groups = args.groups
     in_flight = groups if mode == "sync" else (args.inflight
@@ -76,8 +76,11 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
                              max_inflight_prompts=groups if mode == "sync" else args.inflight,
                              repack=mode == "async_repack")
     data["buffer"].update(groups_per_batch=groups)
+    # sync at a bound of 0: with the bound above 0 its next batch would start on the weights
+    # of the step being trained (lag 1), a one-step-off pipeline rather than a barrier
     data["trainer"].update(max_steps=args.steps,
-                           max_staleness=args.staleness, checkpoint_every=args.steps,
+                           max_staleness=0 if mode == "sync" else args.staleness,
+                           checkpoint_every=args.steps,
                            plot_every=args.steps, progress=False)
     data["eval"]["every"] = 0
     data["rollout"].update(num_workers=args.workers,
@@ -191,10 +194,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--segment", type=int, default=16)
     parser.add_argument("--staleness", type=int, default=2,
-                        help="trainer.max_staleness of every mode (sync never exceeds 0)")
+                        help="trainer.max_staleness of the asynchronous modes (sync: 0)")
     parser.add_argument("--inflight", type=int, default=0,
                         help="async modes: prompts out at once (scheduler.max_inflight_prompts; "
-                        "0: the scheduler's own, relayrl.config.run.inflight_prompts)")
+                        "0: the scheduler's own, relayrl.staleness.inflight_prompts)")
     parser.add_argument("--keep-runs", default="",
                         help="keep every run's directory (metrics, logs) under this one")
     parser.add_argument("--repeats", type=int, default=3,

@@ -166,6 +166,8 @@ def test_modes_and_their_config_edits(tmp_path):
     assert [m.name for m in modes] == ["sync", "async_2_tis_token", "async_2_none"]
     with pytest.raises(ValueError, match="--modes"):
         study_modes([1], ["none"], "tis_token", ["async_4_*"])
+    capped = study_modes([3], ["tis_token"], "tis_token", ["*"], inflight=(2, 0))
+    assert [m.name for m in capped] == ["sync", "async_3_in2_tis_token", "async_3_tis_token"]
     for example in ("examples/tiny_cpu.yaml", "examples/smollm2_cpu.yaml"):
         base = load_run_config(example)
         groups = base.buffer.groups_per_batch
@@ -178,6 +180,12 @@ def test_modes_and_their_config_edits(tmp_path):
         assert stale.trainer.seed == base.trainer.seed + 2
         assert stale.rollout.seed != sync.rollout.seed
         assert stale.task == base.task and stale.model == base.model  # same starting point
+        two_out = mode_config(base, capped[1], 0, 20, None, tmp_path / "c")
+        assert (two_out.trainer.max_staleness, two_out.inflight_limit) == (3, 2 * groups)
+    half = study_modes([3], ["tis_token"], "tis_token", ["async_*"], inflight=(2.5,))[0]
+    assert half.name == "async_3_in2.5_tis_token"
+    tiny = load_run_config("examples/tiny_cpu.yaml")  # 8 prompts a batch: 2.5 batches is 20
+    assert mode_config(tiny, half, 0, 20, None, tmp_path / "h").inflight_limit == 20
 
 
 def test_each_config_gets_its_own_outputs():
@@ -190,3 +198,7 @@ def test_each_config_gets_its_own_outputs():
     assert "convergence_smoke" in str(smoke.out) and smoke.steps < 20
     with pytest.raises(ValueError, match="--staleness"):
         parse_args(["--staleness", "0,2"])
+    assert parse_args(["--inflight", "0,2.5"]).inflight == (0, 2.5)
+    for bad in ("-1", "0.5", "two"):
+        with pytest.raises(ValueError, match="--inflight"):
+            parse_args(["--inflight", bad])

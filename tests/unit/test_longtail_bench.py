@@ -21,3 +21,20 @@ def test_waste_is_read_from_the_line_the_worker_logs(tmp_path):
         (tmp_path / name).write_text(f"noise\n{WASTE_LINE % figures}\n")
     (tmp_path / "trainer.log").write_text("waste: 9 groups restarted stale (9 tokens), 9\n")
     assert worker_waste(tmp_path) == (120, 50)
+
+
+def test_sync_is_a_barrier_and_async_keeps_the_bound(tmp_path):
+    from types import SimpleNamespace
+
+    from bench.longtail import mode_config
+    from relayrl.config import load_run_config
+
+    base = load_run_config("examples/tiny_cpu.yaml")
+    args = SimpleNamespace(groups=8, workers=2, staleness=3, inflight=0, steps=10,
+                           max_tokens=64, median=16, p99_ratio=10.0, segment=16)
+    sync = mode_config(base, "sync", tmp_path / "s", args)
+    # a bound above 0 would let the next batch start on the step's old weights (lag 1)
+    assert (sync.trainer.max_staleness, sync.inflight_limit) == (0, 8)
+    repack = mode_config(base, "async_repack", tmp_path / "r", args)
+    assert (repack.trainer.max_staleness, repack.inflight_limit) == (3, 24)
+    assert repack.scheduler.repack and not sync.scheduler.repack

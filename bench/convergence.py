@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
 import shlex
 import shutil
 import sys
@@ -193,7 +194,7 @@ def parse_args(argv=None):
         args.inflight = tuple(float(b) for b in args.inflight.split(","))
     except ValueError:
         raise ValueError(f"--inflight: numbers of batches, got {args.inflight!r}") from None
-    if any(0 < b < 1 or b < 0 for b in args.inflight):
+    if any(not math.isfinite(b) or 0 < b < 1 or b < 0 for b in args.inflight):
         raise ValueError(f"--inflight: 0 (the live rule) or at least one batch, a trainer "
                          f"batch must fit in flight; got {args.inflight}")
     if min(args.staleness) < 1:

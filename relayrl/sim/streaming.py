@@ -161,6 +161,7 @@ class Streaming:
         drain = (not fresh and not self.repack and not self.preempt
                  and behind(w.version, self.version, self.max_staleness, self.cfg.max_start_lag))
         if self.run_ahead and not w.incoming and (queue or drain):
+            assert not w.held, "a run ahead's last finishes were never counted"
             done = w.run_ahead(drain)
             at = w.t
             # the last finishes end the run at the worker's next decision; step by step they

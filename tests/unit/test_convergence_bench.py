@@ -199,6 +199,6 @@ def test_each_config_gets_its_own_outputs():
     with pytest.raises(ValueError, match="--staleness"):
         parse_args(["--staleness", "0,2"])
     assert parse_args(["--inflight", "0,2.5"]).inflight == (0, 2.5)
-    for bad in ("-1", "0.5", "two"):
+    for bad in ("-1", "0.5", "two", "inf", "nan"):
         with pytest.raises(ValueError, match="--inflight"):
             parse_args(["--inflight", bad])

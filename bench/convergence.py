@@ -105,23 +105,37 @@ def mode_config(base: RunConfig, mode: Mode, seed: int, steps: int, eval_every: 
 
 def run_once(cfg: RunConfig, fresh: bool) -> tuple[RunCurve, bool]:
     """One run's curves, from a finished earlier run with the same settings unless `fresh`;
-    True when it was reused."""
+    True when it was reused. The settings compared leave out the run directory, so a study
+    moved or renamed is still reused; a run is made in a sibling `.partial` directory and
+    takes the run directory's place only once it has finished, so a killed study keeps every
+    run it had finished."""
     run_dir = Path(cfg.run_dir)
-    spec = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+    spec = run_spec(cfg)
     spec_path = run_dir / "bench_spec.json"
     rows = read_metrics(run_dir / "metrics.jsonl")
     finished = sum("time/elapsed_s" in r for r in rows) >= cfg.trainer.max_steps
     if not fresh and finished and spec_path.is_file() and spec_path.read_text() == spec:
         return run_curve(rows), True
     # a leftover run directory holds a Redis and checkpoints that the trainer would resume
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
+    partial = run_dir.with_name(run_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     data = cfg.model_dump(mode="json")
+    data["run_dir"] = str(partial)
     assign_free_ports(data)
     rows = run_stack(RunConfig.model_validate(data))
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # GBs for a real model
-    spec_path.write_text(spec)
+    shutil.rmtree(partial / "checkpoints", ignore_errors=True)  # GBs for a real model
+    (partial / "bench_spec.json").write_text(spec)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    partial.rename(run_dir)
     return run_curve(rows), False
+
+
+def run_spec(cfg: RunConfig) -> str:
+    """The settings that decide a run's result: its config less where it is written."""
+    data = cfg.model_dump(mode="json")
+    data.pop("run_dir")
+    return json.dumps(data, sort_keys=True)
 
 
 def study_result(args, summaries, comparisons, scale) -> dict:

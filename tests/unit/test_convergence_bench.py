@@ -1,8 +1,13 @@
 """The learning-quality study's arithmetic and report on hand-built numbers (no services)."""
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
-from bench.convergence import Mode, mode_config, parse_args, study_modes
+import bench.convergence as convergence
+from bench.convergence import Mode, mode_config, parse_args, run_once, study_modes
 from bench.convergence_curves import (
     ModeSummary,
     RunCurve,
@@ -202,3 +207,37 @@ def test_each_config_gets_its_own_outputs():
     for bad in ("-1", "0.5", "two", "inf", "nan"):
         with pytest.raises(ValueError, match="--inflight"):
             parse_args(["--inflight", bad])
+
+
+def test_a_finished_run_is_reused_where_it_moved_and_survives_a_killed_rerun(tmp_path,
+                                                                             monkeypatch):
+    base = load_run_config("examples/tiny_cpu.yaml")
+    launched = []
+
+    def fake_stack(cfg):  # stands in for the services: writes what the trainer writes
+        launched.append(cfg.run_dir)
+        rows = [{"step": s, "time/elapsed_s": float(s), "train/reward_mean": 0.5,
+                 "train/groups": 8, "train/samples": 64} for s in (1, 2)]
+        Path(cfg.run_dir, "metrics.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows))
+        return rows
+
+    monkeypatch.setattr(convergence, "run_stack", fake_stack)
+    cfg = mode_config(base, Mode("sync", 0, "tis_token"), 0, 2, None, tmp_path / "a" / "sync-s0")
+    assert run_once(cfg, fresh=False)[1] is False
+    assert launched == [str(tmp_path / "a" / "sync-s0.partial")]  # made aside, then moved in
+    assert not (tmp_path / "a" / "sync-s0.partial").exists()
+    shutil.move(tmp_path / "a", tmp_path / "b")  # the study renamed
+    moved = mode_config(base, Mode("sync", 0, "tis_token"), 0, 2, None, tmp_path / "b" / "sync-s0")
+    assert run_once(moved, fresh=False)[1] is True and len(launched) == 1
+
+    def killed(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convergence, "run_stack", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_once(moved, fresh=True)
+    assert run_once(moved, fresh=False)[1] is True  # the finished run is still there
+    longer = mode_config(base, Mode("sync", 0, "tis_token"), 0, 3, None, tmp_path / "b" / "sync-s0")
+    with pytest.raises(KeyboardInterrupt):  # other settings: not reused
+        run_once(longer, fresh=False)

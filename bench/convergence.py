@@ -114,7 +114,7 @@ def run_once(cfg: RunConfig, fresh: bool) -> tuple[RunCurve, bool]:
     spec_path = run_dir / "bench_spec.json"
     rows = read_metrics(run_dir / "metrics.jsonl")
     finished = sum("time/elapsed_s" in r for r in rows) >= cfg.trainer.max_steps
-    if not fresh and finished and spec_path.is_file() and spec_path.read_text() == spec:
+    if not fresh and finished and spec_path.is_file() and same_spec(spec_path.read_text(), spec):
         return run_curve(rows), True
     # a leftover run directory holds a Redis and checkpoints that the trainer would resume
     partial = run_dir.with_name(run_dir.name + ".partial")
@@ -136,6 +136,17 @@ def run_spec(cfg: RunConfig) -> str:
     data = cfg.model_dump(mode="json")
     data.pop("run_dir")
     return json.dumps(data, sort_keys=True)
+
+
+def same_spec(saved: str, spec: str) -> bool:
+    """Whether a saved spec is `spec`; one saved with its run directory (before the key left
+    it out) still counts."""
+    try:
+        data = json.loads(saved)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and {**data, "run_dir": None} == {**json.loads(spec),
+                                                                      "run_dir": None}
 
 
 def study_result(args, summaries, comparisons, scale) -> dict:

@@ -230,6 +230,9 @@ def test_a_finished_run_is_reused_where_it_moved_and_survives_a_killed_rerun(tmp
     shutil.move(tmp_path / "a", tmp_path / "b")  # the study renamed
     moved = mode_config(base, Mode("sync", 0, "tis_token"), 0, 2, None, tmp_path / "b" / "sync-s0")
     assert run_once(moved, fresh=False)[1] is True and len(launched) == 1
+    spec_path = tmp_path / "b" / "sync-s0" / "bench_spec.json"  # as written before the key
+    spec_path.write_text(json.dumps({**json.loads(spec_path.read_text()), "run_dir": "old"}))
+    assert run_once(moved, fresh=False)[1] is True and len(launched) == 1
 
     def killed(cfg):
         raise KeyboardInterrupt

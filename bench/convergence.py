@@ -111,10 +111,9 @@ def run_once(cfg: RunConfig, fresh: bool) -> tuple[RunCurve, bool]:
     run it had finished."""
     run_dir = Path(cfg.run_dir)
     spec = run_spec(cfg)
-    spec_path = run_dir / "bench_spec.json"
     rows = read_metrics(run_dir / "metrics.jsonl")
     finished = sum("time/elapsed_s" in r for r in rows) >= cfg.trainer.max_steps
-    if not fresh and finished and spec_path.is_file() and same_spec(spec_path.read_text(), spec):
+    if not fresh and finished and saved_spec(run_dir / "bench_spec.json") == spec:
         return run_curve(rows), True
     # a leftover run directory holds a Redis and checkpoints that the trainer would resume
     partial = run_dir.with_name(run_dir.name + ".partial")
@@ -125,28 +124,30 @@ def run_once(cfg: RunConfig, fresh: bool) -> tuple[RunCurve, bool]:
     assign_free_ports(data)
     rows = run_stack(RunConfig.model_validate(data))
     shutil.rmtree(partial / "checkpoints", ignore_errors=True)  # GBs for a real model
-    (partial / "bench_spec.json").write_text(spec)
+    (partial / "bench_spec.json").write_text(json.dumps(spec, sort_keys=True))
     shutil.rmtree(run_dir, ignore_errors=True)
     partial.rename(run_dir)
     return run_curve(rows), False
 
 
-def run_spec(cfg: RunConfig) -> str:
+def run_spec(cfg: RunConfig) -> dict:
     """The settings that decide a run's result: its config less where it is written."""
     data = cfg.model_dump(mode="json")
     data.pop("run_dir")
-    return json.dumps(data, sort_keys=True)
+    return data
 
 
-def same_spec(saved: str, spec: str) -> bool:
-    """Whether a saved spec is `spec`; one saved with its run directory (before the key left
-    it out) still counts."""
+def saved_spec(path: Path) -> dict | None:
+    """The settings a finished run saved, less its run directory (specs saved before the key
+    left the directory out still hold it); None when there is none to read."""
     try:
-        data = json.loads(saved)
-    except ValueError:
-        return False
-    return isinstance(data, dict) and {**data, "run_dir": None} == {**json.loads(spec),
-                                                                      "run_dir": None}
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    data.pop("run_dir", None)
+    return data
 
 
 def study_result(args, summaries, comparisons, scale) -> dict:

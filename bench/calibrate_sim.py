@@ -6,7 +6,7 @@ For a grid of batch sizes and context lengths, times generation of a short and a
 continuation (end-of-sequence ignored) on the tiny example model; the difference divided by
 the extra tokens is one decode step at that batch and context. Fits the simulator's
 decode_fixed_s + decode_per_seq_s * batch + decode_per_token_s * context_tokens by least
-squares (relayrl.sim.costs.fit_decode_cost), writes the fitted costs per engine as
+squares (relayrl_sim.costs.fit_decode_cost), writes the fitted costs per engine as
 `relayrl simulate --costs` files, and ends with one JSON line holding the fit's RMS relative
 error per engine, in-sample and on held-out grid points.
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from relayrl.config import load_run_config  # noqa: E402
 from relayrl.models import resolve_model_path  # noqa: E402
 from relayrl.models.loading import load_model  # noqa: E402
-from relayrl.sim.costs import fit_decode_cost, save_costs  # noqa: E402
+from relayrl_sim.costs import fit_decode_cost, save_costs  # noqa: E402
 from rollout_svc.engine_api import SamplingSpec  # noqa: E402
 from rollout_svc.engine_factory import make_engine  # noqa: E402
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import yaml
 
-from relayrl.auth import install_launcher_credentials
 from relayrl.config import AuthConfig, RunConfig
-from relayrl.grpc_util import free_ports, reserve_ports, wait_healthy
-from relayrl.metrics import read_metrics
-from relayrl.ops.launcher import Launcher
-from relayrl.procs import child_env
+from relayrl.runtime.auth import install_launcher_credentials
+from relayrl.runtime.grpc_util import free_ports, reserve_ports, wait_healthy
+from relayrl.runtime.metrics import read_metrics
+from relayrl.runtime.procs import child_env
+from relayrl_ops.launcher import Launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,8 +92,8 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path) -> dict[str, float]:
     eval's seed: the record an eval of the run would write."""
     import torch
 
-    from relayrl.evals import build_sets, evaluate_sets
-    from relayrl.evals.offline import load_checkpoint
+    from eval_svc import build_sets, evaluate_sets
+    from eval_svc.offline import load_checkpoint
 
     torch.set_num_threads(cfg.trainer.torch_threads)
     record, _ = evaluate_sets(load_checkpoint(cfg, checkpoint), build_sets(cfg),

@@ -14,7 +14,7 @@ config, with one mode's edits:
   (scheduler.max_inflight_prompts = buffer.groups_per_batch): generation and training
   alternate, every sample is on-policy.
 - async_<k>_<correction>: trainer.max_staleness k and the default in-flight limit
-  (max(2, k) batches: relayrl.staleness.inflight_prompts), or async_<k>_in<b>_<correction>
+  (max(2, k) batches: relayrl.rules.staleness.inflight_prompts), or async_<k>_in<b>_<correction>
   with b batches in flight (--inflight; b may be a fraction: 2.5 is 20 prompts of 8 a
   batch), which sets the mean lag under the bound; trained with
   trainer.loss.correction <correction> (tis_token: truncated importance sampling, the default;
@@ -59,7 +59,7 @@ from bench.convergence_curves import (  # noqa: E402
 )
 from bench.convergence_report import StudySettings, plot_curves, render_markdown  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.metrics import read_metrics  # noqa: E402
+from relayrl.runtime.metrics import read_metrics  # noqa: E402
 
 SMOKE = {"steps": 8, "seeds": 1, "staleness": "1", "eval_every": 4}
 SEED_STRIDE = 1000  # rollout.seed is offset by worker index: keep seeds' workers apart

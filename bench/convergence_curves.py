@@ -49,7 +49,7 @@ class RunCurve:
 
 
 def run_curve(rows: list[dict]) -> RunCurve:
-    """A run's curves from its metrics.jsonl rows (relayrl.metrics.read_metrics)."""
+    """A run's curves from its metrics.jsonl rows (relayrl.runtime.metrics.read_metrics)."""
     steps = sorted((r for r in rows if "time/elapsed_s" in r), key=lambda r: r["step"])
     if not steps:
         raise ValueError("metrics: no trainer step recorded")

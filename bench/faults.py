@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import assign_free_ports  # noqa: E402
 from relayrl.config import RunConfig  # noqa: E402
-from relayrl.ops.fault_run import FaultRunResult, fault_settings, run_with_faults  # noqa: E402
-from relayrl.ops.fault_schedule import LANDING_SLACK_STEPS, draw_schedule, steps_needed  # noqa: E402
+from relayrl_testkit.fault_run import FaultRunResult, fault_settings, run_with_faults  # noqa: E402
+from relayrl_testkit.fault_schedule import LANDING_SLACK_STEPS, draw_schedule, steps_needed  # noqa: E402
 
 GROUPS, GROUP_SIZE, WORKERS = 2, 4, 2
 

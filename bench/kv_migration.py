@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from relayrl.config import load_run_config  # noqa: E402
-from relayrl.grpc_util import free_ports  # noqa: E402
+from relayrl.runtime.grpc_util import free_ports  # noqa: E402
 
 ONE_TOKEN = dict(max_new_tokens=1, greedy=True, temperature=1.0)
 BATCH, BATCH_TOKENS = 32, 16  # the SmolLM2 example's batch: what generation costs meanwhile

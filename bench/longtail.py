@@ -54,8 +54,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import CpuSampler, assign_free_ports, run_stack, window_figures  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.sim.accounting import distribution  # noqa: E402
-from relayrl.staleness import inflight_prompts  # noqa: E402
+from relayrl.rules.staleness import inflight_prompts  # noqa: E402
+from relayrl_sim.accounting import distribution  # noqa: E402
 
 MODES = ("sync", "async_batch", "async", "async_repack", "async_when_behind")
 DEFAULT_MODES = MODES[:4]
@@ -65,7 +65,7 @@ SEGMENTED = ("async", "async_repack", "async_when_behind")
 def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
     data = base.model_dump(mode="json")
     # sync generates one training batch at a time; async keeps more batches in flight (the
-    # scheduler's default: relayrl.staleness.inflight_prompts), so its workers run more
+    # scheduler's default: relayrl.rules.staleness.inflight_prompts), so its workers run more
     # sequences at once
     groups = args.groups
     in_flight = groups if mode == "sync" else (args.inflight
@@ -197,7 +197,7 @@ def main() -> None:
                         help="trainer.max_staleness of the asynchronous modes (sync: 0)")
     parser.add_argument("--inflight", type=int, default=0,
                         help="async modes: prompts out at once (scheduler.max_inflight_prompts; "
-                        "0: the scheduler's own, relayrl.staleness.inflight_prompts)")
+                        "0: the scheduler's own, relayrl.rules.staleness.inflight_prompts)")
     parser.add_argument("--keep-runs", default="",
                         help="keep every run's directory (metrics, logs) under this one")
     parser.add_argument("--repeats", type=int, default=3,

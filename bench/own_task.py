@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import assign_free_ports, evaluate_checkpoint  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.metrics import read_metrics  # noqa: E402
-from relayrl.ops.launcher import Launcher  # noqa: E402
+from relayrl.runtime.metrics import read_metrics  # noqa: E402
+from relayrl_ops.launcher import Launcher  # noqa: E402
 
 DEFAULT_CONFIGS = "examples/own_task.yaml,examples/smollm2_calculator.yaml"
 

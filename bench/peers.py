@@ -103,7 +103,7 @@ def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path, round_: int) ->
     from transformers import AutoTokenizer
 
     from relayrl.models.cache import resolve_model_path
-    from relayrl.tasks import make_task
+    from relayrl.plugins.tasks import make_task
 
     model = resolve_model_path(cfg.model, cfg.task)
     bos = AutoTokenizer.from_pretrained(model).bos_token or ""  # relayrl prefixes raw text

@@ -33,29 +33,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import ROOT, assign_free_ports  # noqa: E402
 from bench.tools_venv import bench_tool  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.metrics import read_metrics  # noqa: E402
-from relayrl.ops.launcher import Launcher  # noqa: E402
+from relayrl.runtime.metrics import read_metrics  # noqa: E402
+from relayrl_ops.launcher import Launcher  # noqa: E402
 
 # First match wins, tested against the stack's files (root to leaf, as py-spy names them:
 # relative to site-packages or the working directory), so an operation is charged whole: a
 # Redis call made while publishing weights is publishing.
 BUCKETS: list[tuple[str, str]] = [
-    ("evaluation", r"relayrl/evals/"),
+    ("evaluation", r"eval_svc/"),
     ("checkpoint", r"trainer_svc/checkpoint\.py"),
     ("weight publish", r"trainer_svc/publisher\.py|relay_svc/"),
     ("weight pull", r"rollout_svc/weight_refresh\.py|relayrl/weights?/"),
-    ("metrics, plots, logs", r"relayrl/metrics\.py|telemetry\.py|matplotlib|prometheus|"
+    ("metrics, plots, logs", r"relayrl/runtime/metrics\.py|telemetry\.py|matplotlib|prometheus|"
                              r"logging/__init__\.py|tqdm"),
     ("engine (generate)", r"rollout_svc/(torch_engine|vllm_engine|batcher)\.py|"
                           r"relayrl/sampling/"),
-    ("reward", r"relayrl/rewards/"),
+    ("reward", r"relayrl/plugins/rewards/"),
     ("engine/trainer log-prob check", r"trainer_svc/parity\.py"),
     ("trainer forward/backward", r"trainer_svc/(objective|learner|losses/)|"
                                  r"torch/(autograd|optim)/"),
-    ("encode, decode, validate, collate", r"relayrl/(messages|codec|wire)|msgpack|_pb2|protobuf|"
-                                 r"trainer_svc/batching\.py|buffer_svc/(submit|assembler)\.py"),
-    ("Redis client", r"(^|[;/])redis/|relayrl/(streams|outage|redis_conn)\.py"),
-    ("gRPC", r"(^|[;/])grpc/|relayrl/grpc_util\.py"),
+    ("encode, decode, validate, collate", r"relayrl/contracts/(messages|codec)|msgpack|_pb2|"
+                                          r"protobuf|trainer_svc/batching\.py|buffer_svc/(submit|assembler)\.py"),
+    ("Redis client", r"(^|[;/])redis/|relayrl/(contracts/streams|runtime/(outage|redis_conn))"
+                     r"\.py"),
+    ("gRPC", r"(^|[;/])grpc/|relayrl/runtime/grpc_util\.py"),
     ("scheduler leases", r"scheduler_svc/"),
 ]
 OTHER = "other"

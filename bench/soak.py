@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import assign_free_ports  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.ops.launcher import Launcher  # noqa: E402
+from relayrl_ops.launcher import Launcher  # noqa: E402
 
 TARGET_GROWTH_PCT = 5.0
 WINDOW = 3  # samples whose median is taken at each end
@@ -65,7 +65,7 @@ def soak_config(base: RunConfig, run_dir: Path) -> RunConfig:
 
 def redis_pid(cfg: RunConfig) -> int:
     """The Redis server's own pid, as it reports it (embedded or not, if on this machine)."""
-    from relayrl.redis_conn import connect
+    from relayrl.runtime.redis_conn import connect
 
     client = connect(cfg.redis.url, cfg.redis.socket_timeout_s)
     try:
@@ -100,8 +100,8 @@ def report_progress(now_s: float, minutes: float, cfg: RunConfig,
 
 def audit_stopped_run(cfg: RunConfig) -> dict:
     """The ledger of the stopped run, from its Redis file (as `relayrl audit <run dir>`)."""
-    from relayrl.ops.audit import audit_redis
-    from relayrl.redis_conn import redis_session
+    from relayrl.runtime.redis_conn import redis_session
+    from relayrl_ops.audit import audit_redis
 
     with redis_session(None, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         report = audit_redis(redis, cfg.run_id, cfg.trainer.max_steps)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import weights_nccl, weights_publish  # noqa: E402
 from bench.common import fastest_pull_s, spawn_service  # noqa: E402
-from relayrl.grpc_util import free_ports  # noqa: E402
+from relayrl.runtime.grpc_util import free_ports  # noqa: E402
 from relayrl.weights import nixl_plane  # noqa: E402
 from relayrl.weights.client import RelayClient  # noqa: E402
 from relayrl.weights.layout import flat_size  # noqa: E402

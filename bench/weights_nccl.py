@@ -16,7 +16,7 @@ import time
 import torch
 
 from bench.common import fastest_pull_s
-from relayrl.grpc_util import free_ports
+from relayrl.runtime.grpc_util import free_ports
 from relayrl.weights.client import RelayClient
 from relayrl.weights.collective import two_rank_group
 

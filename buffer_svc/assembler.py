@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from relayrl.messages import Batch, Group
+from relayrl.contracts.messages import Batch, Group
 
 
 @dataclass

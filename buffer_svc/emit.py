@@ -1,6 +1,6 @@
 """Appending a batch to the batch stream exactly once, even when the call is repeated.
 
-The Redis client repeats a command whose connection failed (relayrl.redis_conn), and a
+The Redis client repeats a command whose connection failed (relayrl.runtime.redis_conn), and a
 server killed after it ran the command but before its reply reached us makes that a second
 run: a plain transaction would append the batch twice and the trainer would train it twice.
 Here the append, the ledger entry and the acknowledgement of the batch's trajectory entries
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import redis
 
-from relayrl import ledger
-from relayrl.keys import BUFFER_GROUP, RunKeys
-from relayrl.streams import FIELD
+from relayrl.contracts import ledger
+from relayrl.contracts.keys import BUFFER_GROUP, RunKeys
+from relayrl.contracts.streams import FIELD
 
 # KEYS: batch stream, batched ledger bitmap, batched ledger's external set, trajectory stream
 # ARGV: the buffer's consumer group, payload, number of scheduler prompt ids n, number of
 # external ones m, the n ids (bits of the bitmap), the m ids (members of the set), then the
-# trajectory entry ids (the encoding is relayrl.ledger's)
+# trajectory entry ids (the encoding is relayrl.contracts.ledger's)
 EMIT_SCRIPT = """
 local n, m = tonumber(ARGV[3]), tonumber(ARGV[4])
 local first_external, first_entry = 5 + n, 5 + n + m

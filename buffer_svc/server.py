@@ -4,7 +4,7 @@ Trajectory entries are acknowledged (and deleted) in the same transaction that a
 batch holding them, so a crash at any point leaves them pending to be read again.
 
 Both streams are bounded: producers admit themselves onto the trajectory stream only under
-buffer.max_pending_samples (relayrl.streams), and this service appends a batch only while
+buffer.max_pending_samples (relayrl.contracts.streams), and this service appends a batch only while
 fewer than buffer.max_pending_batches wait unread by the trainer. A slow trainer therefore
 fills the batch stream, then the trajectory stream, then makes producers wait.
 """
@@ -21,24 +21,24 @@ from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.emit import BatchAppender
 from buffer_svc.submit import StaleGroup, Submissions
 from buffer_svc.telemetry import buffer_metrics
-from relayrl import control, ledger
-from relayrl.backpressure import PressureCounters, StoppedWaiting, is_oom
-from relayrl.codec import CodecError
 from relayrl.config import RunConfig
-from relayrl.keys import BUFFER_GROUP, TRAINER_GROUP, RunKeys
-from relayrl.logs import setup_logging
-from relayrl.messages import Group, decode_group, encode_batch
-from relayrl.model_limits import model_limits
-from relayrl.outage import is_outage, redis_write, ride_out
-from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
-from relayrl.redis_conn import redis_session
-from relayrl.reply_faults import with_lost_replies
-from relayrl.service import ServiceRunner
-from relayrl.streams import BufferFull, ensure_group, pending_samples, read_group
+from relayrl.contracts import control, ledger
+from relayrl.contracts.codec import CodecError
+from relayrl.contracts.keys import BUFFER_GROUP, TRAINER_GROUP, RunKeys
+from relayrl.contracts.messages import Group, decode_group, encode_batch
+from relayrl.contracts.proto.v1 import buffer_pb2, buffer_pb2_grpc
+from relayrl.contracts.streams import BufferFull, ensure_group, pending_samples, read_group
+from relayrl.models.limits import model_limits
+from relayrl.runtime.backpressure import PressureCounters, StoppedWaiting, is_oom
+from relayrl.runtime.logs import setup_logging
+from relayrl.runtime.outage import is_outage, redis_write, ride_out
+from relayrl.runtime.redis_conn import redis_session
+from relayrl.runtime.reply_faults import with_lost_replies
+from relayrl.runtime.service import ServiceRunner
 
 log = logging.getLogger(__name__)
 CONSUMER = "buffer-0"
-# what a chaos test may lose the replies of (relayrl.reply_faults); Stats is how it watches
+# what a chaos test may lose the replies of (relayrl.runtime.reply_faults); Stats is how it watches
 LOSABLE_METHODS = ("Submit",)
 
 

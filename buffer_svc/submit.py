@@ -20,15 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relayrl import control
-from relayrl.codec import CodecError
 from relayrl.config import RunConfig
-from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.messages import Group, Sample, encode_group, validate_sample
-from relayrl.model_limits import ModelLimits
-from relayrl.proto.v1 import buffer_pb2
-from relayrl.staleness import is_stale
-from relayrl.streams import BufferFull
+from relayrl.contracts import control
+from relayrl.contracts.codec import CodecError
+from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
+from relayrl.contracts.messages import Group, Sample, encode_group, validate_sample
+from relayrl.contracts.proto.v1 import buffer_pb2
+from relayrl.contracts.streams import BufferFull
+from relayrl.models.limits import ModelLimits
+from relayrl.rules.staleness import is_stale
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # Sample's names for the fields the wire calls otherwise
@@ -37,8 +37,8 @@ _WIRE_NAMES = {"prompt_tokens": "prompt_token_ids", "response_tokens": "response
 # KEYS: the trajectory stream[, the request's id key]. ARGV: the stream's bound, the id's
 # time to live, what to remember under it, the group's size, then the group. A known id
 # appends nothing; otherwise the group goes in as one entry, under the bound
-# (relayrl.streams.ADMIT_SCRIPT's rule), and the id with it. Redis refuses a script for its
-# memory limit at its first write (XADD), so a refused group writes nothing.
+# (relayrl.contracts.streams.ADMIT_SCRIPT's rule), and the id with it. Redis refuses a script for
+# its memory limit at its first write (XADD), so a refused group writes nothing.
 SUBMIT_SCRIPT = """
 if KEYS[2] then
   local seen = redis.call('GET', KEYS[2])
@@ -121,7 +121,7 @@ def to_samples(request: buffer_pb2.SubmitRequest, limits: SubmitLimits,
 
 def check_fresh(samples: list[Sample], latest_version: int, max_staleness: int) -> None:
     """StaleGroup when the trainer, already at `latest_version`, would drop the group as
-    stale (relayrl.staleness.is_stale: its version only grows from here)."""
+    stale (relayrl.rules.staleness.is_stale: its version only grows from here)."""
     oldest = Group(EXTERNAL_PROMPT_BASE, samples).oldest_version
     if is_stale(oldest, latest_version, max_staleness):
         i = next(i for i, s in enumerate(samples) if s.oldest_version == oldest)

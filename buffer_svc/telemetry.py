@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relayrl.exporter import ServiceMetrics
-from relayrl.stats import Stats, counter, gauge
+from relayrl.runtime.exporter import ServiceMetrics
+from relayrl.runtime.stats import Stats, counter, gauge
 
 if TYPE_CHECKING:  # buffer_svc.server imports this module
     from buffer_svc.server import BufferService

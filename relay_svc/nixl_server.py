@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from relay_svc.stored_version import StoredVersion
-from relayrl.proto.v1 import relay_pb2
+from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl.weights.manifest import WeightError
 from relayrl.weights.nixl_plane import DESCRIPTOR, make_agent, nixl_api, nixl_errors
 

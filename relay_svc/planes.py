@@ -10,7 +10,7 @@ import threading
 import torch
 
 from relay_svc.stored_version import StoredVersion
-from relayrl.proto.v1 import relay_pb2
+from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl.weights import WeightError
 from relayrl.weights.collective import backend_for, broadcast, nccl_device, two_rank_group
 from relayrl.weights.hostid import host_id

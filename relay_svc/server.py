@@ -15,9 +15,9 @@ from relay_svc.telemetry import relay_metrics
 from relay_svc.version_store import AlreadyHeld, VersionStore
 from relayrl.config import RunConfig
 from relayrl.config.relay import RelayConfig
-from relayrl.logs import setup_logging
-from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
-from relayrl.service import ServiceRunner
+from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.runtime.logs import setup_logging
+from relayrl.runtime.service import ServiceRunner
 from relayrl.weights import Manifest, WeightError
 from relayrl.weights.hostid import host_id
 from relayrl.weights.wire import with_fast_pull_bytes
@@ -27,7 +27,7 @@ DEFAULT_MAX_GAP = RelayConfig.model_fields["max_version_gap"].default
 
 
 class RelayServicer(relay_pb2_grpc.RelayServicer):
-    """Publish takes versions from the trainer's token alone (relayrl.roles): the first any,
+    """Publish takes versions from the trainer's token alone (relayrl.runtime.roles): the first any,
     then each newer than the latest and at most `max_gap` past it. A version is immutable:
     the same version with the same manifest again (a retry whose reply was lost, a resumed
     trainer's bit-exact replay) answers OK and changes nothing; other weights are refused."""

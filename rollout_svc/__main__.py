@@ -1,4 +1,4 @@
-from relayrl.cli_args import run_service
+from relayrl.runtime.cli_args import run_service
 
 if __name__ == "__main__":
     run_service("rollout_svc")

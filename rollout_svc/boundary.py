@@ -20,13 +20,13 @@ from dataclasses import dataclass
 import grpc
 
 from relayrl.config import RunConfig
-from relayrl.leases import LeaseClient, LeasedPrompt
-from relayrl.messages import Group, Sample, validate_sample
+from relayrl.contracts.leases import LeaseClient, LeasedPrompt
+from relayrl.contracts.messages import Group, Sample, validate_sample
+from relayrl.contracts.partial import PartialGroup
+from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.models.loading import LoadedModel
-from relayrl.partial import PartialGroup
-from relayrl.repack import is_tail
-from relayrl.rewards import get_reward, score_group
-from relayrl.streams import TrajectoryWriter
+from relayrl.plugins.rewards import get_reward, score_group
+from relayrl.rules.repack import is_tail
 from rollout_svc.engine_api import Engine
 from rollout_svc.episodes import EpisodeGroup, episode_samples
 from rollout_svc.group_generator import GroupGenerator
@@ -113,7 +113,7 @@ class SegmentBoundary:
     def _due_for_saving(self, going: list[ActiveGroup], now: float) -> list[ActiveGroup]:
         """The groups whose token state to save now: those unsaved for save_every_s, or all
         of them on a worker left with a tail when repacking is on (the scheduler's own rule,
-        relayrl.repack.is_tail): the planner learns a group's progress, and recalls it, only
+        relayrl.rules.repack.is_tail): the planner learns a group's progress, and recalls it, only
         through saves."""
         if not self.cfg.rollout.segment_tokens:
             return []

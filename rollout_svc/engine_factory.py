@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from relayrl.config import ConfigError, RunConfig
-from relayrl.devices import resolve_device
 from relayrl.models.loading import LoadedModel
+from relayrl.runtime.devices import resolve_device
 from rollout_svc.engine_api import Engine
 from rollout_svc.torch_engine import TorchEngine
 

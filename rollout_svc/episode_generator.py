@@ -4,7 +4,8 @@ With rollout.environment set, the worker's GroupGenerator is this one. `start` o
 episode per sample (a fresh environment instance, `reset` with the problem); each
 `generate_segment` runs one turn of every unfinished episode in a single engine call, then
 steps each episode's environment with the model's reply and appends the template's glue
-around the observation as environment tokens (rollout_svc/episodes.py, relayrl/envs/turns.py).
+around the observation as environment tokens (rollout_svc/episodes.py,
+relayrl/plugins/envs/turns.py).
 Turns of one episode may run under different weights: every token keeps its own version.
 
 An episode ends when the environment says done (or gives no observation), after
@@ -18,13 +19,13 @@ from __future__ import annotations
 import logging
 
 from relayrl.config import RunConfig
-from relayrl.envs import TurnGlue, load_environment, make_environment
-from relayrl.envs.play import answer, goes_on, open_episode
-from relayrl.leases import LeasedPrompt
+from relayrl.contracts.leases import LeasedPrompt
+from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.models.loading import LoadedModel
-from relayrl.staleness import must_restart
-from relayrl.streams import TrajectoryWriter
-from relayrl.tasks.problem import Problem
+from relayrl.plugins.envs import TurnGlue, load_environment, make_environment
+from relayrl.plugins.envs.play import answer, goes_on, open_episode
+from relayrl.plugins.tasks.problem import Problem
+from relayrl.rules.staleness import must_restart
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.episodes import Episode, EpisodeGroup
 from rollout_svc.group_generator import GroupGenerator

@@ -1,9 +1,9 @@
 """A group whose samples are multi-turn episodes, and the samples it delivers.
 
 Each sample of the group plays its own episode against its own environment instance
-(relayrl.envs.protocol). Its response is one token sequence: the model's tokens of every turn
-as sampled, with their log-probabilities and versions, and between turns the environment's
-tokens (the chat template's glue around the observation, relayrl.envs.turns), which carry
+(relayrl.plugins.envs.protocol). Its response is one token sequence: the model's tokens of every
+turn as sampled, with their log-probabilities and versions, and between turns the environment's
+tokens (the chat template's glue around the observation, relayrl.plugins.envs.turns), which carry
 loss_mask 0, log-probability 0 and the version of the turn before them: values the trainer
 never reads, under the mask.
 
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from relayrl.envs import Environment
-from relayrl.envs.play import environment_total
-from relayrl.leases import LeasedPrompt
-from relayrl.messages import FinishReason, Sample
-from relayrl.partial import PartialSequence
-from relayrl.rewards import RewardFn, score_group
+from relayrl.contracts.leases import LeasedPrompt
+from relayrl.contracts.messages import FinishReason, Sample
+from relayrl.contracts.partial import PartialSequence
+from relayrl.plugins.envs import Environment
+from relayrl.plugins.envs.play import environment_total
+from relayrl.plugins.rewards import RewardFn, score_group
 
 
 @dataclass

@@ -7,15 +7,15 @@ import logging
 
 import redis
 
-from relayrl import control
-from relayrl.codec import CodecError
 from relayrl.config import ConfigError, RunConfig
-from relayrl.keys import RunKeys
-from relayrl.leases import LeasedPrompt
+from relayrl.contracts import control
+from relayrl.contracts.codec import CodecError
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.leases import LeasedPrompt
+from relayrl.contracts.partial import PartialGroup, PartialSequence
+from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.models.loading import LoadedModel
-from relayrl.partial import PartialGroup, PartialSequence
-from relayrl.staleness import must_restart
-from relayrl.streams import TrajectoryWriter
+from relayrl.rules.staleness import must_restart
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.lengths import target_length
 
@@ -111,7 +111,7 @@ class GroupGenerator:
                              rc.synthetic_length_p99_ratio, rc.max_new_tokens)
 
     def read_live(self) -> None:
-        """The run's live settings (relayrl.control) and the trainer's version, read for
+        """The run's live settings (relayrl.contracts.control) and the trainer's version, read for
         every segment: the trainer rescores at the temperature the tokens were sampled
         with, and a group it can no longer train is started over (restart_stale)."""
         keys = RunKeys(self.cfg.run_id)

@@ -16,9 +16,9 @@ import json
 import time
 import uuid
 
-from relayrl import auth
-from relayrl.http_server import BackgroundHTTPServer, BearerGuard
-from relayrl.roles import TokenBook
+from relayrl.runtime import auth
+from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard
+from relayrl.runtime.roles import TokenBook
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.http_limits import BodyLimit
 from rollout_svc.openai_requests import (
@@ -225,6 +225,6 @@ class OpenAIServer(BackgroundHTTPServer):
     def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str,
                  stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
                  credentials: auth.Credentials | None = None):
-        token = (credentials or auth.current()).book  # agent, service (relayrl.roles)
+        token = (credentials or auth.current()).book  # agent, service (relayrl.runtime.roles)
         super().__init__(build_app(gen, model_name, stream_chunk_tokens, token), host, port,
                          "openai-http")

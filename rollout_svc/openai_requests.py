@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE
-from relayrl.json_types import json_int
+from relayrl.contracts.json_types import json_int
 from rollout_svc.custom import CustomGenerator
 
 

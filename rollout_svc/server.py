@@ -9,16 +9,16 @@ import grpc
 import torch
 
 from relayrl.config import RunConfig
-from relayrl.keys import RunKeys
-from relayrl.leases import GrpcLeaseClient
-from relayrl.logs import setup_logging
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.leases import GrpcLeaseClient
+from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc
+from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.models import resolve_model_path
 from relayrl.models.loading import load_model
-from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc
-from relayrl.redis_conn import redis_session
-from relayrl.service import ServiceRunner
-from relayrl.streams import TrajectoryWriter
-from relayrl.tasks import check_reward
+from relayrl.plugins.tasks import check_reward
+from relayrl.runtime.logs import setup_logging
+from relayrl.runtime.redis_conn import redis_session
+from relayrl.runtime.service import ServiceRunner
 from relayrl.weights.client import RelayClient
 from relayrl.weights.collective import worker_device
 from rollout_svc.custom import CustomGenerator

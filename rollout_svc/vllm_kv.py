@@ -27,8 +27,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from relayrl.codec import CodecError, Wire, decode, encode
 from relayrl.config import ConfigError
+from relayrl.contracts.codec import CodecError, Wire, decode, encode
 
 KIND = "vllm_kv_ticket"
 SIDE_CHANNEL_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"

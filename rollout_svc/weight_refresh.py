@@ -1,8 +1,8 @@
 """Follow the relays' newest weights: pull and load a newer version, or wait a while for one
 the scheduler requires.
 
-While no relay can be reached (relayrl.outage.is_outage: down, or hung past its deadline) the
-worker asks again only as often as a jittered backoff allows, reports itself unready, and
+While no relay can be reached (relayrl.runtime.outage.is_outage: down, or hung past its deadline)
+the worker asks again only as often as a jittered backoff allows, reports itself unready, and
 goes on generating with the weights it has; the wait is logged once, and the recovery."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import grpc
 import torch
 
 from relayrl.config import ConfigError
-from relayrl.outage import Outage, is_outage
+from relayrl.runtime.outage import Outage, is_outage
 from relayrl.weights import WeightError, WeightPlane
 from relayrl.weights.layout import flat_size
 from rollout_svc.engine_api import Engine

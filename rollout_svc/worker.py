@@ -25,15 +25,15 @@ from collections.abc import Callable
 import grpc
 import redis
 
-from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
-from relayrl.keys import RunKeys
-from relayrl.leases import LeaseClient, LeasedPrompt
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.leases import LeaseClient, LeasedPrompt
+from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.models.loading import LoadedModel
-from relayrl.outage import Outage, is_outage, ride_out
-from relayrl.progress import StepWaiter
-from relayrl.staleness import behind
-from relayrl.streams import TrajectoryWriter
+from relayrl.rules.staleness import behind
+from relayrl.runtime.backpressure import StoppedWaiting
+from relayrl.runtime.outage import Outage, is_outage, ride_out
+from relayrl.runtime.progress import StepWaiter
 from relayrl.weights import WeightPlane
 from rollout_svc.boundary import ActiveGroup, SegmentBoundary
 from rollout_svc.engine_api import Engine
@@ -109,7 +109,7 @@ class RolloutWorker:
     def refresh_weights(self, holding: bool = False) -> bool:
         """Move to the newest version a relay offers (WeightRefresher.refresh). A worker
         `holding` unfinished groups under rollout.reload when_behind stays on its weights
-        while it may still start prompts on them (relayrl.staleness.behind, the rule the
+        while it may still start prompts on them (relayrl.rules.staleness.behind, the rule the
         simulator's preempting workers follow); the relay's newest version stands for the
         trainer's."""
         if not holding or self.cfg.rollout.reload == "every_segment":

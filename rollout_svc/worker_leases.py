@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 import grpc
 
-from relayrl.leases import LeaseBatch, LeaseClient
+from relayrl.contracts.leases import LeaseBatch, LeaseClient
 
 log = logging.getLogger(__name__)
 TRIES = 2  # a Complete or Release whose reply was lost is sent again at once

@@ -15,15 +15,15 @@ from collections.abc import Collection
 
 import redis
 
-from relayrl import control, ledger
-from relayrl.backpressure import is_oom
 from relayrl.config import RunConfig
-from relayrl.control import LiveSettings, RunState, SettingsChange
-from relayrl.keys import RunKeys
-from relayrl.leases import LeaseBatch, LeaseClient, LeasedPrompt
-from relayrl.repack import Move
-from relayrl.staleness import inflight_prompts, oldest_startable
-from relayrl.tasks import make_run_task
+from relayrl.contracts import control, ledger
+from relayrl.contracts.control import LiveSettings, RunState, SettingsChange
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.leases import LeaseBatch, LeaseClient, LeasedPrompt
+from relayrl.plugins.tasks import make_run_task
+from relayrl.rules.repack import Move
+from relayrl.rules.staleness import inflight_prompts, oldest_startable
+from relayrl.runtime.backpressure import is_oom
 from scheduler_svc.idempotency import check_id
 from scheduler_svc.policy import LeasePolicy
 from scheduler_svc.saved_progress import SavedProgress
@@ -192,7 +192,7 @@ class SchedulerCore(SavedProgress, LeaseClient):
             log.debug("trainer progress not read on a lease call: %s", err)
 
     def repack(self, force: bool = False) -> list[Move]:
-        """Recall tail workers' leases for fuller workers (relayrl.repack's rule); the holders
+        """Recall tail workers' leases for fuller workers (relayrl.rules.repack's rule); the holders
         hand them back at their next segment boundary."""
         with self.lock:
             self.last_repack = self.clock()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from relayrl.staleness import may_hand_out
+from relayrl.rules.staleness import may_hand_out
 from scheduler_svc.idempotency import COMPLETED, RELEASED, ReplyMemory
 from scheduler_svc.lease_state import ActiveLease, Counters, Grant, WorkerState
 from scheduler_svc.repack_rules import RepackRules

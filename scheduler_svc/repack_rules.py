@@ -2,14 +2,14 @@
 in): which tail leases to recall, and which re-queued prompt a worker takes, since one
 handed back by a repack waits for the worker chosen to continue it.
 
-A lease can be recalled from a worker stuck on a few long sequences (relayrl.repack's
+A lease can be recalled from a worker stuck on a few long sequences (relayrl.rules.repack's
 rule); the worker hands it back with its token state at its next segment boundary, and the
 prompt is reserved for the fuller worker chosen to continue it, for `reservation_s`.
 """
 
 from __future__ import annotations
 
-from relayrl.repack import Move, plan_moves, repack_wanted
+from relayrl.rules.repack import Move, plan_moves, repack_wanted
 
 
 class RepackRules:

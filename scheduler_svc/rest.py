@@ -14,8 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from relayrl.http_server import token_book
-from relayrl.roles import CONTROL_API, TokenBook
+from relayrl.runtime.http_server import token_book
+from relayrl.runtime.roles import CONTROL_API, TokenBook
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest_models import (
     DrainRequest,
@@ -51,7 +51,7 @@ def invalid_request(_request, exc: RequestValidationError) -> JSONResponse:
 
 def build_rest_app(core: SchedulerCore | None, token: str | TokenBook):
     """The app in front of `core`; None builds it for its OpenAPI schema alone. `token`: the
-    tokens it takes (operator, service: relayrl.roles), or one that may do everything."""
+    tokens it takes (operator, service: relayrl.runtime.roles), or one that may do everything."""
     if not token:
         raise ValueError("scheduler REST API: an empty token would let anyone in")
     book = token_book(token)

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from relayrl.control import LiveSettings, RunState
+from relayrl.contracts.control import LiveSettings, RunState
 
 
 class RequestBody(BaseModel):

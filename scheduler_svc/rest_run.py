@@ -7,8 +7,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 
-from relayrl import control
-from relayrl.control import LiveSettings, SettingsChange
+from relayrl.contracts import control
+from relayrl.contracts.control import LiveSettings, SettingsChange
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest_models import MetricsRecord, RunStateView, StatusView, refusals
 from scheduler_svc.run_control import TransitionError

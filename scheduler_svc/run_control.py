@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayrl.control import RunState
+from relayrl.contracts.control import RunState
 
 
 class TransitionError(ValueError):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from redis.exceptions import ResponseError
 
-from relayrl import control
-from relayrl.keys import TRAINER_GROUP
+from relayrl.contracts import control
+from relayrl.contracts.keys import TRAINER_GROUP
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest_models import BufferDepth, RunStatusView
 
@@ -17,7 +17,7 @@ def buffer_depth(core: SchedulerCore) -> BufferDepth:
     pipe.xlen(core.keys.trajectories)
     pipe.xlen(core.keys.batches)
     groups, batches = pipe.execute()
-    samples = groups * core.cfg.buffer.group_size  # one entry per group (relayrl.streams)
+    samples = groups * core.cfg.buffer.group_size  # one entry per group (relayrl.contracts.streams)
     try:
         read = core.redis.xpending(core.keys.batches, TRAINER_GROUP)["pending"]
     except ResponseError:  # no batch stream, or no trainer yet

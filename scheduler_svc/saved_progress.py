@@ -13,10 +13,10 @@ import logging
 
 import redis
 
-from relayrl.backpressure import is_oom
-from relayrl.codec import CodecError
-from relayrl.leases import ProgressReply
-from relayrl.partial import PartialGroup
+from relayrl.contracts.codec import CodecError
+from relayrl.contracts.leases import ProgressReply
+from relayrl.contracts.partial import PartialGroup
+from relayrl.runtime.backpressure import is_oom
 
 log = logging.getLogger(__name__)
 

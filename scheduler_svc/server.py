@@ -8,21 +8,21 @@ import threading
 
 import grpc
 
-from relayrl.auth import control_api_book
-from relayrl.auth import current as current_credentials
-from relayrl.backpressure import StoppedWaiting
 from relayrl.config import ConfigError, RunConfig
-from relayrl.logs import setup_logging
-from relayrl.outage import ride_out
-from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
-from relayrl.redis_conn import redis_session
-from relayrl.reply_faults import with_lost_replies
-from relayrl.service import ServiceRunner
+from relayrl.contracts.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
+from relayrl.runtime.auth import control_api_book
+from relayrl.runtime.auth import current as current_credentials
+from relayrl.runtime.backpressure import StoppedWaiting
+from relayrl.runtime.logs import setup_logging
+from relayrl.runtime.outage import ride_out
+from relayrl.runtime.redis_conn import redis_session
+from relayrl.runtime.reply_faults import with_lost_replies
+from relayrl.runtime.service import ServiceRunner
 from scheduler_svc.core import REFRESH_S, SchedulerCore
 from scheduler_svc.telemetry import scheduler_metrics
 
 log = logging.getLogger(__name__)
-# what a chaos test may lose the replies of (relayrl.reply_faults); Status is how it watches
+# what a chaos test may lose the replies of (relayrl.runtime.reply_faults); Status is how it watches
 LOSABLE_METHODS = ("Register", "AcquireLeases", "Complete", "SaveProgress", "Release",
                    "Heartbeat")
 
@@ -123,7 +123,7 @@ def serve(cfg: RunConfig) -> None:
                 raise ConfigError(f"scheduler.rest_port is set but ${sc.rest_token_env} is empty "
                                  f"and so is the run token (auth.required is false): "
                                  "the control API needs a bearer token")
-            from relayrl.http_server import BackgroundHTTPServer
+            from relayrl.runtime.http_server import BackgroundHTTPServer
             from scheduler_svc.rest import build_rest_app
 
             rest = BackgroundHTTPServer(build_rest_app(core, token), sc.rest_host, sc.rest_port,

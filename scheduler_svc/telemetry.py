@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayrl.exporter import ServiceMetrics
-from relayrl.stats import Stats, counter, gauge
+from relayrl.runtime.exporter import ServiceMetrics
+from relayrl.runtime.stats import Stats, counter, gauge
 from scheduler_svc.core import SchedulerCore
 
 

@@ -1,8 +1,8 @@
-"""Regenerate the gRPC stubs in relayrl/proto/ from protos/.
+"""Regenerate the gRPC stubs in relayrl/contracts/proto/ from protos/.
 
 The .proto files live in protos/relayrl_api/v1/ (package relayrl.v1). They are compiled under
-the virtual path relayrl/proto/v1/, so the generated modules import each other as
-`relayrl.proto.v1.*` with no rewriting. `--check` fails when the checked-in stubs differ.
+the virtual path relayrl/contracts/proto/v1/, so the generated modules import each other as
+`relayrl.contracts.proto.v1.*` with no rewriting. `--check` fails when the checked-in stubs differ.
 
 The directory is not named `relayrl` so that a user who compiles protos/ for a client of
 their own (`-Iprotos`) gets the package `relayrl_api.v1`, not one that shadows this project.
@@ -22,7 +22,7 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTO_DIR = ROOT / "protos" / "relayrl_api" / "v1"
-OUT_PKG = ROOT / "relayrl" / "proto"
+OUT_PKG = ROOT / "relayrl" / "contracts" / "proto"
 
 
 def generate(out_root: Path) -> None:
@@ -30,7 +30,7 @@ def generate(out_root: Path) -> None:
     well_known = Path(protoc.__file__).parent / "_proto"
     args = [
         "protoc",
-        f"-Irelayrl/proto/v1={PROTO_DIR}",
+        f"-Irelayrl/contracts/proto/v1={PROTO_DIR}",
         f"-I{well_known}",
         f"--python_out={out_root}",
         f"--grpc_python_out={out_root}",
@@ -42,7 +42,8 @@ def generate(out_root: Path) -> None:
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    for pkg in (out_root / "relayrl" / "proto", out_root / "relayrl" / "proto" / "v1"):
+    stubs = out_root / "relayrl" / "contracts" / "proto"
+    for pkg in (stubs, stubs / "v1"):
         (pkg / "__init__.py").write_text(
             '"""Generated gRPC stubs; regenerate with scripts/gen_protos.py."""\n')
 
@@ -53,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
-        fresh = Path(tmp) / "relayrl" / "proto"
+        fresh = Path(tmp) / "relayrl" / "contracts" / "proto"
         if args.check:
             diff = filecmp.dircmp(fresh / "v1", OUT_PKG / "v1")
             stale = diff.left_only + diff.right_only + diff.diff_files

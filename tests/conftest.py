@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from relayrl import ledger as prompt_ledger
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel, free_ports  # noqa: F401 (tests import it from here)
-from relayrl.keys import RunKeys
-from relayrl.ops.audit import audit_redis
-from relayrl.proto.v1 import (
+from relayrl.contracts import ledger as prompt_ledger
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.proto.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,
     relay_pb2,
@@ -25,6 +23,8 @@ from relayrl.proto.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
+from relayrl.runtime.grpc_util import channel, free_ports  # noqa: F401 (tests import it from here)
+from relayrl_ops.audit import audit_redis
 
 TIERS = ("unit", "integration", "chaos")
 
@@ -91,7 +91,7 @@ def tiny_lm(tmp_path_factory):
     from relayrl.config import ModelConfig
     from relayrl.models.loading import load_model
     from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
-    from relayrl.tasks import AdditionTask
+    from relayrl.plugins.tasks import AdditionTask
 
     out = tmp_path_factory.mktemp("tiny_lm")
     build_tokenizer(AdditionTask.alphabet, out)
@@ -139,7 +139,7 @@ def snapshot(cfg: RunConfig) -> dict:
 def run_to_end(cfg: RunConfig) -> tuple[RunConfig, int, dict]:
     """Start the whole stack, wait for it to finish, read its state (snapshot), stop it:
     (the launcher's config, its exit code, the state)."""
-    from relayrl.ops.launcher import Launcher
+    from relayrl_ops.launcher import Launcher
 
     launcher = Launcher(cfg, show_trainer_output=False)
     try:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from relayrl.messages import Batch, Group
+from relayrl.contracts.messages import Batch, Group
 from trainer_svc.losses.advantages import group_advantages, is_uniform
 from trainer_svc.losses.regularizers import entropy_from_logprobs
 
@@ -43,7 +43,7 @@ class Split:
 
 def split_stale(batch: Batch, version: int, max_staleness: int) -> Split:
     """A group is stale when its oldest token lags `version` by more than the bound
-    (relayrl.staleness.is_stale, the rule Submit refuses by and the simulator drops by)."""
+    (relayrl.rules.staleness.is_stale, the rule Submit refuses by and the simulator drops by)."""
     kept, stale = [], []
     for g in batch.groups:
         (stale if g.is_stale(version, max_staleness) else kept).append(g)

@@ -14,10 +14,10 @@ import logging
 
 import torch
 
-from relayrl import ledger as prompt_ledger
-from relayrl.keys import TRAINER_GROUP
-from relayrl.outage import redis_write
-from relayrl.progress import announce_step
+from relayrl.contracts import ledger as prompt_ledger
+from relayrl.contracts.keys import TRAINER_GROUP
+from relayrl.runtime.outage import redis_write
+from relayrl.runtime.progress import announce_step
 from trainer_svc import checkpoint
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class Durability:
 
     def record_progress(self) -> None:
         """The version and prompts stepped past, and a wake-up for waiting workers
-        (relayrl.progress), in one transaction; repeated after a timeout it changes nothing
+        (relayrl.runtime.progress), in one transaction; repeated after a timeout it changes nothing
         but a second wake-up."""
         pipe = self.r.pipeline(transaction=True)
         pipe.set(self.keys.trainer_version, self.step)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from relayrl.length_split import plan_runs
+from relayrl.sampling.length_split import plan_runs
 from trainer_svc.batching import TrainBatch, select_rows
 from trainer_svc.distributed import normaliser
 from trainer_svc.shared_prefix import prompt_sharing
@@ -49,8 +49,8 @@ class MicroBatch:
 
 def plan_parts(lengths: list[int], max_tokens: int, prefix_tokens: int = 0
                ) -> list[list[int]]:
-    """Rows grouped into parts (relayrl.length_split) within `max_tokens` padded tokens each
-    (a row longer than that alone); `max_tokens` 0: one part. `prefix_tokens`: what every
+    """Rows grouped into parts (relayrl.sampling.length_split) within `max_tokens` padded tokens
+    each (a row longer than that alone); `max_tokens` 0: one part. `prefix_tokens`: what every
     pass runs besides its rows' `lengths` (the shared-prefix pass's prompts)."""
     if max_tokens <= 0 or len(lengths) <= 1:
         return [sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))]

@@ -1,4 +1,4 @@
-"""What an operator asked of the run (relayrl.control), as the trainer applies it.
+"""What an operator asked of the run (relayrl.contracts.control), as the trainer applies it.
 
 Before every step the trainer takes the live staleness bound and sampling temperature. A
 watcher thread ends the loop gracefully once the run is stopping and the trainer has finished
@@ -12,7 +12,7 @@ import threading
 
 import redis as redis_lib
 
-from relayrl import control
+from relayrl.contracts import control
 
 log = logging.getLogger(__name__)
 WATCH_S = 0.5

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relayrl.metrics import plot_rewards, plot_throughput
+from relayrl.runtime.metrics import plot_rewards, plot_throughput
 
 log = logging.getLogger(__name__)
 DRAW_TIMEOUT_S = 120

@@ -10,7 +10,7 @@ pinned host buffers on a CUDA stream of their own (trainer_svc.snapshot): the re
 gets CPU tensors, and only finite ones.
 
 Latest wins, and is never lost: a send that fails because the relay is unreachable or hung
-(relayrl.outage.is_outage) is tried again with jittered backoff until it goes through or a
+(relayrl.runtime.outage.is_outage) is tried again with jittered backoff until it goes through or a
 newer snapshot replaces it, the trainer unready meanwhile; `wait` at the end of the run lasts
 until the final version is at the relay, or until the trainer is told to stop. A send the
 relay refuses (an invalid or out-of-order version) is logged as an error and not repeated."""
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from relayrl.outage import Outage, is_outage
+from relayrl.runtime.outage import Outage, is_outage
 from relayrl.weights import WeightPlane
 from trainer_svc.finite import NonFiniteError, check_finite
 from trainer_svc.snapshot import Snapshot, ready_event

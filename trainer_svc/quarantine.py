@@ -8,10 +8,10 @@ dropped (never re-issued, and the audit's books still balance), and a record of 
 reason, the prompt ids, the entry's payload) goes to the run's quarantine. A step whose loss
 or gradient norm was not finite is recorded there too (trainer_svc.objective skips it).
 
-The quarantine is two Redis keys (relayrl.keys): a hash from "entry id:kind" to a record,
+The quarantine is two Redis keys (relayrl.contracts.keys): a hash from "entry id:kind" to a record,
 which `relayrl audit` reports and which makes recording idempotent (a restart re-reads the
 entries since its last checkpoint and meets the same batch again), and a stream holding the
-newest records with their payloads, to inspect or replay (relayrl.ops.audit reads the
+newest records with their payloads, to inspect or replay (relayrl_ops.audit reads the
 hash).
 """
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from relayrl.keys import RunKeys
-from relayrl.messages import Batch, Group
-from relayrl.model_limits import ModelLimits
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.messages import Batch, Group
+from relayrl.models.limits import ModelLimits
 
 log = logging.getLogger(__name__)
 

@@ -10,14 +10,14 @@ import time
 
 import torch
 
-from relayrl.backpressure import StoppedWaiting
 from relayrl.config import RunConfig
-from relayrl.logs import setup_logging
+from relayrl.contracts.proto.v1 import trainer_pb2, trainer_pb2_grpc
 from relayrl.models import resolve_model_path
 from relayrl.models.loading import load_model
-from relayrl.proto.v1 import trainer_pb2, trainer_pb2_grpc
-from relayrl.redis_conn import redis_session
-from relayrl.service import ServiceRunner
+from relayrl.runtime.backpressure import StoppedWaiting
+from relayrl.runtime.logs import setup_logging
+from relayrl.runtime.redis_conn import redis_session
+from relayrl.runtime.service import ServiceRunner
 from relayrl.weights.client import RelayClient
 from trainer_svc.distributed import Parallel, close_world, init_world
 from trainer_svc.learner import Learner

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from relayrl import ledger as prompt_ledger
-from relayrl.keys import is_external
-from relayrl.messages import Batch, Group, encode_batch
-from relayrl.outage import redis_write, ride_out
+from relayrl.contracts import ledger as prompt_ledger
+from relayrl.contracts.keys import is_external
+from relayrl.contracts.messages import Batch, Group, encode_batch
+from relayrl.runtime.outage import redis_write, ride_out
 from trainer_svc import checkpoint
 from trainer_svc.finite import StepGuard
 from trainer_svc.quarantine import Quarantine, Screened, live_limits, salvage_prompt_ids, screen

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from relayrl.exporter import ServiceMetrics
-from relayrl.stats import Stats, counter, gauge
+from relayrl.runtime.exporter import ServiceMetrics
+from relayrl.runtime.stats import Stats, counter, gauge
 from trainer_svc.batching import LAG_BUCKETS, lag_bucket_names
 
 if TYPE_CHECKING:

@@ -11,17 +11,17 @@ import threading
 import time
 from pathlib import Path
 
-from relayrl.backpressure import PressureCounters, StoppedWaiting
-from relayrl.codec import CodecError
+from eval_svc import build_sets, evaluate_sets
 from relayrl.config import RunConfig
-from relayrl.evals import build_sets, evaluate_sets
-from relayrl.keys import TRAINER_GROUP, RunKeys, is_external
-from relayrl.messages import decode_batch
-from relayrl.metrics import open_metrics, open_run_metrics  # noqa: F401 (tests import it)
+from relayrl.contracts.codec import CodecError
+from relayrl.contracts.keys import TRAINER_GROUP, RunKeys, is_external
+from relayrl.contracts.messages import decode_batch
+from relayrl.contracts.streams import ensure_group, read_group
 from relayrl.models.loading import LoadedModel
-from relayrl.outage import redis_write, ride_out
-from relayrl.streams import ensure_group, read_group
-from relayrl.tasks import make_run_task
+from relayrl.plugins.tasks import make_run_task
+from relayrl.runtime.backpressure import PressureCounters, StoppedWaiting
+from relayrl.runtime.metrics import open_metrics, open_run_metrics  # noqa: F401 (tests import it)
+from relayrl.runtime.outage import redis_write, ride_out
 from trainer_svc import checkpoint
 from trainer_svc.batching import (
     collate,

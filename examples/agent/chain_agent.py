@@ -13,7 +13,7 @@ staleness exactly as for its own workers.
 Both servers want the run's shared token as `Authorization: Bearer <token>`: the openai client
 sends its api_key that way, and the gRPC call carries it as metadata. Each group is submitted
 with its own request_id and retried with it when the buffer is unreachable or slow
-(relayrl.buffer_client), so a lost reply never trains a group twice. A group the buffer
+(relayrl.plugins.buffer_client), so a lost reply never trains a group twice. A group the buffer
 refuses as too stale (FAILED_PRECONDITION: the trainer moved past the bound while it was
 played) is played again with the current weights, up to STALE_TRIES times.
 """
@@ -28,8 +28,8 @@ import grpc
 import httpx
 import openai
 
-from relayrl.buffer_client import submit_group
-from relayrl.proto.v1 import buffer_pb2, buffer_pb2_grpc
+from relayrl.contracts.proto.v1 import buffer_pb2, buffer_pb2_grpc
+from relayrl.plugins.buffer_client import submit_group
 
 STALE_TRIES = 5
 

@@ -4,8 +4,8 @@
       segment_tokens: 0                      # episodes run whole (no partial rollouts)
       max_new_tokens: 256                    # the model's tokens over all turns of an episode
       environment:
-        cls: calculator                      # or package.module:Class (relayrl.envs.protocol)
-        max_turns: 4
+        cls: calculator                      # or package.module:Class
+        (relayrl.plugins.envs.protocol) max_turns: 4
         options: {reward: math_verify}       # keyword arguments of the class
 
 It lives under `rollout` because the rollout worker runs it; the task still supplies the

@@ -1,4 +1,4 @@
-"""Held-out evaluation: how often, where it runs, and on which sets (relayrl/evals runs it).
+"""Held-out evaluation: how often, where it runs, and on which sets (eval_svc runs it).
 
     eval:
       every: 10                    # trainer steps (policy versions) per eval; 0: never
@@ -34,7 +34,7 @@ class EvalSetConfig(StrictModel):
         "relayrl/config/task.py); its held-out problems are evaluated. Unset: the run task's.")
     reward: str | None = Field(
         None, min_length=1, max_length=512, description="The set's reward spec, as "
-        "task.reward takes it (relayrl.rewards). Unset: the set's task's reward.")
+        "task.reward takes it (relayrl.plugins.rewards). Unset: the set's task's reward.")
     samples: int = Field(1, ge=1, le=1024, description="Samples per problem, k of pass@k; "
                          "1 reports pass@1 only.")
     temperature: float | None = Field(None, ge=0.0, le=10.0,

@@ -25,8 +25,8 @@ from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig
 from relayrl.config.task import AdditionTaskConfig, TaskConfig, task_shorthand
 from relayrl.config.trainer import TrainerConfig
-from relayrl.deadlines import REDIS_BLOCK_MARGIN_S
-from relayrl.staleness import inflight_prompts
+from relayrl.rules.staleness import inflight_prompts
+from relayrl.runtime.deadlines import REDIS_BLOCK_MARGIN_S
 
 # vLLM 0.32's CPU attention kernels (CPUAttentionBackend.get_supported_head_sizes)
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

@@ -2,7 +2,7 @@
 
 A token itself is never part of a config: a config names the environment variable that
 holds it, so config files and command lines stay free of secrets. Who may call what is
-relayrl.roles.
+relayrl.runtime.roles.
 """
 
 from __future__ import annotations
@@ -75,6 +75,6 @@ class AuthConfig(StrictModel):
 
     @property
     def role_envs(self) -> dict[str, str]:
-        """Role name -> the variable its token is in (relayrl.roles)."""
+        """Role name -> the variable its token is in (relayrl.runtime.roles)."""
         return {"service": self.token_env, "agent": self.agent_token_env,
                 "operator": self.operator_token_env, "trainer": self.trainer_token_env}

@@ -9,7 +9,7 @@
       reward: my_rewards:score        # a registered name, module:function or remote:HOST:PORT
     task: {source: reasoning_gym, generator: basic_arithmetic}
 
-A mapping without a `source` is the addition task's. relayrl/tasks builds each source.
+A mapping without a `source` is the addition task's. relayrl/plugins/tasks builds each source.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from pydantic import Field, model_validator
 from relayrl.config.base import StrictModel, refuse_foreign_fields
 
 _REWARD = dict(min_length=1, max_length=512, description=(
-    "Reward spec (relayrl.rewards): a registered name, `package.module:function`, "
+    "Reward spec (relayrl.plugins.rewards): a registered name, `package.module:function`, "
     "`remote:HOST:PORT`, or a weighted sum such as `math_verify+0.1*format_boxed`."))
 
 
 class TaskBase(StrictModel):
-    source: str = Field(description="Where the problems come from: relayrl/tasks' key.")
+    source: str = Field(description="Where the problems come from: relayrl/plugins/tasks' key.")
     seed: int = Field(1234, ge=0, le=2**63 - 1,
                       description="Seed of the prompt order and the held-out split.")
     eval_size: int = Field(256, ge=0, le=100_000, description="Held-out problems for eval.")

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from relayrl.config import ModelConfig, TaskConfig
-from relayrl.model_limits import TINY_CONTEXT, TINY_SPECIALS, tiny_vocab_size
+from relayrl.models.limits import TINY_CONTEXT, TINY_SPECIALS, tiny_vocab_size
 from relayrl.models.loading import load_model
+from relayrl.plugins.tasks import make_task
 from relayrl.sampling.evaluation import evaluate
-from relayrl.tasks import make_task
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from relayrl.models.loading import LoadedModel
-from relayrl.rewards import get_reward, score
+from relayrl.plugins.rewards import get_reward, score
+from relayrl.plugins.tasks import Problem
 from relayrl.sampling.sampler import sample
-from relayrl.tasks import Problem
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 import torch
 
-from relayrl.codec import CodecError, Wire, decode, decode_array, encode, encode_array
+from relayrl.contracts.codec import CodecError, Wire, decode, decode_array, encode, encode_array
 
 KIND = "sequence_kv"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -142,7 +142,7 @@ def checksum_of(arrays: dict[str, dict[str, Any]]) -> int:
 
 
 class RawArray(msgspec.Struct, forbid_unknown_fields=True):
-    """An array as relayrl.codec lays it out, its bytes not yet read: the checksum is
+    """An array as relayrl.contracts.codec lays it out, its bytes not yet read: the checksum is
     checked before they are trusted."""
 
     dtype: str

@@ -5,7 +5,7 @@ the common case: after a weight swap every kept KV state is void, and the batch 
 prompts of ten tokens with long-tail sequences of hundreds, so one padded forward computes
 mostly padding (32 rows x 200 columns for 31 short rows and one long one). Prefill costs
 about the same per token at any batch size, so the rows that need it are run in buckets of
-similar length (relayrl.length_split), each bucket's state is split out per sequence
+similar length (relayrl.sampling.length_split), each bucket's state is split out per sequence
 (relayrl.sampling.kv_batch), and the sampler resumes every row from its state as it would
 from one kept from an earlier call.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.devices import model_device
-from relayrl.length_split import padded_cost, plan_runs
+from relayrl.runtime.devices import model_device
 from relayrl.sampling import kv_batch
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
+from relayrl.sampling.length_split import padded_cost, plan_runs
 
 # One more forward call costs about as much as this many padded tokens (per-call overhead
 # of a small model on CPU, measured: ~3 ms a call against ~60 us a prefilled token).

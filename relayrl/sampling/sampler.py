@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl.devices import model_device
+from relayrl.runtime.devices import model_device
 from relayrl.sampling import kv_batch, prefill
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
 from relayrl.sampling.prefill import left_pad

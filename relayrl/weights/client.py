@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import grpc
 import torch
 
-from relayrl.deadlines import TRANSFER_S
-from relayrl.grpc_util import channel
-from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.runtime.deadlines import TRANSFER_S
+from relayrl.runtime.grpc_util import channel
 from relayrl.weights import fetchers
 from relayrl.weights.hostid import host_id
 from relayrl.weights.layout import flat_size, unpack
@@ -61,7 +61,8 @@ class RelayClient(WeightPlane):
         self._channel.close()
 
     def _error(self, what: str, err: grpc.RpcError) -> WeightError:
-        """Raised `from err`: relayrl.outage.is_outage reads the status code of the cause."""
+        """Raised `from err`: relayrl.runtime.outage.is_outage reads the status code of the
+        cause."""
         return WeightError(f"{what} ({self.address}, {self.plane}): {err.details()}")
 
     # -- publishing ----------------------------------------------------------------------

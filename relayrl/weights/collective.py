@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from relayrl.devices import resolve_device
+from relayrl.runtime.devices import resolve_device
 
 JOINED = "relayrl/worker-joined"
 

@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from relayrl.proto.v1 import relay_pb2
+from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl.weights.collective import backend_for, broadcast, two_rank_group
 from relayrl.weights.hostid import host_id
 from relayrl.weights.manifest import WeightError

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 import xxhash
 
-from relayrl.proto.v1 import relay_pb2
+from relayrl.contracts.proto.v1 import relay_pb2
 
 
 class WeightError(ValueError):

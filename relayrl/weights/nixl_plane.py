@@ -16,7 +16,7 @@ import uuid
 
 import torch
 
-from relayrl.proto.v1 import relay_pb2
+from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl.weights.manifest import WeightError
 
 DESCRIPTOR = struct.Struct("<QQQ")  # address, length, device id

@@ -6,13 +6,13 @@ import pytest
 
 from buffer_svc.assembler import ReadyBatch
 from buffer_svc.server import BufferService
-from relayrl import ledger
 from relayrl.config import RunConfig
-from relayrl.keys import BUFFER_GROUP, RunKeys
-from relayrl.messages import Batch, Group, Sample
-from relayrl.ops.redis_server import RedisServer
-from relayrl.redis_conn import connect
-from relayrl.streams import TrajectoryWriter, read_group
+from relayrl.contracts import ledger
+from relayrl.contracts.keys import BUFFER_GROUP, RunKeys
+from relayrl.contracts.messages import Batch, Group, Sample
+from relayrl.contracts.streams import TrajectoryWriter, read_group
+from relayrl.runtime.redis_conn import connect
+from relayrl_ops.redis_server import RedisServer
 
 CFG = RunConfig.model_validate({"run_id": "replay", "buffer": {"group_size": 1,
                                                                 "groups_per_batch": 2},

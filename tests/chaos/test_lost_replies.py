@@ -1,9 +1,9 @@
 """A lost or repeated reply changes nothing (issue 18, must-show 5): on the real stack the
-scheduler and the buffer carry out every call but a seeded schedule (relayrl.reply_faults)
+scheduler and the buffer carry out every call but a seeded schedule (relayrl.runtime.reply_faults)
 drops the replies of some of each method (the caller sees UNAVAILABLE) and holds others
 past the caller's deadline. The workers retry: a lease request with the same request id, a
 Complete until it is answered, a Release or Register again. An agent submits groups of its
-own through relayrl.buffer_client (the same request_id on every attempt) and sends each
+own through relayrl.plugins.buffer_client (the same request_id on every attempt) and sends each
 again besides, as a client that never saw its answer would. The run must reach its last
 step with the books balanced, every prompt completed once, each external group taken in
 once and no lease left out; before the lease calls were safe to repeat, a dropped
@@ -19,11 +19,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from relayrl.buffer_client import submit_group
-from relayrl.keys import is_external
-from relayrl.leases import GrpcLeaseClient
-from relayrl.metrics import read_metrics
-from relayrl.proto.v1 import (
+from relayrl.contracts.keys import is_external
+from relayrl.contracts.leases import GrpcLeaseClient
+from relayrl.contracts.proto.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,
     rollout_pb2,
@@ -31,7 +29,9 @@ from relayrl.proto.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
-from relayrl.reply_faults import ENV
+from relayrl.plugins.buffer_client import submit_group
+from relayrl.runtime.metrics import read_metrics
+from relayrl.runtime.reply_faults import ENV
 from scheduler_svc.server import LOSABLE_METHODS
 from tests.conftest import channel, snapshot
 from tests.integration.live_stack import running, stack_config, wait_for
@@ -83,7 +83,7 @@ def hand_back_the_first_leases(client: GrpcLeaseClient, cfg) -> list:
 
 class Agent:
     """A custom-rollout client as the README describes one: Generate on a worker, then
-    Buffer.Submit of the group with relayrl.buffer_client, on the agent token."""
+    Buffer.Submit of the group with relayrl.plugins.buffer_client, on the agent token."""
 
     def __init__(self, cfg, worker: str):
         self.token = [("authorization", f"Bearer {os.environ[cfg.auth.agent_token_env]}")]

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from relayrl import ledger
-from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.ops.redis_server import RedisServer
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.contracts import ledger
+from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
+from relayrl_ops.redis_server import RedisServer
 
 
 @pytest.fixture

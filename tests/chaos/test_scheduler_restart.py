@@ -4,11 +4,11 @@ left off: it hands out no prompt id twice as new, leases again every prompt that
 
 import pytest
 
-from relayrl import ledger
 from relayrl.config import RunConfig
-from relayrl.keys import RunKeys
-from relayrl.ops.redis_server import RedisServer
-from relayrl.redis_conn import connect
+from relayrl.contracts import ledger
+from relayrl.contracts.keys import RunKeys
+from relayrl.runtime.redis_conn import connect
+from relayrl_ops.redis_server import RedisServer
 from scheduler_svc.core import SchedulerCore
 
 

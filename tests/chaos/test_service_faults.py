@@ -6,8 +6,8 @@ trained twice. `python bench/faults.py` runs a longer schedule and writes the ta
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.ops.fault_run import fault_settings, run_with_faults
-from relayrl.ops.fault_schedule import KINDS, draw_schedule, steps_needed
+from relayrl_testkit.fault_run import fault_settings, run_with_faults
+from relayrl_testkit.fault_schedule import KINDS, draw_schedule, steps_needed
 from tests.conftest import small_stack_config
 
 SEED, ROUNDS, WORKERS, STEPS_PER_RESTART = 0, 1, 2, 20

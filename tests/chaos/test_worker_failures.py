@@ -11,10 +11,10 @@ import pytest
 import redis as redis_lib
 
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel, wait_healthy
-from relayrl.keys import RunKeys
-from relayrl.ops.launcher import Launcher
-from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
+from relayrl.runtime.grpc_util import channel, wait_healthy
+from relayrl_ops.launcher import Launcher
 from tests.conftest import small_stack_config, snapshot
 
 STEPS, GROUPS, GROUP_SIZE, TTL_S = 100, 2, 4, 2.0

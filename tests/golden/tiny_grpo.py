@@ -5,8 +5,8 @@ One process drives the project's own pieces as the services do, minus the transp
 tiny model builder (relayrl.models.tiny, a short warm start so rewards vary), the torch
 engine the rollout worker samples with (rollout_svc.torch_engine, weights loaded into it
 each step as from the relay), the task's reward through the worker's scoring
-(relayrl.rewards.score), the wire codec (relayrl.messages), and the trainer's staleness
-split, collation and Learner (trainer_svc). Staleness is 0: every batch is sampled by the
+(relayrl.plugins.rewards.score), the wire codec (relayrl.contracts.messages), and the trainer's
+staleness split, collation and Learner (trainer_svc). Staleness is 0: every batch is sampled by the
 weights it trains. One CPU thread and fixed seeds make it bit-reproducible on a machine.
 
     python -m tests.golden.tiny_grpo              # run and compare with the references
@@ -38,12 +38,12 @@ from pathlib import Path
 import torch
 
 from relayrl.config import ModelConfig, RunConfig
-from relayrl.messages import Batch, Group, Sample, decode_batch, encode_batch
-from relayrl.model_limits import tiny_vocab_size
+from relayrl.contracts.messages import Batch, Group, Sample, decode_batch, encode_batch
+from relayrl.models.limits import tiny_vocab_size
 from relayrl.models.loading import load_model
 from relayrl.models.tiny import build_model, build_tokenizer, warm_start
-from relayrl.rewards import get_reward, score
-from relayrl.tasks import make_task
+from relayrl.plugins.rewards import get_reward, score
+from relayrl.plugins.tasks import make_task
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
 from trainer_svc.batching import collate, split_stale

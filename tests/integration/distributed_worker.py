@@ -18,11 +18,11 @@ import torch
 
 from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
-from relayrl.keys import RunKeys
-from relayrl.messages import Batch, Group, Sample, encode_batch
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
+from relayrl.contracts.streams import FIELD
 from relayrl.models.loading import load_model
-from relayrl.redis_conn import connect
-from relayrl.streams import FIELD
+from relayrl.runtime.redis_conn import connect
 from trainer_svc.batching import collate
 from trainer_svc.distributed import Parallel, World, close_world, init_world
 from trainer_svc.learner import Learner

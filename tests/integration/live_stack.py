@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import free_port_block
 from relayrl.config import RunConfig
-from relayrl.keys import TRAINER_GROUP, RunKeys
-from relayrl.ops.launcher import Launcher
+from relayrl.contracts.keys import TRAINER_GROUP, RunKeys
+from relayrl_ops.launcher import Launcher
 from tests.conftest import small_stack_config
 
 
@@ -77,7 +77,7 @@ def buffer_depth(r: redis_lib.Redis, cfg: RunConfig) -> tuple[int, int]:
     """(samples on the trajectory stream, batches the trainer has not read)."""
     keys = RunKeys(cfg.run_id)
     pipe = r.pipeline(transaction=False)  # MULTI is refused at Redis's memory limit
-    pipe.xlen(keys.trajectories)  # one entry per group (relayrl.streams)
+    pipe.xlen(keys.trajectories)  # one entry per group (relayrl.contracts.streams)
     pipe.xlen(keys.batches)
     pipe.xpending(keys.batches, TRAINER_GROUP)
     groups, batches, pending = pipe.execute()

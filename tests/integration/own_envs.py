@@ -3,7 +3,7 @@ tests.integration.own_envs:AskTwice` in tests/integration/test_environment.py.""
 
 import json
 
-from relayrl.envs import Environment, Step
+from relayrl.plugins.envs import Environment, Step
 
 
 class AskTwice(Environment):

@@ -1,7 +1,7 @@
 """Access control on the real stack: every gRPC method of every service and every HTTP route
 of the rollout's OpenAI server and the scheduler's REST API refuses a call without the run's
 token or with a wrong one, and the refused call changes nothing (each service's durable
-counters, every Redis key and size). Roles (relayrl.roles): an agent's token generates and
+counters, every Redis key and size). Roles (relayrl.runtime.roles): an agent's token generates and
 submits but cannot publish, lease, heartbeat or stop the run; an operator's pauses and stops
 but cannot publish or lease; only the trainer's publishes. The tokens `relayrl up` makes (and
 the Redis password) are in no command line, log or config file (the agent's and operator's
@@ -27,12 +27,8 @@ import redis as redis_lib
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from relayrl import auth
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel, free_ports
-from relayrl.ops.cli import main as cli_main
-from relayrl.ops.launcher import Launcher
-from relayrl.proto.v1 import (
+from relayrl.contracts.proto.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,
     relay_pb2,
@@ -40,7 +36,11 @@ from relayrl.proto.v1 import (
     rollout_pb2,
     rollout_pb2_grpc,
 )
-from relayrl.redis_conn import connect
+from relayrl.runtime import auth
+from relayrl.runtime.grpc_util import channel, free_ports
+from relayrl.runtime.redis_conn import connect
+from relayrl_ops.cli import main as cli_main
+from relayrl_ops.launcher import Launcher
 from tests.conftest import small_stack_config
 from tests.integration.test_grpc_wrong_messages import MODULES, state, wait_until_settled
 from tests.integration.tls_certs import self_signed

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import redis as redis_lib
 
-from relayrl import ledger
 from relayrl.config import RunConfig
-from relayrl.keys import RunKeys, is_external
-from relayrl.metrics import read_metrics
-from relayrl.ops.launcher import Launcher
+from relayrl.contracts import ledger
+from relayrl.contracts.keys import RunKeys, is_external
+from relayrl.runtime.metrics import read_metrics
+from relayrl_ops.launcher import Launcher
 from tests.conftest import free_ports, small_stack_config
 
 ROOT = Path(__file__).resolve().parents[2]

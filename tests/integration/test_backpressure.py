@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from relayrl.staleness import inflight_prompts
+from relayrl.rules.staleness import inflight_prompts
 from tests.conftest import free_ports, snapshot
 from tests.integration.live_stack import (
     buffer_depth,

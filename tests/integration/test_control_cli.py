@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from relayrl.config import RunConfig
-from relayrl.control import RunState
-from relayrl.http_server import BackgroundHTTPServer
-from relayrl.ops.cli import main
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.contracts.control import RunState
+from relayrl.runtime.http_server import BackgroundHTTPServer
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
+from relayrl_ops.cli import main
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest import build_rest_app
 from tests.conftest import free_ports

@@ -9,11 +9,11 @@ import openai
 import pytest
 import torch
 
-from relayrl import auth
 from relayrl.config import RolloutConfig
 from relayrl.config.rollout import MAX_SEED
-from relayrl.grpc_util import channel, make_server
-from relayrl.proto.v1 import rollout_pb2, rollout_pb2_grpc
+from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc
+from relayrl.runtime import auth
+from relayrl.runtime.grpc_util import channel, make_server
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.openai_api import OpenAIServer
 from rollout_svc.server import RolloutServicer

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.redis_conn import EmbeddedRedis
+from relayrl.runtime.redis_conn import EmbeddedRedis
 from tests.conftest import free_ports
 from tests.integration.distributed_worker import SCENARIOS, run_scenario, run_service_trainer
 from trainer_svc.distributed import World

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from relayrl.metrics import read_metrics
+from relayrl.runtime.metrics import read_metrics
 from tests.integration.test_trainer_metrics import add_batch, in_process_trainer
 from trainer_svc.server import run_loop
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.metrics import read_metrics
+from relayrl.runtime.metrics import read_metrics
 from tests.conftest import run_to_end, small_stack_config
 
 STEPS = 4

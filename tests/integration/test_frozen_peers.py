@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from relayrl.grpc_util import check_health
+from relayrl.runtime.grpc_util import check_health
 from tests.conftest import snapshot
 from tests.integration.live_stack import (
     frozen,

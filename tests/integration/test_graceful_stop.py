@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.keys import RunKeys
-from relayrl.ops.launcher import Launcher
-from relayrl.redis_conn import connect
+from relayrl.contracts.keys import RunKeys
+from relayrl.runtime.redis_conn import connect
+from relayrl_ops.launcher import Launcher
 from tests.conftest import free_ports, small_stack_config, snapshot
 
 pytestmark = pytest.mark.integration

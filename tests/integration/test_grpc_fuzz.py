@@ -11,9 +11,15 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel, check_health
-from relayrl.ops.launcher import Launcher
-from relayrl.proto.v1 import buffer_pb2, relay_pb2, rollout_pb2, scheduler_pb2, trainer_pb2
+from relayrl.contracts.proto.v1 import (
+    buffer_pb2,
+    relay_pb2,
+    rollout_pb2,
+    scheduler_pb2,
+    trainer_pb2,
+)
+from relayrl.runtime.grpc_util import channel, check_health
+from relayrl_ops.launcher import Launcher
 from tests.conftest import small_stack_config
 
 MODULES = {"buffer": buffer_pb2, "relay": relay_pb2, "scheduler": scheduler_pb2,

@@ -14,12 +14,9 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relayrl.buffer_client import submit_group
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel, check_health
-from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.ops.launcher import Launcher
-from relayrl.proto.v1 import (
+from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
+from relayrl.contracts.proto.v1 import (
     buffer_pb2,
     buffer_pb2_grpc,
     relay_pb2,
@@ -31,7 +28,10 @@ from relayrl.proto.v1 import (
     trainer_pb2,
     trainer_pb2_grpc,
 )
-from relayrl.redis_conn import connect
+from relayrl.plugins.buffer_client import submit_group
+from relayrl.runtime.grpc_util import channel, check_health
+from relayrl.runtime.redis_conn import connect
+from relayrl_ops.launcher import Launcher
 from tests.conftest import small_stack_config
 
 pytestmark = pytest.mark.integration
@@ -131,7 +131,7 @@ def state(launcher: Launcher) -> dict:
     worker = rollout_pb2_grpc.RolloutStub(channel(address["rollout-0"])).Status(
         rollout_pb2.RolloutStatusRequest(), timeout=10)
     r = connect(cfg.redis.url)  # with the run's Redis password, if it has one
-    # a string's bit count too: the prompt ledger's bitmaps (relayrl.ledger) are strings
+    # a string's bit count too: the prompt ledger's bitmaps (relayrl.contracts.ledger) are strings
     sizes = {"stream": r.xlen, "hash": r.hlen, "list": r.llen, "set": r.scard, "zset": r.zcard,
              "string": lambda key: (r.strlen(key), r.bitcount(key))}
     keys = {}
@@ -257,7 +257,7 @@ def test_submit_checks_the_model_and_a_retry_after_a_lost_reply_appends_once(sta
     """The real buffer learned the tiny model's vocabulary (15 ids) and context (256 tokens)
     from the config.json `relayrl up` prepared: a group naming token 1000, a reward of 3e38 or
     300 prompt tokens is refused by name and changes nothing. Then an agent's client
-    (relayrl.buffer_client) whose first reply is lost retries with the same request_id, and
+    (relayrl.plugins.buffer_client) whose first reply is lost retries with the same request_id, and
     the group goes in once. Runs last: the group it submits stays in the idle stack."""
     address = stack.cfg.buffer.endpoint.address
     size = stack.cfg.buffer.group_size

@@ -2,8 +2,8 @@
 
 from grpc_health.v1 import health_pb2
 
-from relayrl.grpc_util import free_ports, make_server
-from relayrl.ops.cli import main
+from relayrl.runtime.grpc_util import free_ports, make_server
+from relayrl_ops.cli import main
 
 
 def test_health_exits_zero_only_while_serving(capsys):

@@ -4,14 +4,14 @@ Both run on a real (embedded) Redis, which holds the ledger."""
 import grpc
 import pytest
 
-from relayrl import ledger
 from relayrl.config import RunConfig
-from relayrl.control import SettingsChange
-from relayrl.grpc_util import make_server
-from relayrl.keys import RunKeys
-from relayrl.leases import GrpcLeaseClient, ProgressReply
-from relayrl.proto.v1 import scheduler_pb2_grpc
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.contracts import ledger
+from relayrl.contracts.control import SettingsChange
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.leases import GrpcLeaseClient, ProgressReply
+from relayrl.contracts.proto.v1 import scheduler_pb2_grpc
+from relayrl.runtime.grpc_util import make_server
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.server import SchedulerServicer
 from tests.conftest import free_ports
@@ -151,7 +151,7 @@ def test_bad_requests_are_refused_with_the_field(setup):
 
 
 def _state(core, prompt_id: int, tokens_each: int) -> bytes:
-    from relayrl.partial import PartialGroup
+    from relayrl.contracts.partial import PartialGroup
 
     group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.rollout.samples_per_prompt)
     for s in group.sequences:
@@ -212,7 +212,7 @@ def test_malformed_progress_is_refused_naming_the_field_and_nothing_changes(setu
 
 
 def _tail_state(core, prompt_id: int, unfinished: int) -> bytes:
-    from relayrl.partial import PartialGroup
+    from relayrl.contracts.partial import PartialGroup
 
     group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.rollout.samples_per_prompt)
     for i, s in enumerate(group.sequences):

@@ -1,12 +1,12 @@
-"""The prompt ledger (relayrl.ledger) on a real embedded Redis: scheduler ids as bits,
+"""The prompt ledger (relayrl.contracts.ledger) on a real embedded Redis: scheduler ids as bits,
 external ids in a set beside them, written atomically with other commands."""
 
 import pytest
 
 from buffer_svc.emit import BatchAppender
-from relayrl import ledger
-from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.contracts import ledger
+from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 
 pytestmark = pytest.mark.integration
 

@@ -12,15 +12,15 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from relayrl.auth import install_launcher_credentials
 from relayrl.config import RunConfig
-from relayrl.exporter import MetricsEndpoint
-from relayrl.grpc_util import check_health
-from relayrl.keys import RunKeys
-from relayrl.leases import GrpcLeaseClient
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.leases import GrpcLeaseClient
+from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.models.loading import load_model
-from relayrl.redis_conn import EmbeddedRedis, connect
-from relayrl.streams import TrajectoryWriter
+from relayrl.runtime.auth import install_launcher_credentials
+from relayrl.runtime.exporter import MetricsEndpoint
+from relayrl.runtime.grpc_util import check_health
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl.weights.client import RelayClient
 from rollout_svc.batcher import RequestBatcher
 from rollout_svc.telemetry import rollout_metrics

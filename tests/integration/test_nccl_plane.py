@@ -10,8 +10,8 @@ import torch
 
 from relay_svc.planes import RelayPlanes
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel
-from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.runtime.grpc_util import channel
 from relayrl.weights import WeightError
 from relayrl.weights.client import RelayClient
 from relayrl.weights.collective import worker_device

@@ -6,8 +6,8 @@ and the trainer counts it as train/reward_errors."""
 import json
 
 from relayrl.config import AdditionTaskConfig, ModelConfig, RunConfig
-from relayrl.metrics import read_metrics
 from relayrl.models.cache import resolve_model_path
+from relayrl.runtime.metrics import read_metrics
 from tests.conftest import run_to_end, small_stack_config
 
 STEPS = 4

@@ -9,13 +9,13 @@ import pytest
 
 from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
-from relayrl.keys import RunKeys
-from relayrl.messages import Batch, Group, decode_group
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.messages import Batch, Group, decode_group
+from relayrl.contracts.partial import PartialGroup
+from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.models.loading import load_model
-from relayrl.partial import PartialGroup
-from relayrl.redis_conn import EmbeddedRedis, connect
-from relayrl.rewards import REWARDS, register
-from relayrl.streams import TrajectoryWriter
+from relayrl.plugins.rewards import REWARDS, register
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from rollout_svc.torch_engine import TorchEngine
 from rollout_svc.worker import RolloutWorker
 from scheduler_svc.core import SchedulerCore
@@ -115,7 +115,7 @@ def test_segments_move_to_newer_weights_and_tag_every_token(stack):
 
 def test_when_behind_a_worker_holding_groups_reloads_only_once_it_may_start_none(stack):
     """rollout.reload when_behind: with scheduler.max_start_lag 1 the worker keeps version 1
-    while version 2 is out and moves when version 3 is (relayrl.staleness.behind)."""
+    while version 2 is out and moves when version 3 is (relayrl.rules.staleness.behind)."""
     cfg, r, core, _, tiny_lm = stack
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"reload": "when_behind"})})

@@ -9,10 +9,10 @@ import logging
 import pytest
 import redis as redis_lib
 
-from relayrl import auth
 from relayrl.config import AuthConfig
-from relayrl.grpc_util import free_ports
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.runtime import auth
+from relayrl.runtime.grpc_util import free_ports
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 
 pytestmark = pytest.mark.integration
 

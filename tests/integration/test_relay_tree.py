@@ -11,8 +11,8 @@ import torch
 from relay_svc.follower import Follower
 from relay_svc.server import RelayServicer, add_relay_servicer
 from relay_svc.version_store import VersionStore
-from relayrl.grpc_util import channel, make_server
-from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.runtime.grpc_util import channel, make_server
 from relayrl.weights import WeightError, build_manifest
 from relayrl.weights.client import RelayClient
 from relayrl.weights.wire import decode_bytes_chunk

@@ -5,9 +5,8 @@ import time
 import grpc
 import pytest
 
-from relayrl.grpc_util import channel, make_server
-from relayrl.proto.v1 import reward_pb2, reward_pb2_grpc
-from relayrl.rewards import (
+from relayrl.contracts.proto.v1 import reward_pb2, reward_pb2_grpc
+from relayrl.plugins.rewards import (
     RemoteReward,
     RemoteRewardError,
     get_reward,
@@ -15,6 +14,7 @@ from relayrl.rewards import (
     score,
     serve_reward_model,
 )
+from relayrl.runtime.grpc_util import channel, make_server
 from tests.conftest import free_ports
 
 

@@ -15,7 +15,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import negative_data_rejection
 
 from relayrl.config import RunConfig
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from scheduler_svc import openapi
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest import build_rest_app

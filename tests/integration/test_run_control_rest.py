@@ -5,10 +5,10 @@ they change is what the services read (Redis), and survives a scheduler restart.
 import httpx
 import pytest
 
-from relayrl import control
 from relayrl.config import RunConfig
-from relayrl.http_server import BackgroundHTTPServer
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.contracts import control
+from relayrl.runtime.http_server import BackgroundHTTPServer
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest import build_rest_app
 from tests.conftest import free_ports

@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.http_server import BackgroundHTTPServer
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.runtime.http_server import BackgroundHTTPServer
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest import build_rest_app
 from tests.conftest import free_ports
@@ -96,7 +96,7 @@ def test_unknown_workers_are_named_and_the_schema_documents_the_routes(stack):
 
 
 def test_a_triggered_repack_recalls_the_tail_for_the_fuller_worker(stack):
-    from relayrl.partial import PartialGroup
+    from relayrl.contracts.partial import PartialGroup
 
     core, client, _ = stack
     core.register("w0", "here")

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from relayrl.config import RunConfig
-from relayrl.grpc_util import channel
-from relayrl.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.runtime.grpc_util import channel
 from relayrl.weights.client import RelayClient
 from relayrl.weights.hostid import host_id
 from relayrl.weights.manifest import build_manifest
@@ -128,7 +128,7 @@ def test_a_handoff_from_another_host_or_a_missing_file_is_a_precondition(relay):
 def test_a_relay_that_takes_no_handoff_gets_the_bytes_over_grpc(tmp_path, caplog):
     from relay_svc.server import RelayServicer, add_relay_servicer
     from relay_svc.version_store import VersionStore
-    from relayrl.grpc_util import free_ports, make_server
+    from relayrl.runtime.grpc_util import free_ports, make_server
 
     store = VersionStore(2)  # no shm_dir: versions in process memory
     address = f"127.0.0.1:{free_ports(1)[0]}"

@@ -10,8 +10,8 @@ import time
 import pytest
 import yaml
 
-from relayrl.auth import DEFAULT_TOKEN_ENV
-from relayrl.grpc_util import check_health
+from relayrl.runtime.auth import DEFAULT_TOKEN_ENV
+from relayrl.runtime.grpc_util import check_health
 from tests.conftest import small_stack_config
 
 
@@ -25,7 +25,7 @@ def start_run(tmp_path, started: list):
     data["scheduler"]["max_prompts"] = 0  # never runs out: the run only ends by signal
     cfg_path = tmp_path / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(data))
-    proc = subprocess.Popen([sys.executable, "-m", "relayrl.ops.cli", "up", str(cfg_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "relayrl_ops.cli", "up", str(cfg_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     started.append(proc)
@@ -119,7 +119,7 @@ def test_a_service_that_cannot_start_is_named_with_its_reason_and_nothing_stays(
     data["relay"]["shm_dir"] = str(tmp_path / "no-such-dir")
     cfg_path = tmp_path / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(data))
-    proc = subprocess.run([sys.executable, "-m", "relayrl.ops.cli", "up", str(cfg_path)],
+    proc = subprocess.run([sys.executable, "-m", "relayrl_ops.cli", "up", str(cfg_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     said = proc.stderr[proc.stderr.index("relayrl up: "):]

@@ -9,8 +9,8 @@ import pytest
 
 from bench.common import free_port_block
 from relayrl.config import RunConfig
-from relayrl.metrics import read_metrics
-from relayrl.ops.launcher import Launcher
+from relayrl.runtime.metrics import read_metrics
+from relayrl_ops.launcher import Launcher
 from tests.conftest import small_stack_config, snapshot
 
 STEPS, GROUPS, GROUP_SIZE = 10, 2, 4
@@ -125,7 +125,7 @@ def test_every_process_stopped_cleanly(finished_run):
 def test_relayrl_audit_reopens_the_stopped_run_and_balances(finished_run, capsys):
     import json
 
-    from relayrl.ops.cli import main
+    from relayrl_ops.cli import main
 
     cfg, _, _, _, _ = finished_run
     assert main(["audit", cfg.run_dir]) == 0  # the run directory: its Redis file, reloaded

@@ -10,13 +10,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
-from relayrl.exporter import MetricsEndpoint
-from relayrl.keys import RunKeys
-from relayrl.messages import Batch, Group, Sample, encode_batch
-from relayrl.metrics import read_metrics
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
+from relayrl.contracts.streams import FIELD
 from relayrl.models.loading import load_model
-from relayrl.redis_conn import EmbeddedRedis, connect
-from relayrl.streams import FIELD
+from relayrl.runtime.exporter import MetricsEndpoint
+from relayrl.runtime.metrics import read_metrics
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from tests.conftest import free_ports
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.server import run_loop

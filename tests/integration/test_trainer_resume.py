@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from relay_svc.version_store import VersionStore
-from relayrl import ledger
 from relayrl.config import RunConfig
-from relayrl.keys import TRAINER_GROUP, RunKeys
-from relayrl.messages import Batch, Group, Sample, encode_batch
+from relayrl.contracts import ledger
+from relayrl.contracts.keys import TRAINER_GROUP, RunKeys
+from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
+from relayrl.contracts.streams import FIELD
 from relayrl.models.loading import load_model
-from relayrl.redis_conn import EmbeddedRedis, connect
-from relayrl.streams import FIELD
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.trainer import Trainer
 

@@ -1,4 +1,5 @@
-"""relayrl.progress on a real (embedded) Redis: a worker waiting for room under the in-flight
+"""relayrl.runtime.progress on a real (embedded) Redis: a worker waiting for room under the
+in-flight
 cap wakes at the trainer's step, not at the end of its wait, and a Redis that is away costs
 it the wait, never an exception."""
 
@@ -7,9 +8,9 @@ import time
 
 import pytest
 
-from relayrl.keys import RunKeys
-from relayrl.progress import KEEP, StepWaiter, announce_step
-from relayrl.redis_conn import EmbeddedRedis, connect
+from relayrl.contracts.keys import RunKeys
+from relayrl.runtime.progress import KEEP, StepWaiter, announce_step
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 
 KEYS = RunKeys("steps")
 

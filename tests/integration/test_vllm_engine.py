@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from relayrl.config import RunConfig
-from relayrl.messages import Group, Sample
+from relayrl.contracts.messages import Group, Sample
 from relayrl.sampling.prefill import left_pad
 from relayrl.sampling.sampler import Completion
 from rollout_svc.engine_api import SamplingSpec
@@ -34,7 +34,7 @@ PARITY_TOL = 1e-4
 def model_dir(tmp_path_factory):
     from relayrl.config import ModelConfig
     from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
-    from relayrl.tasks import AdditionTask
+    from relayrl.plugins.tasks import AdditionTask
 
     out = tmp_path_factory.mktemp("vllm_tiny")
     build_tokenizer(AdditionTask.alphabet, out)
@@ -331,9 +331,9 @@ def test_episodes_run_on_vllm_with_masked_environment_tokens(engine, lm, base_we
     model's tokens matches vLLM's logprobs across turns, the environment's are masked."""
     from transformers import AutoTokenizer
 
-    from relayrl.leases import LeasedPrompt
+    from relayrl.contracts.leases import LeasedPrompt
     from relayrl.models.loading import LoadedModel
-    from relayrl.rewards import get_reward
+    from relayrl.plugins.rewards import get_reward
     from rollout_svc.episode_generator import EpisodeGenerator
     from rollout_svc.episodes import episode_samples
     from tests.conftest import TEMPLATE

@@ -2,8 +2,8 @@
 
 from buffer_svc.telemetry import BufferStats, StreamStats
 from relay_svc.telemetry import RelayStats
-from relayrl.exporter import RunnerStats
-from relayrl.stats import specs_of
+from relayrl.runtime.exporter import RunnerStats
+from relayrl.runtime.stats import specs_of
 from rollout_svc.telemetry import EpisodeStats, PullStats, RolloutStats
 from scheduler_svc.telemetry import SchedulerStats
 from trainer_svc.telemetry import TRAINER_KINDS

@@ -1,5 +1,5 @@
 from buffer_svc.assembler import GroupAssembler
-from relayrl.messages import Group, Sample
+from relayrl.contracts.messages import Group, Sample
 
 
 def group(prompt_id, lease="L1"):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from relayrl.keys import EXTERNAL_PROMPT_BASE
-from relayrl.ops.audit import reconcile
+from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE
+from relayrl_ops.audit import reconcile
 
 EXT = EXTERNAL_PROMPT_BASE
 

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from relayrl import auth
 from relayrl.config import AuthConfig, ConfigError, RunConfig
 from relayrl.config.base import load_model
+from relayrl.runtime import auth
 
 pytestmark = pytest.mark.unit
 

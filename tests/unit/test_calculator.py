@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from relayrl.envs import Step, as_step, load_environment, make_environment
-from relayrl.envs.calculator import INSTRUCTIONS, CalcError, Calculator, evaluate, show
-from relayrl.tasks.problem import Problem
+from relayrl.plugins.envs import Step, as_step, load_environment, make_environment
+from relayrl.plugins.envs.calculator import INSTRUCTIONS, CalcError, Calculator, evaluate, show
+from relayrl.plugins.tasks.problem import Problem
 
 
 @pytest.mark.parametrize("text,value", [
@@ -76,8 +76,9 @@ def test_the_builtin_loads_by_name_and_options_are_checked():
     assert make_environment(cls, {"role": "tool"}).role == "tool"
     with pytest.raises(ValueError, match="options do not fit Calculator"):
         make_environment(cls, {"colour": "red"})
-    for spec, msg in [("nowhere.at.all:Env", "cannot import"), ("relayrl.envs:Nope", "not a "
-                      "class"), ("relayrl", "not 'package.module:Class'")]:
+    for spec, msg in [("nowhere.at.all:Env", "cannot import"),
+                      ("relayrl.plugins.envs:Nope", "not a class"),
+                      ("relayrl", "not 'package.module:Class'")]:
         with pytest.raises(ValueError, match=msg):
             load_environment(spec)
 

@@ -2,8 +2,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from relayrl.codec import CodecError, decode, decode_array, encode, encode_array
-from relayrl.messages import (
+from relayrl.contracts.codec import CodecError, decode, decode_array, encode, encode_array
+from relayrl.contracts.messages import (
     Batch,
     FinishReason,
     Group,

@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from relayrl.codec import CodecError, decode, decode_array, encode, encode_array
-from relayrl.messages import Batch, Group, Sample, decode_batch, decode_group
-from relayrl.partial import PartialGroup
+from relayrl.contracts.codec import CodecError, decode, decode_array, encode, encode_array
+from relayrl.contracts.messages import Batch, Group, Sample, decode_batch, decode_group
+from relayrl.contracts.partial import PartialGroup
 from relayrl.sampling.kv_state import SequenceKV
 
 DTYPES = ["int32", "int64", "float16", "float32", "float64", "uint8", "bool"]

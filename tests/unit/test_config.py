@@ -50,7 +50,7 @@ def test_every_shipped_yaml_is_checked():
     """Every YAML under examples/, deploy/ and bench/ (and at the root) is a run config
     loaded above, a Kubernetes manifest or compose file (test_deploy), or the simulator's
     config (test_sim): a file none of them reads could rot unseen."""
-    from relayrl.sim import config_from_mapping
+    from relayrl_sim import config_from_mapping
 
     for path in YAMLS:
         docs = yaml_docs(path)

@@ -1,8 +1,8 @@
 """Every gRPC call the packages make passes a deadline (`timeout=`), found by reading the
 source: a call without one waits forever on a peer that hangs.
 
-A call is a gRPC call when it invokes a method of a service in relayrl/proto (or the health
-service) on something other than `self`/`super()` (servicers define those methods, callers
+A call is a gRPC call when it invokes a method of a service in relayrl/contracts/proto (or the
+health service) on something other than `self`/`super()` (servicers define those methods, callers
 invoke them), or a multi-callable a channel made (`channel.unary_stream(...)` and kin)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from relayrl.config import RunConfig
-from relayrl.proto.v1 import (
+from relayrl.contracts.proto.v1 import (
     buffer_pb2,
     relay_pb2,
     reward_pb2,

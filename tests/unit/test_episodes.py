@@ -14,10 +14,10 @@ import torch
 from transformers import AutoTokenizer
 
 from relayrl.config import RunConfig
-from relayrl.envs import Environment, Step, TurnGlue
-from relayrl.leases import LeasedPrompt
-from relayrl.messages import validate_sample
-from relayrl.rewards import get_reward
+from relayrl.contracts.leases import LeasedPrompt
+from relayrl.contracts.messages import validate_sample
+from relayrl.plugins.envs import Environment, Step, TurnGlue
+from relayrl.plugins.rewards import get_reward
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.episodes import episode_samples
 from rollout_svc.torch_engine import TorchEngine
@@ -204,7 +204,7 @@ def test_environment_rewards_sum_and_are_checked_against_the_range():
 
 
 def test_a_non_finite_step_reward_is_refused_by_name():
-    from relayrl.envs import as_step
+    from relayrl.plugins.envs import as_step
 
     with pytest.raises(ValueError, match="Env.step: reward is nan, not a finite number"):
         as_step(([], float("nan"), True), "Env.step")

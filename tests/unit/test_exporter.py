@@ -14,9 +14,9 @@ from buffer_svc.assembler import GroupAssembler
 from buffer_svc.telemetry import buffer_metrics
 from relay_svc.telemetry import relay_metrics
 from relay_svc.version_store import VersionStore
-from relayrl.backpressure import PressureCounters
-from relayrl.exporter import RunnerStats, SnapshotCollector
-from relayrl.stats import MetricSpec, Stats, counter, gauge, prometheus_name
+from relayrl.runtime.backpressure import PressureCounters
+from relayrl.runtime.exporter import RunnerStats, SnapshotCollector
+from relayrl.runtime.stats import MetricSpec, Stats, counter, gauge, prometheus_name
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.telemetry import EpisodeStats, rollout_metrics
 from scheduler_svc.policy import LeasePolicy, WorkerState

@@ -3,8 +3,8 @@
 import pytest
 
 from relayrl.config.restarts import RestartConfig
-from relayrl.ops.fault_schedule import KINDS, draw_schedule, due_steps, steps_needed
-from relayrl.ops.restarts import RestartBudget
+from relayrl_ops.restarts import RestartBudget
+from relayrl_testkit.fault_schedule import KINDS, draw_schedule, due_steps, steps_needed
 
 
 def test_the_same_seed_gives_the_same_schedule_and_another_seed_another():

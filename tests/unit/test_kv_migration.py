@@ -4,8 +4,8 @@ a state, on the same engine or on another one, generates what it would have with
 import pytest
 import torch
 
-from relayrl.codec import CodecError
 from relayrl.config import ModelConfig
+from relayrl.contracts.codec import CodecError
 from relayrl.models.loading import load_model
 from relayrl.models.tiny import build_model
 from relayrl.sampling.kv_state import SequenceKV

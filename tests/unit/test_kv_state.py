@@ -7,7 +7,7 @@ import msgpack
 import pytest
 import torch
 
-from relayrl.codec import CodecError
+from relayrl.contracts.codec import CodecError
 from relayrl.sampling.kv_batch import assemble, split
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, checksum_of
 from relayrl.sampling.sampler import sample_with_kv

@@ -1,8 +1,8 @@
-"""A lease's metadata as the worker decodes it from the wire (relayrl/leases.py)."""
+"""A lease's metadata as the worker decodes it from the wire (relayrl/contracts/leases.py)."""
 
 import pytest
 
-from relayrl.leases import _metadata
+from relayrl.contracts.leases import _metadata
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("module", ["scheduler_svc.server", "buffer_svc.server",
-                                    "relayrl.ops.cli"])
+                                    "relayrl_ops.cli"])
 def test_a_service_without_a_model_imports_no_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from relayrl.logs import JsonFormatter, make_formatter, setup_logging
+from relayrl.runtime.logs import JsonFormatter, make_formatter, setup_logging
 
 
 def record(msg, *args, exc_info=None, **extra) -> logging.LogRecord:

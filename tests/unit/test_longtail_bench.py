@@ -2,7 +2,7 @@
 waste from the workers' closing lines."""
 
 from bench.longtail import lag_counts, worker_waste
-from relayrl.sim.accounting import distribution
+from relayrl_sim.accounting import distribution
 
 
 def test_lags_come_from_the_trained_buckets_only():

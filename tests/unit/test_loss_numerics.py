@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relayrl.config.loss import loss_config
-from relayrl.messages import Group, Sample
+from relayrl.contracts.messages import Group, Sample
 from trainer_svc.batching import collate, split_uniform
 from trainer_svc.losses import CORRECTIONS, LOSSES, LossInputs
 from trainer_svc.losses.advantages import ADVANTAGE_ESTIMATORS, sequence_advantages

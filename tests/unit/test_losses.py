@@ -68,7 +68,7 @@ def test_unknown_loss_is_named():
 
 
 def test_tool_tokens_are_left_out_of_the_loss_mask():
-    from relayrl.messages import Group, Sample
+    from relayrl.contracts.messages import Group, Sample
     from trainer_svc.batching import collate
 
     s = Sample(prompt_id=1, lease_id="ext", worker_id="agent", prompt_tokens=[1, 4],

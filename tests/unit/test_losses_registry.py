@@ -8,7 +8,7 @@ import torch
 
 from relayrl.config import ConfigError, TrainerConfig, load_run_config
 from relayrl.config.loss import RECIPES, loss_config
-from relayrl.messages import Group, Sample
+from relayrl.contracts.messages import Group, Sample
 from trainer_svc.batching import collate, split_uniform
 from trainer_svc.losses import LOSSES, LossInputs
 from trainer_svc.losses.advantages import (

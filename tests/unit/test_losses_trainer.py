@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relayrl.config import TrainerConfig
-from relayrl.messages import Group, Sample
+from relayrl.contracts.messages import Group, Sample
 from trainer_svc.batching import collate
 from trainer_svc.losses import LOSSES
 from trainer_svc.objective import Objective

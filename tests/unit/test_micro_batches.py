@@ -1,4 +1,4 @@
-"""Micro-batches: the split of a batch's rows (relayrl.length_split, tested on its own in
+"""Micro-batches: the split of a batch's rows (relayrl.sampling.length_split, tested on its own in
 test_length_split.py) under the trainer's budget, and the update through parts, which must
 equal the update through the whole padded batch."""
 

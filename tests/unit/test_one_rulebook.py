@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.messages import Batch, Group, Sample
-from relayrl.partial import PartialGroup, PartialSequence
-from relayrl.sim import CostParams, LengthDist, SimConfig, Workload, heavy_tail
-from relayrl.sim.streaming import Streaming
+from relayrl.contracts.messages import Batch, Group, Sample
+from relayrl.contracts.partial import PartialGroup, PartialSequence
+from relayrl_sim import CostParams, LengthDist, SimConfig, Workload, heavy_tail
+from relayrl_sim.streaming import Streaming
 from rollout_svc.group_generator import GroupGenerator
 from scheduler_svc.policy import LeasePolicy
 from trainer_svc.batching import split_stale
@@ -102,7 +102,7 @@ def test_a_worker_reloads_under_no_group_the_rollout_would_restart(max_staleness
     """sim.tails preempt: a worker reloads under its running sequences only where the
     rollout, its engine on the new weights, would start none of their groups over. At
     bound 1 it reloads too: with two batches out, the second starts on the trainer's
-    newest weights (relayrl.staleness.oldest_startable), as the live lease asks."""
+    newest weights (relayrl.rules.staleness.oldest_startable), as the live lease asks."""
     sim = traced(max_staleness, repack, "preempt")
     swaps = [e for e in sim.trace if e[0] == "swap"]
     assert sim.swaps == len(swaps) > 0
@@ -130,7 +130,7 @@ def test_the_simulator_takes_the_live_defaults():
 
 def test_the_simulator_imports_no_service():
     """Shared rules live in relayrl/; the simulator reaching into a service would fork them."""
-    code = ("import sys, relayrl.sim.sweep, relayrl.sim.sensitivity; "
+    code = ("import sys, relayrl_sim.sweep, relayrl_sim.sensitivity; "
             "print(sorted(m for m in sys.modules if m.split('.')[0].endswith('_svc')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

@@ -1,4 +1,4 @@
-"""relayrl.outage: the backoff's bounds, cap and reset; which errors count as an outage;
+"""relayrl.runtime.outage: the backoff's bounds, cap and reset; which errors count as an outage;
 ride_out's retries, stop and give-up; readiness as the health service reports it."""
 
 import logging
@@ -10,9 +10,9 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from relayrl.backpressure import StoppedWaiting
-from relayrl.grpc_util import channel, check_health, free_ports
-from relayrl.outage import (
+from relayrl.runtime.backpressure import StoppedWaiting
+from relayrl.runtime.grpc_util import channel, check_health, free_ports
+from relayrl.runtime.outage import (
     MAX_WAIT_S,
     JitteredBackoff,
     Outage,
@@ -21,8 +21,8 @@ from relayrl.outage import (
     readiness,
     ride_out,
 )
-from relayrl.redis_conn import outage_retry
-from relayrl.service import ServiceRunner
+from relayrl.runtime.redis_conn import outage_retry
+from relayrl.runtime.service import ServiceRunner
 
 
 def test_the_bound_doubles_to_the_cap_and_a_reset_starts_over():
@@ -116,7 +116,7 @@ def failing(times: int, err: Exception):
 
 def test_ride_out_retries_an_outage_unready_meanwhile_and_logs_it_once(caplog):
     call, calls = failing(4, redis.TimeoutError("Timeout reading from socket"))
-    with caplog.at_level(logging.INFO, logger="relayrl.outage"):
+    with caplog.at_level(logging.INFO, logger="relayrl.runtime.outage"):
         assert ride_out("redis", call) == "answer"
     assert calls == [True, False, False, False, False]  # unready from the first failure
     assert readiness.ready

@@ -11,7 +11,8 @@ PUBLISH_VIA_REDIS = ("MainThread;run (trainer_svc/trainer.py:120);publish "
                      "(redis/client.py:600)")
 TRAIN = ("MainThread;train_step (trainer_svc/trainer.py:140);backward "
          "(/x/site-packages/torch/autograd/__init__.py:300)")
-DECODE = "MainThread;next_batch (trainer_svc/trainer.py:90);decode_batch (relayrl/messages.py:50)"
+DECODE = ("MainThread;next_batch (trainer_svc/trainer.py:90);decode_batch "
+          "(relayrl/contracts/messages.py:50)")
 
 
 def test_a_stack_is_charged_whole_to_its_first_matching_bucket():

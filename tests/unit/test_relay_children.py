@@ -7,7 +7,7 @@ import yaml
 
 from relayrl.config import ConfigError, RunConfig, load_run_config
 from relayrl.config.base import load_model
-from relayrl.ops.launcher import PUBLISH_PARTIES, Launcher
+from relayrl_ops.launcher import PUBLISH_PARTIES, Launcher
 
 
 def config(**relay) -> RunConfig:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from relayrl.repack import Move, is_tail, plan_moves, rank_targets
+from relayrl.rules.repack import Move, is_tail, plan_moves, rank_targets
 from scheduler_svc.policy import LeasePolicy
 
 

@@ -1,12 +1,12 @@
-"""The lost-reply fault schedule (relayrl.reply_faults): off unless asked for, strict about
+"""The lost-reply fault schedule (relayrl.runtime.reply_faults): off unless asked for, strict about
 its setting, the same faults for the same seed, and a dropped reply's call carried out."""
 
 import grpc
 import pytest
 
-from relayrl.grpc_util import channel, make_server
-from relayrl.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
-from relayrl.reply_faults import (
+from relayrl.contracts.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
+from relayrl.runtime.grpc_util import channel, make_server
+from relayrl.runtime.reply_faults import (
     DROP,
     ENV,
     LATE,

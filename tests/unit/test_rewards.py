@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from relayrl.rewards import (
+from relayrl.plugins.rewards import (
     REWARDS,
     RemoteReward,
     WeightedReward,
@@ -165,8 +165,8 @@ def test_a_reward_whose_library_is_missing_is_refused_when_its_spec_resolves():
     """Not at the first sample, where every score would quietly be 0 (it happened on a
     machine without math-verify)."""
     from relayrl.config import RunConfig
-    from relayrl.rewards.registry import REQUIRES
-    from relayrl.tasks import check_reward
+    from relayrl.plugins.rewards.registry import REQUIRES
+    from relayrl.plugins.tasks import check_reward
 
     register("test_needs_a_library", requires=(("relayrl_no_such_module", "no-such==1.0"),))(
         lambda c, r: 1.0)

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from relayrl.rewards import ImportedReward, WeightedReward, get_reward, score, score_group
+from relayrl.plugins.rewards import ImportedReward, WeightedReward, get_reward, score, score_group
 
 REWARDS_SOURCE = '''
 import math
@@ -227,7 +227,7 @@ def test_remote_is_checked_before_module_function():
 
 
 def test_a_registered_function_no_form_fits_fails_at_resolve_time():
-    from relayrl.rewards import REWARDS, register
+    from relayrl.plugins.rewards import REWARDS, register
 
     register("test_one_arg")(lambda completion_text: 0.0)
     try:

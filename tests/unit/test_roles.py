@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from relay_svc.version_store import VersionStore
-from relayrl import auth, roles
 from relayrl.config.security import AuthConfig
-from relayrl.proto.v1 import (
+from relayrl.contracts.proto.v1 import (
     buffer_pb2,
     relay_pb2,
     reward_pb2,
@@ -19,7 +18,8 @@ from relayrl.proto.v1 import (
     scheduler_pb2,
     trainer_pb2,
 )
-from relayrl.roles import AGENT, OPERATOR, SERVICE, TRAINER, method_roles
+from relayrl.runtime import auth, roles
+from relayrl.runtime.roles import AGENT, OPERATOR, SERVICE, TRAINER, method_roles
 from relayrl.weights import WeightError, build_manifest
 
 MODULES = (buffer_pb2, relay_pb2, reward_pb2, rollout_pb2, scheduler_pb2, trainer_pb2)

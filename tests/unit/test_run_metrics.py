@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from relayrl.metrics import plot_throughput, read_metrics
+from relayrl.runtime.metrics import plot_throughput, read_metrics
 from trainer_svc.plots import Plotter
 from trainer_svc.trainer import open_metrics
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from relayrl.messages import Group, Sample
+from relayrl.contracts.messages import Group, Sample
 from relayrl.sampling.sampler import sample
 from trainer_svc.batching import collate, token_logprobs
 

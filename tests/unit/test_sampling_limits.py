@@ -11,10 +11,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from relayrl import control
 from relayrl.config import RolloutConfig, RunConfig
 from relayrl.config.rollout import MAX_SEED, MIN_TEMPERATURE
-from relayrl.leases import LeasedPrompt
+from relayrl.contracts import control
+from relayrl.contracts.leases import LeasedPrompt
 from relayrl.sampling.sampler import sample
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.engine_api import SamplingSpec
@@ -46,7 +46,7 @@ def test_a_bad_stored_setting_keeps_the_configs_value_and_is_logged_once(caplog,
     cfg = RunConfig.model_validate({"rollout": {"temperature": 0.9},
                                     "trainer": {"max_staleness": 2}})
     stored = {b"temperature": json.dumps(LOW).encode(), b"max_staleness": b"5"}
-    with caplog.at_level(logging.ERROR, logger="relayrl.control"):
+    with caplog.at_level(logging.ERROR, logger="relayrl.contracts.control"):
         for _ in range(3):  # every segment reads it: one line, not one per read
             settings = control.settings_from_hash(stored, cfg)
     assert (settings.temperature, settings.max_staleness) == (0.9, 5)  # the good one applies

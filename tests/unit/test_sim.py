@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relayrl.ops.cli import main
-from relayrl.sim import (
+from relayrl_ops.cli import main
+from relayrl_sim import (
     CostParams,
     LengthDist,
     SimConfig,
@@ -19,11 +19,11 @@ from relayrl.sim import (
     load_costs,
     simulate,
 )
-from relayrl.sim.barrier import Fleet
-from relayrl.sim.costs import costs_from_mapping
-from relayrl.sim.streaming import ARRIVE, Streaming
-from relayrl.sim.worker import Worker
-from relayrl.sim.workload import Lengths, workload_from_mapping
+from relayrl_sim.barrier import Fleet
+from relayrl_sim.costs import costs_from_mapping
+from relayrl_sim.streaming import ARRIVE, Streaming
+from relayrl_sim.worker import Worker
+from relayrl_sim.workload import Lengths, workload_from_mapping
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sim" / "heavy_tail.yaml"
 
@@ -316,7 +316,7 @@ def test_cli_refuses_bad_flags(tmp_path, capsys):
 
 
 def test_distribution_weights_values_by_their_counts():
-    from relayrl.sim.accounting import distribution
+    from relayrl_sim.accounting import distribution
 
     assert distribution({0: 50, 1: 49, 5: 1}) == {"mean": 0.54, "p50": 0, "p99": 1, "max": 5}
     assert distribution({}) == {"mean": 0.0, "p50": 0, "p99": 0, "max": 0}
@@ -345,7 +345,7 @@ def test_a_migration_re_prefills_unless_its_kv_cache_moves():
 
 
 def test_sensitivity_scales_one_cost_at_a_time_and_checks_each_conclusion():
-    from relayrl.sim import sensitivity
+    from relayrl_sim import sensitivity
 
     costs = CostParams()
     doubled = sensitivity.scaled(costs, sensitivity.COSTS["decode step"], 2.0)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.partial import PartialGroup, PartialSequence
+from relayrl.contracts.partial import PartialGroup, PartialSequence
 from rollout_svc.group_generator import GroupGenerator
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from relayrl.messages import Batch, Group, Sample
+from relayrl.contracts.messages import Batch, Group, Sample
 from trainer_svc.batching import lag_histogram, split_stale, token_lag_histogram
 
 pytestmark = pytest.mark.unit

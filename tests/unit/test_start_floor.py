@@ -1,10 +1,10 @@
-"""The oldest weights a new prompt may start on (relayrl.staleness.oldest_startable): a
+"""The oldest weights a new prompt may start on (relayrl.rules.staleness.oldest_startable): a
 prompt queued behind whole batches is trained that many versions later, so it must start on
 weights recent enough to still be within the staleness bound then."""
 
 import pytest
 
-from relayrl.staleness import behind, is_stale, oldest_startable
+from relayrl.rules.staleness import behind, is_stale, oldest_startable
 
 
 @pytest.mark.parametrize("max_staleness, ahead, floor", [
@@ -21,7 +21,7 @@ def test_a_prompt_behind_whole_batches_starts_on_newer_weights(max_staleness, ah
 
 @pytest.mark.parametrize("max_staleness", [1, 2, 3, 4])
 def test_a_prompt_started_at_the_floor_is_trainable_when_its_batch_comes(max_staleness):
-    """With the default cap (relayrl.staleness.inflight_prompts: max(2, bound) batches), a
+    """With the default cap (relayrl.rules.staleness.inflight_prompts: max(2, bound) batches), a
     prompt started on the floor's weights is never stale by the time its batch trains."""
     batches_out = max(2, max_staleness)
     for version in range(0, 10):

@@ -6,14 +6,14 @@ import json
 import pytest
 
 from buffer_svc.submit import StaleGroup, Submissions
-from relayrl.codec import CodecError
 from relayrl.config import RunConfig
-from relayrl.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.messages import decode_group
-from relayrl.model_limits import ModelLimits, model_limits, read_model_limits
-from relayrl.proto.v1 import buffer_pb2
-from relayrl.redis_conn import EmbeddedRedis, connect
-from relayrl.streams import pending_samples
+from relayrl.contracts.codec import CodecError
+from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
+from relayrl.contracts.messages import decode_group
+from relayrl.contracts.proto.v1 import buffer_pb2
+from relayrl.contracts.streams import pending_samples
+from relayrl.models.limits import ModelLimits, model_limits, read_model_limits
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 
 MODEL = ModelLimits(vocab_size=15, context_length=16, source="test model")
 KEYS = RunKeys("sub")
@@ -163,7 +163,7 @@ def test_a_request_id_reused_for_another_group_is_refused(redis):
 
 def test_a_full_buffer_remembers_no_request_id(redis):
     """Refused for room, the group went nowhere: its retry must be taken, not answered."""
-    from relayrl.streams import BufferFull
+    from relayrl.contracts.streams import BufferFull
 
     subs = submissions(redis, max_pending_samples=4, groups_per_batch=2)
     subs.submit(group())

@@ -5,8 +5,8 @@ test_vllm_kv_migration.py."""
 import msgspec
 import pytest
 
-from relayrl.codec import CodecError
 from relayrl.config import RunConfig
+from relayrl.contracts.codec import CodecError
 from rollout_svc.vllm_kv import KVTicket, park_params, pull_params
 
 pytestmark = pytest.mark.unit

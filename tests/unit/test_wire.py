@@ -2,7 +2,7 @@
 
 import pytest
 
-from relayrl.proto.v1 import relay_pb2
+from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl.weights import WeightError
 from relayrl.weights.wire import decode_bytes_chunk, encode_bytes_chunk, encode_publish_chunk
 

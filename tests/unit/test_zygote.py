@@ -1,4 +1,4 @@
-"""The launcher's zygote (relayrl.ops.zygote and its client): a forked child is `python -m`
+"""The launcher's zygote (relayrl_ops.zygote and its client): a forked child is `python -m`
 in all that a service can see, its exit is reported as subprocess reports one, and it dies
 with the zygote. The zygote here preloads nothing, to start fast."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.ops.launcher import PUBLISH_PARTIES, Child, Launcher
-from relayrl.ops.restarts import RestartBudget
-from relayrl.ops.zygote_client import Zygote
-from relayrl.procs import PARENT_ENV
+from relayrl.runtime.procs import PARENT_ENV
+from relayrl_ops.launcher import PUBLISH_PARTIES, Child, Launcher
+from relayrl_ops.restarts import RestartBudget
+from relayrl_ops.zygote_client import Zygote
 
 CHILD = "tests.unit.zygote_child"
 

@@ -9,7 +9,7 @@ import yaml
 
 from relayrl.config import RunConfig
 from relayrl.models import resolve_model_path
-from relayrl.ops.cli import main
+from relayrl_ops.cli import main
 from tests.conftest import MODEL_CACHE
 
 

@@ -1,14 +1,14 @@
 """A run with rollout.environment is evaluated in episodes of it, by the rollout worker's rule
-(relayrl.envs.play): the environment's rewards summed, the set's reward when it gave none, 0
+(relayrl.plugins.envs.play): the environment's rewards summed, the set's reward when it gave none, 0
 when it raised, the max_new_tokens budget over every turn; `environment: false` evaluates one
 turn. On the tiny model with a chat template (tests/conftest.py's chat_lm)."""
 
 import pytest
 
+from eval_svc import build_sets, evaluate_sets
 from relayrl.config import RunConfig
-from relayrl.envs import Environment, Step
-from relayrl.evals import build_sets, evaluate_sets
-from relayrl.rewards import REWARDS, register
+from relayrl.plugins.envs import Environment, Step
+from relayrl.plugins.rewards import REWARDS, register
 
 if "evals_test_zero" not in REWARDS:
     register("evals_test_zero")(lambda completion, reference: 0.0)

@@ -3,9 +3,9 @@ the legacy keys of the first set, pass@k from k samples, and errors naming the s
 
 import pytest
 
+from eval_svc import build_sets, evaluate_sets
 from relayrl.config import RunConfig
-from relayrl.evals import build_sets, evaluate_sets
-from relayrl.rewards import REWARDS, register
+from relayrl.plugins.rewards import REWARDS, register
 
 if "evals_test_one" not in REWARDS:
     register("evals_test_one")(lambda completion, reference: 1.0)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.metrics import open_run_metrics, read_metrics
+from relayrl.runtime.metrics import open_run_metrics, read_metrics
 
 
 def config(tmp_path, mode: str) -> RunConfig:

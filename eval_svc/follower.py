@@ -1,0 +1,142 @@
+"""The separate evaluator (eval.mode separate): a process that follows the relay, so that
+evaluation never stalls training.
+
+    python -m eval_svc.follower --config runs/tiny/config.yaml   # `relayrl up` starts it
+
+It evaluates the model it starts from as version 0, then polls the relay every eval.poll_s
+for the versions it holds, pulls the newest one that is due (a multiple of eval.every, or
+trainer.max_steps) and not yet evaluated, loads it and evaluates every eval set. A due
+version the relay dropped while an eval ran is skipped: the evaluator follows the newest,
+it never queues behind training. Records go to <run_dir>/eval.jsonl (the trainer alone
+writes metrics.jsonl), with TensorBoard and W&B as the trainer's; a restarted evaluator goes
+on after the last version in eval.jsonl. It exits once trainer.max_steps is evaluated.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import grpc
+
+from eval_svc.runner import evaluate_sets
+from eval_svc.sets import build_sets
+from relayrl.config import RunConfig
+from relayrl.models.loading import LoadedModel
+from relayrl.runtime.metrics import MetricsWriter, open_run_metrics, read_metrics
+from relayrl.weights.client import RelayClient
+from relayrl.weights.collective import worker_device
+from relayrl.weights.manifest import WeightError
+from relayrl.weights.tied import load_published
+
+log = logging.getLogger(__name__)
+EVAL_FILE = "eval.jsonl"
+
+
+def is_due(version: int, every: int, max_steps: int) -> bool:
+    return version >= max_steps or (every > 0 and version % every == 0)
+
+
+class Follower:
+    def __init__(self, cfg: RunConfig, lm: LoadedModel, relays: list[RelayClient],
+                 writer: MetricsWriter):
+        self.cfg = cfg
+        self.lm = lm
+        self.relays = relays
+        self.writer = writer
+        self.sets = build_sets(cfg)  # a bad set fails here, before any pull
+        done = [r["step"] for r in read_metrics(writer.path) if "step" in r]
+        self.last = max(done) if done else -1  # the newest version evaluated
+
+    def evaluate(self, version: int) -> dict:
+        t0 = time.monotonic()
+        record, _ = evaluate_sets(self.lm, self.sets, seed=self.cfg.eval.seed,
+                                  batch_size=self.cfg.eval.batch_size)
+        record = {"step": version, **record, "time/eval_s": time.monotonic() - t0}
+        self.writer.write(record)
+        self.last = version
+        log.info("version %d: %s", version, ", ".join(
+            f"{k}={v:.3f}" for k, v in record.items() if k.endswith("pass@1")))
+        return record
+
+    def next_due(self) -> tuple[RelayClient, int] | None:
+        """The newest due version above the last evaluated one any relay holds."""
+        tc = self.cfg.trainer
+        for relay in self.relays:
+            try:
+                held = relay.versions()
+            except grpc.RpcError as err:
+                log.debug("relay %s: %s", relay.address, err)
+                continue
+            due = [v for v in held if v > self.last and is_due(v, self.cfg.eval.every,
+                                                                tc.max_steps)]
+            if due:
+                return relay, max(due)
+        return None
+
+    def step(self) -> bool:
+        """One look at the relay; True if a version was evaluated."""
+        found = self.next_due()
+        if found is None:
+            return False
+        relay, version = found
+        try:
+            tensors = relay.pull(version)
+        except (WeightError, grpc.RpcError) as err:  # dropped meanwhile: the next look
+            log.warning("pull of version %d from %s failed: %s", version, relay.address, err)
+            return False
+        load_published(self.lm.model, tensors)
+        self.evaluate(version)
+        return True
+
+    @property
+    def finished(self) -> bool:
+        return self.last >= self.cfg.trainer.max_steps
+
+    def run(self, stop: threading.Event) -> None:
+        if self.last < 0:  # the starting model, as the inline eval's step 0
+            self.evaluate(0)
+        while not stop.is_set() and not self.finished:
+            if not self.step():
+                stop.wait(self.cfg.eval.poll_s)
+
+
+def serve(cfg: RunConfig) -> None:
+    import torch
+
+    from relayrl.models import resolve_model_path
+    from relayrl.models.loading import load_model
+    from relayrl.runtime.logs import setup_logging
+
+    setup_logging("evaluator")
+    torch.set_num_threads(cfg.rollout.torch_threads)
+    weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.device)
+    lm = load_model(resolve_model_path(cfg.model, cfg.task))
+    relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,
+                          cfg.rollout.weight_plane, weight_device) for a in cfg.relay_addresses]
+    writer = open_run_metrics(cfg, EVAL_FILE, job_type="eval")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        Follower(cfg, lm, relays, writer).run(stop)
+    finally:
+        writer.close()
+        for relay in relays:
+            relay.close()
+
+
+def main() -> None:
+    from relayrl.runtime.cli_args import install_run_credentials, parse_service_args
+    from relayrl.runtime.procs import die_with_launcher
+
+    die_with_launcher()
+    cfg, _ = parse_service_args("eval_svc.follower")
+    install_run_credentials(cfg)
+    serve(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The environment protocol: what a multi-turn task implements, and how a run loads one.
+
+An environment plays one episode against the policy. The rollout worker makes one instance
+per sample (each of a group's samples is its own episode), calls `reset` once with the
+problem, then alternates: the model writes an assistant message, `step` answers it.
+
+    from relayrl.plugins.envs import Environment, Step
+
+    class Guess(Environment):
+        def __init__(self, tries: int = 3):        # rollout.environment.options
+            self.tries = tries
+
+        def reset(self, problem):                  # relayrl.plugins.tasks.problem.Problem
+            self.answer = problem.reference
+            return None                            # None: the task's own prompt opens
+
+        def step(self, message):                   # the model's reply, as text
+            if message.strip() == self.answer:
+                return Step([], reward=1.0, done=True)
+            return Step([{"role": "user", "content": "No, try again."}])
+
+Configured as `rollout.environment: {cls: mypkg.envs:Guess, max_turns: 4, options: {...}}`
+(relayrl/config/environment.py). A step may also return a plain (messages, reward, done)
+tuple. `reward` None means "no reward from this step"; the sample's reward is the sum of the
+rewards the episode returned, or, when it returned none, the task's reward on the model's
+final message (rollout_svc/episodes.py).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from relayrl.config import ConfigError
+from relayrl.plugins.rewards.imported import import_user_module
+from relayrl.plugins.tasks.problem import ROLES, Problem
+
+Message = Mapping[str, str]  # {"role": ..., "content": ...}
+
+# short names for the environments shipped with relayrl
+BUILTIN = {"calculator": "relayrl.plugins.envs.calculator:Calculator"}
+
+
+class Step(NamedTuple):
+    messages: Sequence[Message] = ()  # what the model sees next (user or tool turns)
+    reward: float | None = None  # None: this step gives no reward
+    done: bool = False
+
+
+class Environment(ABC):
+    """One episode. Instances are not shared between samples or threads."""
+
+    def reset(self, problem: Problem) -> Sequence[Message] | None:
+        """The conversation that opens the episode, or None to open with the task's prompt."""
+        return None
+
+    @abstractmethod
+    def step(self, message: str) -> Step:
+        """Answer the model's message (its text, special tokens left out)."""
+
+
+def as_step(value: Any, where: str) -> Step:
+    """A step's return value checked: a Step or a (messages, reward, done) tuple whose
+    messages are {role, content} mappings; ValueError otherwise."""
+    if not isinstance(value, tuple) or len(value) != 3:
+        raise ValueError(f"{where}: returned {type(value).__name__}, not a Step or a "
+                         "(messages, reward, done) tuple")
+    messages, reward, done = value
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
+        raise ValueError(f"{where}: reward is a {type(reward).__name__}, not a number or None")
+    if reward is not None and not math.isfinite(reward):
+        raise ValueError(f"{where}: reward is {reward}, not a finite number")
+    return Step(check_messages(messages, where), None if reward is None else float(reward),
+                bool(done))
+
+
+def check_messages(messages: Any, where: str) -> tuple[dict[str, str], ...]:
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise ValueError(f"{where}: messages must be a list of {{role, content}} mappings")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or m.get("role") not in ROLES \
+                or not isinstance(m.get("content"), str):
+            raise ValueError(f"{where}: message {i} is not a {{role, content}} mapping with a "
+                             f"role among {ROLES}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return tuple(out)
+
+
+def load_environment(spec: str) -> type[Environment]:
+    """The class named by `package.module:Class` (or a BUILTIN short name)."""
+    target = BUILTIN.get(spec, spec)
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"rollout.environment.cls: {spec!r} is not 'package.module:Class' "
+                         f"or one of {sorted(BUILTIN)}")
+    try:
+        module = import_user_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"rollout.environment.cls: cannot import {module_name!r} ({err})"
+                         ) from None
+    cls = getattr(module, attr, None)
+    if not isinstance(cls, type) or not callable(getattr(cls, "step", None)):
+        raise ConfigError(f"rollout.environment.cls: {target!r} is not a class with a step() "
+                         "method")
+    return cls
+
+
+def make_environment(cls: type[Environment], options: Mapping[str, Any]) -> Environment:
+    try:
+        return cls(**options)
+    except TypeError as err:
+        raise ConfigError(f"rollout.environment.options do not fit {cls.__name__}: {err}"
+                         ) from None

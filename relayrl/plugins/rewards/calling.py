@@ -1,0 +1,161 @@
+"""How a reward function is called, decided once from its parameter names (inspect.signature).
+
+    per completion  fn(completion[, reference][, metadata]) -> number
+    per group       fn(completions[, reference][, metadata]) -> one number per completion
+
+Only the parameters a function declares are passed, by keyword (a `**kwargs` takes both).
+A group's samples share one prompt, so one reference and one metadata: a batched function
+(first parameter named `completions`, as TRL's reward functions) is called once per group
+with the list of its completions. `metadata` is the task record's other columns, a read-only
+mapping of str to JSON-like values; its nested lists and dicts are shared, do not change them.
+
+Registered rewards and callables handed to score() directly may also keep the older
+positional form `fn(completion, reference)` under any parameter names (`lambda c, r: ...`),
+and get `metadata=` as well when they declare it. A `package.module:function` spec must use
+the names above (see relayrl.plugins.rewards.imported).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+Metadata = Mapping[str, Any]
+"""The task record's other columns (str -> JSON-like values), read-only."""
+
+EMPTY: Metadata = MappingProxyType({})
+_EXTRAS = ("reference", "metadata")
+_P = inspect.Parameter
+_EXPECTED = ("expected (completion[, reference][, metadata]) per completion or "
+             "(completions[, reference][, metadata]) per group")
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    batched: bool  # one call per group with the list of completions
+    by_name: bool  # else the positional (completion, reference) form
+    extras: frozenset[str]  # which of reference, metadata go by keyword
+
+
+def plan_call(fn: Callable, where: str, positional: bool = True) -> CallPlan:
+    """How to call `fn`; ValueError naming `where` and the parameters found when no form fits.
+    `positional` allows the older (completion, reference) form under other names."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: cannot read the parameters of {fn!r}: {err}") from None
+    params = list(sig.parameters.values())
+    plan = _by_name(params)
+    if plan is None and positional:
+        plan = _positional(sig)
+    if plan is None:
+        found = ", ".join(str(p) for p in params)
+        raise ValueError(f"{where}: parameters ({found}) fit no calling convention; {_EXPECTED}")
+    return plan
+
+
+def _by_name(params: list[inspect.Parameter]) -> CallPlan | None:
+    if not params or params[0].kind not in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD) \
+            or params[0].name not in ("completion", "completions"):
+        return None
+    takes_any = any(p.kind is _P.VAR_KEYWORD for p in params)
+    named = {p.name for p in params[1:] if p.kind in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY)}
+    extras = frozenset(e for e in _EXTRAS if e in named or takes_any)
+    for p in params[1:]:
+        if p.default is p.empty and p.kind not in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD) \
+                and p.name not in extras:
+            return None  # a required parameter nobody would pass
+    return CallPlan(batched=params[0].name == "completions", by_name=True, extras=extras)
+
+
+def _positional(sig: inspect.Signature) -> CallPlan | None:
+    for extras in (frozenset({"metadata"}), frozenset()):
+        try:
+            sig.bind(None, None, **dict.fromkeys(extras))
+        except TypeError:
+            continue
+        return CallPlan(batched=False, by_name=False, extras=extras)
+    return None
+
+
+def readonly(metadata: Metadata | None) -> Metadata:
+    if metadata is None:
+        return EMPTY
+    return metadata if isinstance(metadata, MappingProxyType) else MappingProxyType(dict(metadata))
+
+
+def call_one(fn: Callable, completion: str, reference: str, metadata: Metadata | None = None,
+             plan: CallPlan | None = None) -> float:
+    """fn's reward for one completion; raises what fn raises."""
+    plan = plan or plan_call(fn, f"reward {name_of(fn)}")
+    kwargs = _extras(plan, reference, readonly(metadata))
+    if plan.batched:
+        return checked_batch(fn([completion], **kwargs), 1)[0]
+    if plan.by_name:
+        return float(fn(completion, **kwargs))
+    return float(fn(completion, reference, **kwargs))
+
+
+def call_group(fn: Callable, completions: Sequence[str], reference: str,
+               metadata: Metadata | None = None,
+               plan: CallPlan | None = None) -> list[tuple[float, str]]:
+    """(reward, error) per completion, unchecked for range; never raises. Objects with a
+    `group_scores` method (weighted sums, remote and imported rewards) score themselves."""
+    n = len(completions)
+    if n == 0:
+        return []
+    metadata = readonly(metadata)
+    try:
+        group_scores = getattr(fn, "group_scores", None) if plan is None else None
+        if group_scores is not None:
+            results = list(group_scores(completions, reference, metadata))
+            assert len(results) == n, f"{name_of(fn)}.group_scores: {len(results)} for {n}"
+            return results
+        plan = plan or plan_call(fn, f"reward {name_of(fn)}")
+        if plan.batched:
+            values = checked_batch(fn(list(completions), **_extras(plan, reference, metadata)), n)
+            return [(value, "") for value in values]
+    except Exception as err:  # a user's reward function may raise anything
+        return [(0.0, describe(err))] * n
+    results = []
+    for completion in completions:
+        try:
+            results.append((call_one(fn, completion, reference, metadata, plan), ""))
+        except Exception as err:
+            results.append((0.0, describe(err)))
+    return results
+
+
+def checked_batch(result: Any, n: int) -> list[float]:
+    """A batched function's result as n floats; ValueError saying what is wrong otherwise."""
+    if isinstance(result, str | bytes | Mapping) or not hasattr(result, "__len__"):
+        raise ValueError(f"batched reward returned {type(result).__name__}, expected a "
+                         f"sequence of {n} numbers")
+    if len(result) != n:
+        raise ValueError(f"batched reward returned {len(result)} values for {n} completions")
+    values = []
+    for i, item in enumerate(result):
+        try:
+            if isinstance(item, str | bytes):
+                raise TypeError
+            values.append(float(item))
+        except (TypeError, ValueError):
+            raise ValueError(f"batched reward returned a non-number at [{i}]: "
+                             f"{item!r:.80}") from None
+    return values
+
+
+def describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+def name_of(fn: Callable) -> str:
+    return getattr(fn, "name", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _extras(plan: CallPlan, reference: str, metadata: Metadata) -> dict[str, Any]:
+    given = {"reference": reference, "metadata": metadata}
+    return {key: given[key] for key in plan.extras}

@@ -1,9 +1,0 @@
-"""What the run trains on: the addition example, a dataset's records, reasoning-gym."""
-
-from relayrl.tasks.addition import AdditionTask
-from relayrl.tasks.dataset import DatasetTask, PromptLimit
-from relayrl.tasks.problem import Problem
-from relayrl.tasks.registry import Task, check_reward, make_run_task, make_task, reward_spec
-
-__all__ = ["AdditionTask", "DatasetTask", "Problem", "PromptLimit", "Task", "check_reward",
-           "make_run_task", "make_task", "reward_spec"]

@@ -1,0 +1,264 @@
+"""The `relayrl` command: up (run every service locally), prepare (build the model), services
+(each service's gRPC status), audit, health, simulate (a large cluster, as discrete events),
+eval (a checkpoint's held-out scores, eval_svc.offline), and the control API's status,
+pause, resume, stop and workers (relayrl_ops.control_client)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+
+from relayrl.config import ConfigError, load_run_config
+
+
+def _load(args):
+    try:
+        return load_run_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _summary(cfg) -> None:
+    from relayrl.runtime.metrics import read_metrics
+
+    rows = [r for name in ("metrics.jsonl", "eval.jsonl")  # eval.jsonl: eval.mode separate
+            for r in read_metrics(f"{cfg.run_dir}/{name}") if "eval/accuracy_sampled" in r]
+    if rows:
+        first, last = min(rows, key=lambda r: r["step"]), max(rows, key=lambda r: r["step"])
+        greedy = (f"; greedy {first['eval/accuracy_greedy']:.3f} -> "
+                  f"{last['eval/accuracy_greedy']:.3f}" if "eval/accuracy_greedy" in first
+                  and "eval/accuracy_greedy" in last else "")
+        print(f"held-out accuracy (sampled): {first['eval/accuracy_sampled']:.3f} at step "
+              f"{first['step']} -> {last['eval/accuracy_sampled']:.3f} at step {last['step']}"
+              + greedy)
+    print(f"run directory: {cfg.run_dir} (metrics.jsonl, reward.png, checkpoints/, logs/)")
+
+
+def cmd_up(args) -> int:
+    cfg = _load(args)
+    from relayrl_ops.launcher import StartFailed, up
+
+    try:
+        code = up(cfg)
+    except StartFailed as err:
+        print(f"relayrl up: {err}", file=sys.stderr)
+        return 1
+    _summary(cfg)
+    if code == 0:  # the books of a finished run must balance
+        audit = argparse.Namespace(config=str(cfg.run_path / "config.yaml"), overrides=[])
+        code = cmd_audit(audit)
+    return code
+
+
+def cmd_prepare(args) -> int:
+    cfg = _load(args)
+    from relayrl.models import resolve_model_path
+
+    print(resolve_model_path(cfg.model, cfg.task))
+    return 0
+
+
+def cmd_services(args) -> int:
+    cfg = _load(args)
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from relayrl.contracts.proto.v1 import (
+        buffer_pb2,
+        buffer_pb2_grpc,
+        relay_pb2,
+        relay_pb2_grpc,
+        rollout_pb2,
+        rollout_pb2_grpc,
+        scheduler_pb2,
+        scheduler_pb2_grpc,
+        trainer_pb2,
+        trainer_pb2_grpc,
+    )
+    from relayrl.runtime import auth
+    from relayrl.runtime.grpc_util import channel
+
+    out = {}
+    calls = {
+        "relay": (cfg.relay.endpoint.address, relay_pb2_grpc.RelayStub,
+                  relay_pb2.ListVersionsRequest()),
+        "scheduler": (cfg.scheduler.endpoint.address, scheduler_pb2_grpc.SchedulerStub,
+                      scheduler_pb2.SchedulerStatusRequest()),
+        "buffer": (cfg.buffer.endpoint.address, buffer_pb2_grpc.BufferStub,
+                   buffer_pb2.BufferStatsRequest()),
+        "trainer": (cfg.trainer.endpoint.address, trainer_pb2_grpc.TrainerStub,
+                    trainer_pb2.TrainerStatusRequest()),
+    }
+    for k, address in enumerate(cfg.child_relay_addresses):
+        calls[f"relay-child-{k}"] = (address, relay_pb2_grpc.RelayStub,
+                                     relay_pb2.ListVersionsRequest())
+    for i in range(cfg.rollout.num_workers):
+        worker = cfg.rollout.model_copy(update={"worker_index": i})
+        calls[worker.worker_id] = (worker.endpoint.address, rollout_pb2_grpc.RolloutStub,
+                                   rollout_pb2.RolloutStatusRequest())
+    methods = {"buffer": "Stats", "relay": "ListVersions",
+               **{f"relay-child-{k}": "ListVersions" for k in range(cfg.relay.children)}}
+    # an operator's token, if set, reads every status (relayrl.runtime.roles)
+    creds = auth.current()
+    if operator := os.environ.get(cfg.auth.operator_token_env):
+        creds = dataclasses.replace(creds, token=operator)
+    for name, (addr, stub_cls, req) in calls.items():
+        stub = stub_cls(channel(addr, creds))
+        method = getattr(stub, methods.get(name, "Status"))
+        try:
+            out[name] = MessageToDict(method(req, timeout=3), preserving_proto_field_name=True)
+        except grpc.RpcError as err:  # report every service, reachable or not
+            out[name] = {"error": f"{err.code().name}: {err.details()}"}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def cmd_audit(args) -> int:
+    """Reconcile a run's prompt ledger; exit 1 when the books do not balance."""
+    import json
+    from pathlib import Path
+
+    from relayrl.runtime.redis_conn import redis_session
+    from relayrl_ops.audit import audit_redis
+
+    target = Path(args.config)
+    if target.is_dir():
+        args.config = str(target / "config.yaml")
+        if not Path(args.config).is_file():
+            print(f"{target}: no config.yaml (is it a run directory?)", file=sys.stderr)
+            return 2
+    cfg = _load(args)
+    url = cfg.redis.url or ""
+    if url.startswith("unix://") and not Path(url[len("unix://"):]).exists():
+        url = ""  # a stopped run's embedded server: start it again on the run's data file
+    # on the way out a live run's server stays up; a stopped run's, started here, stops
+    with redis_session(url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
+        report = audit_redis(redis, cfg.run_id, cfg.trainer.max_steps)
+    print(report.render())
+    out = Path(cfg.run_dir) / "audit.json"
+    out.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0 if report.balanced else 1
+
+
+def cmd_control(args) -> int:
+    """status, pause, resume, stop, workers: one call to the scheduler's REST control API."""
+    from relayrl_ops.control_client import ControlError, resolve_endpoint, run_command
+
+    cfg = _load(args) if args.config else None
+    try:
+        return run_command(args.command, resolve_endpoint(args.url, args.token, cfg), args.json)
+    except ControlError as err:
+        print(f"relayrl {args.command}: {err}", file=sys.stderr)
+        return 1
+
+
+def cmd_eval(args) -> int:
+    """A checkpoint's scores on the config's eval sets (eval_svc.offline)."""
+    args.overrides = [s for s in args.sets if "=" in s]  # SECTION.FIELD=VALUE, as elsewhere
+    from eval_svc.offline import main
+
+    return main(_load(args), args.checkpoint, [s for s in args.sets if "=" not in s], args.json)
+
+
+def cmd_health(args) -> int:
+    """Exit 0 only if the gRPC service at the address reports SERVING (container probes)."""
+    from relayrl.runtime.grpc_util import check_health
+
+    healthy = check_health(args.address, args.timeout)
+    print(f"{args.address}: {'SERVING' if healthy else 'not serving'}")
+    return 0 if healthy else 1
+
+
+def cmd_simulate(args) -> int:
+    from relayrl_sim import sweep
+
+    try:
+        cfg = sweep.build_config(args.config, args.costs, args.dist, args.seed, args.steps,
+                                 args.warmup)
+        workers = sweep.parse_list(args.workers, "workers", int)
+        modes = sweep.parse_list(args.modes, "modes", str)
+        if args.sensitivity:  # every cost x0.5 and x2, at the largest fleet size
+            from relayrl_sim import sensitivity
+
+            return sensitivity.main(cfg, max(workers), modes,
+                                    args.jobs or min(4, os.cpu_count() or 1))
+        return sweep.main(cfg, workers, modes, args.out, args.jobs)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s relayrl %(message)s")
+    parser = argparse.ArgumentParser(prog="relayrl")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, fn, text in (("up", cmd_up, "start every service locally and train"),
+                           ("prepare", cmd_prepare, "build and cache the model only"),
+                           ("services", cmd_services, "query each service of a running run"),
+                           ("audit", cmd_audit,
+                            "reconcile a run's prompt ledger (a run config or run directory); "
+                            "exit 1 if it does not balance")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("config", help="run config YAML")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="SECTION.FIELD=VALUE", help="override a config field")
+        p.set_defaults(fn=fn)
+    for name, text in (("status", "the run's state, step, reward, throughput and workers"),
+                       ("pause", "hand out no lease until resumed (leases out finish)"),
+                       ("resume", "hand out leases again after a pause"),
+                       ("stop", "graceful stop: finish and train what is out, checkpoint, end"),
+                       ("workers", "the registered rollout workers")):
+        p = sub.add_parser(name, help=text + " (REST control API)")
+        p.add_argument("--url", help="control API, e.g. http://127.0.0.1:8080 "
+                       "(default: $RELAYRL_API_URL, else from --config)")
+        p.add_argument("--token", help="bearer token (default: $RELAYRL_API_TOKEN, or the "
+                       "variable the config's scheduler.rest_token_env names)")
+        p.add_argument("--config", help="run config YAML: the API's address and token variable")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="SECTION.FIELD=VALUE", help="override a config field")
+        p.add_argument("--json", action="store_true", help="print the API's JSON answer")
+        p.set_defaults(fn=cmd_control)
+    p = sub.add_parser("eval", help="evaluate a checkpoint on the config's eval sets, offline")
+    p.add_argument("config", help="run config YAML")
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="a Hugging Face model directory, e.g. run_dir/checkpoints/step_N")
+    p.add_argument("--set", dest="sets", action="append", default=[],
+                   metavar="NAME | SECTION.FIELD=VALUE",
+                   help="evaluate only this eval set (repeatable; default: all), or, with "
+                   "an '=', override a config field")
+    p.add_argument("--json", action="store_true", help="print the JSON line alone")
+    p.set_defaults(fn=cmd_eval)
+    p = sub.add_parser("health", help="exit 0 if a service's gRPC health check says SERVING")
+    p.add_argument("address", help="HOST:PORT")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds")
+    p.set_defaults(fn=cmd_health)
+    p = sub.add_parser("simulate", help="discrete-event simulation of a large cluster")
+    p.add_argument("--workers", default="8,16,32,64,128,256,512,1024",
+                   help="comma-separated fleet sizes")
+    p.add_argument("--modes", default="sync,one_step_off,async,async_repack")
+    p.add_argument("--dist", default=None,
+                   help="response lengths: fixed, uniform, lognormal, heavy_tail (default)")
+    p.add_argument("--steps", type=int, default=None, help="trainer steps per run")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="steps left out of the rates (default: half of --steps)")
+    p.add_argument("--config", default=None, help="YAML with workload/costs/sim sections")
+    p.add_argument("--costs", default=None, help="JSON or YAML cost parameters")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--jobs", type=int, default=None, help="processes (default: CPU count)")
+    p.add_argument("--out", default="runs/sim", help="writes sim.json and sim.png here")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="instead: every cost x0.5 and x2 at the largest --workers, and which "
+                   "conclusions survive (relayrl_sim/sensitivity.py)")
+    p.set_defaults(fn=cmd_simulate)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

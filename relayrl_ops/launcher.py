@@ -1,0 +1,297 @@
+"""`relayrl up`: every service as its own local process, all started at once; with
+relay.children, child relays that follow the root relay and serve the workers (a relay tree).
+
+The launcher owns the embedded Redis (when no URL is configured) and builds the model once
+before any service starts. Services are forked from a zygote that has imported torch and
+transformers once (relayrl_ops.zygote). A process that dies is restarted
+(relayrl_ops.restarts). Ctrl-C or SIGTERM stops every child; children also get SIGTERM from
+the kernel if the launcher itself dies, so nothing is left orphaned.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from relayrl.config import RunConfig
+from relayrl.runtime.auth import current as current_credentials
+from relayrl.runtime.auth import install_launcher_credentials
+from relayrl.runtime.grpc_util import ExitedBeforeHealthy, wait_healthy
+from relayrl.runtime.procs import child_env
+from relayrl_ops.restarts import RestartBudget
+from relayrl_ops.zygote_client import Forked, Zygote
+
+log = logging.getLogger(__name__)
+PUBLISH_PARTIES = ("trainer", "relay")  # the children that see the trainer token
+EVALUATOR = "evaluator"  # eval.mode separate: serves nothing, exits 0 after the last version
+
+class StartFailed(RuntimeError):
+    """A service exited before it served: the message names it, its exit code and the end of
+    its log, where a service says why it refused to start."""
+
+
+def log_tail(path: Path, lines: int = 6) -> str:
+    """The last lines of a log, progress bars left out, indented."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        return f"  ({err})"
+    kept = [ln for ln in text.replace("\r", "\n").splitlines()
+            if ln.strip() and "it/s]" not in ln]
+    return "\n".join("  " + ln for ln in kept[-lines:])
+
+
+@dataclass
+class Child:
+    name: str
+    module: str
+    address: str
+    overrides: list[str]
+    budget: RestartBudget
+    proc: Forked | None = None
+
+
+class Launcher:
+    def __init__(self, cfg: RunConfig, show_trainer_output: bool = True):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self.show_trainer_output = show_trainer_output
+        self.children: list[Child] = []
+        self.embedded = None  # relayrl_ops.redis_server.RedisServer, when no URL is configured
+        self.zygote: Zygote | None = None
+        self.redis_budget = RestartBudget.of(cfg.restarts)
+        self.config_path = self.run_dir / "config.yaml"
+
+    def _plan(self) -> list[list[Child]]:
+        c = self.cfg
+
+        def service(name: str, address: str) -> Child:
+            return Child(name, f"{name}_svc", address, [], RestartBudget.of(c.restarts))
+
+        workers = [Child(f"rollout-{i}", "rollout_svc",
+                         f"{c.rollout.host}:{c.rollout.base_port + i}",
+                         [f"rollout.worker_index={i}"],
+                         RestartBudget.of(c.restarts, c.rollout.max_restarts))
+                   for i in range(c.rollout.num_workers)]
+        # a child relay follows the root and serves its share of the workers
+        # (RunConfig.relay_addresses); it publishes nothing, so it gets no trainer token
+        children = [Child(f"relay-child-{k}", "relay_svc", address,
+                          [f"relay.endpoint.port={address.rsplit(':', 1)[1]}",
+                           f"relay.upstream=[{c.relay.endpoint.address!r}]",
+                           "relay.children=0", "relay.metrics_port=0"],
+                          RestartBudget.of(c.restarts))
+                    for k, address in enumerate(c.child_relay_addresses)]
+        evaluator = [Child(EVALUATOR, "eval_svc.follower", "", [],
+                           RestartBudget.of(c.restarts))] if c.eval.mode == "separate" else []
+        return [
+            [service("relay", c.relay.endpoint.address),
+             service("scheduler", c.scheduler.endpoint.address),
+             service("buffer", c.buffer.endpoint.address), *children],
+            [service("trainer", c.trainer.endpoint.address)],
+            workers,
+            evaluator,
+        ]
+
+    def _warn_of_settings_that_stall(self) -> None:
+        """Settings that are legal, since workers and groups may come from elsewhere (an
+        agent's), but under which this launcher's run alone never ends."""
+        c = self.cfg
+        need, have = c.scheduler.start_after_workers, c.rollout.num_workers
+        if need > have:
+            log.warning("scheduler.start_after_workers is %d and this launcher starts %d "
+                        "worker(s) (rollout.num_workers): no lease is handed out until %d "
+                        "more register from elsewhere", need, have, need - have)
+        groups = c.trainer.max_steps * c.buffer.groups_per_batch
+        if 0 < c.scheduler.max_prompts < groups:
+            log.warning("scheduler.max_prompts is %d and trainer.max_steps %d needs %d groups "
+                        "(buffer.groups_per_batch %d a step): the trainer waits after step %d "
+                        "unless groups come from elsewhere", c.scheduler.max_prompts,
+                        c.trainer.max_steps, groups, c.buffer.groups_per_batch,
+                        c.scheduler.max_prompts // c.buffer.groups_per_batch)
+
+    def prepare(self) -> None:
+        from relayrl.models import resolve_model_path
+        from relayrl_ops.redis_server import RedisServer
+
+        self._warn_of_settings_that_stall()
+
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        tokens = install_launcher_credentials(self.cfg.auth, self.run_dir)  # children: by env
+        if tokens is not None:
+            log.info("the agent and operator tokens of this run are in %s (mode 0600): "
+                     "`source` it before starting an agent or `relayrl status`", tokens)
+        # it imports while Redis starts and the model resolves
+        self.zygote = Zygote(self._env(), str(self.run_dir))
+        updates = {}
+        if not self.cfg.redis.url:
+            self.embedded = RedisServer(self.run_dir, self.cfg.redis.appendfsync,
+                                        current_credentials().redis_password)
+            self.embedded.start()
+            updates["redis"] = self.cfg.redis.model_copy(update={"url": self.embedded.url})
+        path = resolve_model_path(self.cfg.model, self.cfg.task)
+        updates["model"] = self.cfg.model.model_copy(
+            update={"path": str(path.resolve()), "pretrained": None})  # services load, not build
+        self.cfg = self.cfg.model_copy(update=updates)
+        self.config_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"),
+                                                   sort_keys=False))
+
+    def _env(self, child: Child | None = None) -> dict[str, str]:
+        """A child's environment; the zygote's (child None) holds no trainer token, so no
+        service's exec environment (/proc/PID/environ) shows it."""
+        env = {**child_env(), "PYTHONUNBUFFERED": "1"}
+        if child is None or child.name not in PUBLISH_PARTIES:  # who holds it can publish
+            env.pop(self.cfg.auth.trainer_token_env, None)
+        return env
+
+    def _spawn(self, child: Child) -> None:
+        log_path = self.run_dir / "logs" / f"{child.name}.log"
+        env = {**self._env(child), "RELAYRL_LOG_FILE": str(log_path)}
+        argv = ["--config", str(self.config_path)]
+        for o in child.overrides:
+            argv += ["--set", o]
+        to_terminal = child.name == "trainer" and self.show_trainer_output
+        if not self.zygote.alive():
+            log.warning("the zygote exited with %s; starting another",
+                        self.zygote.proc.returncode)
+            self.zygote.close()
+            self.zygote = Zygote(self._env(), str(self.run_dir))
+        child.proc = self.zygote.spawn(child.name, child.module, argv, env, str(log_path),
+                                       stderr_to_log=not to_terminal)
+        if child not in self.children:
+            self.children.append(child)
+
+    def start(self) -> None:
+        """Every process at once: each waits out a peer that is not up yet (relayrl.runtime.outage),
+        so start-up costs the slowest import and load, not their sum."""
+        self.prepare()
+        children = [child for stage in self._plan() for child in stage]
+        for child in children:
+            self._spawn(child)
+        for child in children:
+            proc = child.proc
+            if not child.address:  # the evaluator: no server to ask
+                continue
+            try:
+                wait_healthy(child.address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
+            except ExitedBeforeHealthy:
+                path = self.run_dir / "logs" / f"{child.name}.log"
+                raise StartFailed(f"{child.name} exited with code {proc.poll()} before serving "
+                                  f"on {child.address}; the end of {path}:\n"
+                                  f"{log_tail(path)}") from None
+            log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Until the trainer exits with 0 (it reached max_steps) and the evaluator, if any, has
+        evaluated the last version, or a process exits with 0 unasked (1) or dies once more
+        than its restart budget allows (1). TimeoutError after `timeout_s`, if given."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while (code := self.supervise()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"the run did not end within {timeout_s:.0f} s")
+            time.sleep(0.1)
+        return code
+
+    def supervise(self) -> int | None:
+        """One look at every process: start those whose restart is due, book a restart for
+        those that died. The run's exit code once it has ended, else None."""
+        now = time.monotonic()
+        if not self._watch_redis(now):
+            return 1
+        ended = None
+        for c in self.children:
+            if c.budget.take(now):
+                log.info("restarting %s (%d of %d)", c.name, c.budget.used, c.budget.limit)
+                self._spawn(c)
+            if c.budget.pending or (code := c.proc.poll()) is None:
+                continue
+            if c.name == "trainer" and code == 0:
+                ended = 0 if ended is None else ended
+            elif c.name == EVALUATOR and code == 0:
+                continue
+            elif code != 0 and c.budget.book(now):
+                log.warning("%s exited with %s; restarting it", c.name, code)
+            else:
+                level = logging.INFO if code == 0 else logging.ERROR
+                log.log(level, "%s exited with %s; stopping the run (see %s)", c.name, code,
+                        self.run_dir / "logs" / f"{c.name}.log")
+                return 1
+        if ended == 0 and any(c.name == EVALUATOR and c.proc.poll() is None
+                              for c in self.children):
+            return None  # the last version's eval is still running
+        return ended
+
+    def _watch_redis(self, now: float) -> bool:
+        """Restart a dead embedded Redis on its own data and socket; False when it died once
+        too often. Clients reconnect by themselves (the socket path does not change)."""
+        server = self.embedded
+        if server is None or server.alive():
+            return True
+        budget = self.redis_budget
+        if not budget.pending:
+            if not budget.book(now):
+                log.error("redis exited with %s; stopping the run", server.reap())
+                return False
+            log.warning("redis exited with %s; restarting it", server.reap())
+        if budget.take(now):
+            server.start()
+        return True
+
+    def shutdown(self, timeout_s: float = 15.0) -> None:
+        for c in reversed(self.children):
+            c.budget.due_at = None
+            if c.proc and c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for c in reversed(self.children):
+            if c.proc is None:
+                continue
+            try:
+                c.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing it", c.name)
+                c.proc.kill()
+                c.proc.wait()
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+        if self.embedded is not None:
+            self.embedded.shutdown()
+            self.embedded = None
+
+
+def up(cfg: RunConfig) -> int:
+    """Run until the trainer finishes (0), a process fails (1) or Ctrl-C/SIGTERM (130)."""
+    launcher = Launcher(cfg)
+    interrupted = False
+
+    def on_interrupt(signum, frame):
+        nonlocal interrupted
+        first, interrupted = not interrupted, True
+        if first:  # once: a second Ctrl-C must not break the shutdown under way
+            raise KeyboardInterrupt
+
+    # `kill` stops the run like Ctrl-C does; the flag, not the exception, says it happened:
+    # raised inside a library's blocking call (a health check's gRPC wait) the interrupt
+    # may surface as another error
+    signal.signal(signal.SIGINT, on_interrupt)
+    signal.signal(signal.SIGTERM, on_interrupt)
+    code = 1
+    try:
+        launcher.start()
+        code = launcher.wait()
+    except KeyboardInterrupt:
+        pass
+    except Exception:
+        if not interrupted:
+            raise
+    finally:
+        if interrupted:
+            log.info("interrupted; stopping every service")
+        launcher.shutdown()
+    return 130 if interrupted else code

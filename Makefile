@@ -30,6 +30,7 @@ protos: install
 lint: install
 	$(PY) scripts/gen_protos.py --check
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 unit: install
 	$(PY) -m pytest tests/unit -q

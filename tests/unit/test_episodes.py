@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 import torch
@@ -209,3 +210,12 @@ def test_a_non_finite_step_reward_is_refused_by_name():
     with pytest.raises(ValueError, match="Env.step: reward is nan, not a finite number"):
         as_step(([], float("nan"), True), "Env.step")
     assert as_step(([], 1e300, True), "Env.step").reward == 1e300  # finite: range is score's
+
+
+@pytest.mark.parametrize("reward, kind", [(True, "bool"), ("1.0", "str"), ([1.0], "list")])
+def test_a_step_reward_follows_the_task_rewards_rule(reward, kind):
+    from relayrl.plugins.envs import as_step
+
+    with pytest.raises(ValueError, match=f"Env.step: reward is a {kind}, not a number or None"):
+        as_step(([], reward, True), "Env.step")
+    assert as_step(([], np.float32(0.5), True), "Env.step").reward == 0.5

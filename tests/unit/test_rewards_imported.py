@@ -57,6 +57,19 @@ def batched_short(completions):
 def batched_text(completions):
     return ["1.0"] * len(completions)
 
+def batched_bools(completions):
+    return [c == "a" for c in completions]
+
+def returns_text(completion):
+    return "1.0"
+
+def returns_bool(completion):
+    return completion == "a"
+
+def returns_numpy(completion):
+    import numpy as np
+    return np.float32(0.5)
+
 def batched_one_nan(completions):
     return [math.nan if c == "bad" else 1.0 for c in completions]
 
@@ -163,10 +176,23 @@ def test_a_nan_reward_is_an_error_on_its_sample(mod):
 @pytest.mark.parametrize("attr, error", [
     ("batched_raises", "KeyError: 'no such column'"),
     ("batched_short", "ValueError: batched reward returned 2 values for 3 completions"),
-    ("batched_text", "ValueError: batched reward returned a non-number at [0]: '1.0'"),
+    ("batched_text", "ValueError: batched reward returned a non-number at [0]: str '1.0'"),
+    ("batched_bools", "ValueError: batched reward returned a non-number at [0]: bool True"),
 ])
 def test_a_failing_batch_marks_its_whole_group(mod, attr, error):
     assert score_group(get_reward(f"{mod}:{attr}"), ["a", "b", "c"], "") == [(0.0, error)] * 3
+
+
+@pytest.mark.parametrize("attr, error", [
+    ("returns_text", "TypeError: reward returned str '1.0', not a number"),
+    ("returns_bool", "TypeError: reward returned bool True, not a number"),
+])
+def test_a_bool_or_a_string_is_refused_not_read_as_a_number(mod, attr, error):
+    assert score_group(get_reward(f"{mod}:{attr}"), ["a"], "") == [(0.0, error)]
+
+
+def test_numpy_numbers_are_rewards(mod):
+    assert score_group(get_reward(f"{mod}:returns_numpy"), ["a"], "") == [(0.5, "")]
 
 
 def test_reward_range_applies_to_imported_rewards(mod):

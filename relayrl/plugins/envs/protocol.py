@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from relayrl.config import ConfigError
+from relayrl.plugins.rewards.calling import as_reward
 from relayrl.plugins.rewards.imported import import_user_module
 from relayrl.plugins.tasks.problem import ROLES, Problem
 
@@ -68,12 +69,15 @@ def as_step(value: Any, where: str) -> Step:
         raise ValueError(f"{where}: returned {type(value).__name__}, not a Step or a "
                          "(messages, reward, done) tuple")
     messages, reward, done = value
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
-        raise ValueError(f"{where}: reward is a {type(reward).__name__}, not a number or None")
-    if reward is not None and not math.isfinite(reward):
-        raise ValueError(f"{where}: reward is {reward}, not a finite number")
-    return Step(check_messages(messages, where), None if reward is None else float(reward),
-                bool(done))
+    if reward is not None:
+        try:
+            reward = as_reward(reward)  # the rule task rewards follow
+        except TypeError:
+            raise ValueError(f"{where}: reward is a {type(reward).__name__}, not a number or "
+                             "None") from None
+        if not math.isfinite(reward):
+            raise ValueError(f"{where}: reward is {reward}, not a finite number")
+    return Step(check_messages(messages, where), reward, bool(done))
 
 
 def check_messages(messages: Any, where: str) -> tuple[dict[str, str], ...]:

@@ -18,6 +18,7 @@ the names above (see relayrl.plugins.rewards.imported).
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -95,8 +96,8 @@ def call_one(fn: Callable, completion: str, reference: str, metadata: Metadata |
     if plan.batched:
         return checked_batch(fn([completion], **kwargs), 1)[0]
     if plan.by_name:
-        return float(fn(completion, **kwargs))
-    return float(fn(completion, reference, **kwargs))
+        return as_reward(fn(completion, **kwargs))
+    return as_reward(fn(completion, reference, **kwargs))
 
 
 def call_group(fn: Callable, completions: Sequence[str], reference: str,
@@ -139,13 +140,23 @@ def checked_batch(result: Any, n: int) -> list[float]:
     values = []
     for i, item in enumerate(result):
         try:
-            if isinstance(item, str | bytes):
-                raise TypeError
-            values.append(float(item))
-        except (TypeError, ValueError):
+            values.append(as_reward(item))
+        except TypeError:
             raise ValueError(f"batched reward returned a non-number at [{i}]: "
-                             f"{item!r:.80}") from None
+                             f"{type(item).__name__} {item!r:.80}") from None
     return values
+
+
+def as_reward(value: Any) -> float:
+    """A reward as a float. Rewards are real numbers: Python's or numpy's, or a tensor or
+    array holding one. A bool or a string is refused (TypeError) rather than read as 1.0:
+    `True` or `"1.0"` from a reward is a bug in the reward, not a score. Finiteness and
+    range are the caller's checks."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()  # a 0-d tensor or array
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"reward returned {type(value).__name__} {value!r:.80}, not a number")
+    return float(value)
 
 
 def describe(err: BaseException) -> str:

@@ -12,7 +12,6 @@ import functools
 import re
 from typing import Any, Literal, TypeVar
 
-import msgpack
 import msgspec
 import numpy as np
 
@@ -50,24 +49,6 @@ def decode_array(obj: Any, field: str) -> np.ndarray:
             f"({expected} bytes)"
         )
     return np.frombuffer(data, dtype=dtype).reshape(shape)
-
-
-def pack(kind: str, body: dict[str, Any]) -> bytes:
-    return msgpack.packb({"schema": SCHEMA_VERSION, "kind": kind, **body}, use_bin_type=True)
-
-
-def unpack(payload: bytes, kind: str) -> dict[str, Any]:
-    try:
-        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    except Exception as err:  # msgpack raises several unrelated types
-        raise CodecError(f"payload is not valid msgpack: {err}") from None
-    if not isinstance(obj, dict):
-        raise CodecError("payload: expected a map at the top level")
-    if obj.get("schema") != SCHEMA_VERSION:
-        raise CodecError(f"schema: expected {SCHEMA_VERSION}, got {obj.get('schema')!r}")
-    if obj.get("kind") != kind:
-        raise CodecError(f"kind: expected {kind!r}, got {obj.get('kind')!r}")
-    return obj
 
 
 class Wire(msgspec.Struct, kw_only=True, tag_field="kind"):

@@ -144,10 +144,6 @@ class Batch(Wire, tag="batch"):
     batch_id: str
     groups: list[Group]
 
-    @property
-    def num_samples(self) -> int:
-        return sum(len(g.samples) for g in self.groups)
-
 
 def encode_group(g: Group) -> bytes:
     return encode(g)

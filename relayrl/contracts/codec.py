@@ -3,7 +3,9 @@
 Wire structs subclass `Wire` (a msgspec.Struct tagged with its kind) and are declared once,
 where they live; `encode` and `decode(payload, Type)` turn them into bytes and back by their
 declared field types, refusing a payload with a CodecError that names the field
-("batch.groups[2].samples[5].versions.data: ...").
+("batch.groups[2].samples[5].versions.data: ..."). A gRPC message that is a struct's
+language-neutral form (Buffer.Submit's Trajectory is a Sample's) becomes that struct by
+`from_proto`, field by field of the same name.
 """
 
 from __future__ import annotations
@@ -96,6 +98,20 @@ def decode(payload: bytes, typ: type[W]) -> W:
         raise CodecError(_named(str(err), typ.__struct_config__.tag)) from None
     except (msgspec.DecodeError, UnicodeDecodeError) as err:
         raise CodecError(f"payload is not valid msgpack: {err}") from None
+
+
+def from_proto(message: Any, typ: type[W], **fields: Any) -> W:
+    """The proto message `message` as the wire struct `typ`, whose language-neutral form it
+    is: each proto field goes to the struct's field of the same name, so neither names a field
+    the other lacks (a proto field the struct does not declare is a TypeError). A field the
+    proto leaves at its default (0, "", empty) takes the struct's own default where it
+    declares one; `fields` gives what the proto does not carry. The struct's own checks
+    (`__post_init__`) apply, raising CodecError as for a decoded payload."""
+    given = {d.name for d, _ in message.ListFields()}
+    defaulted = {f.name for f in msgspec.structs.fields(typ) if not f.required}
+    values = {d.name: getattr(message, d.name) for d in message.DESCRIPTOR.fields
+              if d.name in given or d.name not in defaulted}
+    return typ(**values, **fields)
 
 
 def _named(message: str, root: str) -> str:

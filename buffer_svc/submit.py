@@ -18,21 +18,23 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
 from relayrl.config import RunConfig
 from relayrl.contracts import control
-from relayrl.contracts.codec import CodecError
+from relayrl.contracts.codec import CodecError, from_proto
 from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.contracts.messages import Group, Sample, encode_group, validate_sample
+from relayrl.contracts.messages import (
+    Group,
+    Sample,
+    SampleLimits,
+    encode_group,
+    validate_sample,
+)
 from relayrl.contracts.proto.v1 import buffer_pb2
 from relayrl.contracts.streams import BufferFull
 from relayrl.models.limits import ModelLimits
 from relayrl.rules.staleness import is_stale
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-# Sample's names for the fields the wire calls otherwise
-_WIRE_NAMES = {"prompt_tokens": "prompt_token_ids", "response_tokens": "response_token_ids"}
 
 # KEYS: the trajectory stream[, the request's id key]. ARGV: the stream's bound, the id's
 # time to live, what to remember under it, the group's size, then the group. A known id
@@ -63,59 +65,31 @@ class SubmitLimits:
     model: ModelLimits
     reward_range: tuple[float, float]  # buffer.reward_range
 
-
-def _token_ids(values, where: str, model: ModelLimits) -> np.ndarray:
-    ids = np.asarray(values, dtype=np.int64)
-    bad = np.flatnonzero((ids < 0) | (ids >= model.vocab_size))
-    if bad.size:
-        j = int(bad[0])
-        raise CodecError(f"{where}[{j}]: token id {int(ids[j])} is outside the model's "
-                         f"vocabulary [0, {model.vocab_size}) ({model.source})")
-    return ids
+    def of_samples(self, latest_version: int) -> SampleLimits:
+        return SampleLimits(self.model.vocab_size, self.model.context_length, self.model.source,
+                            self.reward_range, latest_version)
 
 
 def to_samples(request: buffer_pb2.SubmitRequest, limits: SubmitLimits,
                latest_version: int) -> list[Sample]:
-    """The group as samples (under a placeholder prompt id), or a CodecError that names the
-    field, the value and the limit."""
+    """The group as samples (under a placeholder prompt id), each made from its Trajectory
+    (the same fields by the same names) and checked by validate_sample against the run's
+    limits; or a CodecError that names the field, the value and the limit."""
     trajs = request.trajectories
     if len(trajs) != limits.group_size:
         raise CodecError(f"SubmitRequest.trajectories: {len(trajs)} given, a group is "
                          f"buffer.group_size ({limits.group_size})")
-    low, high = limits.reward_range
-    context = limits.model.context_length
+    bounds = limits.of_samples(latest_version)
     samples = []
     for i, t in enumerate(trajs):
-        where = f"SubmitRequest.trajectories[{i}]"
-        p, r = len(t.prompt_token_ids), len(t.response_token_ids)
-        if p + r > context:
-            raise CodecError(f"{where}: prompt_token_ids ({p}) + response_token_ids ({r}) = "
-                             f"{p + r} tokens, over the model's context length {context} "
-                             f"({limits.model.source})")
-        prompt = _token_ids(t.prompt_token_ids, f"{where}.prompt_token_ids", limits.model)
-        response = _token_ids(t.response_token_ids, f"{where}.response_token_ids", limits.model)
-        if t.versions and max(t.versions) > latest_version:
-            j = int(np.argmax(t.versions))
-            raise CodecError(f"{where}.versions[{j}]: version {t.versions[j]} is newer than the "
-                             f"latest policy version ({latest_version})")
-        if not low <= t.reward <= high:  # NaN fails this too
-            raise CodecError(f"{where}.reward: {t.reward!r} is outside buffer.reward_range "
-                             f"[{low:g}, {high:g}]")
-        mask = np.asarray(t.loss_mask, dtype=np.int64) if len(t.loss_mask) else None
-        if mask is not None and np.any((mask != 0) & (mask != 1)):
-            raise CodecError(f"{where}.loss_mask: values must be 0 or 1")
         try:
-            samples.append(Sample(
-                prompt_id=EXTERNAL_PROMPT_BASE, lease_id="", worker_id=request.source or "external",
-                prompt_tokens=prompt, response_tokens=response, logprobs=list(t.logprobs),
-                versions=list(t.versions), reward=t.reward, finish_reason=t.finish_reason or "stop",
-                loss_mask=None if mask is None else mask.astype(np.uint8)))
-            validate_sample(samples[-1])
-        except CodecError as err:
-            field = str(err).removeprefix("sample.")
-            for name, wire in _WIRE_NAMES.items():
-                field = field.replace(name, wire, 1) if field.startswith(name) else field
-            raise CodecError(f"{where}.{field}") from None
+            sample = from_proto(t, Sample, prompt_id=EXTERNAL_PROMPT_BASE, lease_id="",
+                                worker_id=request.source or "external")
+            validate_sample(sample, bounds)
+        except CodecError as err:  # "sample.versions[2]: ..." of this trajectory
+            raise CodecError(f"SubmitRequest.trajectories[{i}]"
+                             f"{str(err).removeprefix('sample')}") from None
+        samples.append(sample)
     return samples
 
 

@@ -68,7 +68,7 @@ class ChainEpisodes:
             (t2, lp2, v2, text2, finish), = self._complete(first_prompt + t1 + env, 1)
             reward = 0.5 * (text1.strip() == str(a + b)) + 0.5 * (text2.strip() == str(a + b + c))
             out.append(buffer_pb2.Trajectory(
-                prompt_token_ids=first_prompt, response_token_ids=t1 + env + t2,
+                prompt_tokens=first_prompt, response_tokens=t1 + env + t2,
                 logprobs=lp1 + [0.0] * len(env) + lp2,
                 versions=[v1] * len(t1) + [v2] * len(env) + [v2] * len(t2),
                 loss_mask=[1] * len(t1) + [0] * len(env) + [1] * len(t2),

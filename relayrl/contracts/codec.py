@@ -3,7 +3,9 @@
 Wire structs subclass `Wire` (a msgspec.Struct tagged with its kind) and are declared once,
 where they live; `encode` and `decode(payload, Type)` turn them into bytes and back by their
 declared field types, refusing a payload with a CodecError that names the field
-("batch.groups[2].samples[5].versions.data: ...").
+("batch.groups[2].samples[5].versions.data: ..."). A gRPC message that is a struct's
+language-neutral form (Buffer.Submit's Trajectory is a Sample's) becomes that struct by
+`from_proto`, field by field of the same name.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import functools
 import re
 from typing import Any, Literal, TypeVar
 
-import msgpack
 import msgspec
 import numpy as np
 
@@ -50,24 +51,6 @@ def decode_array(obj: Any, field: str) -> np.ndarray:
             f"({expected} bytes)"
         )
     return np.frombuffer(data, dtype=dtype).reshape(shape)
-
-
-def pack(kind: str, body: dict[str, Any]) -> bytes:
-    return msgpack.packb({"schema": SCHEMA_VERSION, "kind": kind, **body}, use_bin_type=True)
-
-
-def unpack(payload: bytes, kind: str) -> dict[str, Any]:
-    try:
-        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    except Exception as err:  # msgpack raises several unrelated types
-        raise CodecError(f"payload is not valid msgpack: {err}") from None
-    if not isinstance(obj, dict):
-        raise CodecError("payload: expected a map at the top level")
-    if obj.get("schema") != SCHEMA_VERSION:
-        raise CodecError(f"schema: expected {SCHEMA_VERSION}, got {obj.get('schema')!r}")
-    if obj.get("kind") != kind:
-        raise CodecError(f"kind: expected {kind!r}, got {obj.get('kind')!r}")
-    return obj
 
 
 class Wire(msgspec.Struct, kw_only=True, tag_field="kind"):
@@ -115,6 +98,20 @@ def decode(payload: bytes, typ: type[W]) -> W:
         raise CodecError(_named(str(err), typ.__struct_config__.tag)) from None
     except (msgspec.DecodeError, UnicodeDecodeError) as err:
         raise CodecError(f"payload is not valid msgpack: {err}") from None
+
+
+def from_proto(message: Any, typ: type[W], **fields: Any) -> W:
+    """The proto message `message` as the wire struct `typ`, whose language-neutral form it
+    is: each proto field goes to the struct's field of the same name, so neither names a field
+    the other lacks (a proto field the struct does not declare is a TypeError). A field the
+    proto leaves at its default (0, "", empty) takes the struct's own default where it
+    declares one; `fields` gives what the proto does not carry. The struct's own checks
+    (`__post_init__`) apply, raising CodecError as for a decoded payload."""
+    given = {d.name for d, _ in message.ListFields()}
+    defaulted = {f.name for f in msgspec.structs.fields(typ) if not f.required}
+    values = {d.name: getattr(message, d.name) for d in message.DESCRIPTOR.fields
+              if d.name in given or d.name not in defaulted}
+    return typ(**values, **fields)
 
 
 def _named(message: str, root: str) -> str:

@@ -10,6 +10,7 @@ enters the run: the rollout worker's delivery and Buffer.Submit.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
@@ -69,23 +70,43 @@ class Sample(Wire, tag="sample"):
 
 
 def _array(value, dtype, name: str, bound: int | None = None) -> np.ndarray:
-    """`value` as an array of `dtype`. A caller's lists are converted; an array (what the
-    wire decodes to) is refused rather than cast when it holds another kind of number, or
-    integers the dtype cannot hold (a float token id would silently become another token)."""
-    if not isinstance(value, np.ndarray):
+    """`value` as an array of `dtype`. Integers are checked inside [0, bound) before the cast
+    (a cast would wrap: 257 into a uint8 mask is 1). A caller's sequence of floats is
+    converted; an array (what the wire decodes to) is refused rather than cast when it holds
+    another kind of number (a float token id would silently become another token)."""
+    if bound is None and not isinstance(value, np.ndarray):
         return np.asarray(value, dtype=dtype)
-    if bound is None and value.dtype.kind != "f":
-        raise CodecError(f"sample.{name}: expected floats, got {value.dtype.name}")
+    arr = np.asarray(value)
+    if arr.size == 0 and not isinstance(value, np.ndarray):
+        return arr.astype(dtype)  # an empty sequence has no kind of number
+    if bound is None and arr.dtype.kind != "f":
+        raise CodecError(f"sample.{name}: expected floats, got {arr.dtype.name}")
     if bound is not None:
-        if value.dtype.kind not in "iub":
-            raise CodecError(f"sample.{name}: expected integers, got {value.dtype.name}")
-        if value.size and (int(value.min()) < 0 or int(value.max()) >= bound):
-            raise CodecError(f"sample.{name}: values must be in [0, {bound})")
-    return value.astype(dtype, copy=False)
+        if arr.dtype.kind not in "iub":
+            raise CodecError(f"sample.{name}: expected integers, got {arr.dtype.name}")
+        bad = np.flatnonzero((arr < 0) | (arr > bound - 1))
+        if bad.size:
+            j, v = int(bad[0]), int(arr.flat[bad[0]])
+            raise CodecError(f"sample.{name}[{j}]: {v} is " + ("below 0" if v < 0 else
+                                                               f"outside [0, {bound})"))
+    return arr.astype(dtype, copy=False)
 
 
-def validate_sample(s: Sample) -> None:
-    """Whether `s` makes sense; checked once, where a sample enters the run."""
+@dataclass(frozen=True)
+class SampleLimits:
+    """The run's bounds on a sample made outside it (Buffer.Submit): the model's vocabulary
+    and context, buffer.reward_range, and the trainer's latest version."""
+
+    vocab_size: int
+    context_length: int
+    model: str  # where the model's limits come from, for the messages
+    reward_range: tuple[float, float]
+    latest_version: int
+
+
+def validate_sample(s: Sample, limits: SampleLimits | None = None) -> None:
+    """Whether `s` makes sense, and with `limits` whether it fits the run; checked once,
+    where a sample enters the run. A CodecError names the field, the value and the limit."""
     if s.prompt_id < 0:
         raise CodecError(f"sample.prompt_id: must be >= 0, got {s.prompt_id}")
     for name in ("prompt_tokens", "response_tokens", "logprobs", "versions"):
@@ -100,12 +121,12 @@ def validate_sample(s: Sample) -> None:
         raise CodecError(f"sample.logprobs: {len(s.logprobs)} values for {n} response tokens")
     if len(s.versions) != n:
         raise CodecError(f"sample.versions: {len(s.versions)} values for {n} response tokens")
+    if limits is not None:
+        _check_tokens(s, limits)
     if s.loss_mask is not None:
         if s.loss_mask.ndim != 1 or len(s.loss_mask) != n:
             raise CodecError(f"sample.loss_mask: {s.loss_mask.size} values for {n} response "
                              "tokens")
-        if np.any(s.loss_mask > 1):
-            raise CodecError("sample.loss_mask: values must be 0 or 1")
         if not s.loss_mask.any():
             raise CodecError("sample.loss_mask: no token is the policy's (all zero)")
     # a log-probability above 0 is no probability; the tolerance admits an engine's rounding
@@ -114,11 +135,34 @@ def validate_sample(s: Sample) -> None:
         j = int(np.flatnonzero(bad)[0])
         raise CodecError(f"sample.logprobs[{j}]: {float(s.logprobs[j])!r} is not a finite "
                          f"log-probability <= 0 (tolerance {LOGPROB_TOLERANCE:g})")
-    if np.any(s.versions < 0):
-        j = int(np.flatnonzero(s.versions < 0)[0])
-        raise CodecError(f"sample.versions[{j}]: {int(s.versions[j])} is below 0")
-    if not np.isfinite(s.reward):
+    if limits is not None and np.any(s.versions > limits.latest_version):
+        j = int(np.argmax(s.versions))
+        raise CodecError(f"sample.versions[{j}]: version {int(s.versions[j])} is newer than "
+                         f"the latest policy version ({limits.latest_version})")
+    if limits is not None:
+        low, high = limits.reward_range
+        if not low <= s.reward <= high:  # NaN fails this too
+            raise CodecError(f"sample.reward: {s.reward!r} is outside buffer.reward_range "
+                             f"[{low:g}, {high:g}]")
+    elif not np.isfinite(s.reward):
         raise CodecError(f"sample.reward: {s.reward!r} is not finite")
+
+
+def _check_tokens(s: Sample, limits: SampleLimits) -> None:
+    """The sequence inside the model's context, then (scanning costs more) every token id
+    inside its vocabulary."""
+    p, r = len(s.prompt_tokens), len(s.response_tokens)
+    if p + r > limits.context_length:
+        raise CodecError(f"sample: prompt_tokens ({p}) + response_tokens ({r}) = {p + r} "
+                         f"tokens, over the model's context length {limits.context_length} "
+                         f"({limits.model})")
+    for name in ("prompt_tokens", "response_tokens"):
+        ids = getattr(s, name)
+        bad = np.flatnonzero((ids < 0) | (ids >= limits.vocab_size))
+        if bad.size:
+            j = int(bad[0])
+            raise CodecError(f"sample.{name}[{j}]: token id {int(ids[j])} is outside the "
+                             f"model's vocabulary [0, {limits.vocab_size}) ({limits.model})")
 
 
 class Group(Wire, tag="group"):
@@ -143,10 +187,6 @@ class Group(Wire, tag="group"):
 class Batch(Wire, tag="batch"):
     batch_id: str
     groups: list[Group]
-
-    @property
-    def num_samples(self) -> int:
-        return sum(len(g.samples) for g in self.groups)
 
 
 def encode_group(g: Group) -> bytes:

@@ -45,10 +45,6 @@ class PartialGroup(Wire, tag="partial_group"):
     def finished(self) -> bool:
         return all(s.finished for s in self.sequences)
 
-    @property
-    def tokens_generated(self) -> int:
-        return sum(len(s.tokens) for s in self.sequences)
-
     def unfinished(self) -> list[PartialSequence]:
         return [s for s in self.sequences if not s.finished]
 

@@ -103,7 +103,7 @@ class Agent:
             text="1+2=", n=size, max_new_tokens=3), metadata=self.token, timeout=60,
             wait_for_ready=True)
         return [buffer_pb2.Trajectory(  # rewards 0 and 1 in turn: a group GRPO learns from
-            prompt_token_ids=reply.prompt_token_ids, response_token_ids=s.token_ids,
+            prompt_tokens=reply.prompt_token_ids, response_tokens=s.token_ids,
             logprobs=s.logprobs, versions=s.versions, reward=float(i % 2),
             finish_reason=s.finish_reason) for i, s in enumerate(reply.sequences)]
 

@@ -120,7 +120,7 @@ def test_a_refused_submit_appends_nothing_and_with_the_token_it_is_accepted(stac
     launcher, token = stack
     address = launcher.cfg.buffer.endpoint.address
     group = buffer_pb2.SubmitRequest(source="access-test", trajectories=[
-        buffer_pb2.Trajectory(prompt_token_ids=[1, 2], response_token_ids=[3], logprobs=[-0.5],
+        buffer_pb2.Trajectory(prompt_tokens=[1, 2], response_tokens=[3], logprobs=[-0.5],
                               versions=[0], reward=float(i % 2), finish_reason="stop")
         for i in range(GROUP_SIZE)])
     before = state(launcher)
@@ -312,7 +312,7 @@ def test_an_agents_token_generates_and_submits_but_cannot_publish_lease_or_stop(
     with grpc.insecure_channel(cfg.buffer.endpoint.address) as ch:
         buffer_pb2_grpc.BufferStub(ch).Submit(buffer_pb2.SubmitRequest(
             source="agent-role-test", trajectories=[buffer_pb2.Trajectory(
-                prompt_token_ids=[1, 2], response_token_ids=[3], logprobs=[-0.5],
+                prompt_tokens=[1, 2], response_tokens=[3], logprobs=[-0.5],
                 versions=[0], reward=float(i % 2), finish_reason="stop")
                 for i in range(GROUP_SIZE)]), metadata=bearer(agent), timeout=10)
     base = f"http://127.0.0.1:{cfg.rollout.http_base_port}"

@@ -263,17 +263,17 @@ def test_submit_checks_the_model_and_a_retry_after_a_lost_reply_appends_once(sta
     size = stack.cfg.buffer.group_size
 
     def trajectory(**kw):
-        base = dict(prompt_token_ids=[1, 5, 11], response_token_ids=[6, 7, 2],
+        base = dict(prompt_tokens=[1, 5, 11], response_tokens=[6, 7, 2],
                     logprobs=[-0.5] * 3, versions=[0] * 3, reward=1.0, finish_reason="stop")
         return buffer_pb2.Trajectory(**{**base, **kw})
 
     refusals = [
-        (trajectory(response_token_ids=[6, 7, 1000]), "SubmitRequest.trajectories[1]."
-         "response_token_ids[2]: token id 1000 is outside the model's vocabulary [0, 15)"),
+        (trajectory(response_tokens=[6, 7, 1000]), "SubmitRequest.trajectories[1]."
+         "response_tokens[2]: token id 1000 is outside the model's vocabulary [0, 15)"),
         (trajectory(reward=3e38), "SubmitRequest.trajectories[1].reward: 3e+38 is outside "
          "buffer.reward_range [-10000, 10000]"),
-        (trajectory(prompt_token_ids=[1] * 300), "SubmitRequest.trajectories[1]: "
-         "prompt_token_ids (300) + response_token_ids (3) = 303 tokens, over the model's "
+        (trajectory(prompt_tokens=[1] * 300), "SubmitRequest.trajectories[1]: "
+         "prompt_tokens (300) + response_tokens (3) = 303 tokens, over the model's "
          "context length 256"),
     ]
     with channel(address) as ch:

@@ -8,13 +8,13 @@ balances throughout."""
 
 import threading
 
+import msgpack
 import pytest
 import torch
 
 from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
 from relayrl.contracts import ledger
-from relayrl.contracts.codec import pack
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys
 from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
@@ -79,8 +79,8 @@ def test_poison_batches_are_quarantined_and_the_trainer_goes_on(tmp_path, redis_
     push_groups(t, [group(t, 3, prompt=[vocab])])
     push_groups(t, [group(t, 4, prompt=[5] * context)])  # + the response: past the context
     # does not decode (a sample lacks every field), yet names its prompt
-    push(t, [5], pack("batch", {"batch_id": "x", "groups": [{"prompt_id": 5,
-                                                              "samples": [{"bogus": 1}]}]}))
+    push(t, [5], msgpack.packb({"schema": 1, "kind": "batch", "batch_id": "x", "groups": [
+        {"prompt_id": 5, "samples": [{"bogus": 1}]}]}, use_bin_type=True))
     push_groups(t, [group(t, 6)])
 
     def two_steps(trainer: Trainer) -> list[dict]:

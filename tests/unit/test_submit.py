@@ -3,13 +3,14 @@ limit and writes nothing; a repeated request_id appends nothing."""
 
 import json
 
+import msgspec
 import pytest
 
 from buffer_svc.submit import StaleGroup, Submissions
 from relayrl.config import RunConfig
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
-from relayrl.contracts.messages import decode_group
+from relayrl.contracts.messages import FinishReason, Sample, decode_group
 from relayrl.contracts.proto.v1 import buffer_pb2
 from relayrl.contracts.streams import pending_samples
 from relayrl.models.limits import ModelLimits, model_limits, read_model_limits
@@ -47,7 +48,7 @@ def waiting(redis) -> int:
 
 
 def trajectory(**kw):
-    base = dict(prompt_token_ids=[1, 5], response_token_ids=[6, 7, 8], logprobs=[-0.1, 0, -0.3],
+    base = dict(prompt_tokens=[1, 5], response_tokens=[6, 7, 8], logprobs=[-0.1, 0, -0.3],
                 versions=[2, 2, 3], loss_mask=[1, 0, 1], reward=0.5, finish_reason="stop")
     base.update(kw)
     return buffer_pb2.Trajectory(**base)
@@ -72,15 +73,15 @@ def test_submit_writes_a_whole_group_under_an_external_id(redis):
 
 @pytest.mark.parametrize("trajs,message", [
     ([trajectory()], "SubmitRequest.trajectories: 1 given, a group is buffer.group_size (2)"),
-    ([trajectory(), trajectory(response_token_ids=[6, 7, 1000])],
-     "trajectories[1].response_token_ids[2]: token id 1000 is outside the model's vocabulary "
+    ([trajectory(), trajectory(response_tokens=[6, 7, 1000])],
+     "trajectories[1].response_tokens[2]: token id 1000 is outside the model's vocabulary "
      "[0, 15) (test model)"),
-    ([trajectory(prompt_token_ids=[1, 15]), trajectory()],
-     "trajectories[0].prompt_token_ids[1]: token id 15 is outside the model's vocabulary"),
-    ([trajectory(prompt_token_ids=[-1, 5]), trajectory()],
-     "trajectories[0].prompt_token_ids[0]: token id -1 is outside"),
-    ([trajectory(prompt_token_ids=[1] * 14), trajectory()],
-     "trajectories[0]: prompt_token_ids (14) + response_token_ids (3) = 17 tokens, over the "
+    ([trajectory(prompt_tokens=[1, 15]), trajectory()],
+     "trajectories[0].prompt_tokens[1]: token id 15 is outside the model's vocabulary"),
+    ([trajectory(prompt_tokens=[-1, 5]), trajectory()],
+     "trajectories[0].prompt_tokens[0]: -1 is below 0"),
+    ([trajectory(prompt_tokens=[1] * 14), trajectory()],
+     "trajectories[0]: prompt_tokens (14) + response_tokens (3) = 17 tokens, over the "
      "model's context length 16 (test model)"),
     ([trajectory(), trajectory(reward=3e38)],
      "trajectories[1].reward: 3e+38 is outside buffer.reward_range [-10000, 10000]"),
@@ -95,10 +96,24 @@ def test_submit_writes_a_whole_group_under_an_external_id(redis):
      "trajectories[0].logprobs[2]: 0.5 is not a finite log-probability <= 0"),
     ([trajectory(logprobs=[-0.1, float("nan"), -0.3]), trajectory()],
      "trajectories[0].logprobs[1]: nan is not a finite log-probability"),
-    ([trajectory(loss_mask=[1, 2, 1]), trajectory()], "trajectories[0].loss_mask"),
-    ([trajectory(loss_mask=[0, 0, 0]), trajectory()], "trajectories[0].loss_mask"),
-    ([trajectory(response_token_ids=[]), trajectory()],
-     "trajectories[0].response_token_ids: must hold at least one token"),
+    ([trajectory(loss_mask=[1, 2, 1]), trajectory()],
+     "trajectories[0].loss_mask[1]: 2 is outside [0, 2)"),
+    ([trajectory(loss_mask=[1, 1, 257]), trajectory()],  # not 1 as a uint8
+     "trajectories[0].loss_mask[2]: 257 is outside [0, 2)"),
+    ([trajectory(loss_mask=[-1, 1, 1]), trajectory()],
+     "trajectories[0].loss_mask[0]: -1 is below 0"),
+    ([trajectory(), trajectory(loss_mask=[1, 1])],
+     "trajectories[1].loss_mask: 2 values for 3 response tokens"),
+    ([trajectory(loss_mask=[0, 0, 0]), trajectory()],
+     "trajectories[0].loss_mask: no token is the policy's"),
+    ([trajectory(), trajectory(versions=[2, 2])],
+     "trajectories[1].versions: 2 values for 3 response tokens"),
+    ([trajectory(), trajectory(finish_reason="eos")],
+     "trajectories[1].finish_reason: 'eos' is not 'stop' or 'length'"),
+    ([trajectory(prompt_tokens=[]), trajectory()],
+     "trajectories[0].prompt_tokens: must hold at least one token"),
+    ([trajectory(response_tokens=[]), trajectory()],
+     "trajectories[0].response_tokens: must hold at least one token"),
 ])
 def test_bad_submissions_are_refused_by_name_and_write_nothing(redis, trajs, message):
     subs = submissions(redis)
@@ -107,6 +122,22 @@ def test_bad_submissions_are_refused_by_name_and_write_nothing(redis, trajs, mes
     assert message in str(info.value)
     assert waiting(redis) == 0 and redis.get(KEYS.external_ids) is None
     assert subs.refused == 1 and subs.accepted == 0
+
+
+def test_each_trajectory_field_is_the_sample_field_of_its_name(redis):
+    """The Trajectory message is Sample's language-neutral form: every field it carries is
+    Sample's field of the same name, and what it leaves empty takes Sample's default."""
+    fields = {f.name for f in msgspec.structs.fields(Sample)}
+    assert {d.name for d in buffer_pb2.Trajectory.DESCRIPTOR.fields} <= fields
+    bare = trajectory(loss_mask=[], finish_reason="")
+    pid, _ = submissions(redis).submit(group(bare, trajectory(finish_reason="length")))
+    (_, entry), = redis.xrange(KEYS.trajectories)
+    first, second = decode_group(entry[b"data"]).samples
+    assert first.loss_mask is None and first.finish_reason is FinishReason.STOP
+    assert second.finish_reason is FinishReason.LENGTH
+    assert first.prompt_tokens.tolist() == [1, 5] and first.response_tokens.tolist() == [6, 7, 8]
+    assert first.versions.tolist() == [2, 2, 3] and first.reward == 0.5
+    assert first.worker_id == "external"
 
 
 def test_a_configured_reward_range_is_the_limit(redis):

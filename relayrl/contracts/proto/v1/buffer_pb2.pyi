@@ -20,12 +20,16 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class Trajectory(_message.Message):
-    """One trajectory produced outside the scheduler (a custom rollout: an agent's episode)."""
+    """One trajectory produced outside the scheduler (a custom rollout: an agent's episode): the
+    language-neutral form of relayrl.contracts.messages.Sample, which declares the same fields
+    by the same names (and adds what the buffer fills in: the prompt id, the lease, the
+    producer). Buffer.Submit turns each into a Sample field by field and checks it once there.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
-    RESPONSE_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    RESPONSE_TOKENS_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     VERSIONS_FIELD_NUMBER: _builtins.int
     LOSS_MASK_FIELD_NUMBER: _builtins.int
@@ -34,11 +38,11 @@ class Trajectory(_message.Message):
     reward: _builtins.float
     """the environment's; empty means all the policy's"""
     finish_reason: _builtins.str
-    """"stop" or "length" """
+    """"stop" or "length"; empty means "stop" """
     @_builtins.property
-    def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def prompt_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
-    def response_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    def response_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """every token after the prompt, all turns"""
 
     @_builtins.property
@@ -56,8 +60,8 @@ class Trajectory(_message.Message):
     def __init__(
         self,
         *,
-        prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
-        response_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        prompt_tokens: _abc.Iterable[_builtins.int] | None = ...,
+        response_tokens: _abc.Iterable[_builtins.int] | None = ...,
         logprobs: _abc.Iterable[_builtins.float] | None = ...,
         versions: _abc.Iterable[_builtins.int] | None = ...,
         loss_mask: _abc.Iterable[_builtins.int] | None = ...,
@@ -66,7 +70,7 @@ class Trajectory(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "prompt_token_ids", b"prompt_token_ids", "response_token_ids", b"response_token_ids", "reward", b"reward", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "prompt_tokens", b"prompt_tokens", "response_tokens", b"response_tokens", "reward", b"reward", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -76,12 +80,14 @@ Global___Trajectory: _TypeAlias = Trajectory  # noqa: Y015
 class SubmitRequest(_message.Message):
     """A whole group: every trajectory of one task instance, as GRPO normalises over groups.
     Refused (INVALID_ARGUMENT, naming the field, the value and the limit): a group not of
-    buffer.group_size; a token id outside the model's vocabulary [0, vocab_size); a prompt
-    plus response longer than the model's context length; a version newer than the trainer's
-    or below 0; a log-probability not finite or above 0; a reward outside
-    buffer.reward_range. Refused with FAILED_PRECONDITION: a group whose oldest policy token
-    is already more than trainer.max_staleness versions behind the trainer (it would be
-    dropped unseen). RESOURCE_EXHAUSTED: the buffer is full; retry later.
+    buffer.group_size; a trajectory with no prompt or no response token, or whose logprobs,
+    versions or loss_mask (each 0 or 1, not all 0) are not one per response token; a token id
+    outside the model's vocabulary [0, vocab_size); a prompt plus response longer than the
+    model's context length; a version newer than the trainer's or below 0; a log-probability
+    not finite or above 0; a reward outside buffer.reward_range. Refused with
+    FAILED_PRECONDITION: a group whose oldest policy token is already more than
+    trainer.max_staleness versions behind the trainer (it would be dropped unseen).
+    RESOURCE_EXHAUSTED: the buffer is full; retry later.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -28,7 +28,6 @@ from relayrl.contracts.keys import BUFFER_GROUP, TRAINER_GROUP, RunKeys
 from relayrl.contracts.messages import Group, decode_group, encode_batch
 from relayrl.contracts.proto.v1 import buffer_pb2, buffer_pb2_grpc
 from relayrl.contracts.streams import BufferFull, ensure_group, pending_samples, read_group
-from relayrl.models.limits import model_limits
 from relayrl.runtime.backpressure import PressureCounters, StoppedWaiting, is_oom
 from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.outage import is_outage, redis_write, ride_out
@@ -56,7 +55,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         self.pressure = PressureCounters()  # this service's own writes refused for memory
         self.appender = BatchAppender(redis, self.keys)
         # learned once: Submit checks every token against the model the run trains
-        model = model_limits(cfg.model, cfg.task)
+        model = cfg.model.limits()
         log.info("Submit limits: vocabulary %d, context %d tokens (%s); rewards in %s",
                  model.vocab_size, model.context_length, model.source, cfg.buffer.reward_range)
         self.submissions = Submissions(redis, cfg, model)

@@ -18,7 +18,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from relayrl.config import RunConfig
+from relayrl.config import ModelLimits, RunConfig
 from relayrl.contracts import control
 from relayrl.contracts.codec import CodecError, from_proto
 from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
@@ -31,7 +31,6 @@ from relayrl.contracts.messages import (
 )
 from relayrl.contracts.proto.v1 import buffer_pb2
 from relayrl.contracts.streams import BufferFull
-from relayrl.models.limits import ModelLimits
 from relayrl.rules.staleness import is_stale
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")

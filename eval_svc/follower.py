@@ -112,7 +112,7 @@ def serve(cfg: RunConfig) -> None:
 
     setup_logging("evaluator")
     torch.set_num_threads(cfg.rollout.torch_threads)
-    weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.device)
+    weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.weight_device)
     lm = load_model(resolve_model_path(cfg.model, cfg.task))
     relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,
                           cfg.rollout.weight_plane, weight_device) for a in cfg.relay_addresses]

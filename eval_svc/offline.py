@@ -6,7 +6,7 @@
 No service runs: the checkpoint (a Hugging Face model directory, as the trainer writes under
 run_dir/checkpoints/step_N) is loaded here and decoded on this machine, on the config's eval
 sets (all, or those named with --set NAME). A checkpoint directory without a tokenizer takes
-the run model's (model.path, model.pretrained, or the cached tiny model). Prints a table and
+the run model's (model.kind hf, pretrained or tiny). Prints a table and
 one JSON line; --json prints the JSON line alone.
 """
 

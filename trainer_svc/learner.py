@@ -46,8 +46,8 @@ class Learner:
         # over them in Python (SmolLM2 on 2 cores: 0.09 s a step against 0.3); sharded
         # (DTensor) parameters keep the default
         self.optimizer = torch.optim.AdamW(
-            [*lm.model.parameters(), *self.objective.parameters()], lr=tc.lr,
-            weight_decay=tc.weight_decay, fused=not self.parallel.active)
+            [*lm.model.parameters(), *self.objective.parameters()], lr=tc.optimizer.lr,
+            weight_decay=tc.optimizer.weight_decay, fused=not self.parallel.active)
         # the optimizer's modules by name, which key its whole state under torchrun
         heads = {"value_head": self.objective.value_head} if self.objective.value_head else {}
         self.trainable = nn.ModuleDict({"policy": lm.model, **heads})

@@ -58,7 +58,7 @@ class Objective:
         # a value loss is a token mean: parts' weights fit it only under the same aggregation
         splittable = not (self.loss.uses_value_model and self.loss.aggregation != "token_mean")
         self.micro_batch_tokens = tc.micro_batch_tokens if splittable else 0
-        self.grad_clip = tc.grad_clip
+        self.grad_clip = tc.optimizer.grad_clip
         self.shared_prefix = tc.shared_prefix
         self.temperature = temperature
         self.max_response_len = max_response_len

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
+from relayrl.config import ModelLimits
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import Batch, Group
-from relayrl.models.limits import ModelLimits
 
 log = logging.getLogger(__name__)
 

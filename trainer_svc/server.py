@@ -105,7 +105,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         trainer.metrics.write(record)
         operator.publish(record)
         trainer.latest = {**trainer.latest, **record}
-        if trainer.step % tc.checkpoint_every == 0:
+        if trainer.step % tc.checkpoint.every == 0:
             trainer.save_checkpoint()
         if trainer.step % tc.plot_every == 0:
             plots.request()

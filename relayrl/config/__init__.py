@@ -4,10 +4,17 @@ from relayrl.config.base import ConfigError, Endpoint
 from relayrl.config.buffer import BufferConfig
 from relayrl.config.eval import EvalConfig, EvalSetConfig
 from relayrl.config.loss import LossConfig, loss_config
-from relayrl.config.model import ModelConfig
+from relayrl.config.model import (
+    HfModel,
+    ModelConfig,
+    ModelLimits,
+    PretrainedModel,
+    TinyModel,
+    read_model_limits,
+)
 from relayrl.config.redis import RedisConfig
 from relayrl.config.relay import RelayConfig
-from relayrl.config.rollout import RolloutConfig
+from relayrl.config.rollout import RolloutConfig, TorchEngineConfig, VllmEngineConfig
 from relayrl.config.run import RunConfig, load_run_config
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig, TlsConfig
@@ -17,9 +24,23 @@ from relayrl.config.task import (
     ReasoningGymTaskConfig,
     TaskConfig,
 )
-from relayrl.config.trainer import TrainerConfig, WandbConfig
+from relayrl.config.trainer import (
+    CheckpointConfig,
+    OptimizerConfig,
+    TrainerConfig,
+    WandbConfig,
+)
 
 __all__ = [
+    "OptimizerConfig",
+    "CheckpointConfig",
+    "VllmEngineConfig",
+    "TorchEngineConfig",
+    "read_model_limits",
+    "TinyModel",
+    "PretrainedModel",
+    "ModelLimits",
+    "HfModel",
     "AdditionTaskConfig",
     "DatasetTaskConfig",
     "ReasoningGymTaskConfig",

@@ -49,15 +49,15 @@ def readable_loc(loc: tuple, data: Any, missing: bool = False) -> list[str]:
     """The error's path as the user wrote it: pydantic puts a tagged union's tag (the loss
     recipe's name) into the path, trainer.loss.dapo.clip_eps_high, where the config has
     trainer.loss.clip_eps_high; the tag is dropped and named after the path instead. A part
-    the data lacks is a tag (the data's `name`, or the default one where it has none) unless
-    the error is that a required field is `missing`."""
+    the data lacks is a tag (the data's `kind` or `name`, or the default one where it has
+    neither) unless the error is that a required field is `missing`."""
     out, node, tag = [], data, None
     for i, part in enumerate(loc):
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif (isinstance(node, str) and node == part) or (
-                isinstance(node, dict) and isinstance(part, str)
-                and node.get("name", part) == part and not (missing and i == len(loc) - 1)):
+                isinstance(node, dict) and isinstance(part, str) and _is_tag(node, part)
+                and not (missing and i == len(loc) - 1)):
             tag = part
             continue
         else:
@@ -66,6 +66,13 @@ def readable_loc(loc: tuple, data: Any, missing: bool = False) -> list[str]:
     if tag is not None and out:
         out[-1] += f" ({tag})"
     return out
+
+
+def _is_tag(node: dict, part: str) -> bool:
+    """Whether `part`, absent from `node`, is the tag pydantic chose for it: the node's
+    `kind` or `name`, or a default tag where it names neither."""
+    tags = [node[k] for k in ("kind", "name") if k in node]
+    return part in tags if tags else True
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

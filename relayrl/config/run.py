@@ -16,11 +16,11 @@ from relayrl.config.base import (
 )
 from relayrl.config.buffer import BufferConfig
 from relayrl.config.eval import EvalConfig
-from relayrl.config.model import ModelConfig
+from relayrl.config.model import ModelConfig, TinyModel, model_shorthand
 from relayrl.config.redis import RedisConfig
 from relayrl.config.relay import RelayConfig
 from relayrl.config.restarts import RestartConfig
-from relayrl.config.rollout import RolloutConfig
+from relayrl.config.rollout import RolloutConfig, VllmEngineConfig
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig
 from relayrl.config.task import AdditionTaskConfig, TaskConfig, task_shorthand
@@ -41,7 +41,9 @@ class RunConfig(StrictModel):
     redis: RedisConfig = Field(default_factory=RedisConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig,
                              description="Shared token and gRPC TLS of every service.")
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: ModelConfig = Field(default_factory=TinyModel,
+                               description="The policy model, picked by `kind` (tiny, hf or "
+                               "pretrained; relayrl/config/model.py).")
     task: TaskConfig = Field(default_factory=AdditionTaskConfig,
                              description="What to train on, picked by `source` "
                              "(relayrl/config/task.py).")
@@ -59,6 +61,11 @@ class RunConfig(StrictModel):
     @classmethod
     def _task_shorthand(cls, value: Any) -> Any:
         return task_shorthand(value)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_shorthand(cls, value: Any) -> Any:
+        return model_shorthand(value)
 
     # Cross-checks between sections: one validator per rule, run in this order.
 
@@ -82,43 +89,35 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _chat_prompts_need_a_real_tokenizer(self) -> RunConfig:
-        """task.prompt_format 'chat' needs model.path or model.pretrained."""
-        if (self.task.source == "addition" and self.task.prompt_format == "chat"
-                and not (self.model.path or self.model.pretrained)):
-            raise ValueError("task.prompt_format 'chat' needs model.path or model.pretrained: "
-                             "the tiny model's tokenizer knows only digits, '+' and '='")
-        return self
-
-    @model_validator(mode="after")
-    def _own_tasks_need_a_real_model(self) -> RunConfig:
-        """task.source 'dataset' or 'reasoning_gym' needs model.path or model.pretrained."""
-        if self.task.source != "addition" and not (self.model.path or self.model.pretrained):
-            raise ValueError(f"task.source {self.task.source!r} needs model.path or "
-                             "model.pretrained: the tiny model knows only digits, '+' and '='")
-        return self
-
-    @model_validator(mode="after")
-    def _eval_tasks_need_a_real_model(self) -> RunConfig:
-        """An eval set's task other than addition needs model.path or model.pretrained."""
-        for s in self.eval.sets:
-            if s.task is not None and s.task.source != "addition" and not (
-                    self.model.path or self.model.pretrained):
-                raise ValueError(f"eval.sets {s.name!r}: task.source {s.task.source!r} needs "
-                                 "model.path or model.pretrained: the tiny model knows only "
-                                 "digits, '+' and '='")
+    def _tiny_model_knows_only_addition(self) -> RunConfig:
+        """The tiny model (model.kind tiny) runs raw addition prompts only: task.source
+        'addition' with prompt_format 'raw', in training and in every eval set."""
+        if not isinstance(self.model, TinyModel):
+            return self
+        tasks = [("task", self.task)] + [(f"eval.sets {s.name!r}: task", s.task)
+                                         for s in self.eval.sets if s.task is not None]
+        for where, task in tasks:
+            if task.source != "addition":
+                what = f"{where}.source {task.source!r}"
+            elif task.prompt_format == "chat":
+                what = f"{where}.prompt_format 'chat'"
+            else:
+                continue
+            raise ValueError(f"{what} needs model.kind hf or pretrained: the tiny model's "
+                             "tokenizer knows only digits, '+' and '='")
         return self
 
     @model_validator(mode="after")
     def _vllm_supports_the_tiny_head_size(self) -> RunConfig:
-        """rollout.engine 'vllm' with the tiny model needs a head size (model.hidden_size /
+        """rollout.engine.kind vllm with the tiny model needs a head size (model.hidden_size /
         model.num_heads) among vLLM's CPU attention's VLLM_CPU_HEAD_SIZES."""
-        if (self.rollout.engine == "vllm" and not (self.model.path or self.model.pretrained)
-                and self.model.hidden_size // self.model.num_heads not in VLLM_CPU_HEAD_SIZES):
+        if (isinstance(self.rollout.engine, VllmEngineConfig)
+                and isinstance(self.model, TinyModel)
+                and self.model.head_size not in VLLM_CPU_HEAD_SIZES):
             raise ValueError(
-                f"rollout.engine 'vllm' cannot run the tiny model's head size "
-                f"{self.model.hidden_size // self.model.num_heads} (model.hidden_size / "
-                f"model.num_heads); vLLM's CPU attention supports {list(VLLM_CPU_HEAD_SIZES)}")
+                f"rollout.engine.kind vllm cannot run the tiny model's head size "
+                f"{self.model.head_size} (model.hidden_size / model.num_heads); vLLM's CPU "
+                f"attention supports {list(VLLM_CPU_HEAD_SIZES)}")
         return self
 
     @model_validator(mode="after")
@@ -221,8 +220,9 @@ class RunConfig(StrictModel):
                 ports[f"rollout worker {i} metrics (rollout.metrics_base_port+{i})"] = (
                     self.rollout.metrics_base_port + i)
             if self.rollout.kv_transfer_base_port:
-                ports[f"rollout worker {i} KV side channel (rollout.kv_transfer_base_port+{i})"] \
-                    = self.rollout.kv_transfer_base_port + i
+                ports[f"rollout worker {i} KV side channel "
+                      f"(rollout.engine.kv_transfer_base_port+{i})"] = (
+                    self.rollout.kv_transfer_base_port + i)
         return ports
 
     @property

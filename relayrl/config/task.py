@@ -14,7 +14,7 @@ A mapping without a `source` is the addition task's. relayrl/plugins/tasks build
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -39,6 +39,9 @@ class TaskBase(StrictModel):
 
 
 class AdditionTaskConfig(TaskBase):
+    # every character a problem or answer holds (the tiny model's tokenizer is built on it)
+    ALPHABET: ClassVar[str] = "0123456789+="
+
     source: Literal["addition"] = "addition"
     digits: int = Field(2, ge=1, le=9, description="Digits per operand.")
     prompt_format: Literal["raw", "chat"] = Field(

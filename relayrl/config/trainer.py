@@ -16,7 +16,26 @@ MOVED_TO_LOSS = ("correction", "tis_cap", "clip_eps", "clip_eps_low", "clip_eps_
                  "overlong_buffer", "overlong_penalty", "gamma", "gae_lambda", "value_coef",
                  "value_clip")
 # Fields that moved into other sections: old key -> the new one.
-MOVED_OUT = {"eval_every": "eval.every"}
+MOVED_OUT = {"eval_every": "eval.every", "lr": "trainer.optimizer.lr",
+             "weight_decay": "trainer.optimizer.weight_decay",
+             "grad_clip": "trainer.optimizer.grad_clip",
+             "checkpoint_every": "trainer.checkpoint.every",
+             "keep_checkpoints": "trainer.checkpoint.keep"}
+
+
+class OptimizerConfig(StrictModel):
+    """AdamW over the policy's parameters."""
+
+    lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1.0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="Gradient-norm clip.")
+
+
+class CheckpointConfig(StrictModel):
+    """The trainer's checkpoints, each a loadable Hugging Face directory."""
+
+    every: int = Field(10, ge=1, le=1_000_000, description="Steps per checkpoint.")
+    keep: int = Field(2, ge=1, le=1000, description="Checkpoints kept on disk.")
 
 
 class WandbConfig(StrictModel):
@@ -39,9 +58,11 @@ class TrainerConfig(StrictModel):
         "the registry in trainer_svc/losses (README: Algorithms) with its own fields "
         "(relayrl/config/loss.py).",
     )
-    lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0, le=1.0, description="AdamW weight decay.")
-    grad_clip: float = Field(1.0, gt=0, le=1e6, description="Gradient-norm clip.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig,
+                                       description="AdamW's settings.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig,
+                                         description="How often checkpoints are written and "
+                                         "how many are kept.")
     max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps to run.")
     max_staleness: int = Field(
         4, ge=0, le=1_000_000,
@@ -80,8 +101,6 @@ class TrainerConfig(StrictModel):
         description="Sequences of older versions re-scored per step for that check (one "
         "no-grad forward over them); 0 turns it off and keeps no past versions.",
     )
-    checkpoint_every: int = Field(10, ge=1, le=1_000_000, description="Steps per checkpoint.")
-    keep_checkpoints: int = Field(2, ge=1, le=1000, description="Checkpoints kept on disk.")
     plot_every: int = Field(
         10, ge=1, le=1_000_000, description="Steps per redraw of reward.png and throughput.png."
     )
@@ -132,9 +151,11 @@ class TrainerConfig(StrictModel):
             return data
         for key, new in MOVED_OUT.items():
             if key in data:
-                section, field = new.split(".")
-                raise ValueError(f"trainer.{key} moved: set {new}, as in "
-                                 f"`{section}: {{{field}: {data[key]!r}}}`")
+                *sections, field = new.split(".")
+                example = f"{field}: {data[key]!r}"
+                for section in reversed(sections):
+                    example = f"{section}: {{{example}}}"
+                raise ValueError(f"trainer.{key} is now {new}, as in `{example}`")
         for key in MOVED_TO_LOSS:
             if key not in data:
                 continue

@@ -12,7 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from relayrl.config import ModelConfig, TaskConfig
+from relayrl.config import HfModel, ModelConfig, PretrainedModel, TaskConfig, TinyModel
 
 TINY_BUILD_VERSION = 1  # raise when the tiny model's build changes, so caches are rebuilt
 
@@ -20,26 +20,26 @@ TINY_BUILD_VERSION = 1  # raise when the tiny model's build changes, so caches a
 def resolve_model_path(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
     """The configured model directory, a converted pretrained model, or the cached tiny model
     (each built if missing)."""
-    if model_cfg.path:
+    if isinstance(model_cfg, HfModel):
         return Path(model_cfg.path)
-    if model_cfg.pretrained == "smollm2-135m-instruct":
-        from relayrl.models.smollm2 import ensure_smollm2
+    if isinstance(model_cfg, PretrainedModel):
+        from relayrl.models.smollm2 import ensure_smollm2  # converts with torch: on demand
 
         return ensure_smollm2(model_cfg.cache_dir)
     return ensure_tiny_model(model_cfg, task_cfg)
 
 
-def tiny_model_dir(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
+def tiny_model_dir(model_cfg: TinyModel, task_cfg: TaskConfig) -> Path:
     spec = {
         "build": TINY_BUILD_VERSION,
-        "model": model_cfg.model_dump(exclude={"path", "pretrained", "cache_dir"}),
+        "model": model_cfg.model_dump(exclude={"kind", "cache_dir"}),
         "task": task_cfg.model_dump(),
     }
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return Path(model_cfg.cache_dir) / f"{task_cfg.source}-{key}"
 
 
-def ensure_tiny_model(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
+def ensure_tiny_model(model_cfg: TinyModel, task_cfg: TaskConfig) -> Path:
     """The cached tiny model's directory, building it first when it is not there."""
     out = tiny_model_dir(model_cfg, task_cfg)
     if (out / "build_info.json").is_file():

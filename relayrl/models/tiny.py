@@ -14,15 +14,14 @@ from pathlib import Path
 
 import torch
 
-from relayrl.config import ModelConfig, TaskConfig
-from relayrl.models.limits import TINY_CONTEXT, TINY_SPECIALS, tiny_vocab_size
+from relayrl.config import TaskConfig, TinyModel
 from relayrl.models.loading import load_model
 from relayrl.plugins.tasks import make_task
 from relayrl.sampling.evaluation import evaluate
 
 log = logging.getLogger(__name__)
 
-SPECIALS = list(TINY_SPECIALS)
+SPECIALS = list(TinyModel.SPECIALS)
 
 
 def build_tokenizer(alphabet: str, out_dir: Path) -> None:
@@ -37,11 +36,11 @@ def build_tokenizer(alphabet: str, out_dir: Path) -> None:
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>",
-        "model_max_length": TINY_CONTEXT, "clean_up_tokenization_spaces": False,
+        "model_max_length": TinyModel.CONTEXT, "clean_up_tokenization_spaces": False,
     }, indent=2))
 
 
-def build_model(model_cfg: ModelConfig, vocab_size: int, out_dir: Path):
+def build_model(model_cfg: TinyModel, vocab_size: int, out_dir: Path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(model_cfg.seed)
@@ -52,7 +51,7 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, out_dir: Path):
         num_hidden_layers=model_cfg.num_layers,
         num_attention_heads=model_cfg.num_heads,
         num_key_value_heads=model_cfg.num_heads,
-        max_position_embeddings=TINY_CONTEXT,
+        max_position_embeddings=TinyModel.CONTEXT,
         pad_token_id=0, bos_token_id=1, eos_token_id=2,
         tie_word_embeddings=True,
     )
@@ -74,7 +73,7 @@ def _sft_batch(lm, task, first_id: int, size: int):
     return ids, attn, loss_mask
 
 
-def warm_start(lm, task, model_cfg: ModelConfig, max_new_tokens: int, show_progress=True):
+def warm_start(lm, task, model_cfg: TinyModel, max_new_tokens: int, show_progress=True):
     """Supervised steps on `prompt answer<eos>` (loss on the answer only) until the held-out
     sampled accuracy reaches `sft_stop_accuracy`. Returns the last eval."""
     from tqdm import tqdm
@@ -107,7 +106,7 @@ def warm_start(lm, task, model_cfg: ModelConfig, max_new_tokens: int, show_progr
     return acc
 
 
-def build(out: Path, model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
+def build(out: Path, model_cfg: TinyModel, task_cfg: TaskConfig) -> Path:
     """Build, warm-start and save into `out`, by way of a temporary directory renamed at the
     end (a crash never leaves a half-built model where the cache looks)."""
     task = make_task(task_cfg)
@@ -116,7 +115,7 @@ def build(out: Path, model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
     tmp.mkdir(parents=True)
     log.info("building tiny model in %s", out)
     build_tokenizer(task.alphabet, tmp)
-    vocab_size = tiny_vocab_size(task.alphabet)
+    vocab_size = model_cfg.limits().vocab_size
     build_model(model_cfg, vocab_size, tmp).save_pretrained(tmp)
     lm = load_model(tmp)
     torch.manual_seed(model_cfg.seed)

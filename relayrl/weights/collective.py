@@ -79,8 +79,9 @@ def nccl_device(spec: str, field: str, plane_field: str) -> torch.device:
 
 
 def worker_device(plane: str, spec: str) -> torch.device | None:
-    """Where a worker receives weights for `plane` (rollout.weight_plane) given rollout.device
-    `spec`: a GPU for nccl, else None (the host planes choose their own buffers)."""
+    """Where a worker receives weights for `plane` (rollout.weight_plane) given `spec`
+    (rollout.engine.device for the torch engine, auto for vLLM): a GPU for nccl, else None
+    (the host planes choose their own buffers)."""
     if plane != "nccl":
         return None
-    return nccl_device(spec, "rollout.device", "rollout.weight_plane")
+    return nccl_device(spec, "rollout.engine.device", "rollout.weight_plane")

@@ -36,10 +36,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from relayrl.models.limits import tiny_vocab_size
 
 from relayrl.config import ModelConfig, RunConfig
 from relayrl.contracts.messages import Batch, Group, Sample, decode_batch, encode_batch
-from relayrl.models.limits import tiny_vocab_size
 from relayrl.models.loading import load_model
 from relayrl.models.tiny import build_model, build_tokenizer, warm_start
 from relayrl.plugins.rewards import get_reward, score

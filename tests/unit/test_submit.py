@@ -5,6 +5,7 @@ import json
 
 import msgspec
 import pytest
+from relayrl.models.limits import ModelLimits, model_limits, read_model_limits
 
 from buffer_svc.submit import StaleGroup, Submissions
 from relayrl.config import RunConfig
@@ -13,7 +14,6 @@ from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
 from relayrl.contracts.messages import FinishReason, Sample, decode_group
 from relayrl.contracts.proto.v1 import buffer_pb2
 from relayrl.contracts.streams import pending_samples
-from relayrl.models.limits import ModelLimits, model_limits, read_model_limits
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 
 MODEL = ModelLimits(vocab_size=15, context_length=16, source="test model")

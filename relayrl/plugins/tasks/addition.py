@@ -6,14 +6,14 @@ from functools import cached_property
 
 import numpy as np
 
-from relayrl.config import ConfigError
+from relayrl.config import AdditionTaskConfig, ConfigError
 from relayrl.plugins.tasks.problem import Problem
 
 CHAT_QUESTION = "What is {a}+{b}? Reply with the number only."
 
 
 class AdditionTask:
-    alphabet = "0123456789+="
+    alphabet = AdditionTaskConfig.ALPHABET
 
     def __init__(self, digits: int, seed: int, eval_size: int, prompt_format: str = "raw",
                  reward: str | None = None):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from relayrl.config import ConfigError, RunConfig, TaskConfig
+from relayrl.config import ConfigError, HfModel, RunConfig, TaskConfig
 from relayrl.plugins.tasks.addition import AdditionTask
 from relayrl.plugins.tasks.dataset import DatasetTask, PromptLimit
 from relayrl.plugins.tasks.problem import Problem
@@ -57,16 +57,15 @@ def make_task(cfg: TaskConfig, limit: PromptLimit | None = None) -> Task:
 
 def make_run_task(cfg: RunConfig) -> Task:
     """The run's task, its rows checked against the longest prompt the rollout takes
-    (measured with the run's tokenizer where model.path is set)."""
-    if cfg.task.source == "addition" or not cfg.model.path:
+    (measured with the run's tokenizer where model.kind is hf)."""
+    if cfg.task.source == "addition" or not isinstance(cfg.model, HfModel):
         return make_task(cfg.task)
     from transformers import AutoTokenizer
 
-    from relayrl.models.limits import read_model_limits
     from relayrl.models.loading import encode_problem
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    room = read_model_limits(cfg.model.path).context_length - cfg.rollout.max_new_tokens
+    room = cfg.model.limits().context_length - cfg.rollout.max_new_tokens
     limit = PromptLimit(lambda text, messages: len(encode_problem(tokenizer, text, messages)),
                         min(cfg.rollout.max_prompt_tokens, room))
     return make_task(cfg.task, limit)

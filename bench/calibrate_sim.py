@@ -67,7 +67,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     result: dict = {"bench": "calibrate_sim", "model": path.name, "threads": 1}
     for name in args.engines.split(","):
-        ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": name})})
+        ecfg = cfg.model_copy(update={"rollout": cfg.rollout.with_engine(name)})
         engine = make_engine(ecfg, lm, path)
         engine.generate([[3, 4, 5]], SamplingSpec(max_new_tokens=4))  # warm up
         points = []

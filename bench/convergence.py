@@ -95,7 +95,7 @@ def mode_config(base: RunConfig, mode: Mode, seed: int, steps: int, eval_every: 
     data["trainer"]["loss"]["correction"] = mode.correction
     data["trainer"].update(
         max_staleness=mode.staleness, max_steps=steps,
-        seed=data["trainer"]["seed"] + seed, checkpoint_every=steps, keep_checkpoints=1,
+        seed=data["trainer"]["seed"] + seed, checkpoint={"every": steps, "keep": 1},
         plot_every=steps, progress=False)
     if eval_every is not None:
         data["eval"]["every"] = eval_every

@@ -40,7 +40,7 @@ def config(run_dir: Path, models: Path, steps: int, rounds: int) -> RunConfig:
         "task": {"digits": 1, "eval_size": 8},
         "relay": {"keep_versions": 3}, "scheduler": {"max_prompts": steps * GROUPS},
         "buffer": {"group_size": GROUP_SIZE, "groups_per_batch": GROUPS},
-        "trainer": {"max_steps": steps, "max_staleness": 1, "checkpoint_every": 4,
+        "trainer": {"max_steps": steps, "max_staleness": 1, "checkpoint": {"every": 4},
                     "progress": False},
         "eval": {"every": 0},
         "rollout": {"num_workers": WORKERS, "samples_per_prompt": GROUP_SIZE,
@@ -77,7 +77,7 @@ def render(result: FaultRunResult, command: str, seed: int, rounds: int,
         f"Config: the tiny addition task, {cfg.trainer.max_steps} trainer steps of "
         f"{cfg.buffer.groups_per_batch} prompts x {cfg.buffer.group_size} samples, "
         f"{cfg.rollout.num_workers} workers, staleness bound {cfg.trainer.max_staleness}, "
-        f"checkpoint every {cfg.trainer.checkpoint_every} steps, lease TTL "
+        f"checkpoint every {cfg.trainer.checkpoint.every} steps, lease TTL "
         f"{cfg.scheduler.lease_ttl_s:g} s, restarts after {cfg.restarts.backoff_s:g} s "
         "(doubling).",
         "",

@@ -6,8 +6,9 @@ CUDA, for a few steps, reported as one JSON line.
     python bench/gpu_smoke.py --config examples/smollm2_cpu.yaml --set rollout.engine=torch
 
 Every service is its own process (relayrl up's launcher) on free ports, evaluation off, with
-trainer.device=cuda and rollout.device=cuda (precision left at auto: bf16 where the GPU
-supports it). Reported over the steps after --skip (the first ones pay CUDA's start-up):
+trainer.device=cuda and, for the torch engine, rollout.engine.device=cuda (precision left at
+auto: bf16 where the GPU supports it). Reported over the steps after --skip (the first ones
+pay CUDA's start-up):
 the mean step time (time/step_s), the weight publish's seconds (weights/publish_stall_s:
 training held; publish_copy_s: the device-to-host snapshot; publish_send_s: to the relay),
 generated tokens per second (throughput/generated_tokens_per_s at the last step, a 30 s
@@ -29,8 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, run_stack  # noqa: E402
 from bench.throughput import run_config  # noqa: E402
-
-OVERRIDES = ["trainer.device=cuda", "rollout.device=cuda"]
+from relayrl.config import TorchEngineConfig  # noqa: E402
 
 
 def mean_of(rows: list[dict], key: str) -> float | None:
@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
               "run it where one is", file=sys.stderr)
         return 2
     run_dir = ROOT / "runs" / "bench_gpu_smoke"
-    cfg = run_config(args.config, [*OVERRIDES, *args.set], args.steps, run_dir)
+    cfg = run_config(args.config, ["trainer.device=cuda", *args.set], args.steps, run_dir)
+    if isinstance(cfg.rollout.engine, TorchEngineConfig):  # vLLM picks its own GPU
+        cfg.rollout.engine.device = "cuda"
     rows = run_stack(cfg)
     print(json.dumps({"bench": "gpu_smoke", "config": args.config, "steps": args.steps,
                       "skip": args.skip, "set": args.set, "gpu": torch.cuda.get_device_name(0),

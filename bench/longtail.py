@@ -80,7 +80,7 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
     # of the step being trained (lag 1), a one-step-off pipeline rather than a barrier
     data["trainer"].update(max_steps=args.steps,
                            max_staleness=0 if mode == "sync" else args.staleness,
-                           checkpoint_every=args.steps,
+                           checkpoint={"every": args.steps},
                            plot_every=args.steps, progress=False)
     data["eval"]["every"] = 0
     data["rollout"].update(num_workers=args.workers,

@@ -49,7 +49,7 @@ def bench_config(path: str, minutes: float) -> RunConfig:
     data = cfg.model_dump(mode="json")
     data["run_dir"] = str(ROOT / "runs" / "bench_own_task" / Path(path).stem)
     data["trainer"]["max_steps"] = 1_000_000  # the wall time ends the run
-    data["trainer"]["checkpoint_every"] = 1_000_000
+    data["trainer"]["checkpoint"]["every"] = 1_000_000
     assign_free_ports(data)
     return RunConfig.model_validate(data)
 

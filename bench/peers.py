@@ -63,11 +63,12 @@ SETUPS = {  # config, steps, steps between saved policies, answers per held-out 
     "smollm2": ("examples/smollm2_cpu.yaml", 30, 5, 4),
 }
 # what both sides run alike: RelayRL's config may not change these with --set
-SHARED = ("task.", "model.", "buffer.", "eval.", "trainer.lr", "trainer.loss", "trainer.grad_clip",
+SHARED = ("task.", "model.", "buffer.", "eval.", "trainer.optimizer.lr", "trainer.loss",
+          "trainer.optimizer.grad_clip",
           "trainer.max_steps", "trainer.seed", "trainer.precision", "rollout.max_new_tokens",
           "rollout.temperature", "rollout.samples_per_prompt", "rollout.seed",
-          "rollout.vllm_dtype")
-BF16 = ["trainer.precision=bf16", "rollout.vllm_dtype=bfloat16"]  # --bf16, RelayRL's side
+          "rollout.engine.dtype")
+BF16 = ["trainer.precision=bf16", "rollout.engine.dtype=bfloat16"]  # --bf16, RelayRL's side
 SEED_STRIDE = 1000  # rollout.seed is offset by worker index: keep rounds' workers apart
 
 
@@ -78,7 +79,7 @@ def bench_config(path: str, steps: int, every: int, run_dir: Path, round_: int =
     shutil.rmtree(run_dir, ignore_errors=True)
     data = load_run_config(path, overrides or []).model_dump(mode="json")
     data["run_dir"] = str(run_dir)
-    data["trainer"].update(max_steps=steps, checkpoint_every=every, keep_checkpoints=1000,
+    data["trainer"].update(max_steps=steps, checkpoint={"every": every, "keep": 1000},
                            progress=False, seed=data["trainer"]["seed"] + round_)
     data["rollout"]["seed"] += SEED_STRIDE * round_
     data["eval"]["every"] = 0  # evaluated offline afterwards, as TRL's side is
@@ -123,8 +124,8 @@ def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path, round_: int) ->
             "reward": task.reward_name, "steps": steps, "prompts_per_step": per_step,
             "samples_per_prompt": cfg.buffer.group_size,
             "max_new_tokens": cfg.rollout.max_new_tokens,
-            "temperature": cfg.rollout.temperature, "lr": cfg.trainer.lr,
-            "grad_clip": cfg.trainer.grad_clip, "clip_eps": loss.clip_eps, "every": every,
+            "temperature": cfg.rollout.temperature, "lr": cfg.trainer.optimizer.lr,
+            "grad_clip": cfg.trainer.optimizer.grad_clip, "clip_eps": loss.clip_eps, "every": every,
             "seed": cfg.trainer.seed,  # the round's: bench_config offsets it
             "bf16": cfg.trainer.precision == "bf16"}
     path = work / f"spec_{round_}.json"

@@ -63,9 +63,10 @@ def raw_tokens_per_s(engine, cfg, prompts, args) -> float:
 
 def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, str]:
     port, relay_port = free_ports(2)
-    data = cfg.model_dump(mode="json")
+    data = cfg.model_copy(update={"rollout": cfg.rollout.with_engine(engine)}).model_dump(
+        mode="json")
     data["run_dir"] = str(tmp)
-    data["rollout"].update(engine=engine, train_loop=False, base_port=port, worker_index=0,
+    data["rollout"].update(train_loop=False, base_port=port, worker_index=0,
                            max_new_tokens=args.max_new_tokens, http_base_port=0,
                            max_batch_seqs=args.batch_prompts * args.n)
     if args.batch_wait_ms is not None:
@@ -146,8 +147,7 @@ def main() -> None:
                     "stop_at_eos": args.stop_at_eos}
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-") as tmp:
         for engine in args.engines.split(","):
-            ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
-                update={"engine": engine})})
+            ecfg = cfg.model_copy(update={"rollout": cfg.rollout.with_engine(engine)})
             raw_engine = make_engine(ecfg, lm, path)
             spec = SamplingSpec(max_new_tokens=args.max_new_tokens,
                                 temperature=ecfg.rollout.temperature)

@@ -45,7 +45,7 @@ def run_config(path: str, overrides: list[str], steps: int, run_dir: Path) -> Ru
     shutil.rmtree(run_dir, ignore_errors=True)
     data = load_run_config(path, overrides).model_dump(mode="json")
     data["run_dir"] = str(run_dir)
-    data["trainer"].update(max_steps=steps, checkpoint_every=steps, progress=False)
+    data["trainer"].update(max_steps=steps, checkpoint={"every": steps}, progress=False)
     data["eval"]["every"] = 0
     assign_free_ports(data)
     return RunConfig.model_validate(data)

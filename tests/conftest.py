@@ -70,7 +70,7 @@ def small_stack_config(tmp: Path, *, steps: int, groups_per_batch: int = 2,
         "buffer": {"endpoint": {"port": ports[2]}, "group_size": group_size,
                    "groups_per_batch": groups_per_batch},
         "trainer": {"endpoint": {"port": ports[3]}, "max_steps": steps, "max_staleness": 1,
-                    "checkpoint_every": 4, "progress": False},
+                    "checkpoint": {"every": 4}, "progress": False},
         "eval": {"every": 5},
         "rollout": {"base_port": ports[4], "num_workers": 2, "samples_per_prompt": group_size,
                     "max_new_tokens": 3, "segment_tokens": 2},
@@ -88,14 +88,14 @@ def tiny_lm(tmp_path_factory):
     """A small randomly initialised Llama model with the addition tokenizer."""
     import torch
 
-    from relayrl.config import ModelConfig
+    from relayrl.config import TinyModel
     from relayrl.models.loading import load_model
     from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
 
     out = tmp_path_factory.mktemp("tiny_lm")
     build_tokenizer(AdditionTask.alphabet, out)
-    cfg = ModelConfig(hidden_size=32, num_layers=2, num_heads=2)
+    cfg = TinyModel(hidden_size=32, num_layers=2, num_heads=2)
     build_model(cfg, len(SPECIALS) + len(set(AdditionTask.alphabet)), out).save_pretrained(out)
     torch.manual_seed(0)
     return load_model(out)

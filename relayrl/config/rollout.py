@@ -278,6 +278,13 @@ class RolloutConfig(StrictModel):
         torch engine's device; vLLM picks its own GPU, so auto."""
         return self.engine.device if isinstance(self.engine, TorchEngineConfig) else "auto"
 
+    def with_engine(self, kind: str) -> RolloutConfig:
+        """This config on the engine `kind`: its own settings if it is that engine already,
+        else that engine's defaults."""
+        if self.engine.kind == kind:
+            return self
+        return self.model_copy(update={"engine": ENGINES[kind]()})
+
     @property
     def worker_id(self) -> str:
         return f"rollout-{self.worker_index}"

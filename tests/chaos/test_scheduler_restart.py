@@ -77,7 +77,7 @@ def test_a_restarted_scheduler_hands_out_the_same_records(redis, tmp_path):
                             for i in range(5)))
     cfg = RunConfig.model_validate({
         **CFG.model_dump(include={"scheduler", "buffer", "rollout"}), "run_id": "restart-data",
-        "model": {"pretrained": "smollm2-135m-instruct"},
+        "model": {"kind": "pretrained"},
         "task": {"source": "dataset", "path": str(rows), "prompt": {"field": "q"},
                  "eval_size": 0}})
     clock = FakeClock()

@@ -36,9 +36,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from relayrl.models.limits import tiny_vocab_size
 
-from relayrl.config import ModelConfig, RunConfig
+from relayrl.config import RunConfig
 from relayrl.contracts.messages import Batch, Group, Sample, decode_batch, encode_batch
 from relayrl.models.loading import load_model
 from relayrl.models.tiny import build_model, build_tokenizer, warm_start
@@ -97,14 +96,15 @@ def _run(steps: int, trainer: dict) -> list[dict[str, float]]:
         "rollout": {"samples_per_prompt": SAMPLES, "max_new_tokens": 3},
         # two updates per batch: the second one's ratio moves off 1, so the clip and the
         # importance weights take part; a KL term exercises the reference policy
-        "trainer": {"loss": {"name": "grpo", "kl_coef": 0.01}, "lr": 1e-3, "max_staleness": 0,
+        "trainer": {"loss": {"name": "grpo", "kl_coef": 0.01}, "optimizer": {"lr": 1e-3},
+                    "max_staleness": 0,
                     "engine_check_seqs": 0, "updates_per_batch": 2, "seed": 0, **trainer},
     })
     task = make_task(cfg.task)
     reward_fn = get_reward(task.reward_name)
     with tempfile.TemporaryDirectory() as tmp:
         build_tokenizer(task.alphabet, Path(tmp))
-        build_model(ModelConfig(**cfg.model.model_dump()), tiny_vocab_size(task.alphabet),
+        build_model(cfg.model, cfg.model.limits().vocab_size,
                     Path(tmp)).save_pretrained(tmp)
         policy, sampler = load_model(tmp), load_model(tmp)
     torch.manual_seed(cfg.model.seed)

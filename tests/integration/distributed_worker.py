@@ -55,7 +55,7 @@ SCENARIOS: dict[str, dict] = {
 def scenario_config(name: str) -> RunConfig:
     return RunConfig.model_validate({
         "run_id": name, "rollout": {"max_new_tokens": MAX_NEW_TOKENS},
-        "trainer": {"lr": 1e-2, "max_staleness": 100, "engine_check_seqs": 0,
+        "trainer": {"optimizer": {"lr": 1e-2}, "max_staleness": 100, "engine_check_seqs": 0,
                     **SCENARIOS[name]["trainer"]},
     })
 
@@ -113,7 +113,8 @@ def service_config(redis_url: str, run_dir: str, world: World) -> RunConfig:
     return RunConfig.model_validate({
         "run_id": f"ranks-{world.size}", "run_dir": run_dir, "redis": {"url": redis_url},
         "task": {"digits": 1, "eval_size": 4}, "rollout": {"max_new_tokens": MAX_NEW_TOKENS},
-        "trainer": {"loss": "ppo", "lr": 1e-2, "max_staleness": 100, "engine_check_seqs": 0,
+        "trainer": {"loss": "ppo", "optimizer": {"lr": 1e-2}, "max_staleness": 100,
+                    "engine_check_seqs": 0,
                     "progress": False},
     })
 

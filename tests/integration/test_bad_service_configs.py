@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 SERVICES = ["buffer_svc", "relay_svc", "rollout_svc", "scheduler_svc", "trainer_svc"]
 BAD = [  # (config document, override, what stderr must name)
-    ({"trainer": {"lr": "fast"}}, None, "trainer.lr"),
+    ({"trainer": {"optimizer": {"lr": "fast"}}}, None, "trainer.optimizer.lr"),
     ({"rollout": {"num_workers": 0}}, None, "rollout.num_workers"),
     ({"scheduler": {"lease_ttl_s": -1}}, None, "scheduler.lease_ttl_s"),
     ({"buffer": {"no_such_field": 1}}, None, "buffer.no_such_field"),

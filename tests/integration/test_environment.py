@@ -22,7 +22,7 @@ def test_an_environment_runs_episodes_on_the_stack(tmp_path, engine):
     data = small_stack_config(tmp_path, steps=STEPS)
     if engine == "vllm":  # head size 32, the smallest vLLM's CPU attention takes; one engine
         data["model"].update(hidden_size=128, num_heads=4)
-        data["rollout"].update(engine="vllm", vllm_kv_cache_gib=0.0625, num_workers=1)
+        data["rollout"].update(engine={"kind": "vllm", "kv_cache_gib": 0.0625}, num_workers=1)
         data["scheduler"]["start_after_workers"] = 1
     log = tmp_path / "steps.jsonl"
     data["rollout"].update(segment_tokens=0, max_new_tokens=8, environment={

@@ -24,7 +24,7 @@ def test_settings_reach_the_trainer_and_a_graceful_stop_ends_the_run(tmp_path, m
     doc = small_stack_config(tmp_path, steps=1000)
     (rest_port,) = free_ports(1)
     doc["scheduler"].update(max_prompts=0, rest_port=rest_port)
-    doc["trainer"].update(checkpoint_every=1000)
+    doc["trainer"].update(checkpoint={"every": 1000})
     doc["eval"] = {"every": 0}
     cfg = RunConfig.model_validate(doc)
     launcher = Launcher(cfg, show_trainer_output=False)

@@ -100,7 +100,7 @@ def test_a_ticket_for_another_backend_than_the_workers_device_is_refused():
 
 def test_the_nccl_plane_is_a_configuration_choice():
     cfg = RunConfig(relay={"data_planes": ["grpc", "nccl"], "device": "cuda:1"},
-                    rollout={"weight_plane": "nccl", "device": "cuda:0"})
+                    rollout={"weight_plane": "nccl", "engine": {"device": "cuda:0"}})
     assert cfg.rollout.weight_plane == "nccl" and cfg.relay.device == "cuda:1"
     with pytest.raises(ValueError, match="relay.device"):
         RunConfig(relay={"device": "gpu0"})
@@ -113,7 +113,7 @@ def test_without_cuda_a_relay_or_worker_set_for_nccl_refuses_to_start():
                        r"and relay.device='auto' resolves to cpu"):
         RelayPlanes(["grpc", "nccl"], "127.0.0.1", 10)  # what relay_svc.serve builds first
     with pytest.raises(ValueError, match=r"rollout.weight_plane: the 'nccl' plane needs "
-                       r"CUDA, and rollout.device='cpu'"):
+                       r"CUDA, and rollout.engine.device='cpu'"):
         worker_device("nccl", "cpu")  # what rollout_svc.serve asks before loading a model
     RelayPlanes(["grpc", "torch_dist"], "127.0.0.1", 10)  # other planes need no GPU
 

@@ -5,7 +5,7 @@ and the trainer counts it as train/reward_errors."""
 
 import json
 
-from relayrl.config import AdditionTaskConfig, ModelConfig, RunConfig
+from relayrl.config import AdditionTaskConfig, RunConfig, TinyModel
 from relayrl.models.cache import resolve_model_path
 from relayrl.runtime.metrics import read_metrics
 from tests.conftest import run_to_end, small_stack_config
@@ -23,9 +23,9 @@ def problems_file(tmp):
 
 def own_task_run(tmp, reward):
     data = small_stack_config(tmp, steps=STEPS)
-    model = ModelConfig.model_validate(data["model"])
+    model = TinyModel.model_validate(data["model"])
     path = resolve_model_path(model, AdditionTaskConfig.model_validate(data["task"]))
-    data["model"]["path"] = str(path)
+    data["model"] = {"kind": "hf", "path": str(path)}
     data["task"] = {"source": "dataset", "path": str(problems_file(tmp)), "eval_size": 8,
                     "eval_fraction": 0.1, "reward": reward,
                     "prompt": {"template": "{a}+{b}=", "format": "raw"}}

@@ -35,7 +35,7 @@ def config(tmp_path, url, loss, **loss_fields):
         "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
         "buffer": {"group_size": 2, "groups_per_batch": 2},
         "trainer": {"loss": {"name": loss, "kl_coef": 0.05, "entropy_coef": 0.01, **loss_fields},
-                    "max_staleness": 100, "lr": 1e-2, "progress": False,
+                    "max_staleness": 100, "optimizer": {"lr": 1e-2}, "progress": False,
                     "engine_check_seqs": 0},
     })
 

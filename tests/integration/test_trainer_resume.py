@@ -28,7 +28,8 @@ def env(tmp_path, tiny_lm):
         "task": {"digits": 1, "eval_size": 4},
         "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
         "buffer": {"group_size": 2, "groups_per_batch": 2},
-        "trainer": {"checkpoint_every": 2, "max_staleness": 100, "lr": 1e-2, "progress": False},
+        "trainer": {"checkpoint": {"every": 2}, "max_staleness": 100,
+                    "optimizer": {"lr": 1e-2}, "progress": False},
     })
     yield cfg, r, tiny_lm.path
     server.shutdown()
@@ -54,7 +55,7 @@ def new_trainer(cfg, r, model_path, relay: VersionStore | None = None):
 def step_once(trainer):
     entry_id, batch = trainer.next_batch(threading.Event())
     trainer.train_step(entry_id, batch)
-    if trainer.step % trainer.tc.checkpoint_every == 0:
+    if trainer.step % trainer.tc.checkpoint.every == 0:
         trainer.save_checkpoint()
     return entry_id
 

@@ -60,7 +60,7 @@ def engine(model_dir, lm, tmp_path_factory):
     """One vLLM engine for the module, built the way the rollout server builds it."""
     cfg = RunConfig.model_validate({
         "run_dir": str(tmp_path_factory.mktemp("run")),
-        "rollout": {"engine": "vllm", "vllm_kv_cache_gib": 0.0625, "seed": 3},
+        "rollout": {"engine": {"kind": "vllm", "kv_cache_gib": 0.0625}, "seed": 3},
     })
     eng = make_engine(cfg, lm, model_dir)
     assert eng.name == "vllm" and eng.version == 0

@@ -56,14 +56,14 @@ def destination(model_dir: str, port: int, inbox: mp.Queue, out: mp.Queue) -> No
 
 
 def test_a_moved_sequence_continues_from_the_pulled_blocks(tmp_path):
-    from relayrl.config import ModelConfig
+    from relayrl.config import TinyModel
     from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
     from tests.integration.test_vllm_engine import HEADS, HIDDEN, LAYERS
 
     vocab = len(SPECIALS) + len(set(AdditionTask.alphabet))
     build_tokenizer(AdditionTask.alphabet, tmp_path)
-    cfg = ModelConfig(hidden_size=HIDDEN, num_layers=LAYERS, num_heads=HEADS)
+    cfg = TinyModel(hidden_size=HIDDEN, num_layers=LAYERS, num_heads=HEADS)
     build_model(cfg, vocab, tmp_path).save_pretrained(tmp_path)
     rng = random.Random(0)
     context = [rng.randrange(len(SPECIALS), vocab) for _ in range(CONTEXT)]

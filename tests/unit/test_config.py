@@ -1,9 +1,19 @@
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from relayrl.config import ConfigError, RunConfig, load_run_config
+from relayrl.config import (
+    ConfigError,
+    HfModel,
+    PretrainedModel,
+    RunConfig,
+    TinyModel,
+    TorchEngineConfig,
+    VllmEngineConfig,
+    load_run_config,
+)
 from relayrl.config.base import apply_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +77,7 @@ def write(tmp_path, data):
 
 
 @pytest.mark.parametrize("data,field", [
-    ({"trainer": {"lr": -1}}, "trainer.lr"),
+    ({"trainer": {"optimizer": {"lr": -1}}}, "trainer.optimizer.lr"),
     ({"trainer": {"max_steps": "many"}}, "trainer.max_steps"),
     ({"rollout": {"temperature": 0}}, "rollout.temperature"),
     ({"buffer": {"group_size": 3}}, "rollout.samples_per_prompt"),
@@ -81,10 +91,13 @@ def write(tmp_path, data):
     ({"task": {"name": "addition"}}, "task.name 'addition': the task is now picked by task.source"),
     ({"task": {"source": "chess"}}, "task: Input tag 'chess' found using 'source'"),
     ({"task": {"prompt_format": "chat"}}, "task.prompt_format"),
-    ({"model": {"path": "/m", "pretrained": "smollm2-135m-instruct"}}, "model.path"),
-    ({"model": {"pretrained": "gpt-5"}}, "model.pretrained"),
+    ({"model": {"kind": "pretrained", "name": "gpt-5"}}, r"model.name \(pretrained\): Input should be 'smollm2-135m-instruct'"),
+    ({"model": {"kind": "hf"}}, r"model.path \(hf\): Field required"),
+    ({"model": {"kind": "tiny", "num_heads": 0}}, r"model.num_heads \(tiny\)"),
+    ({"rollout": {"engine": {"kind": "vllm", "dtype": "int4"}}},
+     r"rollout.engine.dtype \(vllm\)"),
     ({"rollout": {"engine": "vllm"}, "model": {"hidden_size": 64, "num_heads": 4}},
-     "rollout.engine 'vllm' cannot run the tiny model's head size 16"),
+     "rollout.engine.kind vllm cannot run the tiny model's head size 16"),
 ])
 def test_bad_configs_name_the_field(tmp_path, data, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -97,10 +110,11 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_overrides_apply_and_validate(tmp_path):
-    cfg = load_run_config(write(tmp_path, {}), ["trainer.lr=0.01", "rollout.num_workers=3"])
-    assert cfg.trainer.lr == 0.01 and cfg.rollout.num_workers == 3
-    with pytest.raises(ConfigError, match="trainer.lr"):
-        load_run_config(write(tmp_path, {}), ["trainer.lr=-3"])
+    cfg = load_run_config(write(tmp_path, {}), ["trainer.optimizer.lr=0.01",
+                                                "rollout.num_workers=3"])
+    assert cfg.trainer.optimizer.lr == 0.01 and cfg.rollout.num_workers == 3
+    with pytest.raises(ConfigError, match="trainer.optimizer.lr"):
+        load_run_config(write(tmp_path, {}), ["trainer.optimizer.lr=-3"])
     with pytest.raises(ConfigError, match="section.field=value"):
         apply_overrides({}, ["no_equals_sign"])
 
@@ -114,15 +128,9 @@ CROSS_CHECKS = {
     "_weight_plane_is_served": (
         {"rollout": {"weight_plane": "shm"}}, "rollout.weight_plane 'shm' is not in "
         r"relay.data_planes \['grpc', 'torch_dist'\]"),
-    "_chat_prompts_need_a_real_tokenizer": (
-        {"task": {"prompt_format": "chat"}}, "task.prompt_format 'chat' needs model.path"),
-    "_own_tasks_need_a_real_model": (
-        {"task": {"source": "reasoning_gym", "generator": "chain_sum"}},
-        "task.source 'reasoning_gym' needs model.path or model.pretrained"),
-    "_eval_tasks_need_a_real_model": (
-        {"eval": {"sets": [{"name": "rg", "task": {"source": "reasoning_gym",
-                                                    "generator": "chain_sum"}}]}},
-        "eval.sets 'rg': task.source 'reasoning_gym' needs model.path"),
+    "_tiny_model_knows_only_addition": (
+        {"task": {"prompt_format": "chat"}},
+        "task.prompt_format 'chat' needs model.kind hf or pretrained"),
     "_vllm_supports_the_tiny_head_size": (
         {"rollout": {"engine": "vllm"}, "model": {"hidden_size": 64, "num_heads": 4}},
         "head size 16 "),
@@ -165,6 +173,115 @@ def test_every_cross_check_is_one_documented_rule():
 def test_each_cross_check_names_fields_values_and_limit(tmp_path, rule):
     data, message = CROSS_CHECKS[rule]
     with pytest.raises(ConfigError, match=message):
+        load_run_config(write(tmp_path, data))
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"task": {"source": "reasoning_gym", "generator": "chain_sum"}},
+     "task.source 'reasoning_gym' needs model.kind hf or pretrained"),
+    ({"eval": {"sets": [{"name": "rg", "task": {"source": "reasoning_gym",
+                                                 "generator": "chain_sum"}}]}},
+     "eval.sets 'rg': task.source 'reasoning_gym' needs model.kind hf or pretrained"),
+])
+def test_the_tiny_model_runs_raw_addition_only(tmp_path, data, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(write(tmp_path, data))
+    for model in ({"kind": "pretrained"}, {"kind": "hf", "path": "/models/m"}):
+        load_run_config(write(tmp_path, {**data, "model": model}))
+
+
+def test_the_model_is_the_tiny_one_unless_a_kind_says_otherwise(tmp_path):
+    assert isinstance(RunConfig().model, TinyModel)
+    cfg = load_run_config(write(tmp_path, {"model": {"hidden_size": 64}}))
+    assert isinstance(cfg.model, TinyModel) and cfg.model.hidden_size == 64
+    assert (cfg.model.limits().vocab_size, cfg.model.limits().context_length) == (15, 256)
+    cfg = load_run_config(write(tmp_path, {"model": {"kind": "hf", "path": "/models/m"}}))
+    assert isinstance(cfg.model, HfModel) and cfg.model.path == "/models/m"
+    cfg = load_run_config(write(tmp_path, {"model": {"kind": "pretrained",
+                                                     "cache_dir": str(tmp_path)}}))
+    assert isinstance(cfg.model, PretrainedModel)
+    assert cfg.model.converted_dir == tmp_path / "smollm2-135m-instruct"
+
+
+def test_an_hf_models_limits_come_from_its_config_json(tmp_path):
+    (tmp_path / "config.json").write_text('{"vocab_size": 100, "n_positions": 512}')
+    limits = HfModel(path=str(tmp_path)).limits()
+    assert (limits.vocab_size, limits.context_length) == (100, 512)
+
+
+def test_the_engine_is_torch_unless_a_kind_says_otherwise(tmp_path):
+    cfg = load_run_config(write(tmp_path, {}))
+    assert isinstance(cfg.rollout.engine, TorchEngineConfig)
+    assert cfg.rollout.weight_device == "auto" and cfg.rollout.kv_transfer_base_port == 0
+    cfg = load_run_config(write(tmp_path, {"rollout": {"engine": {"device": "cpu"}}}))
+    assert cfg.rollout.engine.device == "cpu" and cfg.rollout.weight_device == "cpu"
+    cfg = load_run_config(write(tmp_path, {"rollout": {"engine": {
+        "kind": "vllm", "dtype": "bfloat16", "kv_transfer_base_port": 5600}}}))
+    assert isinstance(cfg.rollout.engine, VllmEngineConfig)
+    assert cfg.rollout.engine.dtype == "bfloat16" and cfg.rollout.kv_transfer_base_port == 5600
+    assert cfg.rollout.with_engine("vllm") is cfg.rollout
+    assert isinstance(cfg.rollout.with_engine("torch").engine, TorchEngineConfig)
+    cfg = load_run_config(write(tmp_path, {}), ["rollout.engine=vllm"])  # shorthand
+    assert isinstance(cfg.rollout.engine, VllmEngineConfig)
+
+
+def test_trainer_optimizer_and_checkpoint_are_nested(tmp_path):
+    cfg = load_run_config(write(tmp_path, {"trainer": {
+        "optimizer": {"lr": 0.01, "weight_decay": 0.1, "grad_clip": 2.0},
+        "checkpoint": {"every": 5, "keep": 3}}}))
+    assert (cfg.trainer.optimizer.lr, cfg.trainer.optimizer.weight_decay,
+            cfg.trainer.optimizer.grad_clip) == (0.01, 0.1, 2.0)
+    assert (cfg.trainer.checkpoint.every, cfg.trainer.checkpoint.keep) == (5, 3)
+
+
+# an old key, the value it is given, and the message naming its new place
+MOVED_KEYS = [
+    ("model.path", "/m", "model.path is now model.path with model.kind: hf"),
+    ("model.pretrained", "smollm2-135m-instruct",
+     "model.pretrained is now model.name with model.kind: pretrained"),
+    ("rollout.vllm_dtype", "bfloat16",
+     "rollout.vllm_dtype is now rollout.engine.dtype with rollout.engine.kind: vllm"),
+    ("rollout.vllm_kv_cache_gib", 2,
+     "rollout.vllm_kv_cache_gib is now rollout.engine.kv_cache_gib with "
+     "rollout.engine.kind: vllm"),
+    ("rollout.kv_transfer_base_port", 5600, "rollout.kv_transfer_base_port is now "
+     "rollout.engine.kv_transfer_base_port with rollout.engine.kind: vllm"),
+    ("rollout.kv_cache_tokens", 0,
+     "rollout.kv_cache_tokens is now rollout.engine.kv_cache_tokens with "
+     "rollout.engine.kind: torch"),
+    ("rollout.device", "cpu",
+     "rollout.device is now rollout.engine.device with rollout.engine.kind: torch"),
+    ("trainer.lr", 0.1, "trainer.lr is now trainer.optimizer.lr"),
+    ("trainer.grad_clip", 2.0, "trainer.grad_clip is now trainer.optimizer.grad_clip"),
+    ("trainer.weight_decay", 0.1, "trainer.weight_decay is now trainer.optimizer.weight_decay"),
+    ("trainer.checkpoint_every", 5, "trainer.checkpoint_every is now trainer.checkpoint.every"),
+    ("trainer.keep_checkpoints", 3, "trainer.keep_checkpoints is now trainer.checkpoint.keep"),
+]
+
+
+@pytest.mark.parametrize("key,value,message", MOVED_KEYS, ids=[k for k, _, _ in MOVED_KEYS])
+def test_an_old_key_is_refused_naming_its_new_place(tmp_path, key, value, message):
+    section, field = key.split(".")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_run_config(write(tmp_path, {section: {field: value}}))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_run_config(write(tmp_path, {}), [f"{key}={value}"])
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"model": {"kind": "gguf"}}, "Input tag 'gguf' found using 'kind'"),
+    ({"rollout": {"engine": {"kind": "sglang"}}}, "Input tag 'sglang' found using 'kind'"),
+    ({"model": {"kind": "hf", "path": "/m", "hidden_size": 64}},
+     "'hidden_size' is not a field of model 'hf' (a field of tiny)"),
+    ({"model": {"kind": "pretrained", "path": "/m"}},
+     "model.path is now model.path with model.kind: hf"),
+    ({"rollout": {"engine": {"kind": "vllm", "device": "cpu"}}},
+     "'device' is not a field of engine 'vllm' (a field of torch)"),
+    ({"rollout": {"engine": {"kind": "torch", "dtype": "bfloat16"}}},
+     "'dtype' is not a field of engine 'torch' (a field of vllm)"),
+])
+def test_a_wrong_kind_or_a_field_of_another_kind_is_refused(tmp_path, data, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_run_config(write(tmp_path, data))
 
 

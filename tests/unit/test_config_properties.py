@@ -185,7 +185,7 @@ def test_any_file_text_loads_or_is_a_config_error(tmp_path, text):
 def test_any_bytes_or_override_loads_or_is_a_config_error(tmp_path, blob, override):
     path = tmp_path / "c.yaml"
     path.write_bytes(blob)
-    for overrides in ([], [override], [f"trainer.lr={override}"]):
+    for overrides in ([], [override], [f"trainer.optimizer.lr={override}"]):
         try:
             load_run_config(path, overrides)
         except ConfigError as err:

@@ -150,6 +150,6 @@ def test_streaming_reads_the_same_records_in_a_fixed_order(tmp_path):
 def test_a_run_config_takes_a_dataset_task(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", ROWS)
     cfg = RunConfig.model_validate({
-        "model": {"pretrained": "smollm2-135m-instruct"},
+        "model": {"kind": "pretrained"},
         "task": {"source": "dataset", "path": str(path), "prompt": {"field": "question"}}})
     assert make_task(cfg.task).problem(0).reference

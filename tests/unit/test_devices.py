@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from relayrl.config import ConfigError, RolloutConfig, TrainerConfig, load_run_config
+from relayrl.config import ConfigError, TorchEngineConfig, TrainerConfig, load_run_config
 from relayrl.runtime.devices import model_device, resolve_device
 from trainer_svc import precision as precision_mod
 from trainer_svc.distributed import World, init_world
@@ -71,7 +71,7 @@ def test_anything_else_is_not_a_device(spec):
         resolve_device(spec, "trainer.device")
 
 
-@pytest.mark.parametrize("model", [TrainerConfig, RolloutConfig])
+@pytest.mark.parametrize("model", [TrainerConfig, TorchEngineConfig])
 def test_the_config_fields_default_to_auto_and_refuse_a_misspelling(model):
     assert model().device == "auto"
     assert model(device="cuda:3").device == "cuda:3"  # whether it exists: at start-up

@@ -31,11 +31,11 @@ def one_update(lm, device: torch.device, precision: str):
     """(result, weights after on the CPU, model, optimizer) of one update on `device`."""
     torch.manual_seed(0)
     model = copy.deepcopy(lm.model)
-    tc = TrainerConfig(precision=precision, lr=1e-3, loss={"kl_coef": 0.05})
+    tc = TrainerConfig(precision=precision, optimizer={"lr": 1e-3}, loss={"kl_coef": 0.05})
     parallel = Parallel(World(device=device))
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0, parallel=parallel)
     parallel.shard(model)  # as the Learner does: in one process, onto the world's device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.optimizer.lr)
     model.train()
     result = objective.update(model, optimizer, varied_batch(lm))
     return result, to_cpu(model.state_dict()), model, optimizer

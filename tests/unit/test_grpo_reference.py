@@ -39,7 +39,8 @@ def test_the_grpo_step_is_the_reference_step(tiny_lm):
         logits = ours(input_ids=tb.input_ids, attention_mask=tb.attention_mask).logits[:, :-1]
         own = torch.log_softmax(logits.float(), -1).gather(-1, tb.input_ids[:, 1:, None])[..., 0]
     tb.behaviour_logprobs = torch.where(tb.response_mask > 0, own, 0.0)
-    tc = TrainerConfig(loss={"name": "grpo", "clip_eps": CLIP_EPS}, lr=LR, grad_clip=1.0)
+    tc = TrainerConfig(loss={"name": "grpo", "clip_eps": CLIP_EPS},
+                       optimizer={"lr": LR, "grad_clip": 1.0})
     objective = Objective(tc, ours, MAX_NEW_TOKENS, temperature=1.0)
     objective.update(ours, torch.optim.AdamW(ours.parameters(), lr=LR, weight_decay=0.0), tb)
     reference_step(ref, tb)

@@ -4,7 +4,7 @@ a state, on the same engine or on another one, generates what it would have with
 import pytest
 import torch
 
-from relayrl.config import ModelConfig
+from relayrl.config import TinyModel
 from relayrl.contracts.codec import CodecError
 from relayrl.models.loading import load_model
 from relayrl.models.tiny import build_model
@@ -41,7 +41,7 @@ def lm_path(tiny_lm, tmp_path_factory):
     """The tiny model with weights large enough that greedy decoding does not settle on one
     token, saved so each engine loads its own copy."""
     out = tmp_path_factory.mktemp("sharp_lm")
-    model = build_model(ModelConfig(hidden_size=32, num_layers=2, num_heads=2),
+    model = build_model(TinyModel(hidden_size=32, num_layers=2, num_heads=2),
                         tiny_lm.model.config.vocab_size, out)
     torch.manual_seed(1)
     with torch.no_grad():
@@ -62,7 +62,7 @@ def lm(lm_path):
 def other_shape_lm(tiny_lm, tmp_path_factory):
     out = tmp_path_factory.mktemp("three_layers")
     tiny_lm.tokenizer.save_pretrained(out)
-    cfg = ModelConfig(hidden_size=32, num_layers=3, num_heads=2)
+    cfg = TinyModel(hidden_size=32, num_layers=3, num_heads=2)
     build_model(cfg, tiny_lm.model.config.vocab_size, out).save_pretrained(out)
     return load_model(out)
 

@@ -40,9 +40,10 @@ def test_every_loss_takes_a_finite_step_that_moves_the_weights(tiny_lm, loss):
     torch.manual_seed(0)
     model = copy.deepcopy(tiny_lm.model)
     tc = TrainerConfig(loss={"name": loss, "kl_coef": 0.05, "entropy_coef": 0.01,
-                             "overlong_buffer": 1}, lr=1e-2)
+                             "overlong_buffer": 1}, optimizer={"lr": 1e-2})
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0)
-    optimizer = torch.optim.AdamW([*model.parameters(), *objective.parameters()], lr=tc.lr)
+    optimizer = torch.optim.AdamW([*model.parameters(), *objective.parameters()],
+                                  lr=tc.optimizer.lr)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     heads_before = [p.clone() for p in objective.parameters()]
     calls = []
@@ -66,9 +67,9 @@ def test_every_loss_takes_a_finite_step_that_moves_the_weights(tiny_lm, loss):
 
 def test_the_reference_stays_frozen_at_the_initial_weights(tiny_lm):
     model = copy.deepcopy(tiny_lm.model)
-    tc = TrainerConfig(loss={"kl_coef": 0.1}, lr=1e-2)
+    tc = TrainerConfig(loss={"kl_coef": 0.1}, optimizer={"lr": 1e-2})
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.optimizer.lr)
     batch = tiny_batch(tiny_lm)
     first = objective.update(model, optimizer, batch)
     second = objective.update(model, optimizer, batch)

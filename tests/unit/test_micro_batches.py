@@ -59,12 +59,14 @@ def test_parts_are_the_batch_rows_cut_to_their_longest(tiny_lm):
 def one_update(tiny_lm, loss, micro_batch_tokens):
     torch.manual_seed(0)  # the value head's initial weights
     model = copy.deepcopy(tiny_lm.model)
-    tc = TrainerConfig(loss={"name": loss, "kl_coef": 0.05, "entropy_coef": 0.01}, lr=0.5,
+    tc = TrainerConfig(loss={"name": loss, "kl_coef": 0.05, "entropy_coef": 0.01},
+                       optimizer={"lr": 0.5},
                        updates_per_batch=2, micro_batch_tokens=micro_batch_tokens)
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0)
     # plain SGD: Adam's per-parameter normalisation would blow float noise in near-zero
     # gradients up to the size of a step
-    optimizer = torch.optim.SGD([*model.parameters(), *objective.parameters()], lr=tc.lr)
+    optimizer = torch.optim.SGD([*model.parameters(), *objective.parameters()],
+                                lr=tc.optimizer.lr)
     model.train()
     result = objective.update(model, optimizer, tiny_batch(tiny_lm))
     return model, objective, result

@@ -79,8 +79,8 @@ def test_both_sides_are_needed():
 
 def test_the_bench_saves_every_n_steps_and_leaves_evaluation_to_afterwards(tmp_path):
     cfg = bench_config("examples/tiny_cpu.yaml", steps=100, every=25, run_dir=tmp_path)
-    assert (cfg.trainer.max_steps, cfg.trainer.checkpoint_every) == (100, 25)
-    assert cfg.trainer.keep_checkpoints >= 100 // 25 and cfg.eval.every == 0
+    assert (cfg.trainer.max_steps, cfg.trainer.checkpoint.every) == (100, 25)
+    assert cfg.trainer.checkpoint.keep >= 100 // 25 and cfg.eval.every == 0
 
 
 def test_each_round_starts_from_an_empty_run_dir(tmp_path):
@@ -115,7 +115,8 @@ def test_set_changes_relayrls_side_only_where_trl_has_no_counterpart(tmp_path, c
     cfg = bench_config("examples/smollm2_cpu.yaml", 12, 4, tmp_path / "r", 0, 1,
                        ["scheduler.max_inflight_prompts=6"])
     assert cfg.scheduler.max_inflight_prompts == 6
-    for shared in ("trainer.lr=0.1", "buffer.groups_per_batch=2", "rollout.temperature=0.5"):
+    for shared in ("trainer.optimizer.lr=0.1", "buffer.groups_per_batch=2",
+                   "rollout.temperature=0.5"):
         with pytest.raises(SystemExit):
             main(["--setup", "smollm2", "--set", shared])
         assert "both sides share that setting" in capsys.readouterr().err

@@ -25,9 +25,10 @@ STEP_COS = 0.95
 def one_update(lm, precision: str, **settings):
     torch.manual_seed(0)
     model = copy.deepcopy(lm.model)
-    tc = TrainerConfig(precision=precision, lr=1e-3, **settings)
+    tc = TrainerConfig(precision=precision, optimizer={"lr": 1e-3}, **settings)
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0)
-    optimizer = torch.optim.AdamW([*model.parameters(), *objective.parameters()], lr=tc.lr)
+    optimizer = torch.optim.AdamW([*model.parameters(), *objective.parameters()],
+                                  lr=tc.optimizer.lr)
     model.train()
     result = objective.update(model, optimizer, varied_batch(lm))
     model.eval()

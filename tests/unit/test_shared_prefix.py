@@ -80,11 +80,13 @@ def test_outputs_and_gradients_equal_the_plain_pass(tiny_lm):
 def one_update(tiny_lm, loss, shared, budget):
     torch.manual_seed(0)  # the value head's initial weights
     model = copy.deepcopy(tiny_lm.model)
-    tc = TrainerConfig(loss={"name": loss, "kl_coef": 0.05, "entropy_coef": 0.01}, lr=0.5,
+    tc = TrainerConfig(loss={"name": loss, "kl_coef": 0.05, "entropy_coef": 0.01},
+                       optimizer={"lr": 0.5},
                        updates_per_batch=2, shared_prefix=shared,
                        micro_batch_tokens=budget)
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0)
-    optimizer = torch.optim.SGD([*model.parameters(), *objective.parameters()], lr=tc.lr)
+    optimizer = torch.optim.SGD([*model.parameters(), *objective.parameters()],
+                                lr=tc.optimizer.lr)
     model.train()
     return model, objective.update(model, optimizer, varied_batch(tiny_lm))
 

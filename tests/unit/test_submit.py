@@ -5,10 +5,9 @@ import json
 
 import msgspec
 import pytest
-from relayrl.models.limits import ModelLimits, model_limits, read_model_limits
 
 from buffer_svc.submit import StaleGroup, Submissions
-from relayrl.config import RunConfig
+from relayrl.config import ModelLimits, PretrainedModel, RunConfig, read_model_limits
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
 from relayrl.contracts.messages import FinishReason, Sample, decode_group
@@ -216,7 +215,9 @@ def test_model_limits_come_from_config_json_or_the_run_config(tmp_path, tiny_lm)
     assert limits(read_model_limits(tmp_path)) == (49152, 8192)
     cfg = RunConfig()
     # the tiny model, known before it is built, is the one relayrl.models.tiny builds
-    assert limits(model_limits(cfg.model, cfg.task)) == (15, 256)
+    assert limits(cfg.model.limits()) == (15, 256)
+    # a pretrained model not yet converted: its known numbers
+    assert limits(PretrainedModel(cache_dir=str(tmp_path / "none")).limits()) == (49152, 8192)
     assert limits(read_model_limits(tiny_lm.path)) == (15, 256)
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 10}))
     with pytest.raises(ValueError, match="gives no positive vocab_size"):

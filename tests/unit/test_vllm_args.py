@@ -41,7 +41,7 @@ def test_a_cpu_machine_gets_a_kv_cache_budget(tiny_lm, llm_args):
 
 
 def test_gpu_settings_reach_vllm_and_are_refused_without_cuda(tiny_lm, llm_args, monkeypatch):
-    with pytest.raises(ValueError, match="vllm_gpu_memory_utilization"):
+    with pytest.raises(ValueError, match="rollout.engine.gpu_memory_utilization"):
         vllm_engine.VllmEngine(tiny_lm.path, gpu_memory_utilization=0.8)
     with pytest.raises(ValueError, match="CUDA is not available"):
         vllm_engine.VllmEngine(tiny_lm.path, tensor_parallel_size=2)

@@ -43,13 +43,15 @@ def test_a_damaged_ticket_is_refused_naming_the_field(change, field):
 
 
 def test_kv_transfer_needs_vllm_and_its_own_ports():
-    base = {"model": {"pretrained": "smollm2-135m-instruct"},
-            "rollout": {"engine": "vllm", "num_workers": 2, "kv_transfer_base_port": 5600}}
+    base = {"model": {"kind": "pretrained"},
+            "rollout": {"engine": {"kind": "vllm", "kv_transfer_base_port": 5600},
+                        "num_workers": 2}}
     cfg = RunConfig.model_validate(base)
     assert sorted(p for name, p in cfg._ports().items() if "KV side channel" in name) == [
         5600, 5601]
-    with pytest.raises(ValueError, match="kv_transfer_base_port: 5600 needs rollout.engine"):
-        RunConfig.model_validate({"rollout": {"kv_transfer_base_port": 5600}})
+    with pytest.raises(ValueError, match="'kv_transfer_base_port' is not a field of engine "
+                       "'torch' \\(a field of vllm\\)"):
+        RunConfig.model_validate({"rollout": {"engine": {"kv_transfer_base_port": 5600}}})
     clash = {**base, "rollout": {**base["rollout"], "base_port": 5601}}
     with pytest.raises(ValueError, match="5601"):
         RunConfig.model_validate(clash)

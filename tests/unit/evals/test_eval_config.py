@@ -42,7 +42,7 @@ def test_sets_parse_with_their_own_task_reward_and_decoding():
     ([{"name": "a", "samples": 0}], r"eval\.sets\.0\.samples"),
     ([{"name": "a", "typo": 1}], r"eval\.sets\.0\.typo: Extra inputs"),
     ([{"name": "a", "task": {"source": "dataset", "path": "x.jsonl"}}],
-     "eval.sets 'a': task.source 'dataset' needs model.path"),
+     "eval.sets 'a': task.source 'dataset' needs model.kind hf or pretrained"),
 ])
 def test_bad_sets_are_refused_naming_the_field(sets, message):
     with pytest.raises(ConfigError, match=message):
@@ -50,7 +50,7 @@ def test_bad_sets_are_refused_naming_the_field(sets, message):
 
 
 def test_trainer_eval_every_names_its_new_key():
-    with pytest.raises(ConfigError, match=r"trainer\.eval_every moved: set eval\.every, as "
+    with pytest.raises(ConfigError, match=r"trainer\.eval_every is now eval\.every, as "
                        r"in `eval: \{every: 7\}`"):
         load({"trainer": {"eval_every": 7}})
 

@@ -1,11 +1,8 @@
-"""Held-out evaluation (the `eval` config section): sets, pass@k, and where it runs.
+"""The evaluator: a service that follows the relay and evaluates each due weight version on
+the held-out sets (eval.mode separate), so that evaluation never stalls training.
 
-inline: the trainer calls evaluate_sets between steps (trainer_svc/trainer.py); separate:
-`python -m eval_svc.follower --config F` follows the relay and evaluates each new
-version; `relayrl eval CONFIG --checkpoint DIR` evaluates a checkpoint (eval_svc.offline).
+    python -m eval_svc --config runs/tiny/config.yaml   # `relayrl up` starts it
+
+The sets, pass@k and evaluated episodes are relayrl.evaluation, shared with the trainer's
+inline evaluation; offline.py evaluates a checkpoint for `relayrl eval`.
 """
-
-from eval_svc.runner import SetResult, evaluate_set, evaluate_sets, pass_at_k
-from eval_svc.sets import EvalSet, build_sets
-
-__all__ = ["EvalSet", "SetResult", "build_sets", "evaluate_set", "evaluate_sets", "pass_at_k"]

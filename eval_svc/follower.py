@@ -1,7 +1,7 @@
 """The separate evaluator (eval.mode separate): a process that follows the relay, so that
 evaluation never stalls training.
 
-    python -m eval_svc.follower --config runs/tiny/config.yaml   # `relayrl up` starts it
+    python -m eval_svc --config runs/tiny/config.yaml   # `relayrl up` starts it
 
 It evaluates the model it starts from as version 0, then polls the relay every eval.poll_s
 for the versions it holds, pulls the newest one that is due (a multiple of eval.every, or
@@ -21,9 +21,9 @@ import time
 
 import grpc
 
-from eval_svc.runner import evaluate_sets
-from eval_svc.sets import build_sets
 from relayrl.config import RunConfig
+from relayrl.evaluation.runner import evaluate_sets
+from relayrl.evaluation.sets import build_sets
 from relayrl.models.loading import LoadedModel
 from relayrl.runtime.metrics import MetricsWriter, open_run_metrics, read_metrics
 from relayrl.weights.client import RelayClient
@@ -133,7 +133,7 @@ def main() -> None:
     from relayrl.runtime.procs import die_with_launcher
 
     die_with_launcher()
-    cfg, _ = parse_service_args("eval_svc.follower")
+    cfg, _ = parse_service_args("eval_svc")
     install_run_credentials(cfg)
     serve(cfg)
 

@@ -17,9 +17,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from eval_svc.runner import SetResult, evaluate_sets
-from eval_svc.sets import build_sets
 from relayrl.config import RunConfig
+from relayrl.evaluation.runner import SetResult, evaluate_sets
+from relayrl.evaluation.sets import build_sets
 from relayrl.models.loading import LoadedModel
 
 

@@ -87,7 +87,7 @@ class Launcher:
                            "relay.children=0", "relay.metrics_port=0"],
                           RestartBudget.of(c.restarts))
                     for k, address in enumerate(c.child_relay_addresses)]
-        evaluator = [Child(EVALUATOR, "eval_svc.follower", "", [],
+        evaluator = [Child(EVALUATOR, "eval_svc", "", [],
                            RestartBudget.of(c.restarts))] if c.eval.mode == "separate" else []
         return [
             [service("relay", c.relay.endpoint.address),

@@ -12,7 +12,7 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-SERVICES = ["buffer_svc", "relay_svc", "rollout_svc", "scheduler_svc", "trainer_svc"]
+SERVICES = ["buffer_svc", "relay_svc", "rollout_svc", "scheduler_svc", "trainer_svc", "eval_svc"]
 BAD = [  # (config document, override, what stderr must name)
     ({"trainer": {"optimizer": {"lr": "fast"}}}, None, "trainer.optimizer.lr"),
     ({"rollout": {"num_workers": 0}}, None, "rollout.num_workers"),

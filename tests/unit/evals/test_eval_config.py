@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from eval_svc import pass_at_k
 from relayrl.config import ConfigError, RunConfig
 from relayrl.config.base import load_model
+from relayrl.evaluation import pass_at_k
 
 
 def load(data: dict) -> RunConfig:

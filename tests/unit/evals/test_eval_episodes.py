@@ -5,8 +5,8 @@ turn. On the tiny model with a chat template (tests/conftest.py's chat_lm)."""
 
 import pytest
 
-from eval_svc import build_sets, evaluate_sets
 from relayrl.config import RunConfig
+from relayrl.evaluation import build_sets, evaluate_sets
 from relayrl.plugins.envs import Environment, Step
 from relayrl.plugins.rewards import REWARDS, register
 

@@ -3,8 +3,8 @@ the legacy keys of the first set, pass@k from k samples, and errors naming the s
 
 import pytest
 
-from eval_svc import build_sets, evaluate_sets
 from relayrl.config import RunConfig
+from relayrl.evaluation import build_sets, evaluate_sets
 from relayrl.plugins.rewards import REWARDS, register
 
 if "evals_test_one" not in REWARDS:

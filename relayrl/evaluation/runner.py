@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eval_svc.episodes import play
-from eval_svc.sets import EvalSet
+from relayrl.evaluation.episodes import play
+from relayrl.evaluation.sets import EvalSet
 from relayrl.models.loading import LoadedModel
 from relayrl.plugins.rewards import score
 from relayrl.sampling.sampler import sample

@@ -31,7 +31,7 @@ class EvalSet:
     max_new_tokens: int
     greedy: bool
     pass_threshold: float
-    environment: EnvironmentConfig | None = None  # play episodes of it (eval_svc.episodes)
+    environment: EnvironmentConfig | None = None  # play episodes (relayrl.evaluation.episodes)
     default: bool = False  # the first set: also writes eval/accuracy_sampled and _greedy
 
 

@@ -20,7 +20,7 @@ from redis import ResponseError
 from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.emit import BatchAppender
 from buffer_svc.submit import StaleGroup, Submissions
-from buffer_svc.telemetry import buffer_metrics
+from buffer_svc.telemetry import BufferStats, StreamStats, buffer_metrics
 from relayrl.config import RunConfig
 from relayrl.contracts import control, ledger
 from relayrl.contracts.codec import CodecError
@@ -85,6 +85,21 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         pipe.xpending(self.keys.batches, TRAINER_GROUP)
         length, pending = pipe.execute()
         return length - pending["pending"]
+
+    def stats_snapshot(self) -> tuple[BufferStats, StreamStats]:
+        """What /metrics shows, read now."""
+        with self.lock:
+            subs = self.submissions
+            own = BufferStats.from_attributes(
+                self, self.asm, redis_oom_refusals=self.pressure.oom_refusals,
+                groups_submitted=subs.accepted, submits_refused=subs.refused,
+                submits_stale=subs.stale, submits_repeated=subs.repeated,
+                partial_groups=0, ready_groups=len(self.asm.ready))
+        # Redis round trips outside the lock: the poll loop needs it
+        streams = StreamStats(trajectory_stream_len=self.pending_samples(),
+                              batch_stream_len=self.r.xlen(self.keys.batches),
+                              batches_unread=self.unread_batches())
+        return own, streams
 
     def _emit(self, ready: ReadyBatch) -> None:
         prompt_ids = [g.prompt_id for g in ready.batch.groups]
@@ -221,5 +236,5 @@ def serve(cfg: RunConfig) -> None:
         servicer = with_lost_replies(svc, "Buffer", LOSABLE_METHODS)
         runner = ServiceRunner("buffer", cfg.buffer.endpoint.address,
                                [(buffer_pb2_grpc.add_BufferServicer_to_server, servicer)],
-                               buffer_metrics(svc), cfg.buffer.metrics_port)
+                               buffer_metrics(svc.stats_snapshot), cfg.buffer.metrics_port)
         runner.run(svc.run)

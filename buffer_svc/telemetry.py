@@ -1,16 +1,13 @@
 """What the buffer exports on /metrics: its counters, the assembler's state and both
-streams' depth, read at scrape time."""
+streams' depth, as snapshots the service hands over at scrape time."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from relayrl.runtime.exporter import ServiceMetrics
 from relayrl.runtime.stats import Stats, counter, gauge
-
-if TYPE_CHECKING:  # buffer_svc.server imports this module
-    from buffer_svc.server import BufferService
 
 
 @dataclass
@@ -43,19 +40,7 @@ class StreamStats(Stats, section="buffer"):
     batches_unread: int = gauge("Batches on the batch stream the trainer has not read yet.")
 
 
-def buffer_metrics(svc: BufferService) -> ServiceMetrics:
-    def read() -> tuple[BufferStats, StreamStats]:
-        with svc.lock:
-            subs = svc.submissions
-            own = BufferStats.from_attributes(
-                svc, svc.asm, redis_oom_refusals=svc.pressure.oom_refusals,
-                groups_submitted=subs.accepted, submits_refused=subs.refused,
-                submits_stale=subs.stale, submits_repeated=subs.repeated,
-                partial_groups=0, ready_groups=len(svc.asm.ready))
-        # Redis round trips outside the lock: the poll loop needs it
-        streams = StreamStats(trajectory_stream_len=svc.pending_samples(),
-                              batch_stream_len=svc.r.xlen(svc.keys.batches),
-                              batches_unread=svc.unread_batches())
-        return own, streams
-
-    return ServiceMetrics((BufferStats, StreamStats), read)
+def buffer_metrics(snapshot: Callable[[], tuple[BufferStats, StreamStats]]) -> ServiceMetrics:
+    """/metrics of the buffer, read from the snapshots the service takes at scrape time
+    (BufferService.stats_snapshot)."""
+    return ServiceMetrics((BufferStats, StreamStats), snapshot)

@@ -43,6 +43,11 @@ class TrainerStatusServicer(trainer_pb2_grpc.TrainerServicer):
             reward_mean=t.last_reward, finished=t.finished)
 
 
+def trainer_metrics_of(trainer: Trainer):
+    return trainer_metrics(trainer.books, trainer.publisher, lambda: trainer.latest,
+                           lambda: trainer.finished)
+
+
 def _progress(trainer: Trainer, enabled: bool):
     from tqdm import tqdm
 
@@ -91,7 +96,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         now = time.monotonic()
         window = [w for w in window if now - w[0] < 30] + \
             [(now, record.get("train/samples", 0), record.get("train/tokens", 0),
-              tokens_generated(trainer))]
+              tokens_generated(trainer.link))]
         span = max(now - window[0][0], 1e-6)
         rate = sum(w[1] for w in window) / span if len(window) > 1 else 0
         record["throughput/samples_per_s"] = rate
@@ -146,7 +151,7 @@ def serve(cfg: RunConfig) -> None:
         runner = ServiceRunner("trainer", cfg.trainer.endpoint.address,
                                [(trainer_pb2_grpc.add_TrainerServicer_to_server,
                                  TrainerStatusServicer(trainer))],
-                               trainer_metrics(trainer), cfg.trainer.metrics_port)
+                               trainer_metrics_of(trainer), cfg.trainer.metrics_port)
         runner.run(lambda stop: run_loop(trainer, stop))
         # Only after a clean stop: on an error the followers may be inside a collective, and
         # torchrun ends them when rank 0 exits.

@@ -4,6 +4,7 @@ read back from the last record; None, so not exported, until a step records them
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, make_dataclass
 from typing import TYPE_CHECKING
 
@@ -12,10 +13,10 @@ import redis
 from relayrl.runtime.exporter import ServiceMetrics
 from relayrl.runtime.stats import Stats, counter, gauge
 from trainer_svc.batching import LAG_BUCKETS, lag_bucket_names
+from trainer_svc.books import Books, RedisLink
 
 if TYPE_CHECKING:
     from trainer_svc.publisher import AsyncPublisher
-    from trainer_svc.trainer import Trainer
 
 
 @dataclass
@@ -149,25 +150,28 @@ def publish_times(pub: AsyncPublisher) -> PublishTimes:
                         publish_send_s=pub.last_send_s)
 
 
-def trainer_metrics(trainer: Trainer) -> ServiceMetrics:
+def trainer_metrics(books: Books, pub: AsyncPublisher,
+                    latest: Callable[[], dict[str, float]],
+                    finished: Callable[[], bool]) -> ServiceMetrics:
+    """/metrics of the trainer: its books and publisher, and `latest()`, the newest value of
+    each figure of metrics.jsonl (replaced whole by the loop, never changed in place)."""
     def read() -> list[Stats]:
-        t, pub = trainer, trainer.publisher
-        latest = t.latest  # replaced whole by the loop, never changed in place
-        return [TrainerStats(step=t.step, finished=float(t.finished),
+        last = latest()
+        return [TrainerStats(step=books.step, finished=float(finished()),
                              published_version=pub.published_version),
-                TrainTotals(**{f.name: t.totals[f.name] for f in fields(TrainTotals)}),
+                TrainTotals(**{f.name: books.totals[f.name] for f in fields(TrainTotals)}),
                 publish_counts(pub),
-                *(kind.from_figures(latest) for kind in STEP_KINDS),
-                EvalSetStats.from_record(latest)]
+                *(kind.from_figures(last) for kind in STEP_KINDS),
+                EvalSetStats.from_record(last)]
 
     return ServiceMetrics(TRAINER_KINDS, read)
 
 
-def tokens_generated(trainer: Trainer) -> int:
+def tokens_generated(link: RedisLink) -> int:
     """Tokens the rollout workers' training loops have generated so far (their own counts in
     Redis; 0 if Redis does not answer: it is only a throughput figure)."""
     try:
-        counts = trainer.r.hvals(trainer.keys.tokens_generated)
+        counts = link.r.hvals(link.keys.tokens_generated)
     except redis.RedisError:
         return 0
     return sum(int(c) for c in counts)

@@ -11,18 +11,17 @@ import threading
 import time
 from pathlib import Path
 
-from eval_svc import build_sets, evaluate_sets
 from relayrl.config import RunConfig
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys, is_external
 from relayrl.contracts.messages import decode_batch
 from relayrl.contracts.streams import ensure_group, read_group
+from relayrl.evaluation import build_sets, evaluate_sets
 from relayrl.models.loading import LoadedModel
 from relayrl.plugins.tasks import make_run_task
-from relayrl.runtime.backpressure import PressureCounters, StoppedWaiting
+from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.metrics import open_metrics, open_run_metrics  # noqa: F401 (tests import it)
-from relayrl.runtime.outage import redis_write, ride_out
-from trainer_svc import checkpoint
+from relayrl.runtime.outage import ride_out
 from trainer_svc.batching import (
     collate,
     lag_histogram,
@@ -30,19 +29,20 @@ from trainer_svc.batching import (
     split_uniform,
     token_lag_histogram,
 )
+from trainer_svc.books import Books, RedisLink
 from trainer_svc.distributed import Parallel
 from trainer_svc.durability import Durability
 from trainer_svc.learner import Learner
 from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.setaside import TOTALS, SetAside
+from trainer_svc.setaside import SetAside
 from trainer_svc.telemetry import publish_counts, publish_times
 
 log = logging.getLogger(__name__)
 CONSUMER = "trainer-0"
 
 
-class Trainer(Durability):
+class Trainer:
     def __init__(self, cfg: RunConfig, lm: LoadedModel, redis, publisher: AsyncPublisher,
                  parallel: Parallel | None = None):
         self.cfg = cfg
@@ -70,23 +70,38 @@ class Trainer(Durability):
         self.metrics = open_run_metrics(cfg)
         self.history = VersionHistory(self.tc.engine_check_versions if self.engine_check_seqs
                                       else 0)
-        self.step = 0
-        self.saved_step = -1  # the step of the last checkpoint written (or resumed from)
-        self.ledger = checkpoint.Ledger()
-        self.pressure = PressureCounters()  # writes Redis refused for its memory limit
+        self.books = Books()
+        self.link = RedisLink(redis, self.keys)
+        self.durable = Durability(self.books, self.link, self.learner, lm.model, self.ckpt_dir,
+                                  self.tc.checkpoint.keep)
         self.seen_up_to = b"0"  # id of the last batch entry this process was handed
-        self.totals = {"samples_trained": 0, "samples_dropped_stale": 0, "groups_dropped_stale": 0,
-                       "samples_filtered_uniform": 0, "groups_filtered_uniform": 0,
-                       "scheduler_prompts_finished": 0, "external_groups": 0, **TOTALS}
-        self.set_aside = SetAside(self)  # poison groups, non-finite steps
+        self.set_aside = SetAside(self.books, self.link, lm.model, self.tc.max_nonfinite_steps,
+                                  self.ckpt_dir, self.durable.record_progress)
         self.last_reward = 0.0
         self.latest: dict[str, float] = {}  # newest value of each metric, for /metrics
         self.finished = False
-        # the service's stop (SIGTERM): once set, a Redis write gives up at its first failure
-        # rather than wait out an outage nobody will end (the launcher and Redis may be gone)
-        self.stop = threading.Event()
         self.started = time.monotonic()
         ensure_group(self.r, self.keys.batches, TRAINER_GROUP)
+
+    # the books, read where the loop, the status API and the tests look
+    step = property(lambda self: self.books.step)
+    totals = property(lambda self: self.books.totals)
+    ledger = property(lambda self: self.books.ledger)
+    pressure = property(lambda self: self.link.pressure)
+
+    @property
+    def stop(self) -> threading.Event:
+        return self.link.stop
+
+    @stop.setter
+    def stop(self, event: threading.Event) -> None:
+        self.link.stop = event  # the service's stop, set on SIGTERM
+
+    def resume(self) -> None:
+        self.durable.resume()
+
+    def save_checkpoint(self) -> None:
+        self.durable.save_checkpoint()
 
     def next_batch(self, stop: threading.Event):
         """The next batch entry for this consumer, in stream order. Entries already delivered
@@ -122,25 +137,25 @@ class Trainer(Durability):
 
     def train_step(self, entry_id: bytes, batch) -> dict:
         t0 = time.monotonic()
-        version = self.step  # the weights about to be updated are version `step`
+        books = self.books
+        version = books.step  # the weights about to be updated are version `step`
         split = split_stale(batch, version, self.tc.max_staleness)
         varied, agreeing = split_uniform(split.kept)
         kept, uniform = split.kept, []
         if self.objective.loss.filters_uniform_groups:
             kept, uniform = varied, agreeing
         # A filtered group is finished like a stale one: not trained on, never re-issued.
-        self.ledger.entry_ids.append(entry_id)
-        self.ledger.dropped.extend(g.prompt_id for g in [*split.stale, *uniform])
+        books.ledger.entry_ids.append(entry_id)
+        books.ledger.dropped.extend(g.prompt_id for g in [*split.stale, *uniform])
+        books.finish([g.prompt_id for g in batch.groups])
         external = sum(is_external(g.prompt_id) for g in batch.groups)
-        self.totals["external_groups"] += external
-        self.totals["scheduler_prompts_finished"] += len(batch.groups) - external
         dropped_samples = sum(len(g.samples) for g in split.stale)
-        self.totals["samples_dropped_stale"] += dropped_samples
-        self.totals["groups_dropped_stale"] += len(split.stale)
+        books.totals["samples_dropped_stale"] += dropped_samples
+        books.totals["groups_dropped_stale"] += len(split.stale)
         filtered_samples = sum(len(g.samples) for g in uniform)
-        self.totals["samples_filtered_uniform"] += filtered_samples
-        self.totals["groups_filtered_uniform"] += len(uniform)
-        record: dict = {"step": self.step + 1, "train/groups_dropped_stale": len(split.stale),
+        books.totals["samples_filtered_uniform"] += filtered_samples
+        books.totals["groups_filtered_uniform"] += len(uniform)
+        record: dict = {"step": books.step + 1, "train/groups_dropped_stale": len(split.stale),
                         "train/samples_dropped_stale": dropped_samples,
                         "train/groups_filtered_uniform": len(uniform),
                         "train/samples_filtered_uniform": filtered_samples,
@@ -159,15 +174,15 @@ class Trainer(Durability):
             record.update(update)
         else:  # no update: the version about to be published holds these very weights
             self.history.remember(version, self.lm.model)
-        self.ledger.consumed.extend(g.prompt_id for g in kept)
+        books.ledger.consumed.extend(g.prompt_id for g in kept)
         self.set_aside.passed()
-        self.step += 1
+        books.step += 1
         record.update(publish_times(self.publisher).figures())  # the previous version's
-        self.publisher.publish(self.step, self.step, self.learner.weights())
-        redis_write(self.record_progress, self.pressure, "the trainer's version", self.stop)
+        self.publisher.publish(books.step, books.step, self.learner.weights())
+        self.link.write(self.durable.record_progress, "the trainer's version")
         record["train/external_groups"] = external
         record.update(publish_counts(self.publisher).figures())
-        record.update(self.set_aside.counters())
+        record.update(books.set_aside_counters())
         record["time/step_s"] = time.monotonic() - t0
         record["time/elapsed_s"] = time.monotonic() - self.started
         return record
@@ -194,7 +209,7 @@ class Trainer(Durability):
         if result.nonfinite:
             return result.stats, False
         n = tb.rewards.numel()
-        self.totals["samples_trained"] += n
+        self.books.totals["samples_trained"] += n
         reward_errors = [s.reward_error for g in groups for s in g.samples if s.reward_error]
         if reward_errors:  # scored 0: a broken reward would otherwise look like a hard task
             log.warning("step %d: %d samples' reward raised or was refused (scored 0), e.g. "

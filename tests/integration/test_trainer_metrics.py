@@ -19,8 +19,7 @@ from relayrl.runtime.metrics import read_metrics
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from tests.conftest import free_ports
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.server import run_loop
-from trainer_svc.telemetry import trainer_metrics
+from trainer_svc.server import run_loop, trainer_metrics_of
 from trainer_svc.trainer import Trainer
 
 STEPS, GROUP, RESPONSE = 3, 2, 3
@@ -81,7 +80,7 @@ def test_the_loop_records_throughput_and_exports_it(trainer):
         assert (trainer.run_dir / png).stat().st_size > 10_000
 
     (port,) = free_ports(1)
-    endpoint = MetricsEndpoint("trainer", "127.0.0.1", port, trainer_metrics(trainer),
+    endpoint = MetricsEndpoint("trainer", "127.0.0.1", port, trainer_metrics_of(trainer),
                                lambda: True)
     endpoint.start()
     try:

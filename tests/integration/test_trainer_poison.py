@@ -24,7 +24,7 @@ from relayrl_ops.audit import audit_redis, read_quarantine
 from trainer_svc import checkpoint
 from trainer_svc.finite import NonFiniteError
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.telemetry import trainer_metrics
+from trainer_svc.server import trainer_metrics_of
 from trainer_svc.trainer import Trainer
 
 
@@ -144,7 +144,7 @@ def test_nonfinite_steps_are_skipped_and_stop_the_run_after_the_limit(tmp_path, 
     assert all(p.grad is None for p in t.lm.model.parameters())
     t.publisher.wait()
     assert t.publisher.versions_published == published
-    assert trainer_metrics(t).snapshot()["train/nonfinite_steps"] == 1
+    assert trainer_metrics_of(t).snapshot()["train/nonfinite_steps"] == 1
     assert step([14, 15], 1.0)["step"] == 2  # a good step ends the run of skipped ones
     step([16, 17], 1e-300)
     with pytest.raises(NonFiniteError, match=r"trainer.max_nonfinite_steps is 2"):

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from buffer_svc.assembler import GroupAssembler
+from buffer_svc.server import BufferService
 from buffer_svc.telemetry import buffer_metrics
 from relay_svc.telemetry import relay_metrics
 from relay_svc.version_store import VersionStore
@@ -22,7 +23,7 @@ from rollout_svc.telemetry import EpisodeStats, rollout_metrics
 from scheduler_svc.policy import LeasePolicy, WorkerState
 from scheduler_svc.telemetry import scheduler_metrics
 from tests.unit.exported import ALL_SPECS
-from trainer_svc.setaside import TOTALS as SET_ASIDE_TOTALS
+from trainer_svc.books import Books
 from trainer_svc.telemetry import STEP_KINDS, EvalSetStats, trainer_metrics
 
 LEGAL = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
@@ -130,7 +131,7 @@ def test_buffer_snapshot_gives_what_it_declares():
         submissions=SimpleNamespace(accepted=0, refused=0, stale=0, repeated=0),
         keys=SimpleNamespace(trajectories="t", batches="b"),
         r=SimpleNamespace(xlen=lambda key: {"t": 4, "b": 1}[key]))
-    exported = buffer_metrics(svc)
+    exported = buffer_metrics(lambda: BufferService.stats_snapshot(svc))
     snap = exported.snapshot()
     assert set(snap) == declared(exported)
     assert (snap["buffer/trajectory_stream_len"], snap["buffer/batch_stream_len"]) == (4, 1)
@@ -160,13 +161,10 @@ def test_rollout_snapshot_gives_what_it_declares():
 
 
 def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded():
-    totals = dict.fromkeys(["samples_trained", "samples_dropped_stale", "groups_dropped_stale",
-                            "groups_filtered_uniform", "external_groups", *SET_ASIDE_TOTALS], 0)
     publisher = SimpleNamespace(published_version=1, versions_published=1, bytes_published=10,
                                 failures=0)
-    trainer = SimpleNamespace(step=1, finished=False, totals=totals, publisher=publisher,
-                              latest={})
-    exported = trainer_metrics(trainer)
+    trainer = SimpleNamespace(latest={})
+    exported = trainer_metrics(Books(step=1), publisher, lambda: trainer.latest, lambda: False)
     step_names = {s.name for kind in (*STEP_KINDS, EvalSetStats) for s in kind.specs()}
     assert set(exported.snapshot()) == declared(exported) - step_names
     evals = {"eval/heldout/pass@1": 0.25, "eval/heldout/pass@8": 0.5,

@@ -3,7 +3,6 @@ stack on free ports."""
 
 from __future__ import annotations
 
-import socket
 import statistics
 import subprocess
 import sys
@@ -14,10 +13,11 @@ import yaml
 
 from relayrl.config import AuthConfig, RunConfig
 from relayrl.runtime.auth import install_launcher_credentials
-from relayrl.runtime.grpc_util import free_ports, reserve_ports, wait_healthy
+from relayrl.runtime.grpc_util import free_ports, wait_healthy
 from relayrl.runtime.metrics import read_metrics
 from relayrl.runtime.procs import child_env
 from relayrl_ops.launcher import Launcher
+from relayrl_testkit.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,27 +53,6 @@ def assign_free_ports(data: dict) -> None:
         data["scheduler"]["rest_port"] = free_ports(1)[0]
 
 
-def free_port_block(n: int, host: str = "127.0.0.1", tries: int = 50) -> int:
-    """The first of n consecutive ports that are all free now."""
-    for _ in range(tries):
-        first = free_ports(1, host)[0]
-        if first + n > 65000:
-            continue
-        socks = [socket.socket() for _ in range(n)]
-        try:
-            for offset, sock in enumerate(socks):
-                sock.bind((host, first + offset))
-            # its first port is fresh; the rest must not be another caller's either
-            if reserve_ports(list(range(first + 1, first + n))):
-                return first
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no block of {n} free ports on {host} after {tries} tries")
-
-
 def run_stack(cfg: RunConfig) -> list[dict]:
     """Every service of `cfg` as its own process (relayrl up's launcher) until the trainer
     stops; the run's metrics rows. Raises if the run did not finish."""
@@ -92,8 +71,8 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path) -> dict[str, float]:
     eval's seed: the record an eval of the run would write."""
     import torch
 
-    from eval_svc import build_sets, evaluate_sets
     from eval_svc.offline import load_checkpoint
+    from relayrl.evaluation import build_sets, evaluate_sets
 
     torch.set_num_threads(cfg.trainer.torch_threads)
     record, _ = evaluate_sets(load_checkpoint(cfg, checkpoint), build_sets(cfg),

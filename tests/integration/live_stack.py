@@ -15,10 +15,10 @@ import httpx
 import redis as redis_lib
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import free_port_block
 from relayrl.config import RunConfig
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys
 from relayrl_ops.launcher import Launcher
+from relayrl_testkit.ports import free_port_block
 from tests.conftest import small_stack_config
 
 

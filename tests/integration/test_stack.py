@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from bench.common import free_port_block
 from relayrl.config import RunConfig
 from relayrl.runtime.metrics import read_metrics
 from relayrl_ops.launcher import Launcher
+from relayrl_testkit.ports import free_port_block
 from tests.conftest import small_stack_config, snapshot
 
 STEPS, GROUPS, GROUP_SIZE = 10, 2, 4

@@ -3,8 +3,8 @@ config assembled from several picks never uses a port twice (a run refuses that)
 
 import pytest
 
-from bench.common import free_port_block
 from relayrl.runtime.grpc_util import PORT_SPAN, free_ports, reserve_ports
+from relayrl_testkit.ports import free_port_block
 
 pytestmark = pytest.mark.unit
 

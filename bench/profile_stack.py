@@ -45,7 +45,7 @@ BUCKETS: list[tuple[str, str]] = [
     ("weight publish", r"trainer_svc/publisher\.py|relay_svc/"),
     ("weight pull", r"rollout_svc/weight_refresh\.py|relayrl/weights?/"),
     ("metrics, plots, logs", r"relayrl/runtime/metrics\.py|telemetry\.py|matplotlib|prometheus|"
-                             r"logging/__init__\.py|tqdm"),
+                             r"trainer_svc/plots\.py|logging/__init__\.py|tqdm"),
     ("engine (generate)", r"rollout_svc/(torch_engine|vllm_engine|batcher)\.py|"
                           r"relayrl/sampling/"),
     ("reward", r"relayrl/plugins/rewards/"),

@@ -18,10 +18,109 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relayrl.runtime.metrics import plot_rewards, plot_throughput
+from relayrl.runtime.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 DRAW_TIMEOUT_S = 120
+
+
+def rolling_mean(values: list[float], window: int) -> list[float]:
+    """Mean of each value and the window - 1 before it."""
+    out = []
+    for i in range(len(values)):
+        recent = values[max(0, i - window + 1):i + 1]
+        out.append(sum(recent) / len(recent))
+    return out
+
+
+def set_keys(rows: list[dict]) -> list[str]:
+    """The eval/<set>/pass@1 keys of `rows`, in the order the sets first appear."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for key in r:
+            if key.startswith("eval/") and key.endswith("/pass@1") and key.count("/") == 2:
+                seen[key] = None
+    return list(seen)
+
+
+def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "") -> None:
+    """Training reward per step and held-out accuracy at each eval (the first set's sampled
+    and greedy, every other set's pass@1), against steps."""
+    from matplotlib.figure import Figure
+
+    rows = read_metrics(metrics_path)
+    train = [r for r in rows if "train/reward_mean" in r]
+    evals = [r for r in rows + read_metrics(Path(metrics_path).with_name("eval.jsonl"))
+             if "eval/accuracy_sampled" in r]
+    evals.sort(key=lambda r: r["step"])
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    if train:
+        steps = [r["step"] for r in train]
+        rewards = [r["train/reward_mean"] for r in train]
+        ax.plot(steps, rewards, alpha=0.25, color="tab:blue")
+        window = max(1, len(rewards) // 40)
+        ax.plot(steps, rolling_mean(rewards, window), color="tab:blue",
+                label=f"train reward ({window}-step mean)")
+    if evals:
+        for key, label, color in (
+            ("eval/accuracy_sampled", "held-out accuracy, sampled", "tab:orange"),
+            ("eval/accuracy_greedy", "held-out accuracy, greedy", "tab:green"),
+        ):
+            ax.plot([r["step"] for r in evals if key in r], [r[key] for r in evals if key in r],
+                    marker="o", color=color, label=label)
+        for key in set_keys(evals)[1:]:  # the other eval sets: their pass@1
+            ax.plot([r["step"] for r in evals if key in r], [r[key] for r in evals if key in r],
+                    marker=".", linestyle="--", label=f"{key.split('/')[1]} pass@1")
+    ax.set_xlabel("trainer step")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(title or "RelayRL reward")
+    fig.tight_layout()
+    tmp = Path(out_png).with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    tmp.replace(out_png)
+
+
+def plot_throughput(metrics_path: str | Path, out_png: str | Path, title: str = "") -> None:
+    """Samples/s, tokens/s and policy-version lag against trainer steps, one panel each;
+    per-step values faint, their rolling mean solid."""
+    from matplotlib.figure import Figure
+
+    rows = [r for r in read_metrics(metrics_path) if "throughput/samples_per_s" in r]
+    panels = (
+        ("samples / s", (("throughput/samples_per_s", "samples trained", "tab:blue"),)),
+        ("tokens / s", (("throughput/tokens_per_s", "response tokens trained", "tab:purple"),
+                        ("throughput/generated_tokens_per_s", "tokens generated", "tab:green"))),
+        ("policy-version lag", (("staleness/lag_mean", "batch mean", "tab:orange"),
+                                ("staleness/lag_max", "batch max", "tab:red"))),
+    )
+    window = max(1, len(rows) // 40)
+    fig = Figure(figsize=(7, 7))
+    axes = fig.subplots(len(panels), 1, sharex=True)
+    for ax, (ylabel, series) in zip(axes, panels, strict=True):
+        for key, label, color in series:
+            steps = [r["step"] for r in rows if key in r]
+            values = [r[key] for r in rows if key in r]
+            if values:
+                ax.plot(steps, values, color=color, alpha=0.25)
+                ax.plot(steps, rolling_mean(values, window), color=color,
+                        label=f"{label} ({window}-step mean)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(loc="upper left")
+        else:  # a run from before the figure was recorded
+            ax.text(0.5, 0.5, "not recorded", transform=ax.transAxes, ha="center",
+                    color="gray")
+    axes[0].set_title(title or "RelayRL throughput and staleness")
+    axes[-1].set_xlabel("trainer step")
+    fig.tight_layout()
+    tmp = Path(out_png).with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    tmp.replace(out_png)
 
 
 def draw(metrics_path: Path, run_dir: Path, title: str) -> None:

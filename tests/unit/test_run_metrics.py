@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from relayrl.runtime.metrics import plot_throughput, read_metrics
-from trainer_svc.plots import Plotter
+from relayrl.runtime.metrics import read_metrics
+from trainer_svc.plots import Plotter, plot_throughput
 from trainer_svc.trainer import open_metrics
 
 

@@ -79,8 +79,8 @@ def test_the_launcher_starts_an_evaluator_only_in_separate_mode(tmp_path):
 
 
 def test_the_plot_and_the_summary_read_eval_jsonl(tmp_path, capsys):
-    from relayrl.runtime.metrics import plot_rewards
     from relayrl_ops.cli import _summary
+    from trainer_svc.plots import plot_rewards
 
     (tmp_path / "metrics.jsonl").write_text("".join(
         f'{{"step": {s}, "train/reward_mean": 0.5}}\n' for s in range(1, 5)))
@@ -95,7 +95,7 @@ def test_the_plot_and_the_summary_read_eval_jsonl(tmp_path, capsys):
 
 
 def test_the_plot_finds_every_sets_pass_at_1_in_order():
-    from relayrl.runtime.metrics import set_keys
+    from trainer_svc.plots import set_keys
 
     rows = [{"step": 0, "eval/heldout/pass@1": 0.1, "eval/heldout/pass@4": 0.3,
              "eval/gsm/pass@1": 0.2, "eval/accuracy_sampled": 0.1},

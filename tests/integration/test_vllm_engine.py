@@ -32,13 +32,13 @@ PARITY_TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from relayrl.config import ModelConfig
+    from relayrl.config import TinyModel
     from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
 
     out = tmp_path_factory.mktemp("vllm_tiny")
     build_tokenizer(AdditionTask.alphabet, out)
-    cfg = ModelConfig(hidden_size=HIDDEN, num_layers=LAYERS, num_heads=HEADS)
+    cfg = TinyModel(hidden_size=HIDDEN, num_layers=LAYERS, num_heads=HEADS)
     build_model(cfg, len(SPECIALS) + len(set(AdditionTask.alphabet)), out).save_pretrained(out)
     return out
 

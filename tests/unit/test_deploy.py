@@ -22,6 +22,7 @@ import pytest
 import yaml
 from setuptools import find_packages
 
+from eval_svc.follower import EVAL_FILE
 from relayrl.config import RunConfig, load_run_config
 from relayrl.runtime.service import LIVENESS
 
@@ -31,27 +32,41 @@ COMPOSE_GPU = ROOT / "docker-compose.gpu.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 K8S = ROOT / "deploy" / "k8s"
 K8S_VERSION = "1.30"  # the oldest cluster the manifests target (gRPC probes: 1.27+)
-SERVICES = ("relay_svc", "scheduler_svc", "buffer_svc", "trainer_svc", "rollout_svc")
+SERVICES = ("relay_svc", "scheduler_svc", "buffer_svc", "trainer_svc", "rollout_svc", "eval_svc")
+EVALUATOR = "eval_svc"  # serves no port: pulls from the relays, writes <run_dir>/eval.jsonl
 
 
 def own_endpoint(module: str, cfg: RunConfig):
+    """The endpoint a service binds; None for the evaluator, which serves nothing."""
     return {"relay_svc": cfg.relay.endpoint, "scheduler_svc": cfg.scheduler.endpoint,
             "buffer_svc": cfg.buffer.endpoint, "trainer_svc": cfg.trainer.endpoint,
-            "rollout_svc": cfg.rollout.endpoint}[module]
+            "rollout_svc": cfg.rollout.endpoint, EVALUATOR: None}[module]
 
 
 def dials(module: str, cfg: RunConfig) -> list[tuple[str, int, str]]:
     """(host, port, module serving it) of every peer a service connects to."""
     redis = urlparse(cfg.redis.url or "")
-    out = [(redis.hostname, redis.port or 6379, "redis")]
+    out = [] if module == EVALUATOR else [(redis.hostname, redis.port or 6379, "redis")]
     addrs = {"trainer_svc": [(cfg.relay.endpoint.address, "relay_svc")],
              "relay_svc": [(a, "relay_svc") for a in cfg.relay.upstream],
              "rollout_svc": [(a, "relay_svc") for a in cfg.relay_addresses]
-             + [(cfg.scheduler.endpoint.address, "scheduler_svc")]}.get(module, [])
+             + [(cfg.scheduler.endpoint.address, "scheduler_svc")],
+             EVALUATOR: [(a, "relay_svc") for a in cfg.relay_addresses]}.get(module, [])
     for addr, peer in addrs:
         host, port = addr.rsplit(":", 1)
         out.append((host, int(port), peer))
     return out
+
+
+def eval_probe(cfg: RunConfig) -> list[str]:
+    """The evaluator's health: its first record is in <run_dir>/eval.jsonl."""
+    return ["test", "-s", str(Path(cfg.run_dir) / EVAL_FILE)]
+
+
+def mounted_at(mounts: dict[str, str], path: str) -> tuple[str, str] | None:
+    """(mount path, source) of the mount holding path (the longest prefix), or None."""
+    held = [(t, src) for t, src in mounts.items() if Path(path).is_relative_to(t)]
+    return max(held, default=None, key=lambda m: len(m[0]))
 
 
 def service_args(argv: list[str]) -> tuple[str, argparse.Namespace]:
@@ -146,10 +161,17 @@ def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
         svc = services[name]
         assert (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
         ep = own_endpoint(module, cfg)
-        assert ep.host == "0.0.0.0", f"{name} binds {ep.host}: unreachable from other containers"
-        probe = re.fullmatch(r"CMD relayrl health 127\.0\.0\.1:(\d+)",
-                             " ".join(svc["healthcheck"]["test"]))
-        assert probe and int(probe.group(1)) == ep.port, f"{name} probes another port"
+        if ep is None:  # the evaluator: its probe is the file it writes, on a volume
+            assert svc["healthcheck"]["test"] == ["CMD", *eval_probe(cfg)], name
+            assert "ports" not in svc, f"{name} serves nothing to publish"
+            # it exits 0 when done: a policy that restarts that would run it again
+            assert svc["restart"].startswith("on-failure"), name
+        else:
+            assert ep.host == "0.0.0.0", \
+                f"{name} binds {ep.host}: unreachable from other containers"
+            probe = re.fullmatch(r"CMD relayrl health 127\.0\.0\.1:(\d+)",
+                                 " ".join(svc["healthcheck"]["test"]))
+            assert probe and int(probe.group(1)) == ep.port, f"{name} probes another port"
         for host, port, peer in dials(module, cfg):
             assert host in services, f"{name} dials {host}, which is no compose service"
             if peer == "redis":
@@ -172,9 +194,30 @@ def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
         str(cfg.scheduler.rest_port)]
 
 
+def test_compose_evaluator_runs_when_the_run_config_asks(compose):
+    """Plain `docker compose up` starts the evaluator exactly when the mounted run config
+    has eval.mode separate (else the trainer evaluates inline and the evaluator waits behind
+    a profile), and it finds the trainer's model and run directory on the trainer's volume."""
+    services = compose["services"]
+    runs = {n: compose_config(s) for n, s in services.items() if "build" in s}
+    (name,) = [n for n, (m, _) in runs.items() if m == EVALUATOR]
+    cfg = runs[name][1]
+    started = not services[name].get("profiles")
+    assert started == (cfg.eval.mode == "separate"), f"{name}: eval.mode is {cfg.eval.mode}"
+    assert all(not s.get("profiles") for n, s in services.items() if n != name)
+    (trainer,) = [n for n, (m, _) in runs.items() if m == "trainer_svc"]
+    assert services[name]["depends_on"][trainer] == {"condition": "service_healthy"}
+    mounts = {name: {v.split(":")[1]: v.split(":")[0] for v in services[name]["volumes"]}
+              for name in (name, trainer)}
+    for path in (cfg.run_dir, cfg.model.cache_dir):
+        held = mounted_at(mounts[name], path)
+        assert held and held[1] in compose["volumes"], f"{name}: {path} is on no named volume"
+        assert mounted_at(mounts[trainer], path) == held, f"{name} sees another {path}"
+
+
 def test_compose_runs_a_relay_tree_that_workers_pull_from(compose):
     """The root relay takes the trainer's versions; a child follows it, and every worker
-    pulls from the child first."""
+    and the evaluator pulls from the child first."""
     runs = {n: compose_config(s) for n, s in compose["services"].items() if "build" in s}
     relays = {n: cfg for n, (m, cfg) in runs.items() if m == "relay_svc"}
     roots = [n for n, cfg in relays.items() if not cfg.relay.upstream]
@@ -185,7 +228,7 @@ def test_compose_runs_a_relay_tree_that_workers_pull_from(compose):
     for name in children:
         assert [a.rsplit(":", 1)[0] for a in relays[name].relay.upstream] == roots
     for name, (module, cfg) in runs.items():
-        if module == "rollout_svc":
+        if module in ("rollout_svc", EVALUATOR):
             assert cfg.relay_addresses[0].rsplit(":", 1)[0] in children, name
             assert compose["services"][name]["depends_on"].keys() & children, name
 
@@ -394,33 +437,42 @@ def test_k8s_workloads_ports_and_peers_agree_with_the_run_config(manifests, k8s_
     services = by_kind(manifests, "Service")
     loads = workloads(manifests)
     runs = list(k8s_runs(manifests, k8s_run_config, tmp_path))
-    assert {m for _, _, m, _ in runs} == set(SERVICES)
+    # the evaluator's Job is left out with eval.mode inline (the test below)
+    assert set(SERVICES) - {EVALUATOR} <= {m for _, _, m, _ in runs} <= set(SERVICES)
 
-    def serving(svc_name: str, port: int):
-        """The workloads behind a Service port, and the container port it targets."""
+    def serving(svc_name: str, port: int | None):
+        """The workloads behind a Service port (None: any), and the container port it targets."""
         svc = services[svc_name]
-        target = next((p.get("targetPort", port) for p in svc["spec"]["ports"]
-                       if p["port"] == port), None)
+        target = next((p.get("targetPort", p["port"]) for p in svc["spec"]["ports"]
+                       if port is None or p["port"] == port), None)
         assert target is not None, f"Service {svc_name} exposes no port {port}"
         picked = [w for w in loads.values() if svc["spec"]["selector"].items()
                   <= w["spec"]["template"]["metadata"]["labels"].items()]
         return picked, target
 
     for w, c, module, cfg in runs:
+        name = w["metadata"]["name"]
         ep = own_endpoint(module, cfg)
-        assert ep.host == "0.0.0.0", f"{w['metadata']['name']} binds {ep.host}"
-        for probe in ("readinessProbe", "livenessProbe"):
-            assert c[probe]["grpc"]["port"] == ep.port, f"{w['metadata']['name']} {probe}"
-        # readiness is lost while a service waits out a peer's outage; liveness (and the
-        # startup probe that stands in for it) must not be, or the wait gets it restarted
-        assert "service" not in c["readinessProbe"]["grpc"], w["metadata"]["name"]
-        for probe in ("livenessProbe", "startupProbe"):
-            if probe in c:
-                assert c[probe]["grpc"].get("service") == LIVENESS, \
-                    f"{w['metadata']['name']} {probe}"
-        assert ep.port in [p["containerPort"] for p in c["ports"]]
+        if ep is None:  # the evaluator: no port, ready once eval.jsonl has its first record
+            assert not c.get("ports"), f"{name} serves nothing"
+            assert not [s for s in services if w in serving(s, None)[0]], f"a Service picks {name}"
+            assert c["readinessProbe"]["exec"]["command"] == eval_probe(cfg), name
+            assert "livenessProbe" not in c, f"{name}: it serves nothing a probe could find hung"
+            assert w["kind"] == "Job", f"{name} exits 0 when done: only a Job lets it"
+            assert w["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure", name
+        else:
+            assert ep.host == "0.0.0.0", f"{name} binds {ep.host}"
+            for probe in ("readinessProbe", "livenessProbe"):
+                assert c[probe]["grpc"]["port"] == ep.port, f"{name} {probe}"
+            # readiness is lost while a service waits out a peer's outage; liveness (and the
+            # startup probe that stands in for it) must not be, or the wait gets it restarted
+            assert "service" not in c["readinessProbe"]["grpc"], name
+            for probe in ("livenessProbe", "startupProbe"):
+                if probe in c:
+                    assert c[probe]["grpc"].get("service") == LIVENESS, f"{name} {probe}"
+            assert ep.port in [p["containerPort"] for p in c["ports"]]
         for host, port, peer in dials(module, cfg):
-            assert host in services, f"{w['metadata']['name']} dials {host}: no such Service"
+            assert host in services, f"{name} dials {host}: no such Service"
             picked, target = serving(host, port)
             assert picked, f"Service {host} selects no workload"
             for p in picked:
@@ -466,8 +518,30 @@ def test_k8s_shape(manifests, k8s_run_config, tmp_path):
         for v in spec.get("volumes", []):
             if "persistentVolumeClaim" in v:
                 assert v["persistentVolumeClaim"]["claimName"] in claims, name
-        for c in spec["containers"]:
-            assert c.get("readinessProbe") and c.get("livenessProbe"), f"{name}/{c['name']}"
+        for c in spec["containers"]:  # the evaluator serves no port: readiness alone
+            assert c.get("readinessProbe"), f"{name}/{c['name']}"
+            assert c.get("livenessProbe") or not c.get("ports"), f"{name}/{c['name']}"
+
+
+def test_k8s_evaluator_runs_when_the_run_config_asks(manifests, k8s_run_config, tmp_path):
+    """The evaluator Job is among the manifests exactly when the ConfigMap has eval.mode
+    separate, and it finds the trainer's model and run directory on the trainer's claim."""
+    cfg = load_run_config(k8s_run_config)
+    runs = {m: (w, c) for w, c, m, _ in k8s_runs(manifests, k8s_run_config, tmp_path, (0,))}
+    assert (EVALUATOR in runs) == (cfg.eval.mode == "separate"), cfg.eval.mode
+    if EVALUATOR not in runs:
+        return
+
+    def claims(w: dict, c: dict) -> dict[str, str]:
+        vols = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName")
+                for v in w["spec"]["template"]["spec"]["volumes"]}
+        return {m["mountPath"]: vols[m["name"]] for m in c["volumeMounts"]}
+
+    evaluator, trainer = claims(*runs[EVALUATOR]), claims(*runs["trainer_svc"])
+    for path in (cfg.run_dir, cfg.model.cache_dir):
+        held = mounted_at(evaluator, path)
+        assert held and held[1], f"the evaluator keeps {path} on no claim"
+        assert mounted_at(trainer, path) == held, f"the evaluator sees another {path}"
 
 
 def gpus(container: dict) -> int:

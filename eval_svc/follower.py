@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 
@@ -134,6 +135,10 @@ def main() -> None:
 
     die_with_launcher()
     cfg, _ = parse_service_args("eval_svc")
+    if cfg.eval.mode != "separate":  # the trainer evaluates these versions itself
+        print(f"eval.mode is {cfg.eval.mode!r}: the evaluator runs with eval.mode separate "
+              "only", file=sys.stderr)
+        raise SystemExit(2)
     install_run_credentials(cfg)
     serve(cfg)
 

@@ -46,6 +46,7 @@ REFUSED_AT_START = [  # (service, config document, what stderr must name)
     # no CUDA, or fewer than 16 GPUs
     ("trainer_svc", {"trainer": {"device": "cuda:15"}}, "trainer.device: 'cuda:15'"),
     ("rollout_svc", {"task": {"reward": "no_such_reward"}}, "task.reward: "),
+    ("eval_svc", {"eval": {"mode": "inline"}}, "eval.mode is 'inline'"),
 ]
 
 

@@ -22,6 +22,10 @@ from rollout_svc.lengths import target_length
 log = logging.getLogger(__name__)
 
 
+class PromptTooLong(ValueError):
+    """A prompt longer than the worker's window takes: never cut to fit."""
+
+
 class GroupGenerator:
     def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
                  writer: TrajectoryWriter):
@@ -38,7 +42,6 @@ class GroupGenerator:
         self.groups_restarted_stale = 0  # started over: the trainer could no longer use them
         self.tokens_restarted_stale = 0  # ... the tokens they had, decoded in vain
         self.tokens_reprefilled = 0  # context of moved groups prefilled again (no KV came)
-        self.prompts_cut = 0  # leased prompts too long for the model, cut to fit (start)
         self.prompt_limit = self._prompt_limit()
         # the run's live settings and the trainer's version, as last read
         self.temperature = cfg.rollout.temperature
@@ -47,14 +50,24 @@ class GroupGenerator:
 
     def _prompt_limit(self) -> int:
         """The longest leased prompt a group can start from: within rollout.max_prompt_tokens
-        and leaving the model's context room for a whole response."""
+        and leaving the engine's window room for a whole response. The task measured every
+        prompt against the configured window (RunConfig.prompt_window) when it was built; an
+        engine that holds less is refused here, so a leased prompt always fits."""
         rc = self.cfg.rollout
         room = self.engine.context_length - rc.max_new_tokens
         if room < 1:
             raise ConfigError(f"rollout.max_new_tokens: {rc.max_new_tokens} leaves no room for a "
-                             f"prompt in the model's context of {self.engine.context_length} "
+                             f"prompt in the engine's window of {self.engine.context_length} "
                              "tokens")
-        return min(rc.max_prompt_tokens, room)
+        limit = min(rc.max_prompt_tokens, room)
+        window = self.cfg.prompt_window()
+        if limit < window.longest:
+            raise ConfigError(
+                f"rollout.engine: this worker's engine holds {self.engine.context_length} "
+                f"tokens, so prompts of at most {limit}, fewer than the {window.longest} the "
+                f"task measured its prompts against ({window.describe()}); set "
+                f"rollout.engine.max_model_len to {self.engine.context_length}")
+        return limit
 
     def start(self, lease: LeasedPrompt) -> PartialGroup:
         prompt_tokens = self.fit_prompt(lease.prompt_id,
@@ -68,16 +81,16 @@ class GroupGenerator:
         return group
 
     def fit_prompt(self, prompt_id: int, prompt_tokens: list[int]) -> list[int]:
+        """`prompt_tokens`, never cut: cut from the front, a prompt loses its chat template's
+        opening and trains on what the task never asked. The task measured its prompts
+        against this worker's window when it was built (and _prompt_limit checked the
+        window), so a longer task prompt breaks an invariant."""
         if len(prompt_tokens) > self.prompt_limit:
-            # The task's own prompt, not a caller's: refusing it would leave the prompt
-            # re-issued to every worker in turn, so it is trained on its last tokens that fit
-            # (as vLLM's truncate_prompt_tokens cuts), counted and logged.
-            self.prompts_cut += 1
-            log.error("prompt %d: %d tokens, more than %d (rollout.max_prompt_tokens, or what "
-                      "the model's context leaves after rollout.max_new_tokens); keeping its "
-                      "last %d", prompt_id, len(prompt_tokens), self.prompt_limit,
-                      self.prompt_limit)
-            prompt_tokens = prompt_tokens[-self.prompt_limit:]
+            raise PromptTooLong(
+                f"prompt {prompt_id}: {len(prompt_tokens)} tokens, more than the "
+                f"{self.prompt_limit} this worker's engine takes after rollout.max_new_tokens; "
+                "the task measures its prompts against that window when it is built, so the "
+                "scheduler and this worker disagree on the window or the tokenizer")
         return prompt_tokens
 
     def _start_group(self, lease: LeasedPrompt, prompt_tokens: list[int]) -> PartialGroup:

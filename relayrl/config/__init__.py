@@ -15,7 +15,7 @@ from relayrl.config.model import (
 from relayrl.config.redis import RedisConfig
 from relayrl.config.relay import RelayConfig
 from relayrl.config.rollout import RolloutConfig, TorchEngineConfig, VllmEngineConfig
-from relayrl.config.run import RunConfig, load_run_config
+from relayrl.config.run import PromptWindow, RunConfig, load_run_config
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig, TlsConfig
 from relayrl.config.task import (
@@ -55,6 +55,7 @@ __all__ = [
     "RedisConfig",
     "RelayConfig",
     "RolloutConfig",
+    "PromptWindow",
     "RunConfig",
     "SchedulerConfig",
     "TaskConfig",

@@ -102,14 +102,22 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path, allow_empty: bool = True) -> dict[str, Any]:
+    """The mapping a YAML file holds; an empty or comment-only file is {} where allow_empty,
+    else refused."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    if data is None:
+        if not allow_empty:
+            raise ConfigError(f"config file {path} holds no settings (it is empty or only "
+                              "comments); write the run's settings, or `{}` to run every "
+                              "default (the tiny model on the addition task)")
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return data

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,31 @@ from relayrl.runtime.deadlines import REDIS_BLOCK_MARGIN_S
 
 # vLLM 0.32's CPU attention kernels (CPUAttentionBackend.get_supported_head_sizes)
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+@dataclass(frozen=True)
+class PromptWindow:
+    """The longest prompt a run's rollout takes: what its engine holds (the model's context,
+    or a vLLM engine's max_model_len when smaller) less the response it must leave room for,
+    within rollout.max_prompt_tokens. Tasks measure their prompts against `longest` when they
+    are built; a worker refuses to start on an engine that holds less."""
+
+    context: int  # the model's context length
+    engine: int  # the engine's window: min(context, rollout.engine.max_model_len if set)
+    engine_source: str  # which setting gives `engine`
+    max_new_tokens: int
+    max_prompt_tokens: int
+
+    @property
+    def longest(self) -> int:
+        return min(self.max_prompt_tokens, self.engine - self.max_new_tokens)
+
+    def describe(self) -> str:
+        room = (f"{self.engine_source} {self.engine} less rollout.max_new_tokens "
+                f"{self.max_new_tokens}")
+        if self.max_prompt_tokens < self.engine - self.max_new_tokens:
+            return f"rollout.max_prompt_tokens {self.max_prompt_tokens}, within {room}"
+        return room
 
 
 class RunConfig(StrictModel):
@@ -118,6 +144,19 @@ class RunConfig(StrictModel):
                 f"rollout.engine.kind vllm cannot run the tiny model's head size "
                 f"{self.model.head_size} (model.hidden_size / model.num_heads); vLLM's CPU "
                 f"attention supports {list(VLLM_CPU_HEAD_SIZES)}")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_window_holds_a_response(self) -> RunConfig:
+        """rollout.engine.max_model_len, where set, exceeds rollout.max_new_tokens: the window
+        holds a prompt and a whole response."""
+        engine = self.rollout.engine
+        if isinstance(engine, VllmEngineConfig) and engine.max_model_len and \
+                engine.max_model_len <= self.rollout.max_new_tokens:
+            raise ValueError(
+                f"rollout.engine.max_model_len ({engine.max_model_len}) must exceed "
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): the window holds "
+                "the prompt and the whole response")
         return self
 
     @model_validator(mode="after")
@@ -256,15 +295,29 @@ class RunConfig(StrictModel):
             return 0
         return self.rollout.max_active_groups * self.rollout.samples_per_prompt
 
+    def prompt_window(self) -> PromptWindow:
+        """The longest prompt the configured engine takes (reads the model's config.json for
+        model.kind hf, and for pretrained once converted)."""
+        context = self.model.limits().context_length
+        engine, source = context, "the model's context"
+        e = self.rollout.engine
+        if isinstance(e, VllmEngineConfig) and e.max_model_len and e.max_model_len < context:
+            engine, source = e.max_model_len, "rollout.engine.max_model_len"
+        return PromptWindow(context, engine, source, self.rollout.max_new_tokens,
+                            self.rollout.max_prompt_tokens)
+
     @property
     def run_path(self) -> Path:
         return Path(self.run_dir)
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML run config, apply `section.field=value` overrides, validate."""
-    data = apply_overrides(read_yaml(path), list(overrides or []))
+    """Load a YAML run config, apply `section.field=value` overrides, validate. A file with
+    no settings at all (empty, or comments only) is refused: it would run every default, the
+    tiny addition task, which is rarely what a user who wrote it meant; `{}` asks for that."""
+    data = read_yaml(path, allow_empty=False)
+    data = apply_overrides(data, list(overrides or []))
     return load_model(RunConfig, data, str(path))
 
 
-__all__ = ["ConfigError", "RunConfig", "load_run_config"]
+__all__ = ["ConfigError", "PromptWindow", "RunConfig", "load_run_config"]

@@ -135,6 +135,9 @@ CROSS_CHECKS = {
     "_vllm_supports_the_tiny_head_size": (
         {"rollout": {"engine": "vllm"}, "model": {"hidden_size": 64, "num_heads": 4}},
         "head size 16 "),
+    "_engine_window_holds_a_response": (
+        {"rollout": {"max_new_tokens": 64, "engine": {"kind": "vllm", "max_model_len": 64}}},
+        r"rollout.engine.max_model_len \(64\) must exceed rollout.max_new_tokens \(64\)"),
     "_repack_needs_segments": (
         {"scheduler": {"repack": True}}, "scheduler.repack needs rollout.segment_tokens > 0"),
     "_environments_run_whole_episodes": (
@@ -293,3 +296,39 @@ def test_inflight_limit_follows_batch_and_staleness(staleness, batches):
     cfg = RunConfig.model_validate({"buffer": {"groups_per_batch": 4},
                                     "trainer": {"max_staleness": staleness}})
     assert cfg.inflight_limit == 4 * batches
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "\n\n"])
+def test_a_config_file_without_settings_is_refused(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="holds no settings .*empty or only comments"):
+        load_run_config(path)
+    path.write_text("{}\n")  # asked for: every default
+    assert load_run_config(path).task.source == "addition"
+
+
+def test_the_prompt_window_is_the_engine_window_less_the_response():
+    own = {"model": {"kind": "pretrained"}, "rollout": {"max_new_tokens": 48}}
+    window = RunConfig.model_validate(own).prompt_window()
+    assert (window.engine, window.longest) == (8192, 8144)
+    vllm = {**own, "rollout": {"max_new_tokens": 48,
+                               "engine": {"kind": "vllm", "max_model_len": 512}}}
+    window = RunConfig.model_validate(vllm).prompt_window()
+    assert (window.engine, window.longest) == (512, 464)
+    assert window.describe() == ("rollout.engine.max_model_len 512 less "
+                                 "rollout.max_new_tokens 48")
+    with pytest.raises(ValueError, match=r"max_model_len \(48\) must exceed "
+                                         r"rollout.max_new_tokens \(48\)"):
+        RunConfig.model_validate({**own, "rollout": {
+            "max_new_tokens": 48, "engine": {"kind": "vllm", "max_model_len": 48}}})
+
+
+def test_a_vllm_port_range_is_ordered_within_the_port_space():
+    cfg = RunConfig.model_validate({"rollout": {"engine": {"kind": "vllm",
+                                                           "port_range": [42000, 42099]}}})
+    assert cfg.rollout.engine.port_range == (42000, 42099)
+    for bad in ([42099, 42000], [80, 100], [65000, 70000]):
+        with pytest.raises(ValueError, match="port_range: .* must be \\[first, last\\]"):
+            RunConfig.model_validate({"rollout": {"engine": {"kind": "vllm",
+                                                             "port_range": bad}}})

@@ -18,7 +18,7 @@ from relayrl.contracts.leases import LeasedPrompt
 from relayrl.sampling.sampler import sample
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.engine_api import SamplingSpec
-from rollout_svc.group_generator import GroupGenerator
+from rollout_svc.group_generator import GroupGenerator, PromptTooLong
 from rollout_svc.torch_engine import TorchEngine
 
 LOW = 1e-300  # what crash-looped the workers and made the trainer's weights NaN
@@ -116,15 +116,25 @@ def test_an_unasked_budget_is_what_the_context_leaves(gen):
     assert gen.request(text="1+1=", temperature=MIN_TEMPERATURE).spec.temperature == 0.01
 
 
-def test_a_leased_prompt_too_long_is_cut_to_its_last_tokens_that_fit(tiny_lm):
+def test_a_leased_prompt_too_long_is_refused_never_cut(tiny_lm):
     cfg = RunConfig.model_validate({"rollout": {"max_new_tokens": 6, "max_prompt_tokens": 100}})
     groups = GroupGenerator(cfg, TorchEngine(tiny_lm), tiny_lm, writer=None)
-    text = "12+34=" * 100
-    group = groups.start(LeasedPrompt("L1", 3, text, "46", attempt=1))
-    assert group.prompt_tokens == tiny_lm.encode_problem(text)[-100:]
-    assert groups.prompts_cut == 1
+    with pytest.raises(PromptTooLong, match="prompt 3: 601 tokens, more than the 100"):
+        groups.start(LeasedPrompt("L1", 3, "12+34=" * 100, "46", attempt=1))
     near = RunConfig.model_validate({"rollout": {"max_new_tokens": 200}})
     assert GroupGenerator(near, TorchEngine(tiny_lm), tiny_lm, writer=None).prompt_limit == 56
     with pytest.raises(ValueError, match="rollout.max_new_tokens: 256 leaves no room"):
         GroupGenerator(RunConfig.model_validate({"rollout": {"max_new_tokens": 256}}),
                        TorchEngine(tiny_lm), tiny_lm, writer=None)
+
+
+def test_an_engine_holding_less_than_the_configured_window_is_refused(tiny_lm):
+    """The task measured its prompts against the configured window; a worker whose engine
+    holds less would have to cut them, so it does not start."""
+    engine = TorchEngine(tiny_lm)
+    engine.context_length = 200  # as a vLLM engine that settled on a shorter window
+    cfg = RunConfig.model_validate({"rollout": {"max_new_tokens": 8}})
+    assert cfg.prompt_window().longest == 248
+    with pytest.raises(ValueError, match="engine holds 200 tokens, so prompts of at most 192, "
+                                         "fewer than the 248"):
+        GroupGenerator(cfg, engine, tiny_lm, writer=None)

@@ -41,10 +41,13 @@ MAX_LOGGED = 5
 
 
 class PromptLimit:
-    """The longest prompt the rollout can take, and how to measure one."""
+    """The longest prompt the rollout can take, how to measure one, and where the limit comes
+    from (for the reason a row is skipped)."""
 
-    def __init__(self, count: PromptTokens, max_tokens: int):
-        self.count, self.max_tokens = count, max_tokens
+    def __init__(self, count: PromptTokens, max_tokens: int,
+                 source: str = "rollout.max_prompt_tokens, or the engine's window less "
+                 "rollout.max_new_tokens"):
+        self.count, self.max_tokens, self.source = count, max_tokens, source
 
 
 class DatasetTask:
@@ -107,8 +110,7 @@ class DatasetTask:
             n = self.limit.count(problem.text, problem.messages)
             if n > self.limit.max_tokens:
                 reason = (f"prompt of {n} tokens, over the {self.limit.max_tokens} the rollout "
-                          "takes (rollout.max_prompt_tokens, or the context less "
-                          "max_new_tokens)")
+                          f"takes ({self.limit.source})")
                 if self.cfg.long_prompts == "error":
                     raise ConfigError(f"task: {where}: {reason}; task.long_prompts: skip "
                                      "trains without it")

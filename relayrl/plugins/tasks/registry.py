@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from relayrl.config import ConfigError, HfModel, RunConfig, TaskConfig
+from relayrl.config import ConfigError, RunConfig, TaskConfig, TinyModel
 from relayrl.plugins.tasks.addition import AdditionTask
 from relayrl.plugins.tasks.dataset import DatasetTask, PromptLimit
 from relayrl.plugins.tasks.problem import Problem
@@ -55,17 +55,28 @@ def make_task(cfg: TaskConfig, limit: PromptLimit | None = None) -> Task:
     return ReasoningGymTask(cfg, limit)
 
 
-def make_run_task(cfg: RunConfig) -> Task:
-    """The run's task, its rows checked against the longest prompt the rollout takes
-    (measured with the run's tokenizer where model.kind is hf)."""
-    if cfg.task.source == "addition" or not isinstance(cfg.model, HfModel):
-        return make_task(cfg.task)
+def prompt_limit(cfg: RunConfig) -> PromptLimit | None:
+    """The longest prompt the run's engine takes (RunConfig.prompt_window) and how a prompt is
+    counted there: the run's tokenizer, the chat template applied as a worker applies it. None
+    for the addition task, whose short prompts are not read from anywhere."""
+    if cfg.task.source == "addition" or isinstance(cfg.model, TinyModel):
+        return None
     from transformers import AutoTokenizer
 
+    from relayrl.models import resolve_model_path
     from relayrl.models.loading import encode_problem
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    room = cfg.model.limits().context_length - cfg.rollout.max_new_tokens
-    limit = PromptLimit(lambda text, messages: len(encode_problem(tokenizer, text, messages)),
-                        min(cfg.rollout.max_prompt_tokens, room))
-    return make_task(cfg.task, limit)
+    window = cfg.prompt_window()
+    if window.longest < 1:
+        raise ConfigError(f"rollout.max_new_tokens: {window.max_new_tokens} leaves no room for "
+                          f"a prompt in {window.engine_source} ({window.engine} tokens)")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model, cfg.task))
+    return PromptLimit(lambda text, messages: len(encode_problem(tokenizer, text, messages)),
+                       window.longest, window.describe())
+
+
+def make_run_task(cfg: RunConfig) -> Task:
+    """The run's task, every prompt it reads measured once, chat template applied, against the
+    longest prompt the configured engine takes (prompt_limit); task.long_prompts says whether
+    a longer one is skipped and counted or refused."""
+    return make_task(cfg.task, prompt_limit(cfg))

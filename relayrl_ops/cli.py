@@ -1,4 +1,5 @@
-"""The `relayrl` command: up (run every service locally), prepare (build the model), services
+"""The `relayrl` command: up (run every service locally), check (a config, its task, reward and
+environment, exercised without a service), prepare (build the model), services
 (each service's gRPC status), audit, health, simulate (a large cluster, as discrete events),
 eval (a checkpoint's held-out scores, eval_svc.offline), and the control API's status,
 pause, resume, stop and workers (relayrl_ops.control_client)."""
@@ -53,6 +54,14 @@ def cmd_up(args) -> int:
         audit = argparse.Namespace(config=str(cfg.run_path / "config.yaml"), overrides=[])
         code = cmd_audit(audit)
     return code
+
+
+def cmd_check(args) -> int:
+    """Exercise a config without starting a service (relayrl_ops.check); exit 1 on a failure."""
+    cfg = _load(args)
+    from relayrl_ops.check import check
+
+    return check(cfg)
 
 
 def cmd_prepare(args) -> int:
@@ -199,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="relayrl")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, text in (("up", cmd_up, "start every service locally and train"),
+                           ("check", cmd_check,
+                            "load the config, build the task, call the reward and the "
+                            "environment once, print what the run will do; start nothing"),
                            ("prepare", cmd_prepare, "build and cache the model only"),
                            ("services", cmd_services, "query each service of a running run"),
                            ("audit", cmd_audit,

@@ -1,0 +1,281 @@
+"""`relayrl check CONFIG`: exercise a run's setup without starting a service.
+
+It loads the config, builds the task (rows read, skipped and why), resolves the reward and
+calls it on a few problems with a dummy completion, builds the environment and steps it
+once when one is configured, and prints what the run will do: the model, the engine and
+its window, the prompt and response limits, and a rough memory estimate per service. Every
+failure is printed under its heading; the exit status is 1 when any step failed (2 for a
+config that does not load).
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relayrl.config import (
+    ConfigError,
+    HfModel,
+    PretrainedModel,
+    RunConfig,
+    TinyModel,
+    VllmEngineConfig,
+)
+
+DUMMY_COMPLETION = "42"  # what the reward and the environment are called with
+REWARD_ROWS = 3  # problems the reward is called on
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+GIB = 1 << 30
+
+
+class Report:
+    """What the check found, printed as it goes; `failed` counts the steps that failed."""
+
+    def __init__(self, out: Callable[[str], None] = print):
+        self.out, self.failed = out, 0
+
+    def line(self, text: str) -> None:
+        self.out(text)
+
+    def fail(self, what: str, err: BaseException | str) -> None:
+        self.failed += 1
+        message = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+        self.out(f"  FAILED {what}: {message}")
+
+    def step(self, what: str, fn: Callable[[], Any]) -> Any:
+        """fn(), or None with the failure reported (a user's code may raise anything)."""
+        try:
+            return fn()
+        except ConfigError as err:
+            self.fail(what, str(err))
+        except Exception as err:
+            self.fail(what, err)
+            self.out("    " + "    ".join(traceback.format_exception(err)[-3:]).rstrip())
+        return None
+
+
+def check(cfg: RunConfig, out: Callable[[str], None] = print) -> int:
+    report = Report(out)
+    model_dir = _model(cfg, report)
+    _engine(cfg, report)
+    task = _task(cfg, report)
+    if task is not None:
+        _reward(cfg, task, report)
+        if cfg.rollout.environment is not None:
+            _environment(cfg, task, report)
+    _memory(cfg, model_dir, report)
+    report.line("check: " + ("every step passed" if not report.failed
+                             else f"{report.failed} step(s) FAILED"))
+    return 1 if report.failed else 0
+
+
+# The model ---------------------------------------------------------------------------------
+
+def _model(cfg: RunConfig, report: Report) -> Path | None:
+    m = cfg.model
+    if isinstance(m, HfModel):
+        where = Path(m.path)
+    elif isinstance(m, PretrainedModel):  # converted once, as every service would
+        from relayrl.models import resolve_model_path
+
+        where = report.step("model", lambda: resolve_model_path(m, cfg.task)) or m.converted_dir
+    else:
+        from relayrl.models.cache import tiny_model_dir
+
+        where = tiny_model_dir(m, cfg.task)
+    built = (where / "config.json").is_file()
+    note = "" if built else (" (not there yet: `relayrl prepare` or `relayrl up` builds it)"
+                             if not isinstance(m, HfModel) else " (MISSING)")
+    report.line(f"model: kind {m.kind}, {where}{note}")
+    if isinstance(m, HfModel) and not built:
+        report.fail("model", f"model.path: {where} holds no config.json")
+        return None
+    params = report.step("model parameters", lambda: _parameters(cfg, where if built else None))
+    if params is not None:
+        report.line(f"  parameters: {params:,} ({params / 1e6:.1f} M); the trainer holds them in "
+                    f"float32 (trainer.precision {cfg.trainer.precision})")
+    limits = report.step("model limits", m.limits)
+    if limits is not None:
+        report.line(f"  context: {limits.context_length} tokens, vocabulary {limits.vocab_size} "
+                    f"({limits.source})")
+    return where if built else None
+
+
+def _parameters(cfg: RunConfig, model_dir: Path | None) -> int:
+    """Counted on the meta device: no weights are read or allocated."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        if model_dir is not None:
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+        elif isinstance(cfg.model, TinyModel):
+            from relayrl.models.tiny import build_model
+
+            model = build_model(cfg.model, cfg.model.limits().vocab_size, Path("."))
+        else:  # a pretrained model not yet converted: its known shape is not at hand
+            raise ConfigError("model: not converted yet; run `relayrl prepare` to count it")
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():  # a tied tensor once
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+# The engine and its window ----------------------------------------------------------------
+
+def _engine(cfg: RunConfig, report: Report) -> None:
+    e, r = cfg.rollout.engine, cfg.rollout
+    if isinstance(e, VllmEngineConfig):
+        ports = (f", internal ports {e.port_range[0]}-{e.port_range[1]}"
+                 if getattr(e, "port_range", None) else "")
+        report.line(f"engine: vllm, dtype {e.dtype}, max_model_len "
+                    f"{e.max_model_len or 'the model context'}, KV cache "
+                    f"{e.kv_cache_gib:g} GiB a worker{ports}; {r.num_workers} worker(s)")
+    else:
+        report.line(f"engine: torch on {e.device}, float32, KV cache kept for "
+                    f"{e.kv_cache_tokens} tokens; {r.num_workers} worker(s)")
+    window = report.step("engine window", cfg.prompt_window)
+    if window is None:
+        return
+    report.line(f"  window: {window.engine} tokens ({window.engine_source})")
+    report.line(f"  prompts: at most {window.longest} tokens ({window.describe()}); "
+                f"responses: at most {r.max_new_tokens} tokens (rollout.max_new_tokens)")
+    if window.longest < 1:
+        report.fail("engine window", f"rollout.max_new_tokens {r.max_new_tokens} leaves no "
+                    f"room for a prompt in {window.engine_source} ({window.engine})")
+
+
+# The task, its reward and environment -----------------------------------------------------
+
+def _task(cfg: RunConfig, report: Report) -> Any:
+    from relayrl.plugins.tasks import make_run_task
+
+    t = cfg.task
+    where = getattr(t, "path", None) or getattr(t, "hub", None) or getattr(t, "generator", "")
+    report.line(f"task: {t.source}{' ' + str(where) if where else ''}")
+    task = report.step("task", lambda: make_run_task(cfg))
+    if task is None:
+        return None
+    train = getattr(task, "_train", None)
+    skipped = getattr(task, "skipped", None)
+    held = len(task.eval_problems())
+    if train is not None:
+        report.line(f"  rows: {len(train)} to train on, {held} held out")
+    elif t.source == "dataset":
+        report.line(f"  rows: streamed (counted as they are read), {held} held out")
+    else:
+        report.line(f"  problems: generated, {held} held out")
+    if isinstance(skipped, dict) and skipped:
+        for reason, n in sorted(skipped.items()):
+            report.line(f"  skipped: {n} row(s): {reason}")
+    elif isinstance(skipped, int) and skipped:
+        report.line(f"  skipped: {skipped} problem(s) too long or unusable")
+    elif train is not None:
+        report.line("  skipped: none")
+    return task
+
+
+def _sample_problems(task: Any, n: int) -> list[Any]:
+    out = []
+    for i in range(n):
+        try:
+            out.append(task.problem(i))
+        except Exception:
+            break
+    return out or task.eval_problems()[:n]
+
+
+def _reward(cfg: RunConfig, task: Any, report: Report) -> None:
+    from relayrl.plugins.rewards import get_reward, score_group
+    from relayrl.plugins.tasks import reward_spec
+
+    spec = reward_spec(cfg.task)
+    fn = report.step("reward", lambda: get_reward(spec))
+    if fn is None:
+        return
+    report.line(f"reward: {spec} ({fn!r})")
+    problems = _sample_problems(task, REWARD_ROWS)
+    for p in problems:
+        scores = report.step(f"reward on prompt {p.prompt_id}", lambda p=p: score_group(
+            fn, [DUMMY_COMPLETION], p.reference, p.metadata, cfg.buffer.reward_range))
+        if scores is None:
+            continue
+        value, error = scores[0]
+        if error:
+            report.fail(f"reward on prompt {p.prompt_id} (completion {DUMMY_COMPLETION!r}, "
+                        f"reference {p.reference!r})", error)
+        else:
+            report.line(f"  prompt {p.prompt_id}: completion {DUMMY_COMPLETION!r}, reference "
+                        f"{p.reference!r} -> {value:g}")
+
+
+def _environment(cfg: RunConfig, task: Any, report: Report) -> None:
+    from relayrl.plugins.envs.protocol import (
+        as_step,
+        check_messages,
+        load_environment,
+        make_environment,
+    )
+
+    env_cfg = cfg.rollout.environment
+    assert env_cfg is not None
+    report.line(f"environment: {env_cfg.cls}, at most {env_cfg.max_turns} turns, options "
+                f"{json.dumps(env_cfg.options)}")
+    cls = report.step("environment", lambda: load_environment(env_cfg.cls))
+    if cls is None:
+        return
+    env = report.step("environment constructor",
+                      lambda: make_environment(cls, env_cfg.options))
+    problems = _sample_problems(task, 1)
+    if env is None or not problems:
+        return
+    opened = report.step(f"{cls.__name__}.reset", lambda: env.reset(problems[0]))
+    if opened is not None:
+        if report.step(f"{cls.__name__}.reset", lambda: check_messages(
+                opened, f"{cls.__name__}.reset")) is None:
+            return
+    if report.failed:
+        return
+    step = report.step(f"{cls.__name__}.step", lambda: as_step(
+        env.step(DUMMY_COMPLETION), f"{cls.__name__}.step"))
+    if step is not None:
+        shown = sum(len(m["content"]) for m in step.messages)
+        report.line(f"  reset: {'its own opening' if opened else 'the task prompt'}; step("
+                    f"{DUMMY_COMPLETION!r}): {len(step.messages)} message(s) of {shown} "
+                    f"characters, reward {step.reward}, done {step.done}")
+
+
+# Memory ------------------------------------------------------------------------------------
+
+def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
+    params = None
+    try:
+        params = _parameters(cfg, model_dir)
+    except Exception:
+        pass
+    if params is None:
+        report.line("memory: not estimated (the parameter count is unknown)")
+        return
+    e = cfg.rollout.engine
+    engine_bytes = DTYPE_BYTES[e.dtype] if isinstance(e, VllmEngineConfig) else 4
+    trainer = params * 16  # float32 weights, gradients and Adam's two moments
+    relay = params * 4 * cfg.relay.keep_versions
+    kv = (e.kv_cache_gib * GIB if isinstance(e, VllmEngineConfig) else 0)
+    worker = params * engine_bytes + kv
+    report.line("memory (rough: weights, gradients, optimizer state, stored versions and KV "
+                "cache; activations, framework and Python overhead not counted):")
+    report.line(f"  trainer: {trainer / GIB:.2f} GiB (float32 weights, gradients, Adam "
+                "moments: 16 bytes a parameter)")
+    report.line(f"  relay: {relay / GIB:.2f} GiB ({cfg.relay.keep_versions} float32 versions "
+                f"kept, relay.keep_versions) each of {1 + cfg.relay.children} relay(s)")
+    report.line(f"  each rollout worker: {worker / GIB:.2f} GiB (weights at {engine_bytes} "
+                f"bytes a parameter{', plus the KV cache' if kv else ''}) x "
+                f"{cfg.rollout.num_workers}")
+    total = trainer + relay * (1 + cfg.relay.children) + worker * cfg.rollout.num_workers
+    report.line(f"  together: about {total / GIB:.2f} GiB")

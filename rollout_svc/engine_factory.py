@@ -27,4 +27,5 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                       gpu_memory_utilization=e.gpu_memory_utilization,
                       tensor_parallel_size=e.tensor_parallel_size,
                       kv_transfer_port=(e.kv_transfer_base_port + r.worker_index
-                                        if e.kv_transfer_base_port else 0))
+                                        if e.kv_transfer_base_port else 0),
+                      port_range=e.port_range)

@@ -50,7 +50,9 @@ _ENV_DEFAULTS = {
 }
 
 
-def _import_vllm() -> Any:
+def _import_vllm(port_range: tuple[int, int] | None = None) -> Any:
+    if port_range is not None:  # read when vLLM picks a port, from first upward
+        os.environ["VLLM_PORT"] = str(port_range[0])
     for key, value in _ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -88,7 +90,7 @@ class VllmEngine(Engine):
                  eos_id: int | None = None, kv_cache_gib: float = 1.0,
                  max_model_len: int = 0, dtype: str = "float32", enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.0, tensor_parallel_size: int = 1,
-                 kv_transfer_port: int = 0):
+                 kv_transfer_port: int = 0, port_range: tuple[int, int] | None = None):
         super().__init__()
         path = Path(model_path)
         if not (path / "config.json").is_file():
@@ -111,7 +113,7 @@ class VllmEngine(Engine):
         if not max_len:
             raise ConfigError(f"model.path: {path} gives no max_position_embeddings; set "
                              "rollout.engine.max_model_len")
-        vllm = _import_vllm()
+        vllm = _import_vllm(port_range)
         self._SamplingParams = vllm.SamplingParams
         # with a port, sequences move to and from other engines with their KV (vllm_kv)
         transfer = ({"kv_transfer_config": transfer_config(

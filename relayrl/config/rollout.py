@@ -95,6 +95,21 @@ class VllmEngineConfig(EngineBase):
         "(vLLM's NixlConnector; rollout_svc/vllm_kv.py) instead of re-prefilling it there; "
         "worker i's side channel listens on this port + i. 0: re-prefill.",
     )
+    port_range: tuple[int, int] | None = Field(
+        None, description="[first, last] ports vLLM picks its own sockets from (its VLLM_PORT: "
+        "the torch.distributed store and data-parallel ports of a multi-process engine), "
+        "taking the free ones from first upward; None: any free port. The listeners of the "
+        "gloo process groups vLLM builds (about 13 in-process on CPU) take ports from the "
+        "kernel's ephemeral range, which no setting moves (README, Ports).",
+    )
+
+    @field_validator("port_range")
+    @classmethod
+    def _port_range_is_ordered(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1024 <= value[0] <= value[1] <= 65535:
+            raise ValueError(f"rollout.engine.port_range: {list(value)} must be [first, last] "
+                             "with 1024 <= first <= last <= 65535")
+        return value
 
 
 EngineConfig = Annotated[TorchEngineConfig | VllmEngineConfig, Field(discriminator="kind")]

@@ -50,9 +50,7 @@ _ENV_DEFAULTS = {
 }
 
 
-def _import_vllm(port_range: tuple[int, int] | None = None) -> Any:
-    if port_range is not None:  # read when vLLM picks a port, from first upward
-        os.environ["VLLM_PORT"] = str(port_range[0])
+def _import_vllm() -> Any:
     for key, value in _ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -113,7 +111,9 @@ class VllmEngine(Engine):
         if not max_len:
             raise ConfigError(f"model.path: {path} gives no max_position_embeddings; set "
                              "rollout.engine.max_model_len")
-        vllm = _import_vllm(port_range)
+        if port_range is not None:  # read whenever vLLM picks a port: from first upward
+            os.environ["VLLM_PORT"] = str(port_range[0])
+        vllm = _import_vllm()
         self._SamplingParams = vllm.SamplingParams
         # with a port, sequences move to and from other engines with their KV (vllm_kv)
         transfer = ({"kv_transfer_config": transfer_config(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from relayrl.config import ConfigError, RunConfig, TaskConfig, TinyModel
+from relayrl.config import ConfigError, PretrainedModel, RunConfig, TaskConfig, TinyModel
 from relayrl.plugins.tasks.addition import AdditionTask
 from relayrl.plugins.tasks.dataset import DatasetTask, PromptLimit
 from relayrl.plugins.tasks.problem import Problem
@@ -63,14 +63,16 @@ def prompt_limit(cfg: RunConfig) -> PromptLimit | None:
         return None
     from transformers import AutoTokenizer
 
-    from relayrl.models import resolve_model_path
     from relayrl.models.loading import encode_problem
+    from relayrl.models.smollm2 import ensure_smollm2
 
     window = cfg.prompt_window()
     if window.longest < 1:
         raise ConfigError(f"rollout.max_new_tokens: {window.max_new_tokens} leaves no room for "
                           f"a prompt in {window.engine_source} ({window.engine} tokens)")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model, cfg.task))
+    path = ensure_smollm2(cfg.model.cache_dir) if isinstance(cfg.model, PretrainedModel) \
+        else cfg.model.path  # converted once, as every service would
+    tokenizer = AutoTokenizer.from_pretrained(path)
     return PromptLimit(lambda text, messages: len(encode_problem(tokenizer, text, messages)),
                        window.longest, window.describe())
 

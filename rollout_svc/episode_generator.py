@@ -94,8 +94,10 @@ class EpisodeGenerator(GroupGenerator):
         todo = [(g, e, self._room(e)) for g in groups for e in g.episodes if not e.finished]
         if not todo:
             return
+        # the engine keeps each sequence's KV state (torch: rollout.engine.kv_cache_tokens;
+        # vLLM caches prefixes itself): the next turn prefills the environment's tokens only
         spec = SamplingSpec(max_new_tokens=max(room for _, _, room in todo),
-                            temperature=self.temperature)
+                            temperature=self.temperature, keep_state=True, keep_stopped=True)
         with self.engine.lock:  # no swap between reading the version and sampling with it
             version = self.engine.version
             outs = self.engine.generate([e.context for _, e, _ in todo], spec)

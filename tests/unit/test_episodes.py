@@ -105,7 +105,8 @@ def generator(lm, max_new_tokens=12, max_turns=4, env="tests.unit.test_episodes:
             "samples_per_prompt": samples, "max_new_tokens": max_new_tokens,
             "segment_tokens": 0, "environment": {"cls": env, "max_turns": max_turns,
                                                  "options": options or {}, **bounds}}})
-    engine = TorchEngine(lm, seed=3, version=7)
+    # keeping KV states as a worker does: each turn resumes from the turn before
+    engine = TorchEngine(lm, seed=3, version=7, kv_cache_tokens=4096)
     writer = type("Writer", (), {"r": NoRedis()})()
     return cfg, EpisodeGenerator(cfg, engine, lm, writer)
 
@@ -131,6 +132,8 @@ def rescored(lm, prompt, response):
 def test_an_episode_keeps_the_models_tokens_logprobs_and_versions(chat_lm):
     cfg, gen = generator(chat_lm)
     group = run(gen, LEASE)
+    if any(e.turns > 1 for e in group.episodes):  # later turns resumed the earlier's KV
+        assert gen.engine.tokens_resumed > 0
     samples = episode_samples(LEASE, group, "w", get_reward("exact_match"), None)
     glue = TurnGlue(chat_lm.tokenizer, chat_lm.eos_id)
     for e, s in zip(group.episodes, samples, strict=True):

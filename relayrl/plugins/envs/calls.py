@@ -11,18 +11,23 @@ costs at most that many threads, never a slower run.
     results = [calls.wait(h, timeout_s) for h in handles]  # Done(value) / Overran / Refused
 
 The waits of calls started together overlap: a batch of slow calls costs one deadline, not
-their sum.
+their sum. Threads are kept for reuse once their call returns (up to IDLE_THREADS idle), so
+a fast environment costs no thread start per call; they are daemon threads, so a call still
+stuck when the process ends does not hold it up.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
+
+IDLE_THREADS = 256  # threads kept waiting for the next call, at most
 
 
 class Done(NamedTuple):
@@ -56,15 +61,29 @@ class EnvCalls:
         self.stuck = 0  # abandoned calls still running
         self.overruns = 0  # calls abandoned at their deadline, ever
         self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Handle]] = []  # each an idle thread's inbox
 
     def start(self, fn: Callable[[], Any]) -> Handle | Refused:
         with self._lock:
             if self.stuck >= self.max_stuck:
                 return Refused(self.stuck)
+            inbox = self._idle.pop() if self._idle else None
         handle = Handle(fn)
-        threading.Thread(target=self._run, args=(handle,), name="environment-call",
-                         daemon=True).start()
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(inbox,), name="environment-call",
+                             daemon=True).start()
+        inbox.put(handle)
         return handle
+
+    def _serve(self, inbox: queue.SimpleQueue[Handle]) -> None:
+        """Run the calls put in `inbox`, one at a time; offer itself again after each."""
+        while True:
+            self._run(inbox.get())
+            with self._lock:
+                if len(self._idle) >= IDLE_THREADS:
+                    return
+                self._idle.append(inbox)
 
     def _run(self, handle: Handle) -> None:
         try:

@@ -42,6 +42,9 @@ class SamplingSpec:
     # the caller will continue these sequences (next segment, next stream chunk): an engine
     # with a KV cache keeps their states; cutting them out costs ~10% of a call otherwise
     keep_state: bool = False
+    # ... and continues the sequences that stopped too (an episode's next turn extends the
+    # reply with the environment's tokens): kept as well, so the turn is not re-prefilled
+    keep_stopped: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -11,19 +11,27 @@ Turns of one episode may run under different weights: every token keeps its own 
 An episode ends when the environment says done (or gives no observation), after
 rollout.environment.max_turns model turns, when the model's tokens over all its turns reach
 rollout.max_new_tokens (finish "length", the reply cut, no step), or when the next turn would
-not fit the model's context. tests/unit/test_episodes.py runs it on the tiny model.
+not fit the model's context, or with an error: the environment raised, returned too much,
+ran past its time limit or the episode's environment-token budget (rollout.environment's
+bounds; relayrl/plugins/envs/play.py lists the errors). The environment calls of a group's
+resets, and of a turn's steps, run at once on threads, each with its deadline
+(relayrl/plugins/envs/calls.py): a slow call holds the worker for one deadline at most,
+ends its own episode, and the others go on. Each error is logged and counted per kind.
+tests/unit/test_episodes.py runs it on the tiny model.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from relayrl.config import RunConfig
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.models.loading import LoadedModel
 from relayrl.plugins.envs import TurnGlue, load_environment, make_environment
-from relayrl.plugins.envs.play import answer, goes_on, open_episode
+from relayrl.plugins.envs.calls import EnvCalls
+from relayrl.plugins.envs.play import Move, Turn, answer_all, error_kind, goes_on, open_episodes
 from relayrl.plugins.tasks.problem import Problem
 from relayrl.rules.staleness import must_restart
 from rollout_svc.engine_api import Engine, SamplingSpec
@@ -47,24 +55,26 @@ class EpisodeGenerator(GroupGenerator):
         self.episodes = 0
         self.turns = 0
         self.env_errors = 0
+        self.env_error_kinds: Counter[str] = Counter()  # by kind (play.KINDS)
+        self.calls = EnvCalls(env.max_stuck_calls)
 
     def start(self, lease: LeasedPrompt) -> EpisodeGroup:
         problem = Problem(lease.prompt_id, lease.text, lease.reference, lease.messages,
                           lease.metadata)
         n = self.cfg.rollout.samples_per_prompt
-        return EpisodeGroup(lease, [self._open(lease, problem) for _ in range(n)])
-
-    def _open(self, lease: LeasedPrompt, problem: Problem) -> Episode:
-        self.episodes += 1
-        o = open_episode(self.env_cls, self.env_cfg.options, problem, self.glue,
-                         self.lm.encode_problem)
-        if o.error:
-            self._failed(lease, o.error)
-        return Episode(o.env, o.messages, self.fit_prompt(lease.prompt_id, o.tokens),
-                       error=o.error)
+        openings = open_episodes(self.env_cls, self.env_cfg, [problem] * n, self.glue,
+                                 self.lm.encode_problem, self.calls)
+        self.episodes += n
+        for o in openings:
+            if o.error:
+                self._failed(lease, o.error)
+        return EpisodeGroup(lease, [
+            Episode(o.env, o.messages, self.fit_prompt(lease.prompt_id, o.tokens),
+                    error=o.error) for o in openings])
 
     def _failed(self, lease: LeasedPrompt, error: str) -> None:
         self.env_errors += 1
+        self.env_error_kinds[error_kind(error) or "raised"] += 1
         log.warning("prompt %d: %s", lease.prompt_id, error)
 
     def restart_stale(self, groups: list[EpisodeGroup]) -> None:  # type: ignore[override]
@@ -84,16 +94,28 @@ class EpisodeGenerator(GroupGenerator):
         todo = [(g, e, self._room(e)) for g in groups for e in g.episodes if not e.finished]
         if not todo:
             return
+        # the engine keeps each sequence's KV state (torch: rollout.engine.kv_cache_tokens;
+        # vLLM caches prefixes itself): the next turn prefills the environment's tokens only
         spec = SamplingSpec(max_new_tokens=max(room for _, _, room in todo),
-                            temperature=self.temperature)
+                            temperature=self.temperature, keep_state=True, keep_stopped=True)
         with self.engine.lock:  # no swap between reading the version and sampling with it
             version = self.engine.version
             outs = self.engine.generate([e.context for _, e, _ in todo], spec)
+        stepped = []  # (group, episode, reply): the episodes whose environment answers
         for (g, e, room), out in zip(todo, outs, strict=True):
             tokens = out.tokens[:room]
             e.add_model_turn(tokens, out.logprobs[:room], version)
-            stopped = out.finish_reason == "stop" and len(out.tokens) <= room
-            self._after_turn(g, e, self.lm.decode(tokens), stopped, version)
+            e.last_reply = reply = self.lm.decode(tokens)
+            if not (out.finish_reason == "stop" and len(out.tokens) <= room):
+                e.end("length")  # cut by the token budget or the context: no step on half
+            elif e.env is None:
+                e.end("stop")
+            else:
+                stepped.append((g, e, reply))
+        moves = answer_all([Turn(e.env, e.messages, reply, len(e.mask) - e.policy_tokens)
+                            for _, e, reply in stepped], self.glue, self.env_cfg, self.calls)
+        for (g, e, reply), move in zip(stepped, moves, strict=True):
+            self._after_step(g, e, reply, move, version)
         self.turns += len(todo)
         self.segments += 1
         self.sequences_decoded += len(todo)
@@ -105,16 +127,8 @@ class EpisodeGenerator(GroupGenerator):
         left = self.cfg.rollout.max_new_tokens - e.policy_tokens
         return max(1, min(left, self.engine.context_length - len(e.context)))
 
-    def _after_turn(self, g: EpisodeGroup, e: Episode, reply: str, stopped: bool,
+    def _after_step(self, g: EpisodeGroup, e: Episode, reply: str, move: Move,
                     version: int) -> None:
-        e.last_reply = reply
-        if not stopped:  # cut by the token budget or the context: no step on half a reply
-            e.end("length")
-            return
-        if e.env is None:
-            e.end("stop")
-            return
-        move = answer(e.env, self.glue, e.messages, reply)
         if move.error:
             self._failed(g.lease, move.error)
             e.end("stop", move.error)

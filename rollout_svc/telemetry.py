@@ -69,14 +69,23 @@ class EpisodeStats(Stats, section="env"):
     episodes: int | None = counter("Episodes opened, one per sample.")
     turns: int | None = counter("Model turns played in episodes.")
     errors: int | None = counter(
-        "Environment constructors, resets and steps that raised (their samples score 0).")
+        "Episodes ended by an environment error: a constructor, reset or step that raised, "
+        "returned too much or too late, or passed the episode's budget (the sample scores 0).")
+    errors_by_kind: dict[str, int] | None = counter(
+        "Environment errors by kind (relayrl/plugins/envs/play.py: raised, invalid, "
+        "max_observation_chars, max_env_tokens, reset_timeout_s, step_timeout_s, "
+        "max_stuck_calls).", label="kind")
+    stuck_calls: int | None = gauge(
+        "Environment calls abandoned at their deadline and still running (each holds a "
+        "thread; rollout.environment.max_stuck_calls at most).")
 
 
 def episode_stats(worker: RolloutWorker) -> EpisodeStats:
     gen = worker.generator
     if not isinstance(gen, EpisodeGenerator):
-        return EpisodeStats(None, None, None)
-    return EpisodeStats(episodes=gen.episodes, turns=gen.turns, errors=gen.env_errors)
+        return EpisodeStats(None, None, None, None, None)
+    return EpisodeStats(episodes=gen.episodes, turns=gen.turns, errors=gen.env_errors,
+                        errors_by_kind=dict(gen.env_error_kinds), stuck_calls=gen.calls.stuck)
 
 
 def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher) -> ServiceMetrics:

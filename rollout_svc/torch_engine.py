@@ -2,9 +2,10 @@
 
 With kv_cache_tokens > 0 it also keeps the final KV state of every sequence that ran out of
 budget (least recently used evicted first, up to that many tokens), so the sequence's next
-segment resumes instead of re-prefilling, and states can be exported to and imported from
-another worker. States are valid for the version that computed them only: loading weights
-drops them all.
+segment resumes instead of re-prefilling (and, asked with keep_stopped, of every episode's
+sequence, whose next turn then prefills only the environment's tokens), and states can be
+exported to and imported from another worker. States are valid for the version that computed
+them only: loading weights drops them all.
 
 The engine samples on `device` (rollout.engine.device, resolved by rollout_svc.engine_factory): the
 model is moved there once, weights pulled from the relay arrive as CPU tensors and are copied
@@ -86,7 +87,7 @@ class TorchEngine(Engine):
                 temperature=spec.temperature, greedy=spec.greedy, generator=generator,
                 states=prior, return_states=keeping, version=self._version)
             if caching:
-                self._keep(prior, outs, finals if keeping else None)
+                self._keep(prior, outs, finals if keeping else None, spec.keep_stopped)
             self.busy_s += time.monotonic() - t0
         self.tokens_generated += sum(len(o.tokens) for o in outs)
         return outs
@@ -114,9 +115,10 @@ class TorchEngine(Engine):
                                  f"{self.states.capacity_tokens}")
 
     def _keep(self, prior: list[SequenceKV | None], outs: list[Completion],
-              finals: list[SequenceKV] | None) -> None:
+              finals: list[SequenceKV] | None, stopped_too: bool) -> None:
         """Drop each used state and keep its extension if asked (`finals`); only a sequence
-        that ran out of budget will be continued, so only its state is worth the room."""
+        that ran out of budget will be continued (or, `stopped_too`, an episode's sequence
+        after the environment's answer), so only its state is worth the room."""
         for used in prior:
             if used is not None:
                 self.tokens_resumed += len(used)
@@ -124,7 +126,7 @@ class TorchEngine(Engine):
         if finals is None:
             return
         for out, final in zip(outs, finals, strict=True):
-            if out.finish_reason == "length":
+            if out.finish_reason == "length" or stopped_too:
                 self.states.put(final)
 
     def stats(self) -> dict[str, float]:

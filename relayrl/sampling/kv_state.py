@@ -207,14 +207,21 @@ class StateCache:
         return state
 
     def longest_prefix(self, context: list[int]) -> SequenceKV | None:
-        """The state covering the whole context or all but its last token (what the previous
-        segment left), refreshed as recently used."""
+        """The longest state covering a prefix of the context (the whole context or all but
+        its last token: what the previous segment left; or less: an episode's previous turn,
+        before the environment's tokens), refreshed as recently used."""
         for n in (len(context), len(context) - 1):
             state = self._states.get(tuple(context[:n])) if n > 0 else None
             if state is not None:
                 self._states.move_to_end(state.tokens)
                 return state
-        return None
+        whole = tuple(context)
+        state = max((s for key, s in self._states.items()
+                     if len(key) < len(whole) - 1 and whole[:len(key)] == key),
+                    key=len, default=None)
+        if state is not None:
+            self._states.move_to_end(state.tokens)
+        return state
 
     def clear(self) -> None:
         self._states.clear()

@@ -6,6 +6,9 @@ pytest tests/unit/test_episodes.py"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ from relayrl.config import RunConfig
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import validate_sample
 from relayrl.plugins.envs import Environment, Step, TurnGlue
+from relayrl.plugins.envs.play import error_kind
 from relayrl.plugins.rewards import get_reward
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.episodes import episode_samples
@@ -95,12 +99,14 @@ class NoRedis:
 
 
 def generator(lm, max_new_tokens=12, max_turns=4, env="tests.unit.test_episodes:Twice",
-              options=None):
+              options=None, samples=3, **bounds):
     cfg = RunConfig.model_validate({
-        "buffer": {"group_size": 3}, "rollout": {
-            "samples_per_prompt": 3, "max_new_tokens": max_new_tokens, "segment_tokens": 0,
-            "environment": {"cls": env, "max_turns": max_turns, "options": options or {}}}})
-    engine = TorchEngine(lm, seed=3, version=7)
+        "buffer": {"group_size": samples}, "rollout": {
+            "samples_per_prompt": samples, "max_new_tokens": max_new_tokens,
+            "segment_tokens": 0, "environment": {"cls": env, "max_turns": max_turns,
+                                                 "options": options or {}, **bounds}}})
+    # keeping KV states as a worker does: each turn resumes from the turn before
+    engine = TorchEngine(lm, seed=3, version=7, kv_cache_tokens=4096)
     writer = type("Writer", (), {"r": NoRedis()})()
     return cfg, EpisodeGenerator(cfg, engine, lm, writer)
 
@@ -126,6 +132,8 @@ def rescored(lm, prompt, response):
 def test_an_episode_keeps_the_models_tokens_logprobs_and_versions(chat_lm):
     cfg, gen = generator(chat_lm)
     group = run(gen, LEASE)
+    if any(e.turns > 1 for e in group.episodes):  # later turns resumed the earlier's KV
+        assert gen.engine.tokens_resumed > 0
     samples = episode_samples(LEASE, group, "w", get_reward("exact_match"), None)
     glue = TurnGlue(chat_lm.tokenizer, chat_lm.eos_id)
     for e, s in zip(group.episodes, samples, strict=True):
@@ -172,8 +180,9 @@ def test_an_environment_that_raises_scores_zero_with_the_error(chat_lm):
     samples = episode_samples(LEASE, group, "w", get_reward("exact_match"), None)
     failed = [s for s in samples if s.reward_error]  # a reply cut by the budget is not stepped
     assert len(failed) == gen.env_errors >= 1
-    assert all(s.reward == 0 and "Broken.step: RuntimeError: boom" in s.reward_error
-               for s in failed)
+    assert all(s.reward == 0 and "environment: Broken.step: raised: RuntimeError: boom"
+               == s.reward_error for s in failed)
+    assert gen.env_error_kinds == {"raised": gen.env_errors}
 
 
 class Silent(Environment):
@@ -219,3 +228,165 @@ def test_a_step_reward_follows_the_task_rewards_rule(reward, kind):
     with pytest.raises(ValueError, match=f"Env.step: reward is a {kind}, not a number or None"):
         as_step(([], reward, True), "Env.step")
     assert as_step(([], np.float32(0.5), True), "Env.step").reward == 0.5
+
+
+# Bounded environments: each failure below is what a user's environment did to a run (a huge
+# observation, a slow step or reset, an episode that floods its context); each must end its
+# own episode with an error naming the limit, be logged and counted by kind, and leave the
+# other episodes of the turn to finish.
+
+class Unruly(Environment):
+    """Episode i (its reset is the i-th of the class) misbehaves as `plan[i]` says: "huge" (an
+    observation of `chars` characters), "slow_step" (step blocks until released), "slow_reset",
+    "flood" (many small observations), "together" (step returns once the steps of all the
+    episodes run) or "" (answers once, then done)."""
+
+    opened = 0
+    release = threading.Event()  # lets blocked calls return when the test ends
+
+    def __init__(self, plan=(), chars=5_000_000):
+        self.kind = plan[Unruly.opened % len(plan)] if plan else ""
+        Unruly.opened += 1
+        self.chars, self.steps = chars, 0
+
+    def reset(self, problem):
+        if self.kind == "slow_reset":
+            Unruly.release.wait(30)
+        return None
+
+    def step(self, message):
+        self.steps += 1
+        if self.kind == "slow_step":
+            Unruly.release.wait(30)
+        if self.kind == "together":
+            Unruly.together.wait(20)
+            return Step([], 1.0, True)
+        if self.kind == "huge":
+            return Step([{"role": "user", "content": "1" * self.chars}])
+        if self.kind == "flood":
+            return Step([{"role": "user", "content": "1+1"}])
+        return Step([], 1.0, self.steps >= 2)
+
+
+@pytest.fixture
+def unruly():
+    Unruly.opened = 0
+    Unruly.release.clear()
+    yield Unruly
+    Unruly.release.set()
+
+
+def play_bounded(lm, plan, caplog, max_new_tokens=12, max_turns=4, **bounds):
+    """A group of len(plan) episodes of Unruly, played to the end; its samples."""
+    _, gen = generator(lm, max_new_tokens=max_new_tokens, max_turns=max_turns,
+                       env="tests.unit.test_episodes:Unruly", options={"plan": list(plan)},
+                       samples=len(plan), **bounds)
+    gen.engine.generate = stopping(gen.engine.generate)
+    with caplog.at_level(logging.WARNING):
+        group = run(gen, LEASE)
+    return gen, episode_samples(LEASE, group, "w", get_reward("exact_match"), None)
+
+
+def stopping(generate):
+    """The engine's replies, cut to 2 tokens and ended as if the model stopped: every episode
+    is stepped, every turn."""
+    def wrapped(prompts, spec):
+        outs = generate(prompts, spec)
+        for o in outs:
+            o.tokens, o.logprobs, o.finish_reason = o.tokens[:2], o.logprobs[:2], "stop"
+        return outs
+    return wrapped
+
+
+def assert_only(gen, samples, failed, kind, caplog):
+    """`failed` episodes (the misbehaving ones: the environments are built at once, in no set
+    order) ended with a `kind` error, logged and counted; the others finished without one,
+    rewarded by their environment."""
+    errors = [s.reward_error for s in samples if s.reward_error]
+    method = "reset" if "reset" in kind else "step"
+    assert len(errors) == failed and all(
+        e.startswith(f"environment: Unruly.{method}: {kind}: ") and error_kind(e) == kind
+        for e in errors), errors
+    assert all(s.reward == 0 for s in samples if s.reward_error)
+    assert all(s.reward == 1.0 for s in samples if not s.reward_error)  # played to the end
+    assert gen.env_error_kinds == {kind: failed} and gen.env_errors == failed
+    logged = [r.getMessage() for r in caplog.records if f": {kind}: " in r.getMessage()]
+    assert len(logged) == failed
+    return errors
+
+
+def test_a_huge_observation_ends_its_episode_before_it_is_tokenized(chat_lm, unruly, caplog,
+                                                                     monkeypatch):
+    tokenized = []
+    between = TurnGlue.between
+    monkeypatch.setattr(TurnGlue, "between", lambda self, m, r, s, obs: tokenized.append(
+        sum(len(o["content"]) for o in obs)) or between(self, m, r, s, obs))
+    gen, samples = play_bounded(chat_lm, ["", "huge", ""], caplog, max_observation_chars=1000)
+    [error] = assert_only(gen, samples, 1, "max_observation_chars", caplog)
+    assert error.endswith("returned 5000000 characters of messages (rollout.environment."
+                          "max_observation_chars 1000)")
+    assert all(n <= 1000 for n in tokenized)  # the 5 MB never reached the tokenizer
+
+
+def test_a_slow_step_ends_its_own_episode_and_the_others_finish(chat_lm, unruly, caplog):
+    gen, samples = play_bounded(chat_lm, ["", "slow_step", "slow_step", ""], caplog,
+                                step_timeout_s=0.2)
+    errors = assert_only(gen, samples, 2, "step_timeout_s", caplog)
+    assert all(e.endswith("no answer within 0.2 s (rollout.environment.step_timeout_s 0.2)")
+               for e in errors)
+    assert gen.calls.stuck == 2  # still running on their threads, counted
+    Unruly.release.set()
+    for _ in range(200):
+        if not gen.calls.stuck:
+            break
+        time.sleep(0.01)
+    assert gen.calls.stuck == 0  # and uncounted once they return
+
+
+def test_the_steps_of_a_turn_run_at_once(chat_lm, unruly, caplog):
+    """Eight steps that each return only once all eight are running: one after another, each
+    would wait for the others until its deadline."""
+    Unruly.together = threading.Barrier(8)
+    gen, samples = play_bounded(chat_lm, ["together"] * 8, caplog, step_timeout_s=20)
+    assert gen.env_errors == 0 and all(s.reward == 1.0 for s in samples)
+
+
+def test_a_slow_reset_ends_its_own_episode(chat_lm, unruly, caplog):
+    gen, samples = play_bounded(chat_lm, ["slow_reset", "", ""], caplog, reset_timeout_s=0.2)
+    [error] = assert_only(gen, samples, 1, "reset_timeout_s", caplog)
+    assert error.endswith("(rollout.environment.reset_timeout_s 0.2)")
+
+
+def test_an_episode_past_its_environment_token_budget_ends(chat_lm, unruly, caplog):
+    gen, samples = play_bounded(chat_lm, ["flood", ""], caplog, max_new_tokens=40,
+                                max_turns=40, max_env_tokens=10)
+    [error] = assert_only(gen, samples, 1, "max_env_tokens", caplog)
+    assert error.endswith("(rollout.environment.max_env_tokens 10)")
+    assert all((~s.policy_token_mask).sum() <= 10 for s in samples)
+
+
+def test_stuck_calls_are_bounded_then_refused(chat_lm, unruly, caplog):
+    gen, samples = play_bounded(chat_lm, ["slow_step"] * 3 + [""] * 2, caplog,
+                                step_timeout_s=0.2, max_stuck_calls=2)
+    # the first two stuck calls fill the bound at the first turn; the third overruns too
+    assert gen.calls.stuck == 3 and gen.env_error_kinds["step_timeout_s"] == 3
+    assert any("max_stuck_calls 2" in r.getMessage() and r.levelno == logging.ERROR
+               for r in caplog.records)
+    # a new episode now: refused, without starting a thread
+    threads = threading.active_count()
+    group = gen.start(LEASE)
+    assert threading.active_count() == threads
+    assert all(e.error.startswith("environment: Unruly.reset: max_stuck_calls: not called: 3 "
+                                  "calls are still running") for e in group.episodes)
+    assert gen.env_error_kinds["max_stuck_calls"] == 5
+
+
+def test_the_limits_are_refused_out_of_bounds():
+    from relayrl.config import ConfigError
+
+    for field, value in [("max_observation_chars", 0), ("step_timeout_s", 0),
+                         ("reset_timeout_s", -1), ("max_env_tokens", 0),
+                         ("max_stuck_calls", 0)]:
+        with pytest.raises((ConfigError, ValueError), match=field):
+            RunConfig.model_validate({"rollout": {"segment_tokens": 0, "environment": {
+                "cls": "calculator", field: value}}})

@@ -15,6 +15,7 @@ from buffer_svc.server import BufferService
 from buffer_svc.telemetry import buffer_metrics
 from relay_svc.telemetry import relay_metrics
 from relay_svc.version_store import VersionStore
+from relayrl.plugins.envs.calls import EnvCalls
 from relayrl.runtime.backpressure import PressureCounters
 from relayrl.runtime.exporter import RunnerStats, SnapshotCollector
 from relayrl.runtime.stats import MetricSpec, Stats, counter, gauge, prometheus_name
@@ -155,9 +156,12 @@ def test_rollout_snapshot_gives_what_it_declares():
     assert exported.labels == {"service": "rollout", "worker_id": "rollout-1"}
     worker.generator = object.__new__(EpisodeGenerator)
     worker.generator.episodes, worker.generator.turns, worker.generator.env_errors = 6, 11, 1
+    worker.generator.env_error_kinds = {"step_timeout_s": 1}
+    worker.generator.calls = EnvCalls(4)
     snap = exported.snapshot()
     assert set(snap) == declared(exported)
     assert (snap["env/episodes"], snap["env/turns"], snap["env/errors"]) == (6, 11, 1)
+    assert snap["env/errors_by_kind"] == {"step_timeout_s": 1} and snap["env/stuck_calls"] == 0
 
 
 def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded():

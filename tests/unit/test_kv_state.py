@@ -110,6 +110,19 @@ def test_state_cache_evicts_least_recently_used_by_tokens():
         StateCache(-1)
 
 
+def test_state_cache_finds_a_shorter_prefix_the_longest_first():
+    """An episode's next turn: the previous turn's state, then the environment's tokens."""
+    cache = StateCache(100)
+    a = random_state(4, first=3)
+    longer = random_state(6, first=3)  # a's tokens, then two more
+    assert longer.tokens[:4] == a.tokens
+    assert cache.put(a) and cache.put(random_state(4, first=40))
+    assert cache.longest_prefix(list(a.tokens) + [90, 91, 92]) is a
+    assert cache.put(longer)
+    assert cache.longest_prefix(list(longer.tokens) + [90, 91, 92]) is longer
+    assert cache.longest_prefix([3, 90, 91]) is None
+
+
 def test_sampling_resumes_from_states_exactly(tiny_lm):
     prompts = prompts_of((5, 12, 3, 9))
     kw = dict(eos_id=-1, pad_id=tiny_lm.pad_id, greedy=True)

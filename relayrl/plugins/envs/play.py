@@ -3,23 +3,44 @@ a reply of the model. The rollout worker (rollout_svc/episode_generator.py) and 
 evaluator (relayrl/evaluation/episodes.py) both play episodes through these, so an evaluated
 episode ends and is scored by the same rule as a trained one.
 
-    opening = open_episode(env_cls, options, problem, glue, lm)  # context tokens, messages
-    move = answer(env, glue, messages, reply)                    # after a stopped reply
-    if move.error or move.ends: ...                               # else append move.glue
+    calls = EnvCalls(cfg.max_stuck_calls)                 # one per process that plays
+    openings = open_episodes(env_cls, cfg, problems, glue, encode_problem, calls)
+    moves = answer_all([Turn(env, messages, reply, env_tokens), ...], glue, cfg, calls)
+    if move.error or move.ends: ...                       # else append move.glue
 
-A user's environment may raise anything, in its constructor, `reset` or `step`; each
-becomes an `error` string (the sample scores 0 with it), never an exception here.
+Calls into a user's environment run on threads, all of a batch at once, each waited for
+with its deadline (relayrl/plugins/envs/calls.py): slow steps of one turn cost one deadline,
+not their sum. A user's environment may raise, hang or flood; each becomes an `error` string
+on its own episode (the sample scores 0 with it), never an exception here. The string's form
+is stable, so that errors can be counted per kind from the samples:
+
+    environment: <Class>.<method>: <kind>: <detail>
+
+`<method>` is `reset` (the constructor and reset) or `step`; `<kind>` is one of KINDS:
+  raised                 the call raised (detail: `<ExceptionType>: <message>`)
+  invalid                it returned something the protocol does not take
+  max_observation_chars  its messages held more characters than allowed (before tokenizing)
+  max_env_tokens         the episode's environment tokens would pass the budget
+  reset_timeout_s        the constructor and reset did not return within the limit
+  step_timeout_s         step did not return within the limit
+  max_stuck_calls        not called: too many earlier calls are still running past theirs
+Each limit kind is the name of its field of rollout.environment, and its detail gives the
+value and the limit.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from relayrl.config.environment import EnvironmentConfig
+from relayrl.plugins.envs.calls import Done, EnvCalls, Overran, Refused
 from relayrl.plugins.envs.protocol import (
     Environment,
+    Invalid,
     Step,
+    TooLarge,
     as_step,
     check_messages,
     make_environment,
@@ -28,16 +49,26 @@ from relayrl.plugins.envs.turns import TurnGlue
 from relayrl.plugins.rewards import score
 from relayrl.plugins.tasks.problem import Problem
 
+KINDS = ("raised", "invalid", "max_observation_chars", "max_env_tokens", "reset_timeout_s",
+         "step_timeout_s", "max_stuck_calls")
+
 
 class Opening(NamedTuple):
-    env: Environment | None  # None: the constructor or reset raised (`error` says why)
+    env: Environment | None  # None: the constructor or reset failed (`error` says why)
     messages: list[dict[str, str]]  # the conversation so far, as the template renders it
     tokens: list[int]  # the context the model's first turn continues
     error: str
 
 
+class Turn(NamedTuple):
+    env: Environment
+    messages: Sequence[Mapping[str, str]]  # the conversation the reply answers
+    reply: str  # the model's (stopped) reply
+    env_tokens: int  # environment tokens the episode holds so far
+
+
 class Move(NamedTuple):
-    step: Step | None  # None: step raised or returned something that is not a step
+    step: Step | None  # None: the step failed (`error` says why)
     glue: list[int]  # environment tokens to append when the episode goes on
     error: str
 
@@ -47,41 +78,105 @@ class Move(NamedTuple):
         return self.step is None or self.step.done or not self.step.messages
 
 
-def failure(where: str, err: Exception) -> str:
-    return f"environment: {where}: {type(err).__name__}: {err}"
+def failure(where: str, kind: str, detail: str) -> str:
+    assert kind in KINDS, kind
+    return f"environment: {where}: {kind}: {detail}"
 
 
-def open_episode(env_cls: type[Environment], options: Mapping[str, Any], problem: Problem,
-                 glue: TurnGlue, encode_problem: Any) -> Opening:
-    """A fresh environment reset with `problem`; its opening messages laid out by the chat
-    template, or the task's own prompt (`encode_problem(text, messages)`) when it gives
-    none."""
+def error_kind(error: str) -> str | None:
+    """The kind of an error string this module made, else None."""
+    parts = error.split(": ", 3)
+    if len(parts) == 4 and parts[0] == "environment" and parts[2] in KINDS:
+        return parts[2]
+    return None
+
+
+def _call_error(where: str, outcome: Done | Overran | Refused, cfg: EnvironmentConfig,
+                timeout_field: str) -> str:
+    """The error of a call that did not return a usable value, else ''."""
+    if isinstance(outcome, Overran):
+        limit = getattr(cfg, timeout_field)
+        return failure(where, timeout_field, f"no answer within {limit} s "
+                       f"(rollout.environment.{timeout_field} {limit})")
+    if isinstance(outcome, Refused):
+        return failure(where, "max_stuck_calls", f"not called: {outcome.stuck} calls are still "
+                       "running past their deadlines (rollout.environment.max_stuck_calls "
+                       f"{cfg.max_stuck_calls})")
+    err = outcome.error
+    if err is None:
+        return ""
+    if isinstance(err, TooLarge):
+        return failure(where, "max_observation_chars", f"returned {err.chars} characters of "
+                       f"messages (rollout.environment.max_observation_chars {err.limit})")
+    if isinstance(err, Invalid):
+        return failure(where, "invalid", str(err).removeprefix(f"{where}: "))
+    return failure(where, "raised", f"{type(err).__name__}: {err}")
+
+
+def open_episodes(env_cls: type[Environment], cfg: EnvironmentConfig,
+                  problems: Sequence[Problem], glue: TurnGlue, encode_problem: Any,
+                  calls: EnvCalls) -> list[Opening]:
+    """One fresh environment per problem, reset with it (all at once); its opening messages
+    laid out by the chat template, or the task's own prompt (`encode_problem(text,
+    messages)`) when it gives none or failed."""
     where = f"{env_cls.__name__}.reset"
-    env, opened, error = None, None, ""
-    try:
-        env = make_environment(env_cls, options)
-        raw = env.reset(problem)
-        opened = None if raw is None else list(check_messages(raw, where))
-    except Exception as err:  # a user's environment may raise anything
-        env, error = None, failure(where, err)
-    if opened:
-        return Opening(env, opened, glue.prompt(opened), error)
-    messages = ([dict(m) for m in problem.messages]
-                or [{"role": "user", "content": problem.text}])
-    return Opening(env, messages, encode_problem(problem.text, problem.messages), error)
+
+    def opener(problem: Problem) -> Callable[[], Any]:
+        def call() -> tuple[Environment, tuple[dict[str, str], ...] | None]:
+            env = make_environment(env_cls, cfg.options)
+            raw = env.reset(problem)
+            return env, (None if raw is None
+                         else check_messages(raw, where, cfg.max_observation_chars))
+        return call
+
+    outcomes = calls.call_all([opener(p) for p in problems], cfg.reset_timeout_s)
+    openings = []
+    for problem, outcome in zip(problems, outcomes, strict=True):
+        env, opened, error = None, None, _call_error(where, outcome, cfg, "reset_timeout_s")
+        if not error:
+            assert isinstance(outcome, Done)
+            env, opened = outcome.value
+        if opened:
+            openings.append(Opening(env, list(opened), glue.prompt(opened), error))
+            continue
+        messages = ([dict(m) for m in problem.messages]
+                    or [{"role": "user", "content": problem.text}])
+        openings.append(Opening(env, messages,
+                                encode_problem(problem.text, problem.messages), error))
+    return openings
 
 
-def answer(env: Environment, glue: TurnGlue, messages: Sequence[Mapping[str, str]],
-           reply: str) -> Move:
-    """The environment's step on the model's (stopped) reply, and the template's tokens
-    around its observation when the episode goes on."""
-    where = f"{type(env).__name__}.step"
-    try:
-        step = as_step(env.step(reply), where)
-        tokens = (glue.between(messages, reply, True, step.messages)
-                  if step.messages and not step.done else [])
-    except Exception as err:  # a user's environment may raise anything
-        return Move(None, [], failure(where, err))
+def answer_all(turns: Sequence[Turn], glue: TurnGlue, cfg: EnvironmentConfig,
+               calls: EnvCalls) -> list[Move]:
+    """Each environment's step on its model's (stopped) reply, all at once, and the
+    template's tokens around its observation when the episode goes on."""
+    def stepper(t: Turn) -> Callable[[], Step]:
+        where = f"{type(t.env).__name__}.step"
+        return lambda: as_step(t.env.step(t.reply), where, cfg.max_observation_chars)
+
+    outcomes = calls.call_all([stepper(t) for t in turns], cfg.step_timeout_s)
+    return [_move(t, outcome, glue, cfg) for t, outcome in zip(turns, outcomes, strict=True)]
+
+
+def _move(t: Turn, outcome: Done | Overran | Refused, glue: TurnGlue,
+          cfg: EnvironmentConfig) -> Move:
+    where = f"{type(t.env).__name__}.step"
+    error = _call_error(where, outcome, cfg, "step_timeout_s")
+    if error:
+        return Move(None, [], error)
+    assert isinstance(outcome, Done)
+    step = outcome.value
+    if not step.messages or step.done:
+        return Move(step, [], "")
+    try:  # bounded: the observation's size was checked on the environment's thread
+        tokens = glue.between(t.messages, t.reply, True, step.messages)
+    except ValueError as err:  # a template that rewrites earlier turns
+        return Move(None, [], failure(where, "invalid", str(err)))
+    if t.env_tokens + len(tokens) > cfg.max_env_tokens:
+        return Move(None, [], failure(where, "max_env_tokens", f"the episode's environment "
+                                      f"tokens would reach {t.env_tokens + len(tokens)} "
+                                      f"(rollout.environment.max_env_tokens "
+                                      f"{cfg.max_env_tokens})"))
     return Move(step, tokens, "")
 
 

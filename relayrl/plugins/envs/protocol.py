@@ -62,35 +62,60 @@ class Environment(ABC):
         """Answer the model's message (its text, special tokens left out)."""
 
 
-def as_step(value: Any, where: str) -> Step:
+class Invalid(ValueError):
+    """What an environment returned is not what the protocol asks for."""
+
+
+class TooLarge(ValueError):
+    """Messages whose contents hold more characters than allowed."""
+
+    def __init__(self, where: str, chars: int, limit: int):
+        super().__init__(f"{where}: more than {limit} characters of messages")
+        self.chars, self.limit = chars, limit
+
+
+def as_step(value: Any, where: str, max_chars: int | None = None) -> Step:
     """A step's return value checked: a Step or a (messages, reward, done) tuple whose
-    messages are {role, content} mappings; ValueError otherwise."""
+    messages are {role, content} mappings (TooLarge past `max_chars` characters of content);
+    ValueError otherwise."""
     if not isinstance(value, tuple) or len(value) != 3:
-        raise ValueError(f"{where}: returned {type(value).__name__}, not a Step or a "
+        raise Invalid(f"{where}: returned {type(value).__name__}, not a Step or a "
                          "(messages, reward, done) tuple")
     messages, reward, done = value
     if reward is not None:
         try:
             reward = as_reward(reward)  # the rule task rewards follow
         except TypeError:
-            raise ValueError(f"{where}: reward is a {type(reward).__name__}, not a number or "
+            raise Invalid(f"{where}: reward is a {type(reward).__name__}, not a number or "
                              "None") from None
         if not math.isfinite(reward):
-            raise ValueError(f"{where}: reward is {reward}, not a finite number")
-    return Step(check_messages(messages, where), reward, bool(done))
+            raise Invalid(f"{where}: reward is {reward}, not a finite number")
+    return Step(check_messages(messages, where, max_chars), reward, bool(done))
 
 
-def check_messages(messages: Any, where: str) -> tuple[dict[str, str], ...]:
+def check_messages(messages: Any, where: str, max_chars: int | None = None
+                   ) -> tuple[dict[str, str], ...]:
+    """{role, content} mappings, copied; TooLarge when their contents hold more than
+    `max_chars` characters (counted before anything reads them further)."""
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
-        raise ValueError(f"{where}: messages must be a list of {{role, content}} mappings")
-    out = []
+        raise Invalid(f"{where}: messages must be a list of {{role, content}} mappings")
+    out, chars = [], 0
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or m.get("role") not in ROLES \
                 or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}: message {i} is not a {{role, content}} mapping with a "
+            raise Invalid(f"{where}: message {i} is not a {{role, content}} mapping with a "
                              f"role among {ROLES}")
+        chars += len(m["content"])
+        if max_chars is not None and chars > max_chars:
+            raise TooLarge(where, sum(len(c) for c in _contents(messages)), max_chars)
         out.append({"role": m["role"], "content": m["content"]})
     return tuple(out)
+
+
+def _contents(messages: Sequence[Any]) -> list[str]:
+    """The string contents of `messages`, for the size of an oversized observation."""
+    return [m["content"] for m in messages
+            if isinstance(m, Mapping) and isinstance(m.get("content"), str)]
 
 
 def load_environment(spec: str) -> type[Environment]:

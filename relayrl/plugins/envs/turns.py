@@ -17,6 +17,10 @@ The closing of the assistant turn: when the model produced the end-of-turn token
 (`stopped`) it is kept as the model's and the template's copy is left out; when the turn
 was cut, the template's closing tokens are appended as environment tokens. A tokenizer with
 no chat template lays messages end to end (relayrl.models.loading.encode_chat).
+
+Renderings are remembered (the latest, up to RENDERED_TOKENS tokens in all): a turn's
+opening is the previous turn's closing rendering, and a group's episodes share theirs until
+their replies differ, so about half of a step's renderings are not redone.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from relayrl.models.loading import encode_text
 
 Message = Mapping[str, str]
 PROBE = ({"role": "user", "content": "1+1"},)
+RENDERED_TOKENS = 1 << 20  # tokens of remembered renderings, at most (a few MB)
 
 
 class TurnGlue:
@@ -35,9 +40,21 @@ class TurnGlue:
         self.tokenizer = tokenizer
         self.eos_id = eos_id
         self.templated = bool(getattr(tokenizer, "chat_template", None))
+        self._rendered: dict[tuple[Any, ...], list[int]] = {}  # oldest first
+        self._held = 0  # tokens in _rendered
 
     def render(self, messages: Sequence[Message], generation_prompt: bool) -> list[int]:
-        messages = [dict(m) for m in messages]
+        key = (generation_prompt, *((m["role"], m["content"]) for m in messages))
+        ids = self._rendered.get(key)
+        if ids is None:
+            ids = self._render([dict(m) for m in messages], generation_prompt)
+            self._rendered[key] = ids
+            self._held += len(ids)
+            while self._held > RENDERED_TOKENS:
+                self._held -= len(self._rendered.pop(next(iter(self._rendered))))
+        return list(ids)
+
+    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
         if not self.templated:
             return encode_text(self.tokenizer, "".join(m["content"] for m in messages))
         ids = self.tokenizer.apply_chat_template(

@@ -207,7 +207,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.warmup, args.repeats, args.groups = 4, 1, 1, 2
-        args.max_tokens, args.median = 32, 4
+        args.max_tokens, args.median, args.modes = 32, 4, "sync,async"
     if args.repeats < 1:
         raise ValueError("--repeats: must be >= 1")
     if not 1 <= args.warmup < args.steps:

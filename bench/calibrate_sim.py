@@ -57,7 +57,11 @@ def main() -> None:
     parser.add_argument("--config", default=str(ROOT / "examples/tiny_cpu.yaml"))
     parser.add_argument("--engines", default="torch,vllm")
     parser.add_argument("--out", default=str(ROOT / "runs/sim"))
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args()
+    if args.smoke:
+        args.engines, args.out = "torch", str(ROOT / "runs/sim_smoke")
     cfg = load_run_config(args.config, ["rollout.torch_threads=1"])
     torch.set_num_threads(1)
     path = resolve_model_path(cfg.model, cfg.task)

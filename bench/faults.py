@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import platform
 import sys
 import tempfile
@@ -126,7 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-run", type=Path, default=None,
                    help="run in this directory and keep it (logs, checkpoints, Redis data)")
     p.add_argument("--models", type=Path, default=ROOT / ".cache" / "relayrl" / "models")
+    p.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.steps_per_restart = 1, 5
+        args.out = ROOT / "runs" / "faults_smoke" / "reliability.md"
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     schedule = draw_schedule(args.seed, args.rounds, WORKERS)
     with tempfile.TemporaryDirectory(prefix="relayrl-faults-") as tmp:
         run_dir = args.keep_run or Path(tmp) / "run"
@@ -140,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(render(result, command, args.seed, args.rounds, cfg,
                           args.steps_per_restart))
     print(out.read_text())
+    if args.smoke:
+        print(json.dumps({"bench": "faults", "rounds": args.rounds, "clean": result.clean,
+                          "out": str(out)}))
     return 0 if result.clean else 1
 
 

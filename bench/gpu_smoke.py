@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, run_stack  # noqa: E402
+from bench.common import ROOT, run_stack, smoke_skip  # noqa: E402
 from bench.throughput import run_config  # noqa: E402
 from relayrl.config import TorchEngineConfig  # noqa: E402
 
@@ -86,12 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", type=int, default=2, help="warm-up steps left out")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override beside the devices (repeatable)")
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.skip = 3, 1
     if not 0 <= args.skip < args.steps:
         parser.error("need 0 <= --skip < --steps")
     import torch
 
     if not torch.cuda.is_available():
+        if args.smoke:
+            smoke_skip("gpu_smoke", "no CUDA GPU on this machine")
         print("gpu_smoke: no CUDA GPU on this machine (torch.cuda.is_available() is False); "
               "run it where one is", file=sys.stderr)
         return 2

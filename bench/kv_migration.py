@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import smoke_skip  # noqa: E402
 from relayrl.config import load_run_config  # noqa: E402
 from relayrl.runtime.grpc_util import free_ports  # noqa: E402
 
@@ -92,7 +93,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="examples/smollm2_cpu.yaml")
     parser.add_argument("--lengths", default="128,256,480")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
+    if args.smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            smoke_skip("kv_migration", "vLLM engines with NIXL need a CUDA GPU")
+        args.lengths, args.repeats = "128", 1
     from transformers import AutoConfig
 
     from relayrl.models.cache import resolve_model_path

@@ -202,7 +202,12 @@ def main() -> None:
                         help="keep every run's directory (metrics, logs) under this one")
     parser.add_argument("--repeats", type=int, default=3,
                         help="rounds of every mode; each mode reports its median run")
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.warmup, args.repeats, args.groups = 4, 1, 1, 2
+        args.max_tokens, args.median, args.modes = 32, 4, "sync,async"
     if args.repeats < 1:
         raise ValueError("--repeats: must be >= 1")
     if not 1 <= args.warmup < args.steps:

@@ -172,7 +172,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(ROOT / "docs"))
     parser.add_argument("--resume", action="store_true",
                         help="evaluate a config's finished run again instead of rerunning it")
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.minutes, args.out = 0.1, str(ROOT / "runs/own_task_smoke")
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     results = []

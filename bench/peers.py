@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, assign_free_ports, evaluate_checkpoint, run_stack  # noqa: E402
+from bench.common import ROOT, assign_free_ports, evaluate_checkpoint, run_stack, smoke_skip  # noqa: E402
 from bench.peers_report import Run, markdown, plot, summarize  # noqa: E402
 from bench.tools_venv import TRL_VERSION, bench_python  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
@@ -181,7 +181,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bf16", action="store_true",
                         help="both sides compute in bfloat16: RelayRL's trainer passes under "
                         "autocast and its vLLM engine's weights, TRL's run (bf16=True)")
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
+    if args.smoke:
+        smoke_skip("peers", "TRL's side runs in its own venv (bench/.venv), made on first use")
     path, steps, every, eval_samples = SETUPS[args.setup]
     steps, every = args.steps or steps, args.every or every
     if args.rounds < 1 or steps < every or every < 1 or args.extra_steps < 0:

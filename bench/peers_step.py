@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import smoke_skip  # noqa: E402
 from bench.peers import SETUPS, bench_config, trl_spec  # noqa: E402
 from bench.tools_venv import bench_python  # noqa: E402
 from relayrl.config import RunConfig  # noqa: E402
@@ -103,7 +104,12 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of RelayRL's config, as bench/peers.py takes it")
     parser.add_argument("--out", type=Path, default=Path("/tmp/relayrl-peers-step"))
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args()
+    if args.smoke:
+        smoke_skip("peers_step", "TRL's side runs in its own venv (bench/.venv), made on first "
+                   "use")
     if args.steps < 1:
         raise ValueError(f"--steps: {args.steps}; at least 1")
     config = SETUPS[args.setup][0]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, assign_free_ports  # noqa: E402
+from bench.common import ROOT, assign_free_ports, smoke_skip  # noqa: E402
 from bench.tools_venv import bench_tool  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.runtime.metrics import read_metrics  # noqa: E402
@@ -198,7 +198,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip", type=int, default=100, help="steps before the window")
     parser.add_argument("--steps", type=int, default=200, help="steps in the window")
     parser.add_argument("--rate", type=int, default=20, help="py-spy samples a second")
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
+    if args.smoke:
+        if not (ROOT / "bench" / ".venv").is_dir():
+            smoke_skip("profile_stack", "py-spy runs from the benches' own venv (bench/.venv), "
+                       "made on first use")
+        args.skip, args.steps = 2, 4
     data = load_run_config(args.config).model_dump(mode="json")
     data["run_dir"] = str(ROOT / "runs" / "bench_profile" / Path(args.config).stem)
     shutil.rmtree(data["run_dir"], ignore_errors=True)  # else it resumes an earlier run's end

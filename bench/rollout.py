@@ -46,6 +46,8 @@ from relayrl.models import resolve_model_path  # noqa: E402
 from relayrl.models.loading import load_model  # noqa: E402
 from relayrl.plugins.tasks import make_task  # noqa: E402
 from relayrl.runtime.grpc_util import channel, free_ports  # noqa: E402
+from relayrl.weights.client import RelayClient  # noqa: E402
+from relayrl.weights.tied import tied_aliases, without  # noqa: E402
 from rollout_svc.engine_api import SamplingSpec  # noqa: E402
 from rollout_svc.engine_factory import make_engine  # noqa: E402
 
@@ -61,8 +63,23 @@ def raw_tokens_per_s(engine, cfg, prompts, args) -> float:
     return tokens / (time.perf_counter() - t0)
 
 
-def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, str]:
-    port, relay_port = free_ports(2)
+def start_relay(tmp: Path, lm) -> tuple[subprocess.Popen, str]:
+    """A real relay holding the loaded model as version 1 (over gRPC, as the trainer
+    publishes its first version), so the service's worker starts from the same weights as
+    the raw engine."""
+    (port,) = free_ports(1)
+    address = f"127.0.0.1:{port}"
+    cfg = {"run_dir": str(tmp), "relay": {"endpoint": {"port": port}, "keep_versions": 1,
+                                          "data_planes": ["grpc"]}}
+    proc = spawn_service("relay_svc", cfg, tmp, "relay", address, 60)
+    weights = without(lm.model.state_dict(), tied_aliases(lm.model))
+    RelayClient(address).publish(1, 0, weights)  # versions start at 1; 0 asks for the newest
+    return proc, address
+
+
+def start_service(cfg, engine: str, tmp: Path, args, relay: str
+                  ) -> tuple[subprocess.Popen, str]:
+    (port,) = free_ports(1)
     data = cfg.model_copy(update={"rollout": cfg.rollout.with_engine(engine)}).model_dump(
         mode="json")
     data["run_dir"] = str(tmp)
@@ -71,7 +88,8 @@ def start_service(cfg, engine: str, tmp: Path, args) -> tuple[subprocess.Popen, 
                            max_batch_seqs=args.batch_prompts * args.n)
     if args.batch_wait_ms is not None:
         data["rollout"]["batch_wait_ms"] = args.batch_wait_ms
-    data["relay"]["endpoint"]["port"] = relay_port  # no relay: the weights stay as loaded
+    data["rollout"]["weight_plane"] = "grpc"  # no shared-memory handoff from this process
+    data["relay"]["endpoint"]["port"] = int(relay.rsplit(":", 1)[1])
     address = f"127.0.0.1:{port}"
     return spawn_service("rollout_svc", data, tmp, f"rollout-{engine}", address), address
 
@@ -130,7 +148,12 @@ def main() -> None:
                         help="end sequences at end-of-sequence (default: max-new-tokens each)")
     parser.add_argument("--batch-wait-ms", type=float, default=None,
                         help="the service batcher's wait (default: the config's)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the same path at the smallest size: torch, 4 prompts, 1 round")
     args = parser.parse_args()
+    if args.smoke:
+        args.engines, args.prompts, args.n, args.batch_prompts = "torch", 4, 2, 2
+        args.concurrency, args.max_new_tokens, args.rounds = 2, 4, 1
 
     cfg = load_run_config(args.config, [f"rollout.torch_threads={args.threads}",
                                         f"rollout.max_new_tokens={args.max_new_tokens}"])
@@ -146,42 +169,52 @@ def main() -> None:
                     "max_new_tokens": args.max_new_tokens, "threads": args.threads,
                     "stop_at_eos": args.stop_at_eos}
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-") as tmp:
-        for engine in args.engines.split(","):
-            ecfg = cfg.model_copy(update={"rollout": cfg.rollout.with_engine(engine)})
-            raw_engine = make_engine(ecfg, lm, path)
-            spec = SamplingSpec(max_new_tokens=args.max_new_tokens,
-                                temperature=ecfg.rollout.temperature)
-            raw_engine.generate(prompts[:args.batch_prompts], spec)  # warm up
-            proc, address = start_service(ecfg, engine, Path(tmp), args)
-            rounds = []
-            try:
-                for i in range(args.rounds):
-                    if i % 2 == 0:
-                        raw = raw_tokens_per_s(raw_engine, ecfg, prompts, args)
-                        served, per_call = service_tokens_per_s(address, prompts, args)
-                    else:
-                        served, per_call = service_tokens_per_s(address, prompts, args)
-                        raw = raw_tokens_per_s(raw_engine, ecfg, prompts, args)
-                    rounds.append((raw, served, per_call))
-                    print(f"{engine} round {i + 1}: raw engine {raw:,.0f} tokens/s, service "
-                          f"over gRPC {served:,.0f} ({served / raw:.2f}; {per_call:.1f} "
-                          "requests per engine call)", flush=True)
-            finally:
-                proc.terminate()
-                proc.wait(30)
-                if hasattr(raw_engine, "close"):
-                    raw_engine.close()
-            ratios = sorted(s / r for r, s, _ in rounds)
-            result[engine] = {
-                "raw_tok_s": round(statistics.median(r for r, _, _ in rounds), 1),
-                "service_tok_s": round(statistics.median(s for _, s, _ in rounds), 1),
-                "ratio": round(statistics.median(ratios), 3),
-                "round_ratios": [round(x, 3) for x in ratios],
-                "requests_per_engine_call": round(
-                    statistics.mean(c for _, _, c in rounds), 2)}
+        relay, relay_address = start_relay(Path(tmp), lm)
+        try:
+            run_engines(cfg, lm, path, prompts, args, Path(tmp), relay_address, result)
+        finally:
+            relay.terminate()
+            relay.wait(30)
     result["min_ratio"] = min(v["ratio"] for v in result.values() if isinstance(v, dict))
     result["target"] = 0.9
     print(json.dumps(result))
+
+
+def run_engines(cfg, lm, path, prompts, args, tmp: Path, relay: str, result: dict) -> None:
+    """Raw and served rounds for each engine, each engine's figures into `result`."""
+    for engine in args.engines.split(","):
+        ecfg = cfg.model_copy(update={"rollout": cfg.rollout.with_engine(engine)})
+        raw_engine = make_engine(ecfg, lm, path)
+        spec = SamplingSpec(max_new_tokens=args.max_new_tokens,
+                            temperature=ecfg.rollout.temperature)
+        raw_engine.generate(prompts[:args.batch_prompts], spec)  # warm up
+        proc, address = start_service(ecfg, engine, tmp, args, relay)
+        rounds = []
+        try:
+            for i in range(args.rounds):
+                if i % 2 == 0:
+                    raw = raw_tokens_per_s(raw_engine, ecfg, prompts, args)
+                    served, per_call = service_tokens_per_s(address, prompts, args)
+                else:
+                    served, per_call = service_tokens_per_s(address, prompts, args)
+                    raw = raw_tokens_per_s(raw_engine, ecfg, prompts, args)
+                rounds.append((raw, served, per_call))
+                print(f"{engine} round {i + 1}: raw engine {raw:,.0f} tokens/s, service "
+                      f"over gRPC {served:,.0f} ({served / raw:.2f}; {per_call:.1f} "
+                      "requests per engine call)", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            if hasattr(raw_engine, "close"):
+                raw_engine.close()
+        ratios = sorted(s / r for r, s, _ in rounds)
+        result[engine] = {
+            "raw_tok_s": round(statistics.median(r for r, _, _ in rounds), 1),
+            "service_tok_s": round(statistics.median(s for _, s, _ in rounds), 1),
+            "ratio": round(statistics.median(ratios), 3),
+            "round_ratios": [round(x, 3) for x in ratios],
+            "requests_per_engine_call": round(
+                statistics.mean(c for _, _, c in rounds), 2)}
 
 
 if __name__ == "__main__":

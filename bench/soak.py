@@ -169,7 +169,11 @@ def main() -> None:
                         "at most 5")
     parser.add_argument("--run-dir", default=None, help="keep the run here (default: a "
                         "temporary directory)")
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args()
+    if args.smoke:
+        args.minutes, args.sample_s, args.warmup_minutes = 0.25, 1.0, 0.1
     if args.minutes <= 0 or args.sample_s <= 0:
         raise ValueError("--minutes and --sample-s must be positive")
     warmup = args.warmup_minutes if args.warmup_minutes is not None else min(5.0,

@@ -58,10 +58,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--skip", type=int, default=100, help="warm-up steps left out")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.skip, args.repeats = 4, 1, 1
     if not 0 < args.skip < args.steps or args.repeats < 1:
         parser.error("need 0 < --skip < --steps and --repeats >= 1")
-    work = ROOT / "runs" / "bench_throughput"
+    work = ROOT / "runs" / ("bench_throughput_smoke" if args.smoke else "bench_throughput")
     runs: dict[str, list[dict]] = {}
     for r in range(args.repeats):
         for name, overrides in [("config", []), *args.variant]:

@@ -233,7 +233,11 @@ def main() -> None:
     ap.add_argument("--grpc-fanout-max-mb", type=int, default=512,
                     help="gRPC workers each hold a private copy; above this only shared "
                     "memory fans out (8 x 2 GB would not fit beside the relays here)")
+    ap.add_argument("--smoke", action="store_true",
+        help="the real path at the smallest size, for the smoke test")
     args = ap.parse_args()
+    if args.smoke:
+        args.sizes_mb, args.planes, args.workers = "1", "grpc,shm", 1
     planes = [p for p in args.planes.split(",") if p]
     if "nixl" in planes and not nixl_plane.available():
         print("nixl-cu12 is not installed; skipping the nixl plane", flush=True)

@@ -31,7 +31,15 @@ from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.models.loading import LoadedModel
 from relayrl.plugins.envs import TurnGlue, load_environment, make_environment
 from relayrl.plugins.envs.calls import EnvCalls
-from relayrl.plugins.envs.play import Move, Turn, answer_all, error_kind, goes_on, open_episodes
+from relayrl.plugins.envs.play import (
+    Move,
+    Turn,
+    answer_all,
+    error_kind,
+    failure,
+    goes_on,
+    open_episodes,
+)
 from relayrl.plugins.tasks.problem import Problem
 from relayrl.rules.staleness import must_restart
 from rollout_svc.engine_api import Engine, SamplingSpec
@@ -65,12 +73,23 @@ class EpisodeGenerator(GroupGenerator):
         openings = open_episodes(self.env_cls, self.env_cfg, [problem] * n, self.glue,
                                  self.lm.encode_problem, self.calls)
         self.episodes += n
-        for o in openings:
-            if o.error:
-                self._failed(lease, o.error)
-        return EpisodeGroup(lease, [
-            Episode(o.env, o.messages, self.fit_prompt(lease.prompt_id, o.tokens),
-                    error=o.error) for o in openings])
+        episodes = []
+        for env, messages, tokens, error in openings:
+            if not error and len(tokens) > self.prompt_limit:
+                # never cut: the episode opens with the task's prompt, scored 0 with the error
+                error = failure(f"{self.env_cls.__name__}.reset", "prompt_window",
+                                f"its opening is {len(tokens)} tokens, over the "
+                                f"{self.prompt_limit} this worker's engine takes after "
+                                "rollout.max_new_tokens")
+                env = None
+                messages = ([dict(m) for m in problem.messages]
+                            or [{"role": "user", "content": problem.text}])
+                tokens = self.lm.encode_problem(problem.text, problem.messages)
+            if error:
+                self._failed(lease, error)
+            episodes.append(Episode(env, messages, self.fit_prompt(lease.prompt_id, tokens),
+                                    error=error))
+        return EpisodeGroup(lease, episodes)
 
     def _failed(self, lease: LeasedPrompt, error: str) -> None:
         self.env_errors += 1

@@ -185,6 +185,32 @@ def test_an_environment_that_raises_scores_zero_with_the_error(chat_lm):
     assert gen.env_error_kinds == {"raised": gen.env_errors}
 
 
+class LongOpening(Environment):
+    """Opens with a conversation of `chars` characters."""
+
+    def __init__(self, chars: int):
+        self.chars = chars
+
+    def reset(self, problem):
+        return [{"role": "user", "content": "1" * self.chars}]
+
+    def step(self, message):
+        return Step([], 1.0, True)
+
+
+def test_an_opening_longer_than_the_window_is_never_cut(chat_lm):
+    _, gen = generator(chat_lm, env="tests.unit.test_episodes:LongOpening",
+                       options={"chars": 1000})
+    assert gen.prompt_limit < 1000  # one character a token or more on this tokenizer
+    group = run(gen, LEASE)
+    samples = episode_samples(LEASE, group, "w", get_reward("exact_match"), None)
+    assert gen.env_error_kinds == {"prompt_window": 3}
+    for e, s in zip(group.episodes, samples, strict=True):
+        assert e.prompt_tokens == chat_lm.encode_problem("", USER)  # the task's own prompt
+        assert s.reward == 0 and s.reward_error.startswith(
+            "environment: LongOpening.reset: prompt_window: its opening is ")
+
+
 class Silent(Environment):
     def step(self, message):
         return Step([], None, True)

@@ -24,6 +24,9 @@ is stable, so that errors can be counted per kind from the samples:
   reset_timeout_s        the constructor and reset did not return within the limit
   step_timeout_s         step did not return within the limit
   max_stuck_calls        not called: too many earlier calls are still running past theirs
+  prompt_window          the opening reset returned is longer than the prompts the worker's
+                         engine takes (its window less rollout.max_new_tokens); the episode
+                         then opens with the task's own prompt, which the task measured
 Each limit kind is the name of its field of rollout.environment, and its detail gives the
 value and the limit.
 """
@@ -50,7 +53,7 @@ from relayrl.plugins.rewards import score
 from relayrl.plugins.tasks.problem import Problem
 
 KINDS = ("raised", "invalid", "max_observation_chars", "max_env_tokens", "reset_timeout_s",
-         "step_timeout_s", "max_stuck_calls")
+         "step_timeout_s", "max_stuck_calls", "prompt_window")
 
 
 class Opening(NamedTuple):

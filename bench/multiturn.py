@@ -139,7 +139,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--profile", type=int, default=0, help="print the N costliest calls")
+    p.add_argument("--smoke", action="store_true",
+                   help="the smallest run of the same path (2 groups of 2, one repeat): "
+                   "checks that the bench runs, measures nothing")
     args = p.parse_args()
+    if args.smoke:
+        args.groups, args.samples, args.tokens, args.repeats = 2, 2, 6, 1
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         lm = tiny(Path(tmp))

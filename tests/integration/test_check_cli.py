@@ -110,7 +110,7 @@ def test_an_environment_that_fails_is_reported(tmp_path):
     out = check(own_task(tmp_path, rollout={**OWN["rollout"], **env}), path=tmp_path)
     assert out.returncode == 1
     assert "environment: broken_env:Broken" in out.stdout
-    assert "FAILED Broken.step: ValueError: Broken.step: returned str, not a Step" in out.stdout
+    assert "FAILED Broken.step: Invalid: Broken.step: returned str, not a Step" in out.stdout
     out = check(own_task(tmp_path, rollout={**OWN["rollout"],
                                             "environment": {"cls": "no_such_env:Env"}}))
     assert out.returncode == 1

@@ -26,7 +26,8 @@ from relayrl.config import RunConfig
 from relayrl.evaluation.runner import evaluate_sets
 from relayrl.evaluation.sets import build_sets
 from relayrl.models.loading import LoadedModel
-from relayrl.runtime.metrics import MetricsWriter, open_run_metrics, read_metrics
+from relayrl.runtime.metrics import MetricsWriter, StepRecord, open_run_metrics, read_records
+from relayrl.sampling.sampler import Stopped
 from relayrl.weights.client import RelayClient
 from relayrl.weights.collective import worker_device
 from relayrl.weights.manifest import WeightError
@@ -48,18 +49,21 @@ class Follower:
         self.relays = relays
         self.writer = writer
         self.sets = build_sets(cfg)  # a bad set fails here, before any pull
-        done = [r["step"] for r in read_metrics(writer.path) if "step" in r]
+        done = [r.step for r in read_records(writer.path)]
         self.last = max(done) if done else -1  # the newest version evaluated
 
-    def evaluate(self, version: int) -> dict:
+    def evaluate(self, version: int, stop: threading.Event | None = None) -> StepRecord:
+        """The version's record, written; relayrl.sampling.sampler.Stopped (nothing
+        written) once `stop` is set."""
         t0 = time.monotonic()
-        record, _ = evaluate_sets(self.lm, self.sets, seed=self.cfg.eval.seed,
-                                  batch_size=self.cfg.eval.batch_size)
-        record = {"step": version, **record, "time/eval_s": time.monotonic() - t0}
+        figures, _ = evaluate_sets(self.lm, self.sets, seed=self.cfg.eval.seed,
+                                   batch_size=self.cfg.eval.batch_size, stop=stop)
+        record = StepRecord.from_json({"step": version, **figures})
+        record.figures.eval_s = time.monotonic() - t0
         self.writer.write(record)
         self.last = version
         log.info("version %d: %s", version, ", ".join(
-            f"{k}={v:.3f}" for k, v in record.items() if k.endswith("pass@1")))
+            f"{k}={v:.3f}" for k, v in figures.items() if k.endswith("pass@1")))
         return record
 
     def next_due(self) -> tuple[RelayClient, int] | None:
@@ -77,7 +81,7 @@ class Follower:
                 return relay, max(due)
         return None
 
-    def step(self) -> bool:
+    def step(self, stop: threading.Event | None = None) -> bool:
         """One look at the relay; True if a version was evaluated."""
         found = self.next_due()
         if found is None:
@@ -89,7 +93,7 @@ class Follower:
             log.warning("pull of version %d from %s failed: %s", version, relay.address, err)
             return False
         load_published(self.lm.model, tensors)
-        self.evaluate(version)
+        self.evaluate(version, stop)
         return True
 
     @property
@@ -97,11 +101,14 @@ class Follower:
         return self.last >= self.cfg.trainer.max_steps
 
     def run(self, stop: threading.Event) -> None:
-        if self.last < 0:  # the starting model, as the inline eval's step 0
-            self.evaluate(0)
-        while not stop.is_set() and not self.finished:
-            if not self.step():
-                stop.wait(self.cfg.eval.poll_s)
+        try:
+            if self.last < 0 and self.cfg.eval.at_start:  # the starting model: version 0
+                self.evaluate(0, stop)
+            while not stop.is_set() and not self.finished:
+                if not self.step(stop):
+                    stop.wait(self.cfg.eval.poll_s)
+        except Stopped:  # the version is evaluated again by the next evaluator
+            log.info("stopped during an evaluation; nothing of it written")
 
 
 def serve(cfg: RunConfig) -> None:

@@ -25,18 +25,18 @@ def _load(args):
 
 
 def _summary(cfg) -> None:
-    from relayrl.runtime.metrics import read_metrics
+    from relayrl.runtime.metrics import read_records
 
     rows = [r for name in ("metrics.jsonl", "eval.jsonl")  # eval.jsonl: eval.mode separate
-            for r in read_metrics(f"{cfg.run_dir}/{name}") if "eval/accuracy_sampled" in r]
+            for r in read_records(f"{cfg.run_dir}/{name}")
+            if r.figures.accuracy_sampled is not None]
     if rows:
-        first, last = min(rows, key=lambda r: r["step"]), max(rows, key=lambda r: r["step"])
-        greedy = (f"; greedy {first['eval/accuracy_greedy']:.3f} -> "
-                  f"{last['eval/accuracy_greedy']:.3f}" if "eval/accuracy_greedy" in first
-                  and "eval/accuracy_greedy" in last else "")
-        print(f"held-out accuracy (sampled): {first['eval/accuracy_sampled']:.3f} at step "
-              f"{first['step']} -> {last['eval/accuracy_sampled']:.3f} at step {last['step']}"
-              + greedy)
+        first, last = min(rows, key=lambda r: r.step), max(rows, key=lambda r: r.step)
+        a, b = first.figures, last.figures
+        greedy = (f"; greedy {a.accuracy_greedy:.3f} -> {b.accuracy_greedy:.3f}"
+                  if a.accuracy_greedy is not None and b.accuracy_greedy is not None else "")
+        print(f"held-out accuracy (sampled): {a.accuracy_sampled:.3f} at step {first.step} -> "
+              f"{b.accuracy_sampled:.3f} at step {last.step}" + greedy)
     print(f"run directory: {cfg.run_dir} (metrics.jsonl, reward.png, checkpoints/, logs/)")
 
 

@@ -8,6 +8,7 @@ from redis.exceptions import ResponseError
 
 from relayrl.contracts import control
 from relayrl.contracts.keys import TRAINER_GROUP
+from relayrl.runtime.metrics import StepFigures, StepRecord
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest_models import BufferDepth, RunStatusView
 
@@ -28,7 +29,7 @@ def buffer_depth(core: SchedulerCore) -> BufferDepth:
 def run_status(core: SchedulerCore) -> RunStatusView:
     step = int(core.redis.get(core.keys.trainer_version) or 0)
     latest = control.read_recent_metrics(core.redis, core.keys, 1)
-    record = latest[-1] if latest else {}
+    figures = StepRecord.from_json(latest[-1]).figures if latest else StepFigures()
     with core.lock:
         policy = core.policy
         versions = {w: s.policy_version for w, s in sorted(policy.workers.items())}
@@ -36,7 +37,6 @@ def run_status(core: SchedulerCore) -> RunStatusView:
     stopping = control.read_stop_target(core.redis, core.keys)
     return RunStatusView(
         state=state, trainer_step=step, worker_versions=versions, buffer=buffer_depth(core),
-        reward_mean=record.get("train/reward_mean"),
-        samples_per_s=record.get("throughput/samples_per_s"),
-        tokens_per_s=record.get("throughput/tokens_per_s"), settings=settings,
+        reward_mean=figures.reward_mean, samples_per_s=figures.samples_per_s,
+        tokens_per_s=figures.tokens_per_s, settings=settings,
         stop_target=stopping)

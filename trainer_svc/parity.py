@@ -30,14 +30,15 @@ def logprob_gaps(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: to
     """All [B, T] tensors aligned on next-token positions; `mask` 1.0 on policy tokens;
     `token_versions` the version that sampled each token; `trainer_logp` under `version`.
     `rescored` (logp, 1.0 where valid): older tokens re-scored under their own version (see
-    rescore_older_tokens), which join the engine check. Keys with no tokens are left out."""
+    rescore_older_tokens), which join the engine check. By StepFigures field; a figure with no
+    tokens is left out."""
     out: dict[str, float] = {}
     mask = mask.float()
     if mask.sum() == 0:
         return out
     absdiff, kl, _ = _gap(trainer_logp, engine_logp, mask)
-    out["rollout/offpolicy_logp_absdiff"] = absdiff
-    out["rollout/offpolicy_kl"] = kl
+    out["offpolicy_logp_absdiff"] = absdiff
+    out["offpolicy_kl"] = kl
     same = mask * (token_versions == version).float()
     reference = trainer_logp
     if rescored is not None:
@@ -45,11 +46,11 @@ def logprob_gaps(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: to
         valid = valid * mask * (1.0 - same)
         reference = torch.where(valid > 0, logp, trainer_logp)
         same = same + valid
-    out["rollout/engine_tokens_frac"] = (same.sum() / mask.sum()).item()
+    out["engine_tokens_frac"] = (same.sum() / mask.sum()).item()
     if same.sum() > 0:
         absdiff, kl, _ = _gap(reference, engine_logp, same)
-        out["rollout/engine_logp_absdiff"] = absdiff
-        out["rollout/engine_kl"] = kl
+        out["engine_logp_absdiff"] = absdiff
+        out["engine_kl"] = kl
     return out
 
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relayrl.runtime.metrics import read_metrics
+from relayrl.runtime.metrics import StepRecord, read_records
 
 log = logging.getLogger(__name__)
 DRAW_TIMEOUT_S = 120
@@ -33,11 +33,11 @@ def rolling_mean(values: list[float], window: int) -> list[float]:
     return out
 
 
-def set_keys(rows: list[dict]) -> list[str]:
+def set_keys(rows: list[StepRecord]) -> list[str]:
     """The eval/<set>/pass@1 keys of `rows`, in the order the sets first appear."""
     seen: dict[str, None] = {}
     for r in rows:
-        for key in r:
+        for key in r.extra:
             if key.startswith("eval/") and key.endswith("/pass@1") and key.count("/") == 2:
                 seen[key] = None
     return list(seen)
@@ -48,29 +48,32 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path, title: str = "")
     and greedy, every other set's pass@1), against steps."""
     from matplotlib.figure import Figure
 
-    rows = read_metrics(metrics_path)
-    train = [r for r in rows if "train/reward_mean" in r]
-    evals = [r for r in rows + read_metrics(Path(metrics_path).with_name("eval.jsonl"))
-             if "eval/accuracy_sampled" in r]
-    evals.sort(key=lambda r: r["step"])
+    rows = read_records(metrics_path)
+    train = [r for r in rows if r.figures.reward_mean is not None]
+    evals = [r for r in rows + read_records(Path(metrics_path).with_name("eval.jsonl"))
+             if r.figures.accuracy_sampled is not None]
+    evals.sort(key=lambda r: r.step)
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
     if train:
-        steps = [r["step"] for r in train]
-        rewards = [r["train/reward_mean"] for r in train]
+        steps = [r.step for r in train]
+        rewards = [r.figures.reward_mean for r in train]
         ax.plot(steps, rewards, alpha=0.25, color="tab:blue")
         window = max(1, len(rewards) // 40)
         ax.plot(steps, rolling_mean(rewards, window), color="tab:blue",
                 label=f"train reward ({window}-step mean)")
     if evals:
-        for key, label, color in (
-            ("eval/accuracy_sampled", "held-out accuracy, sampled", "tab:orange"),
-            ("eval/accuracy_greedy", "held-out accuracy, greedy", "tab:green"),
+        for name, label, color in (
+            ("accuracy_sampled", "held-out accuracy, sampled", "tab:orange"),
+            ("accuracy_greedy", "held-out accuracy, greedy", "tab:green"),
         ):
-            ax.plot([r["step"] for r in evals if key in r], [r[key] for r in evals if key in r],
-                    marker="o", color=color, label=label)
+            points = [(r.step, getattr(r.figures, name)) for r in evals]
+            points = [(step, v) for step, v in points if v is not None]
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=color,
+                    label=label)
         for key in set_keys(evals)[1:]:  # the other eval sets: their pass@1
-            ax.plot([r["step"] for r in evals if key in r], [r[key] for r in evals if key in r],
+            ax.plot([r.step for r in evals if key in r.extra],
+                    [r.extra[key] for r in evals if key in r.extra],
                     marker=".", linestyle="--", label=f"{key.split('/')[1]} pass@1")
     ax.set_xlabel("trainer step")
     ax.set_ylabel("reward / accuracy")
@@ -89,21 +92,22 @@ def plot_throughput(metrics_path: str | Path, out_png: str | Path, title: str = 
     per-step values faint, their rolling mean solid."""
     from matplotlib.figure import Figure
 
-    rows = [r for r in read_metrics(metrics_path) if "throughput/samples_per_s" in r]
+    rows = [r for r in read_records(metrics_path) if r.figures.samples_per_s is not None]
     panels = (
-        ("samples / s", (("throughput/samples_per_s", "samples trained", "tab:blue"),)),
-        ("tokens / s", (("throughput/tokens_per_s", "response tokens trained", "tab:purple"),
-                        ("throughput/generated_tokens_per_s", "tokens generated", "tab:green"))),
-        ("policy-version lag", (("staleness/lag_mean", "batch mean", "tab:orange"),
-                                ("staleness/lag_max", "batch max", "tab:red"))),
+        ("samples / s", (("samples_per_s", "samples trained", "tab:blue"),)),
+        ("tokens / s", (("tokens_per_s", "response tokens trained", "tab:purple"),
+                        ("generated_tokens_per_s", "tokens generated", "tab:green"))),
+        ("policy-version lag", (("lag_mean", "batch mean", "tab:orange"),
+                                ("lag_max", "batch max", "tab:red"))),
     )
     window = max(1, len(rows) // 40)
     fig = Figure(figsize=(7, 7))
     axes = fig.subplots(len(panels), 1, sharex=True)
     for ax, (ylabel, series) in zip(axes, panels, strict=True):
         for key, label, color in series:
-            steps = [r["step"] for r in rows if key in r]
-            values = [r[key] for r in rows if key in r]
+            points = [(r.step, getattr(r.figures, key)) for r in rows]
+            steps = [step for step, v in points if v is not None]
+            values = [v for _, v in points if v is not None]
             if values:
                 ax.plot(steps, values, color=color, alpha=0.25)
                 ax.plot(steps, rolling_mean(values, window), color=color,

@@ -12,12 +12,15 @@ import torch
 
 from relayrl.config import RunConfig
 from relayrl.contracts.proto.v1 import trainer_pb2, trainer_pb2_grpc
+from relayrl.evaluation.runner import sequences
 from relayrl.models import resolve_model_path
 from relayrl.models.loading import load_model
 from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.logs import setup_logging
+from relayrl.runtime.metrics import StepRecord
 from relayrl.runtime.redis_conn import redis_session
 from relayrl.runtime.service import ServiceRunner
+from relayrl.sampling.sampler import Stopped
 from relayrl.weights.client import RelayClient
 from trainer_svc.distributed import Parallel, close_world, init_world
 from trainer_svc.learner import Learner
@@ -55,24 +58,76 @@ def _progress(trainer: Trainer, enabled: bool):
                 disable=not enabled, dynamic_ncols=True)
 
 
+def evaluate(trainer: Trainer, stop: threading.Event) -> StepRecord | None:
+    """The eval record of the trainer's current weights, with a progress bar that shows how
+    long it will take; None (and nothing of it kept) when told to stop meanwhile."""
+    from tqdm import tqdm
+
+    total = sequences(trainer.eval_sets)
+    log.info("evaluating version %d: %d sequences of up to %d tokens (eval.every %d; "
+             "eval.mode separate evaluates beside training, eval.at_start false skips "
+             "version 0)", trainer.step, total, trainer.cfg.rollout.max_new_tokens,
+             trainer.cfg.eval.every)
+    bar = tqdm(total=total, desc=f"eval v{trainer.step}", unit="seq", leave=False,
+               disable=not trainer.tc.progress, dynamic_ncols=True)
+    try:
+        record = trainer.run_eval(lambda done, _: bar.update(done - bar.n), stop)
+    except Stopped:
+        log.info("evaluation of version %d stopped; the run stops without it", trainer.step)
+        return None
+    finally:
+        bar.close()
+    log.info("evaluated version %d in %.1f s", trainer.step, record.figures.eval_s)
+    return record
+
+
+class Throughput:
+    """Samples and tokens trained per second over about the last 30 s: the figures of the
+    steps that ended in the window, over the time since the step before them ended (the
+    loop's start for the first), so a window of one long step still has a rate."""
+
+    WINDOW_S = 30.0
+
+    def __init__(self, link) -> None:
+        self.link = link
+        # (end time, samples, tokens trained, tokens generated so far) of recent steps
+        self.marks = [(time.monotonic(), 0, 0, tokens_generated(link))]
+
+    def record(self, figures) -> None:
+        now = time.monotonic()
+        self.marks.append((now, figures.samples or 0, figures.tokens or 0,
+                           tokens_generated(self.link)))
+        while len(self.marks) > 2 and now - self.marks[1][0] >= self.WINDOW_S:
+            self.marks.pop(0)  # the window starts where its oldest step began
+        start, counted = self.marks[0], self.marks[1:]
+        span = max(now - start[0], 1e-6)
+        figures.samples_per_s = sum(m[1] for m in counted) / span
+        figures.tokens_per_s = sum(m[2] for m in counted) / span
+        figures.generated_tokens_per_s = max(counted[-1][3] - start[3], 0) / span
+        if figures.step_s:
+            figures.trainer_tokens_per_s = (figures.tokens or 0) / figures.step_s
+
+
 def run_loop(trainer: Trainer, stop: threading.Event) -> None:
     tc = trainer.tc
     trainer.stop = stop
     every = trainer.cfg.eval.every
-    if trainer.step == 0 and every and trainer.evaluates:
-        record = {"step": 0, **trainer.run_eval()}
-        trainer.metrics.write(record)
-        trainer.latest = record
+    halted = False
+    if trainer.step == 0 and every and trainer.evaluates and trainer.cfg.eval.at_start:
+        record = evaluate(trainer, stop)
+        halted = record is None
+        if record is not None:
+            trainer.metrics.write(record)
+            trainer.latest = record
     if trainer.step > 0:  # resumed: make sure the relay serves what the trainer holds
         trainer.publisher.publish(trainer.step, trainer.step, trainer.learner.weights())
     operator = OperatorSignals(trainer)
     halt = operator.watch(stop)  # set by a signal, or by a graceful stop once it is due
     plots = Plotter(trainer.metrics.path, trainer.run_dir, trainer.cfg.run_id)
     bar = _progress(trainer, tc.progress)
-    # (time, samples, tokens trained, tokens generated so far) of recent steps
-    window: list[tuple[float, int, int, int]] = []
+    throughput = Throughput(trainer.link)
     acc = float("nan")
-    while trainer.step < tc.max_steps and not halt.is_set():
+    while not halted and trainer.step < tc.max_steps and not halt.is_set():
         operator.apply_settings()
         got = trainer.next_batch(halt)
         if got is None:
@@ -84,39 +139,30 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
             break
         if trainer.step == before:  # skipped: not finite (trainer_svc.finite); no new version
             trainer.metrics.write(record)
-            operator.publish(record)
-            trainer.latest = {**trainer.latest, **record}
+            operator.publish(record.to_json())
+            trainer.latest = trainer.latest.updated(record)
             continue
-        record["control/max_staleness"] = operator.settings.max_staleness
-        record["control/temperature"] = operator.settings.temperature
+        figures = record.figures
+        figures.max_staleness = operator.settings.max_staleness
+        figures.temperature = operator.settings.temperature
+        throughput.record(figures)
         if trainer.evaluates and (every and trainer.step % every == 0
                                   or trainer.step == tc.max_steps):
-            record.update(trainer.run_eval())
-            acc = record["eval/accuracy_sampled"]
-        now = time.monotonic()
-        window = [w for w in window if now - w[0] < 30] + \
-            [(now, record.get("train/samples", 0), record.get("train/tokens", 0),
-              tokens_generated(trainer.link))]
-        span = max(now - window[0][0], 1e-6)
-        rate = sum(w[1] for w in window) / span if len(window) > 1 else 0
-        record["throughput/samples_per_s"] = rate
-        record["throughput/tokens_per_s"] = (sum(w[2] for w in window) / span
-                                             if len(window) > 1 else 0)
-        record["throughput/generated_tokens_per_s"] = (
-            max(window[-1][3] - window[0][3], 0) / span if len(window) > 1 else 0)
-        if record.get("time/step_s"):
-            record["throughput/trainer_tokens_per_s"] = (record.get("train/tokens", 0)
-                                                         / record["time/step_s"])
+            evaluated = evaluate(trainer, stop)
+            if evaluated is None:  # the step itself is kept: written and checkpointed below
+                halted = True
+            else:
+                record = record.updated(evaluated)
+                acc = record.figures.accuracy_sampled
         trainer.metrics.write(record)
-        operator.publish(record)
-        trainer.latest = {**trainer.latest, **record}
+        operator.publish(record.to_json())
+        trainer.latest = trainer.latest.updated(record)
         if trainer.step % tc.checkpoint.every == 0:
             trainer.save_checkpoint()
         if trainer.step % tc.plot_every == 0:
             plots.request()
         bar.update(1)
-        bar.set_postfix(reward=f"{trainer.last_reward:.2f}", acc=f"{acc:.2f}",
-                        sps=f"{rate:.0f}", lag=f"{record.get('staleness/lag_mean', 0):.1f}")
+        bar.set_postfix(_postfix(record.figures, trainer.last_reward, acc))
     bar.close()
     try:
         trainer.save_checkpoint()  # first: the wait for the relay may be long (an outage)
@@ -128,6 +174,16 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
     trainer.finished = trainer.step >= tc.max_steps
     halt.set()  # ends the watcher
     log.info("trainer %s at step %d", "finished" if trainer.finished else "stopped", trainer.step)
+
+
+def _postfix(f, reward: float, acc: float) -> dict[str, str]:
+    out = {"reward": f"{reward:.2f}", "acc": f"{acc:.2f}", "sps": f"{f.samples_per_s or 0:.1f}",
+           "lag": f"{f.lag_mean or 0:.1f}"}
+    if f.episodes is not None:
+        out["turns"] = f"{(f.turns or 0) / max(f.episodes, 1):.1f}"
+    if f.reward_errors:
+        out["errors"] = str(f.reward_errors)
+    return out
 
 
 def serve(cfg: RunConfig) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from relayrl.contracts import ledger as prompt_ledger
 from relayrl.contracts.messages import Batch, Group, encode_batch
+from relayrl.runtime.metrics import StepRecord
 from relayrl.runtime.outage import ride_out
 from trainer_svc import checkpoint
 from trainer_svc.books import Books, RedisLink
@@ -71,13 +72,14 @@ class SetAside:
         b.totals["batches_quarantined"] += 1
 
     def nonfinite_step(self, entry_id: bytes, batch: Batch, kept: list[Group],
-                       stats: dict[str, float], record: dict) -> dict:
+                       stats: StepRecord, record: StepRecord) -> StepRecord:
         """A step whose loss or gradient norm was not finite: no update, no publish. Its
         trained groups are finished untrained (the entry is already in the ledger); after
         trainer.max_nonfinite_steps in a row, NonFiniteError (trainer_svc.finite)."""
         b = self.books
         ids = [g.prompt_id for g in kept]
-        loss, grad_norm = stats.get("loss", float("nan")), stats.get("grad_norm", float("nan"))
+        loss, grad_norm = (float("nan") if v is None else v
+                           for v in (stats.figures.loss, stats.figures.grad_norm))
         reason = f"step {b.step + 1}: loss {loss}, grad_norm {grad_norm} not finite"
         log.error("skipping %s (batch %s, prompts %s)", reason, batch.batch_id, ids)
         self.quarantine.record(entry_id, "nonfinite_step", reason, ids, b.step,
@@ -88,8 +90,10 @@ class SetAside:
         last = checkpoint.latest(self.ckpt_dir)
         self.guard.skipped(b.step + 1, loss, grad_norm,
                            str(last) if last else "none written yet")
-        return {**record, "step": b.step, "train/step_skipped": 1,
-                "train/nonfinite_steps": b.totals["nonfinite_steps"]}
+        record.step = b.step  # no new version: the record is of the step not taken
+        record.figures.step_skipped = 1
+        record.extra.update(b.set_aside_counters())
+        return record
 
     def passed(self) -> None:
         """A step taken: the run of skipped ones, if any, is over."""

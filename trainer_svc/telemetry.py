@@ -1,6 +1,6 @@
 """What the trainer exports on /metrics: its totals, the publisher's counters, and the newest
-value of each per-step figure it also writes to metrics.jsonl (the `from_figures` classes,
-read back from the last record; None, so not exported, until a step records them)."""
+value of each per-step figure it also writes to metrics.jsonl (StepFigures and the classes
+read back from the newest records; None, so not exported, until a step records them)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from relayrl.runtime.exporter import ServiceMetrics
+from relayrl.runtime.metrics import StepFigures, StepRecord
 from relayrl.runtime.stats import Stats, counter, gauge
 from trainer_svc.batching import LAG_BUCKETS, lag_bucket_names
 from trainer_svc.books import Books, RedisLink
@@ -62,43 +63,6 @@ class PublishTimes(Stats, section="weights"):
 
 
 @dataclass
-class StepStats(Stats, section="train"):
-    """Figures of the last step's (or eval's) record."""
-
-    reward_mean: float | None = gauge("Mean reward of the last step's samples.")
-    reward_std: float | None = gauge("Reward std of the last step's samples.")
-    reward_errors: int | None = gauge("Samples of the last step whose reward raised or was "
-                                      "refused (scored 0).")
-    loss: float | None = gauge("Loss of the last step.")
-    grad_norm: float | None = gauge("Gradient norm of the last step, before clipping.")
-    entropy: float | None = gauge("Mean token entropy of the last step.")
-    clip_frac: float | None = gauge("Share of tokens whose ratio was clipped.")
-    is_weight_mean: float | None = gauge("Mean off-policy importance weight.")
-    response_len_mean: float | None = gauge("Mean response length, tokens.")
-    samples_per_s: float | None = gauge("Samples trained per second (30 s window).",
-                                        section="throughput")
-    tokens_per_s: float | None = gauge("Response tokens trained per second (30 s window).",
-                                       section="throughput")
-    generated_tokens_per_s: float | None = gauge(
-        "Tokens the rollout workers generated per second (30 s window), kept or not.",
-        section="throughput")
-    trainer_tokens_per_s: float | None = gauge(
-        "Response tokens per second of the trainer's own step time.", section="throughput")
-    lag_mean: float | None = gauge(
-        "Mean versions between a sample's oldest token and the trainer.", section="staleness")
-    lag_max: float | None = gauge("Largest such lag in the last step.", section="staleness")
-    step_s: float | None = gauge("Seconds the last step took.", section="time")
-    accuracy_sampled: float | None = gauge("Held-out accuracy at the last eval, sampled.",
-                                           section="eval")
-    accuracy_greedy: float | None = gauge("Held-out accuracy at the last eval, greedy.",
-                                          section="eval")
-    engine_logp_absdiff: float | None = gauge(
-        "Mean |engine - trainer| log-probability on same-version tokens.", section="rollout")
-    engine_kl: float | None = gauge("KL (k3) of engine to trainer, same version.",
-                                    section="rollout")
-
-
-@dataclass
 class EvalSetStats(Stats, section="eval_set"):
     """Each eval set's figures at the last eval, labelled by the set's name (its
     eval/<set>/... keys in metrics.jsonl)."""
@@ -136,7 +100,7 @@ LagStats = make_dataclass("LagStats", [
     for name in lag_bucket_names(LAG_BUCKETS + 1)], bases=(Stats,),
     namespace={"section": "staleness"})
 
-STEP_KINDS: tuple[type[Stats], ...] = (StepStats, LagStats, PublishTimes)
+STEP_KINDS: tuple[type[Stats], ...] = (StepFigures, LagStats, PublishTimes)
 TRAINER_KINDS = (TrainerStats, TrainTotals, PublishCounts, *STEP_KINDS, EvalSetStats)
 
 
@@ -151,17 +115,18 @@ def publish_times(pub: AsyncPublisher) -> PublishTimes:
 
 
 def trainer_metrics(books: Books, pub: AsyncPublisher,
-                    latest: Callable[[], dict[str, float]],
+                    latest: Callable[[], StepRecord],
                     finished: Callable[[], bool]) -> ServiceMetrics:
     """/metrics of the trainer: its books and publisher, and `latest()`, the newest value of
     each figure of metrics.jsonl (replaced whole by the loop, never changed in place)."""
     def read() -> list[Stats]:
-        last = latest()
+        newest = latest()
+        last = newest.to_json()
         return [TrainerStats(step=books.step, finished=float(finished()),
                              published_version=pub.published_version),
                 TrainTotals(**{f.name: books.totals[f.name] for f in fields(TrainTotals)}),
                 publish_counts(pub),
-                *(kind.from_figures(last) for kind in STEP_KINDS),
+                newest.figures, LagStats.from_figures(last), PublishTimes.from_figures(last),
                 EvalSetStats.from_record(last)]
 
     return ServiceMetrics(TRAINER_KINDS, read)

@@ -20,7 +20,12 @@ from relayrl.evaluation import build_sets, evaluate_sets
 from relayrl.models.loading import LoadedModel
 from relayrl.plugins.tasks import make_run_task
 from relayrl.runtime.backpressure import StoppedWaiting
-from relayrl.runtime.metrics import open_metrics, open_run_metrics  # noqa: F401 (tests import it)
+from relayrl.runtime.metrics import (  # noqa: F401 (tests import open_metrics)
+    StepFigures,
+    StepRecord,
+    open_metrics,
+    open_run_metrics,
+)
 from relayrl.runtime.outage import ride_out
 from trainer_svc.batching import (
     collate,
@@ -32,6 +37,7 @@ from trainer_svc.batching import (
 from trainer_svc.books import Books, RedisLink
 from trainer_svc.distributed import Parallel
 from trainer_svc.durability import Durability
+from trainer_svc.errors import count_errors, episode_counts
 from trainer_svc.learner import Learner
 from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
 from trainer_svc.publisher import AsyncPublisher
@@ -78,7 +84,7 @@ class Trainer:
         self.set_aside = SetAside(self.books, self.link, lm.model, self.tc.max_nonfinite_steps,
                                   self.ckpt_dir, self.durable.record_progress)
         self.last_reward = 0.0
-        self.latest: dict[str, float] = {}  # newest value of each metric, for /metrics
+        self.latest = StepRecord(0)  # newest value of each figure, for /metrics
         self.finished = False
         self.started = time.monotonic()
         ensure_group(self.r, self.keys.batches, TRAINER_GROUP)
@@ -135,7 +141,7 @@ class Trainer:
         return entries or read_group(self.r, self.keys.batches, TRAINER_GROUP, CONSUMER,
                                      count=1, block_ms=500)
 
-    def train_step(self, entry_id: bytes, batch) -> dict:
+    def train_step(self, entry_id: bytes, batch) -> StepRecord:
         t0 = time.monotonic()
         books = self.books
         version = books.step  # the weights about to be updated are version `step`
@@ -155,40 +161,43 @@ class Trainer:
         filtered_samples = sum(len(g.samples) for g in uniform)
         books.totals["samples_filtered_uniform"] += filtered_samples
         books.totals["groups_filtered_uniform"] += len(uniform)
-        record: dict = {"step": books.step + 1, "train/groups_dropped_stale": len(split.stale),
-                        "train/samples_dropped_stale": dropped_samples,
-                        "train/groups_filtered_uniform": len(uniform),
-                        "train/samples_filtered_uniform": filtered_samples,
-                        # TRL's frac_reward_zero_std: groups that teach nothing (all right or
-                        # all wrong), before any filter
-                        "train/groups_uniform_frac": len(agreeing) / max(len(split.kept), 1),
-                        # decoded, then thrown away: bench/longtail.py counts it as waste
-                        "train/tokens_dropped_stale": sum(
-                            len(s.response_tokens) for g in split.stale for s in g.samples),
-                        **lag_histogram(batch, version, self.tc.max_staleness),
-                        **token_lag_histogram(split.kept, version, self.tc.max_staleness)}
+        figures = StepFigures(
+            groups_dropped_stale=len(split.stale), samples_dropped_stale=dropped_samples,
+            groups_filtered_uniform=len(uniform), samples_filtered_uniform=filtered_samples,
+            # TRL's frac_reward_zero_std: groups that teach nothing (all right or all wrong),
+            # before any filter
+            groups_uniform_frac=len(agreeing) / max(len(split.kept), 1),
+            # decoded, then thrown away: bench/longtail.py counts it as waste
+            tokens_dropped_stale=sum(len(s.response_tokens)
+                                     for g in split.stale for s in g.samples),
+            external_groups=external)
+        record = StepRecord(books.step + 1, figures, {
+            **lag_histogram(batch, version, self.tc.max_staleness),
+            **token_lag_histogram(split.kept, version, self.tc.max_staleness)})
         if kept:
             update, finite = self._optimize(kept, version)
             if not finite:  # no update, no publish, nothing trained (trainer_svc.finite)
                 return self.set_aside.nonfinite_step(entry_id, batch, kept, update, record)
-            record.update(update)
+            record = record.updated(update)
         else:  # no update: the version about to be published holds these very weights
             self.history.remember(version, self.lm.model)
         books.ledger.consumed.extend(g.prompt_id for g in kept)
         self.set_aside.passed()
         books.step += 1
-        record.update(publish_times(self.publisher).figures())  # the previous version's
+        previous_publish = publish_times(self.publisher).figures()  # the previous version's
         self.publisher.publish(books.step, books.step, self.learner.weights())
         self.link.write(self.durable.record_progress, "the trainer's version")
-        record["train/external_groups"] = external
-        record.update(publish_counts(self.publisher).figures())
-        record.update(books.set_aside_counters())
-        record["time/step_s"] = time.monotonic() - t0
-        record["time/elapsed_s"] = time.monotonic() - self.started
+        record.extra.update({**previous_publish, **publish_counts(self.publisher).figures(),
+                             **books.set_aside_counters()})
+        now = time.monotonic()
+        record.figures.step_s = now - t0
+        record.figures.elapsed_s = now - self.started
+        record.figures.run_samples_per_s = books.totals["samples_trained"] / max(
+            now - self.started, 1e-9)
         return record
 
-    def _optimize(self, groups, version: int) -> tuple[dict, bool]:
-        """(the step's record, True), or (the loss's stats, False) for a step not taken
+    def _optimize(self, groups, version: int) -> tuple[StepRecord, bool]:
+        """(the step's figures, True), or (the loss's statistics, False) for a step not taken
         because its loss or gradient norm was not finite."""
         tb = collate(groups, version, self.lm.pad_id, self.tc.loss.scales_by_group_std)
         model = self.lm.model
@@ -206,31 +215,35 @@ class Trainer:
                 self.history.remember(version, model)
 
         result = self.learner.update(tb, before_first_step)
+        loss_stats = StepRecord.from_json({f"train/{k}": v for k, v in result.stats.items()})
         if result.nonfinite:
-            return result.stats, False
+            return loss_stats, False
         n = tb.rewards.numel()
         self.books.totals["samples_trained"] += n
-        reward_errors = [s.reward_error for g in groups for s in g.samples if s.reward_error]
-        if reward_errors:  # scored 0: a broken reward would otherwise look like a hard task
-            log.warning("step %d: %d samples' reward raised or was refused (scored 0), e.g. "
-                        "%s", self.step + 1, len(reward_errors), reward_errors[0])
         self.last_reward = tb.rewards.mean().item()
-        record = {
-            "train/reward_mean": self.last_reward, "train/reward_std": tb.rewards.std().item(),
-            "train/samples": n, "train/groups": len(groups),
-            "train/reward_errors": len(reward_errors),
-            "train/tokens": int(tb.response_lengths.sum()),
-            "train/response_len_mean": tb.response_lengths.float().mean().item(),
-            "staleness/lag_mean": tb.lags.float().mean().item(),
-            "staleness/lag_max": int(tb.lags.max()),
-            **{f"train/{k}": v for k, v in result.stats.items()},
+        samples = [s for g in groups for s in g.samples]
+        errors = count_errors(samples, self.step + 1)
+        episodes = episode_counts(samples) if self.cfg.rollout.environment else None
+        figures = StepFigures(
+            reward_mean=self.last_reward, reward_std=tb.rewards.std().item(), samples=n,
+            groups=len(groups), tokens=int(tb.response_lengths.sum()),
+            response_len_mean=tb.response_lengths.float().mean().item(),
+            lag_mean=tb.lags.float().mean().item(), lag_max=int(tb.lags.max()),
+            reward_errors=errors.total, reward_error_kinds=errors.reward,
+            env_error_kinds=errors.environment,
+            episodes=episodes[0] if episodes else None,
+            turns=episodes[1] if episodes else None,
             **logprob_gaps(result.old_logprobs, tb.behaviour_logprobs, tb.response_mask,
-                           tb.token_versions, version, rescored),
-        }
-        return record, True
+                           tb.token_versions, version, rescored))
+        return loss_stats.updated(StepRecord(self.step + 1, figures)), True
 
-    def run_eval(self) -> dict:
-        """Every eval set's metrics for the current weights (eval.mode inline)."""
+    def run_eval(self, on_update=None, stop: threading.Event | None = None) -> StepRecord:
+        """Every eval set's metrics for the current weights (eval.mode inline);
+        relayrl.sampling.sampler.Stopped once `stop` is set."""
+        t0 = time.monotonic()
         record, _ = evaluate_sets(self.lm, self.eval_sets, seed=self.cfg.eval.seed,
-                                  batch_size=self.cfg.eval.batch_size)
-        return record
+                                  batch_size=self.cfg.eval.batch_size, on_update=on_update,
+                                  stop=stop)
+        evaluated = StepRecord.from_json({"step": self.step, **record})
+        evaluated.figures.eval_s = time.monotonic() - t0
+        return evaluated

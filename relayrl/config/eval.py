@@ -2,6 +2,7 @@
 
     eval:
       every: 10                    # trainer steps (policy versions) per eval; 0: never
+      at_start: true               # also the starting weights (version 0)
       mode: inline                 # inline: the trainer, between steps; separate: its own
                                    # process following the relay, so training never waits
       sets:
@@ -64,6 +65,9 @@ class EvalConfig(StrictModel):
     every: int = Field(10, ge=0, le=1_000_000,
                        description="Steps per eval (a version that is a multiple of it, the "
                        "first and the last); 0 disables.")
+    at_start: bool = Field(
+        True, description="Also evaluate the starting weights (version 0), before the first "
+        "step with eval.mode inline; false: the first eval is at step `every`.")
     mode: Literal["inline", "separate"] = Field(
         "inline", description="inline: the trainer evaluates between steps; separate: an "
         "evaluator process follows the relay and writes <run_dir>/eval.jsonl, so evaluation "

@@ -11,6 +11,7 @@ message, 0 on an error).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -58,7 +59,8 @@ class EvalEpisode:
 
 def play(lm: LoadedModel, env_cfg: EnvironmentConfig, problems: list[Problem],
          reward_fn: RewardFn, *, max_new_tokens: int, temperature: float, greedy: bool,
-         generator: torch.Generator, batch_size: int) -> tuple[list[float], list[int]]:
+         generator: torch.Generator, batch_size: int, stop: threading.Event | None = None
+         ) -> tuple[list[float], list[int]]:
     """One episode per entry of `problems`: its reward and the model's tokens over all its
     turns."""
     env_cls = load_environment(env_cfg.cls)
@@ -78,7 +80,7 @@ def play(lm: LoadedModel, env_cfg: EnvironmentConfig, problems: list[Problem],
                                 context_length - len(e.context))) for e in chunk]
             outs = sample(lm.model, [e.context for e in chunk], max_new_tokens=max(rooms),
                           eos_id=lm.eos_id, pad_id=lm.pad_id, temperature=temperature,
-                          greedy=greedy, generator=generator)
+                          greedy=greedy, generator=generator, stop=stop)
             stepped = []
             for e, room, out in zip(chunk, rooms, outs, strict=True):
                 tokens = out.tokens[:room]

@@ -12,6 +12,8 @@ a problem of which c are solved, pass@k = 1 - C(n-c, k) / C(n, k), averaged over
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,9 +61,31 @@ class SetResult:
         return out
 
 
+class Progress:
+    """Where an evaluation is: `done` of `total` sequences decoded; `on_update(done, total)`
+    hears each batch (a progress bar's update)."""
+
+    def __init__(self, total: int, on_update: Callable[[int, int], None] | None = None,
+                 stop: threading.Event | None = None):
+        self.total, self.done = total, 0
+        self.on_update = on_update
+        self.stop = stop  # set: the decoding raises Stopped between two tokens
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.on_update is not None:
+            self.on_update(self.done, self.total)
+
+
+def sequences(sets: list[EvalSet]) -> int:
+    """How many sequences an evaluation of `sets` decodes: each problem's samples, and its
+    greedy answer where the set has one."""
+    return sum(len(es.problems) * (es.samples + es.greedy) for es in sets)
+
+
 @torch.no_grad()
 def evaluate_set(lm: LoadedModel, es: EvalSet, *, seed: int = 0,
-                 batch_size: int = 256) -> SetResult:
+                 batch_size: int = 256, progress: Progress | None = None) -> SetResult:
     was_training = lm.model.training
     lm.model.eval()
     try:
@@ -69,12 +93,14 @@ def evaluate_set(lm: LoadedModel, es: EvalSet, *, seed: int = 0,
         prompts = ([] if es.environment is not None  # episodes open through the environment
                    else [lm.encode_problem(p.text, p.messages) for p in es.problems])
         rows = [i for i in range(len(es.problems)) for _ in range(es.samples)]
+        progress = progress or Progress(len(rows) + es.greedy * len(es.problems))
         rewards, lengths = _decode(lm, es, prompts, rows, gen, batch_size,
-                                   greedy=es.temperature == 0)
+                                   greedy=es.temperature == 0, progress=progress)
         greedy = None
         if es.greedy:
             every = list(range(len(es.problems)))
-            greedy_rewards, _ = _decode(lm, es, prompts, every, gen, batch_size, greedy=True)
+            greedy_rewards, _ = _decode(lm, es, prompts, every, gen, batch_size, greedy=True,
+                                        progress=progress)
             greedy = sum(greedy_rewards) / len(every)
     finally:
         lm.model.train(was_training)
@@ -91,35 +117,43 @@ def evaluate_set(lm: LoadedModel, es: EvalSet, *, seed: int = 0,
 
 
 def _decode(lm: LoadedModel, es: EvalSet, prompts: list[list[int]], rows: list[int],
-            gen: torch.Generator, batch_size: int, greedy: bool
+            gen: torch.Generator, batch_size: int, greedy: bool, progress: Progress
             ) -> tuple[list[float], list[int]]:
     """Each row's (problem index's) answer: its reward and its length in tokens (over all
     turns, when the set plays episodes of an environment)."""
     if es.environment is not None:
-        return play(lm, es.environment, [es.problems[i] for i in rows], es.reward,
-                    max_new_tokens=es.max_new_tokens, temperature=es.temperature or 1.0,
-                    greedy=greedy, generator=gen, batch_size=batch_size)
+        out = play(lm, es.environment, [es.problems[i] for i in rows], es.reward,
+                   max_new_tokens=es.max_new_tokens, temperature=es.temperature or 1.0,
+                   greedy=greedy, generator=gen, batch_size=batch_size, stop=progress.stop)
+        progress.advance(len(rows))
+        return out
     rewards, lengths = [], []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         outs = sample(lm.model, [prompts[i] for i in chunk], max_new_tokens=es.max_new_tokens,
                       eos_id=lm.eos_id, pad_id=lm.pad_id, temperature=es.temperature or 1.0,
-                      greedy=greedy, generator=gen)
+                      greedy=greedy, generator=gen, stop=progress.stop)
         for i, c in zip(chunk, outs, strict=True):
             p = es.problems[i]
             reward, _ = score(es.reward, lm.decode(c.tokens), p.reference, metadata=p.metadata)
             rewards.append(reward)
             lengths.append(len(c.tokens))
+        progress.advance(len(chunk))
     return rewards, lengths
 
 
 def evaluate_sets(lm: LoadedModel, sets: list[EvalSet], *, seed: int = 0,
-                  batch_size: int = 256) -> tuple[dict[str, float], list[SetResult]]:
-    """One record of every set's metrics, and the per-set results (for a table)."""
+                  batch_size: int = 256, on_update: Callable[[int, int], None] | None = None,
+                  stop: threading.Event | None = None
+                  ) -> tuple[dict[str, float], list[SetResult]]:
+    """One record of every set's metrics, and the per-set results (for a table).
+    `on_update(done, total)` hears the sequences decoded so far; once `stop` is set, the
+    decoding raises relayrl.sampling.sampler.Stopped between two tokens."""
     record: dict[str, float] = {}
     results = []
+    progress = Progress(sequences(sets), on_update, stop)
     for es in sets:
-        result = evaluate_set(lm, es, seed=seed, batch_size=batch_size)
+        result = evaluate_set(lm, es, seed=seed, batch_size=batch_size, progress=progress)
         record.update(result.record(default=es.default))
         results.append(result)
     return record, results

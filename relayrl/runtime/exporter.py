@@ -42,7 +42,8 @@ class ServiceMetrics:
         return specs_of(self.kinds)
 
     def snapshot(self) -> dict[str, Figure]:
-        return {name: value for stats in self.read() for name, value in stats.figures().items()}
+        return {name: value for stats in self.read()
+                for name, value in stats.exported_figures().items()}
 
 
 @dataclass

@@ -70,6 +70,7 @@ class Declared:
     help: str
     section: str | None
     label: str | None
+    exported: bool = True  # False: recorded in metrics.jsonl, not on /metrics
 
 
 def counter(help: str, *, section: str | None = None, label: str | None = None) -> Any:
@@ -77,9 +78,13 @@ def counter(help: str, *, section: str | None = None, label: str | None = None) 
     return field(metadata={STAT: Declared("counter", help, section, label)})
 
 
-def gauge(help: str, *, section: str | None = None, label: str | None = None) -> Any:
-    """A level: the figure's value now, or at the last step."""
-    return field(metadata={STAT: Declared("gauge", help, section, label)})
+def gauge(help: str, *, section: str | None = None, label: str | None = None,
+          optional: bool = False, exported: bool = True) -> Any:
+    """A level: the figure's value now, or at the last step. An optional one defaults to
+    None (not measured); one not exported is left off /metrics (where a counter of the same
+    name may hold its running total)."""
+    metadata = {STAT: Declared("gauge", help, section, label, exported)}
+    return field(default=None, metadata=metadata) if optional else field(metadata=metadata)
 
 
 class Stats:
@@ -104,7 +109,9 @@ class Stats:
 
     @classmethod
     def specs(cls) -> tuple[MetricSpec, ...]:
-        return tuple(spec for _, spec in cls.declared())
+        """The specs of the exported fields."""
+        return tuple(spec for f, (_, spec) in zip(fields(cls), cls.declared(), strict=True)
+                     if f.metadata[STAT].exported)
 
     @classmethod
     def from_attributes(cls, *sources: object, **given: Any):
@@ -128,6 +135,11 @@ class Stats:
         """The instance holding whichever of its figures `figures` (a metrics.jsonl record)
         has, the rest None."""
         return cls(**{name: figures.get(spec.name) for name, spec in cls.declared()})
+
+    def exported_figures(self) -> dict[str, Figure]:
+        """figures() less those not exported."""
+        names = {spec.name for spec in self.specs()}
+        return {name: value for name, value in self.figures().items() if name in names}
 
     def figures(self) -> dict[str, Figure]:
         """{hierarchical name: value} of the figures held (None ones left out)."""

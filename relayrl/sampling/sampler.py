@@ -12,6 +12,7 @@ small copy of the probabilities per step; the torch engine keeps its generator o
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,10 @@ from relayrl.runtime.devices import model_device
 from relayrl.sampling import kv_batch, prefill
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV
 from relayrl.sampling.prefill import left_pad
+
+
+class Stopped(Exception):
+    """Sampling was told to stop (its `stop` event set) before it finished."""
 
 
 @dataclass
@@ -40,10 +45,13 @@ def sample(
     temperature: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    stop: threading.Event | None = None,
 ) -> list[Completion]:
+    """Up to max_new_tokens tokens after each prompt; Stopped, between two tokens, once
+    `stop` is set."""
     completions, _ = sample_with_kv(
         model, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-        temperature=temperature, greedy=greedy, generator=generator)
+        temperature=temperature, greedy=greedy, generator=generator, stop=stop)
     return completions
 
 
@@ -61,6 +69,7 @@ def sample_with_kv(
     states: list[SequenceKV | None] | None = None,
     return_states: bool = False,
     version: int = 0,
+    stop: threading.Event | None = None,
 ) -> tuple[list[Completion], list[SequenceKV] | None]:
     """`sample`, resuming each context from its KV state where one is given (it must cover a
     prefix of the context; the rest is fed with the first step) and, with return_states,
@@ -89,6 +98,8 @@ def sample_with_kv(
     # context once and select its cache into its rows
     shared = _distinct_rows(contexts) if past is None else None
     for t in range(max_new_tokens):
+        if stop is not None and stop.is_set():
+            raise Stopped(f"stopped after {t} of up to {max_new_tokens} tokens")
         if t == 0 and shared is not None:
             first, inverse = (t.to(device) for t in shared)
             out = model(input_ids=step_ids[first], attention_mask=mask[first],

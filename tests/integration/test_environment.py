@@ -49,10 +49,14 @@ def test_an_environment_runs_episodes_on_the_stack(tmp_path, engine):
     assert all(0 < r["eval/heldout/response_len_mean"] <= 8 for r in evals)
     trained = [r for r in read_metrics(f"{cfg.run_dir}/metrics.jsonl") if "train/loss" in r]
     assert len(trained) == STEPS
+    assert sum(r["train/turns"] for r in trained) > sum(r["train/episodes"] for r in trained)
     assert not any("eval/accuracy_sampled" in r for r in read_metrics(
         f"{cfg.run_dir}/metrics.jsonl"))  # the trainer itself ran no eval
     for r in trained:
         assert r["train/reward_errors"] == 0
+        # every sample an episode of one or two turns (a reply the budget cuts ends it)
+        assert r["train/episodes"] == r["train/samples"]
+        assert r["train/episodes"] <= r["train/turns"] <= 2 * r["train/episodes"]
         # the policy's tokens only: two answers of at most 8 tokens together
         assert r["train/response_len_mean"] <= 8
         assert r["rollout/engine_logp_absdiff"] < 1e-4 and r["rollout/engine_kl"] < 1e-6

@@ -65,7 +65,7 @@ def test_the_trainer_steps_every_loss(tmp_path, redis_url, tiny_lm, loss):
     push_batch(r, cfg, trainer.lm, varied_pid=10, uniform_pid=11)
     before = {k: v.clone() for k, v in trainer.lm.model.state_dict().items()}
 
-    record = trainer.train_step(*trainer.next_batch(threading.Event()))
+    record = trainer.train_step(*trainer.next_batch(threading.Event())).to_json()
     trainer.save_checkpoint()
     trainer.publisher.close()
 
@@ -106,6 +106,6 @@ def test_the_value_head_survives_a_restart(tmp_path, redis_url, tiny_lm):
     for k, v in second.objective.value_head.state_dict().items():
         assert torch.equal(v, head[k])
     push_batch(r, cfg, second.lm, varied_pid=22, uniform_pid=23)
-    record = second.train_step(*second.next_batch(threading.Event()))
+    record = second.train_step(*second.next_batch(threading.Event())).to_json()
     second.publisher.close()
     assert math.isfinite(record["train/value_loss"])

@@ -18,6 +18,7 @@ from relayrl.runtime.exporter import MetricsEndpoint
 from relayrl.runtime.metrics import read_metrics
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from tests.conftest import free_ports
+from trainer_svc import checkpoint
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.server import run_loop, trainer_metrics_of
 from trainer_svc.trainer import Trainer
@@ -102,3 +103,52 @@ def test_the_loop_records_throughput_and_exports_it(trainer):
                for s in f.samples if s.name == "relayrl_eval_set_pass_at_1"}
     assert per_set == {"heldout": pytest.approx(rows[-1]["eval/heldout/pass@1"])}
     assert got["relayrl_time_step_seconds"] > 0
+
+
+def test_throughput_agrees_with_samples_trained_over_wall_time(trainer):
+    run_loop(trainer, threading.Event())
+    rows = [r for r in read_metrics(trainer.metrics.path) if r["step"] > 0]
+    trained = STEPS * 2 * GROUP
+    last = rows[-1]
+    assert last["throughput/run_samples_per_s"] == pytest.approx(
+        trained / last["time/elapsed_s"], rel=1e-3)
+    # the window (all of this short run) spans at least the steps' own time, and counts each
+    # step's samples once
+    assert last["throughput/samples_per_s"] <= trained / sum(r["time/step_s"] for r in rows)
+    assert last["throughput/samples_per_s"] >= last["throughput/run_samples_per_s"]
+    assert all(r["throughput/samples_per_s"] > 0 for r in rows)  # the first step's too
+
+
+def test_the_starting_weights_are_not_evaluated_with_at_start_false(tmp_path, tiny_lm):
+    t, server = in_process_trainer(
+        tmp_path, tiny_lm.path, "noevalstart", 2,
+        {"max_steps": 2, "max_staleness": 100, "engine_check_seqs": 0}, eval_every=2)
+    t.cfg.eval.at_start = False
+    try:
+        for step in range(2):
+            add_batch(t, f"b{step}", [10 * step, 10 * step + 1])
+        run_loop(t, threading.Event())
+    finally:
+        t.publisher.close()
+        server.shutdown()
+    rows = read_metrics(t.metrics.path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert "eval/accuracy_sampled" in rows[-1] and rows[-1]["time/eval_s"] > 0
+
+
+def test_a_stop_during_an_evaluation_keeps_the_step_and_its_checkpoint(trainer):
+    stop = threading.Event()
+    evaluate = trainer.run_eval
+
+    def signalled_during_eval(on_update=None, stop_event=None):
+        if trainer.step == 2:  # a signal arrives while step 2's weights are evaluated
+            stop.set()
+        return evaluate(on_update, stop_event)
+
+    trainer.run_eval = signalled_during_eval
+    run_loop(trainer, stop)
+    rows = read_metrics(trainer.metrics.path)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 2 written, without its eval
+    assert "eval/accuracy_sampled" in rows[0] and "eval/accuracy_sampled" not in rows[-1]
+    assert trainer.step == 2 and not trainer.finished
+    assert checkpoint.latest(trainer.ckpt_dir).name == "step_00000002"

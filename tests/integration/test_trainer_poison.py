@@ -85,7 +85,7 @@ def test_poison_batches_are_quarantined_and_the_trainer_goes_on(tmp_path, redis_
 
     def two_steps(trainer: Trainer) -> list[dict]:
         stop = threading.Event()
-        return [trainer.train_step(*trainer.next_batch(stop)) for _ in range(2)]
+        return [trainer.train_step(*trainer.next_batch(stop)).to_json() for _ in range(2)]
 
     # the first trainer dies before its checkpoint: a restart meets every poison entry again
     two_steps(t)
@@ -128,7 +128,7 @@ def test_nonfinite_steps_are_skipped_and_stop_the_run_after_the_limit(tmp_path, 
     def step(pids: list[int], temperature: float) -> dict:
         t.objective.temperature = temperature  # 1e-300: issue 18 item 1's live setting
         push_groups(t, [group(t, p) for p in pids])
-        return t.train_step(*t.next_batch(stop))
+        return t.train_step(*t.next_batch(stop)).to_json()
 
     step([10, 11], 1.0)
     t.save_checkpoint()

@@ -18,6 +18,7 @@ from relay_svc.version_store import VersionStore
 from relayrl.plugins.envs.calls import EnvCalls
 from relayrl.runtime.backpressure import PressureCounters
 from relayrl.runtime.exporter import RunnerStats, SnapshotCollector
+from relayrl.runtime.metrics import StepRecord
 from relayrl.runtime.stats import MetricSpec, Stats, counter, gauge, prometheus_name
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.telemetry import EpisodeStats, rollout_metrics
@@ -167,17 +168,21 @@ def test_rollout_snapshot_gives_what_it_declares():
 def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded():
     publisher = SimpleNamespace(published_version=1, versions_published=1, bytes_published=10,
                                 failures=0)
-    trainer = SimpleNamespace(latest={})
+    trainer = SimpleNamespace(latest=StepRecord(0))
     exported = trainer_metrics(Books(step=1), publisher, lambda: trainer.latest, lambda: False)
-    step_names = {s.name for kind in (*STEP_KINDS, EvalSetStats) for s in kind.specs()}
+    step_specs = [s for kind in (*STEP_KINDS, EvalSetStats) for s in kind.specs()]
+    step_names = {s.name for s in step_specs}
     assert set(exported.snapshot()) == declared(exported) - step_names
     evals = {"eval/heldout/pass@1": 0.25, "eval/heldout/pass@8": 0.5,
              "eval/heldout/accuracy_greedy": 0.3, "eval/heldout/reward_mean": 0.2,
              "eval/heldout/response_len_mean": 9.0, "eval/gsm/pass@1": 0.1,
              "eval/accuracy_sampled": 0.2}
-    trainer.latest = dict.fromkeys(step_names, 0.5) | evals | {"train/unexported": 1.0}
+    # a labelled figure is one key per label in metrics.jsonl: errors/reward_error_kinds/raised
+    recorded = {f"{s.name}/raised" if s.label else s.name: 0.5 for s in step_specs}
+    trainer.latest = StepRecord.from_json(recorded | evals | {"train/unexported": 1.0})
     snap = exported.snapshot()
     assert set(snap) == declared(exported)
+    assert snap["errors/reward_error_kinds"] == {"raised": 0.5}
     # each set's figures under its name (eval_set/...{set="gsm"} on /metrics)
     assert snap["eval_set/pass_at_1"] == {"heldout": 0.25, "gsm": 0.1}
     assert snap["eval_set/pass_at_k"] == {"heldout": 0.5}

@@ -13,9 +13,9 @@ def test_identical_logprobs_have_no_gap():
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.1]]))
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     out = logprob_gaps(logp, logp.clone(), mask, torch.tensor([[3, 3, -1]]), version=3)
-    assert out["rollout/engine_logp_absdiff"] == 0.0
-    assert out["rollout/engine_kl"] == 0.0
-    assert out["rollout/engine_tokens_frac"] == 1.0
+    assert out["engine_logp_absdiff"] == 0.0
+    assert out["engine_kl"] == 0.0
+    assert out["engine_tokens_frac"] == 1.0
 
 
 def test_gaps_split_current_version_tokens_from_stale_ones():
@@ -24,20 +24,20 @@ def test_gaps_split_current_version_tokens_from_stale_ones():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the last position is not a policy token
     versions = torch.tensor([[5, 5, 4, 5]])
     out = logprob_gaps(trainer, engine, mask, versions, version=5)
-    assert out["rollout/engine_tokens_frac"] == pytest.approx(2 / 3)
-    assert out["rollout/engine_logp_absdiff"] == pytest.approx(0.05)
+    assert out["engine_tokens_frac"] == pytest.approx(2 / 3)
+    assert out["engine_logp_absdiff"] == pytest.approx(0.05)
     k3 = lambda lr: math.exp(lr) - 1 - lr  # noqa: E731
-    assert out["rollout/engine_kl"] == pytest.approx(k3(0.1) / 2, rel=1e-4)
-    assert out["rollout/offpolicy_logp_absdiff"] == pytest.approx(1.1 / 3)
-    assert out["rollout/offpolicy_kl"] == pytest.approx((k3(0.1) + k3(1.0)) / 3, rel=1e-4)
+    assert out["engine_kl"] == pytest.approx(k3(0.1) / 2, rel=1e-4)
+    assert out["offpolicy_logp_absdiff"] == pytest.approx(1.1 / 3)
+    assert out["offpolicy_kl"] == pytest.approx((k3(0.1) + k3(1.0)) / 3, rel=1e-4)
 
 
 def test_no_current_version_tokens_reports_only_the_offpolicy_gap():
     logp = torch.zeros((1, 2))
     out = logprob_gaps(logp, logp - 0.5, torch.ones((1, 2)), torch.tensor([[1, 2]]), version=7)
-    assert "rollout/engine_logp_absdiff" not in out
-    assert out["rollout/engine_tokens_frac"] == 0.0
-    assert out["rollout/offpolicy_kl"] > 0
+    assert "engine_logp_absdiff" not in out
+    assert out["engine_tokens_frac"] == 0.0
+    assert out["offpolicy_kl"] > 0
 
 
 def test_no_policy_tokens_reports_nothing():
@@ -85,9 +85,9 @@ def test_older_tokens_are_rescored_under_their_own_version():
     current = token_logprobs(model, batch, 1.0).detach()
     engine = torch.where(versions == 5, expected, current)  # a perfect engine
     out = logprob_gaps(current, engine, mask, versions, 6, (logp, (versions == 5).float()))
-    assert out["rollout/engine_tokens_frac"] == 1.0
-    assert out["rollout/engine_logp_absdiff"] < 1e-5
-    assert out["rollout/offpolicy_logp_absdiff"] > 1e-3
+    assert out["engine_tokens_frac"] == 1.0
+    assert out["engine_logp_absdiff"] < 1e-5
+    assert out["offpolicy_logp_absdiff"] > 1e-3
 
 
 def test_history_keeps_the_newest_versions_in_reused_buffers():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from relayrl.runtime.metrics import read_metrics
+from relayrl.runtime.metrics import StepFigures, StepRecord, read_metrics, read_records
 from trainer_svc.plots import Plotter, plot_throughput
 from trainer_svc.trainer import open_metrics
 
@@ -70,7 +70,8 @@ def test_tensorboard_gets_every_number_of_a_record(tmp_path):
 
     writer = open_metrics(tmp_path, tensorboard=True)
     for step in (1, 2):
-        writer.write({"step": step, "train/reward_mean": 0.5 * step, "note": "text"})
+        writer.write(StepRecord.from_json({"step": step, "train/reward_mean": 0.5 * step,
+                                           "note": "text"}))
     writer.close()
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
     events = EventAccumulator(str(tmp_path / "tensorboard"))
@@ -78,3 +79,35 @@ def test_tensorboard_gets_every_number_of_a_record(tmp_path):
     assert events.Tags()["scalars"] == ["train/reward_mean"]
     assert [(e.step, e.value) for e in events.Scalars("train/reward_mean")] == [(1, 0.5),
                                                                                 (2, 1.0)]
+
+
+def test_a_step_record_reads_back_as_written():
+    record = StepRecord(7, StepFigures(samples=32, elapsed_s=1.5, reward_error_kinds={"raised": 2},
+                                       env_error_kinds={"step_timeout_s": 1}),
+                        {"eval/heldout/pass@1": 0.25, "staleness/samples_lag_0": 30})
+    flat = record.to_json()
+    assert flat == {"step": 7, "train/samples": 32, "time/elapsed_s": 1.5,
+                    "errors/reward_error_kinds/raised": 2,
+                    "errors/env_error_kinds/step_timeout_s": 1,
+                    "eval/heldout/pass@1": 0.25, "staleness/samples_lag_0": 30}
+    assert StepRecord.from_json(flat) == record
+
+
+def test_an_extra_figure_cannot_shadow_a_named_one():
+    with pytest.raises(AssertionError, match="train/samples"):
+        StepRecord(1, StepFigures(samples=3), {"train/samples": 4}).to_json()
+
+
+def test_updated_keeps_the_newest_value_of_each_figure():
+    older = StepRecord(1, StepFigures(samples=8, accuracy_sampled=0.5), {"eval/a/pass@1": 0.5})
+    newer = StepRecord(2, StepFigures(samples=4), {"staleness/samples_lag_0": 4})
+    both = older.updated(newer)
+    assert (both.step, both.figures.samples, both.figures.accuracy_sampled) == (2, 4, 0.5)
+    assert both.extra == {"eval/a/pass@1": 0.5, "staleness/samples_lag_0": 4}
+
+
+def test_records_are_read_typed(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "throughput/samples_per_s": 2.5, "train/custom": 1}\n')
+    (record,) = read_records(path)
+    assert record.figures.samples_per_s == 2.5 and record.extra == {"train/custom": 1}

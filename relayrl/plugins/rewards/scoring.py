@@ -7,7 +7,8 @@ metadata). A reward that raises, returns a value that is not finite, or one outs
 `reward_range` (buffer.reward_range, where the caller enforces one) scores 0 with the error
 ("ExcType: message"). A batched function that raises or returns the wrong number of values or
 a non-number marks every completion of its group; a single non-finite value only its own.
-A weighted sum fails a completion when any of its terms fails for it.
+A weighted sum fails a completion when any of its terms fails for it. `reward_error_kind`
+names the kind of such an error, as metrics.jsonl counts it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ def score(fn: Callable, completion: str, reference: str,
           metadata: Metadata | None = None) -> tuple[float, str]:
     """(reward, error) for one completion: score_group of a group of one."""
     return score_group(fn, [completion], reference, metadata, reward_range)[0]
+
+
+# (kind, what an error of that kind reads), the first match naming it; anything else the
+# function raised is "raised"
+_KINDS = (("not_finite", "ValueError: reward is not finite"),
+          ("reward_range", "is outside buffer.reward_range"),
+          ("not_a_number", "reward returned "),
+          ("remote", "RemoteRewardError: "))
+
+
+def reward_error_kind(error: str) -> str:
+    """The kind of a reward error this module's scoring gave: not_finite, reward_range,
+    not_a_number (a value of another type, or a batch of the wrong length), remote (a remote
+    reward server's failure) or raised."""
+    return next((kind for kind, text in _KINDS if text in error), "raised")
 
 
 def _checked(reward: float, error: str,

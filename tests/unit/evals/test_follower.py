@@ -6,7 +6,7 @@ import threading
 
 from eval_svc.follower import Follower, is_due
 from relayrl.config import RunConfig
-from relayrl.runtime.metrics import MetricsWriter, read_metrics
+from relayrl.runtime.metrics import MetricsWriter, StepRecord, read_metrics
 from relayrl_ops.launcher import EVALUATOR, Launcher
 
 
@@ -100,4 +100,5 @@ def test_the_plot_finds_every_sets_pass_at_1_in_order():
     rows = [{"step": 0, "eval/heldout/pass@1": 0.1, "eval/heldout/pass@4": 0.3,
              "eval/gsm/pass@1": 0.2, "eval/accuracy_sampled": 0.1},
             {"step": 4, "eval/heldout/pass@1": 0.5, "eval/extra/pass@1": 0.4}]
-    assert set_keys(rows) == ["eval/heldout/pass@1", "eval/gsm/pass@1", "eval/extra/pass@1"]
+    assert set_keys([StepRecord.from_json(r) for r in rows]) == [
+        "eval/heldout/pass@1", "eval/gsm/pass@1", "eval/extra/pass@1"]

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.runtime.metrics import open_run_metrics, read_metrics
+from relayrl.runtime.metrics import StepRecord, open_run_metrics, read_metrics
 
 
 def config(tmp_path, mode: str) -> RunConfig:
@@ -19,8 +19,8 @@ def test_offline_mode_writes_its_run_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "")  # no login, no network: offline needs neither
     writer = open_run_metrics(config(tmp_path, "offline"))
     for step in (0, 1, 2):
-        writer.write({"step": step, "train/reward_mean": 0.25 * step, "eval/heldout/pass@1":
-                      0.5, "note": "text"})
+        writer.write(StepRecord.from_json({"step": step, "train/reward_mean": 0.25 * step,
+                                           "eval/heldout/pass@1": 0.5, "note": "text"}))
     writer.close()
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2]
     (run,) = (tmp_path / "run" / "wandb").glob("offline-run-*")

@@ -61,7 +61,7 @@ def batch(cfg: RunConfig, lm: LoadedModel, step: int, generator: torch.Generator
         problem = task.problem(pid)
         prompt = lm.encode_problem(problem.text, problem.messages)
         outs = sample(lm.model, [prompt] * n, max_new_tokens=cfg.rollout.max_new_tokens,
-                      eos_id=lm.eos_id, pad_id=lm.pad_id, temperature=cfg.rollout.temperature,
+                      eos_ids=lm.eos_ids, pad_id=lm.pad_id, temperature=cfg.rollout.temperature,
                       generator=generator)
         scores = score_group(reward, [lm.decode(o.tokens) for o in outs], problem.reference)
         groups.append(Group(pid, [Sample(

@@ -21,7 +21,7 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                            device=resolve_device(e.device, "rollout.engine.device"))
     from rollout_svc.vllm_engine import VllmEngine
 
-    return VllmEngine(model_path, seed=seed, eos_id=lm.eos_id,
+    return VllmEngine(model_path, seed=seed, eos_ids=lm.eos_ids,
                       kv_cache_gib=e.kv_cache_gib, max_model_len=e.max_model_len,
                       dtype=e.dtype, enforce_eager=e.enforce_eager,
                       gpu_memory_utilization=e.gpu_memory_utilization,

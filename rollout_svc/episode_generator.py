@@ -58,7 +58,7 @@ class EpisodeGenerator(GroupGenerator):
         self.env_cfg = env
         self.env_cls = load_environment(env.cls)
         make_environment(self.env_cls, env.options)  # wrong options fail at start-up
-        self.glue = TurnGlue(lm.tokenizer, lm.eos_id)
+        self.glue = TurnGlue(lm.tokenizer, lm.eos_ids)
         self.glue.check()
         self.episodes = 0
         self.turns = 0

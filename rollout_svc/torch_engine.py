@@ -83,7 +83,7 @@ class TorchEngine(Engine):
             prior = [self.states.longest_prefix(c) for c in contexts] if caching else None
             outs, finals = sample_with_kv(
                 self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
-                eos_id=-1 if spec.ignore_eos else self.lm.eos_id, pad_id=self.lm.pad_id,
+                eos_ids=() if spec.ignore_eos else self.lm.eos_ids, pad_id=self.lm.pad_id,
                 temperature=spec.temperature, greedy=spec.greedy, generator=generator,
                 states=prior, return_states=keeping, version=self._version)
             if caching:

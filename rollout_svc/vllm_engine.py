@@ -25,12 +25,14 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from relayrl.config import ConfigError
+from relayrl.models.loading import eos_ids as model_eos_ids
 from relayrl.sampling.sampler import Completion
 from relayrl.weights.tied import tied_aliases, with_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
@@ -85,7 +87,7 @@ class VllmEngine(Engine):
     name = "vllm"
 
     def __init__(self, model_path: str | Path, *, seed: int = 0, version: int = 0,
-                 eos_id: int | None = None, kv_cache_gib: float = 1.0,
+                 eos_ids: Sequence[int] | None = None, kv_cache_gib: float = 1.0,
                  max_model_len: int = 0, dtype: str = "float32", enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.0, tensor_parallel_size: int = 1,
                  kv_transfer_port: int = 0, port_range: tuple[int, int] | None = None):
@@ -147,12 +149,10 @@ class VllmEngine(Engine):
             torch.set_num_threads = set_num_threads
         model_config = self.llm.llm_engine.model_config
         self.max_model_len = self.context_length = int(model_config.max_model_len)
-        if eos_id is None:
-            eos_id = model_config.hf_config.eos_token_id
-            eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
-        if eos_id is None:
-            raise ConfigError(f"model.path: {path} names no eos_token_id; pass eos_id")
-        self.eos_id = int(eos_id)
+        self.eos_ids = tuple(eos_ids) if eos_ids is not None else model_eos_ids(
+            path, getattr(self.llm.get_tokenizer(), "eos_token_id", None))
+        if not self.eos_ids:
+            raise ConfigError(f"model.path: {path} names no eos_token_id; pass eos_ids")
         self._version = version
         self._broken: str | None = None
         self.tokens_generated = 0
@@ -176,7 +176,7 @@ class VllmEngine(Engine):
             self.use_threads()
             self._check_usable()
             params = sampling_params(self._SamplingParams, spec, contexts,
-                                     self.max_model_len, self.eos_id)
+                                     self.max_model_len, self.eos_ids)
             self._pull_moved(contexts, params)
             t0 = time.monotonic()
             outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params,

@@ -15,6 +15,7 @@ tests/integration/test_vllm_engine.py exercises both directions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,7 @@ def greedy_temperature_processor() -> type:
 
 
 def sampling_params(params_cls: Any, spec: SamplingSpec, contexts: list[list[int]],
-                    max_model_len: int, eos_id: int) -> list[Any]:
+                    max_model_len: int, eos_ids: Sequence[int]) -> list[Any]:
     """One vLLM `params_cls` (SamplingParams) per context."""
     # Unseeded requests draw from the engine's own stream (seeded at start): a per-request
     # seed gives each request a generator of its own, slower, and on CPU it fails when a
@@ -80,7 +81,7 @@ def sampling_params(params_cls: Any, spec: SamplingSpec, contexts: list[list[int
             max_tokens=min(spec.max_new_tokens, max_model_len - len(ctx)),
             temperature=0.0 if spec.greedy else spec.temperature,
             seed=seed, logprobs=0, detokenize=False, ignore_eos=spec.ignore_eos,
-            stop_token_ids=[] if spec.ignore_eos else [eos_id],
+            stop_token_ids=[] if spec.ignore_eos else list(eos_ids),
             extra_args={GREEDY_TEMPERATURE_KEY: spec.temperature} if spec.greedy else None,
         ))
     return params

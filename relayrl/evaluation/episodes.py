@@ -64,7 +64,7 @@ def play(lm: LoadedModel, env_cfg: EnvironmentConfig, problems: list[Problem],
     """One episode per entry of `problems`: its reward and the model's tokens over all its
     turns."""
     env_cls = load_environment(env_cfg.cls)
-    glue = TurnGlue(lm.tokenizer, lm.eos_id)
+    glue = TurnGlue(lm.tokenizer, lm.eos_ids)
     context_length = int(getattr(lm.model.config, "max_position_embeddings", 0) or 1 << 30)
     calls = _calls(env_cfg.max_stuck_calls)
     episodes = []
@@ -79,7 +79,7 @@ def play(lm: LoadedModel, env_cfg: EnvironmentConfig, problems: list[Problem],
             rooms = [max(1, min(max_new_tokens - e.policy_tokens,
                                 context_length - len(e.context))) for e in chunk]
             outs = sample(lm.model, [e.context for e in chunk], max_new_tokens=max(rooms),
-                          eos_id=lm.eos_id, pad_id=lm.pad_id, temperature=temperature,
+                          eos_ids=lm.eos_ids, pad_id=lm.pad_id, temperature=temperature,
                           greedy=greedy, generator=generator, stop=stop)
             stepped = []
             for e, room, out in zip(chunk, rooms, outs, strict=True):

@@ -131,7 +131,7 @@ def _decode(lm: LoadedModel, es: EvalSet, prompts: list[list[int]], rows: list[i
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         outs = sample(lm.model, [prompts[i] for i in chunk], max_new_tokens=es.max_new_tokens,
-                      eos_id=lm.eos_id, pad_id=lm.pad_id, temperature=es.temperature or 1.0,
+                      eos_ids=lm.eos_ids, pad_id=lm.pad_id, temperature=es.temperature or 1.0,
                       greedy=greedy, generator=gen, stop=progress.stop)
         for i, c in zip(chunk, outs, strict=True):
             p = es.problems[i]

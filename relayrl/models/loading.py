@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,13 @@ class LoadedModel:
 
     @property
     def eos_id(self) -> int:
+        """The tokenizer's end of sequence: what a response the trainer builds ends with."""
         return int(self.tokenizer.eos_token_id)
+
+    @cached_property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every token id that ends a sampled response (eos_ids)."""
+        return eos_ids(self.path, self.tokenizer.eos_token_id)
 
     @property
     def pad_id(self) -> int:
@@ -39,6 +47,23 @@ class LoadedModel:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def eos_ids(model_dir: str | Path, tokenizer_eos: int | None = None) -> tuple[int, ...]:
+    """Every token id that ends a response: the tokenizer's end of sequence first, then the
+    ids of the directory's generation_config.json and config.json (each an id or a list of
+    them). A chat model often ends its turn with a token of its own (`<|eot_id|>`,
+    `<|im_end|>`, `<end_of_turn>`) that only generation_config names."""
+    found = [] if tokenizer_eos is None else [int(tokenizer_eos)]
+    for name in ("generation_config.json", "config.json"):
+        try:
+            value = json.loads((Path(model_dir) / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+                found.append(item)
+    return tuple(dict.fromkeys(found))
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:

@@ -34,7 +34,7 @@ def evaluate(
         prompts = [lm.encode_problem(p.text, p.messages) for p in chunk]
         for mode in totals:
             outs = sample(
-                lm.model, prompts, max_new_tokens=max_new_tokens, eos_id=lm.eos_id,
+                lm.model, prompts, max_new_tokens=max_new_tokens, eos_ids=lm.eos_ids,
                 pad_id=lm.pad_id, temperature=temperature, greedy=mode == "greedy", generator=gen,
             )
             for p, c in zip(chunk, outs, strict=True):

@@ -13,6 +13,7 @@ small copy of the probabilities per step; the torch engine keeps its generator o
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,17 +41,17 @@ def sample(
     prompts: list[list[int]],
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_ids: Sequence[int],
     pad_id: int,
     temperature: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
     stop: threading.Event | None = None,
 ) -> list[Completion]:
-    """Up to max_new_tokens tokens after each prompt; Stopped, between two tokens, once
-    `stop` is set."""
+    """Up to max_new_tokens tokens after each prompt, ending a sequence at any of `eos_ids`
+    (none: at the budget only); Stopped, between two tokens, once `stop` is set."""
     completions, _ = sample_with_kv(
-        model, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+        model, prompts, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
         temperature=temperature, greedy=greedy, generator=generator, stop=stop)
     return completions
 
@@ -61,7 +62,7 @@ def sample_with_kv(
     contexts: list[list[int]],
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_ids: Sequence[int],
     pad_id: int,
     temperature: float = 1.0,
     greedy: bool = False,
@@ -94,6 +95,7 @@ def sample_with_kv(
     out_logprobs = torch.zeros((batch, max_new_tokens), device=device)
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    ends = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
     # a group's samples share their prompt: with no state to resume, prefill each distinct
     # context once and select its cache into its rows
     shared = _distinct_rows(contexts) if past is None else None
@@ -122,7 +124,7 @@ def sample_with_kv(
         tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
         out_tokens[:, t] = tok
         out_logprobs[:, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
-        newly_done = (~finished) & (tok == eos_id)
+        newly_done = (~finished) & torch.isin(tok, ends)
         lengths[newly_done] = t + 1
         finished |= newly_done
         if bool(finished.all()) or t == max_new_tokens - 1:

@@ -60,7 +60,7 @@ def test_chat_prompts_use_the_template_and_greedy_answers_a_sum(lm):
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     from relayrl.sampling.sampler import sample
 
-    out = sample(lm.model, [ids], max_new_tokens=8, eos_id=lm.eos_id, pad_id=lm.pad_id,
+    out = sample(lm.model, [ids], max_new_tokens=8, eos_ids=lm.eos_ids, pad_id=lm.pad_id,
                  temperature=1.0, greedy=True, generator=torch.Generator().manual_seed(0))
     assert "5" in lm.decode(out[0].tokens)
 
@@ -72,7 +72,7 @@ def test_vllm_serves_the_converted_model_with_the_trainers_logprobs(model_dir, l
     from rollout_svc.vllm_engine import VllmEngine
     from trainer_svc.batching import token_logprobs
 
-    engine = VllmEngine(model_dir, seed=0, eos_id=lm.eos_id, kv_cache_gib=0.5,
+    engine = VllmEngine(model_dir, seed=0, eos_ids=lm.eos_ids, kv_cache_gib=0.5,
                         max_model_len=256)
     try:
         prompt = lm.encode_problem("", [{"role": "user", "content": QUESTION}])

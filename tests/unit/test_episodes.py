@@ -36,7 +36,7 @@ def ids(lm, text):
 
 
 def test_the_glue_is_what_the_template_adds(chat_lm):
-    glue, eos = TurnGlue(chat_lm.tokenizer, chat_lm.eos_id), chat_lm.eos_id
+    glue, eos = TurnGlue(chat_lm.tokenizer, chat_lm.eos_ids), chat_lm.eos_id
     assert glue.prompt(USER) == [chat_lm.tokenizer.bos_token_id] + ids(chat_lm, "1+2=+")
     obs = [{"role": "user", "content": "4"}]
     # the model's own <eos> closed its turn: the template's copy is left out
@@ -47,7 +47,7 @@ def test_the_glue_is_what_the_template_adds(chat_lm):
 
 @pytest.mark.parametrize("stopped", [True, False])
 def test_turns_extend_to_the_whole_conversation_rendered(chat_lm, stopped):
-    glue, eos = TurnGlue(chat_lm.tokenizer, chat_lm.eos_id), chat_lm.eos_id
+    glue, eos = TurnGlue(chat_lm.tokenizer, chat_lm.eos_ids), chat_lm.eos_id
     reply = ids(chat_lm, "3") + ([eos] if stopped else [])
     obs = [{"role": "user", "content": "4+4"}, {"role": "system", "content": "5"}]
     seq = glue.prompt(USER) + reply + glue.between(USER, "3", stopped, obs)
@@ -58,11 +58,11 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(chat_lm):
     tokenizer = AutoTokenizer.from_pretrained(chat_lm.path)
     tokenizer.chat_template = "{{ messages[-1]['content'] }}="  # the last message only
     with pytest.raises(ValueError, match="changes the tokens before it"):
-        TurnGlue(tokenizer, chat_lm.eos_id).check()
+        TurnGlue(tokenizer, chat_lm.eos_ids).check()
 
 
 def test_no_template_lays_messages_end_to_end(tiny_lm):
-    glue = TurnGlue(tiny_lm.tokenizer, tiny_lm.eos_id)
+    glue = TurnGlue(tiny_lm.tokenizer, tiny_lm.eos_ids)
     assert glue.between(USER, "3", True, [{"role": "user", "content": "4="}]) == ids(tiny_lm,
                                                                                      "4=")
 
@@ -71,7 +71,7 @@ def test_smollm2_template_extends_exactly():
     if not SMOLLM2.is_dir():  # checked when it runs: the integration tier converts it first
         pytest.skip("SmolLM2 not converted in .cache (tests/integration/test_smollm2.py does)")
     tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
-    glue = TurnGlue(tokenizer, tokenizer.eos_token_id)
+    glue = TurnGlue(tokenizer, [tokenizer.eos_token_id])
     glue.check()
     reply = "Let me use <calc>12*7</calc>."
     model = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
@@ -135,7 +135,7 @@ def test_an_episode_keeps_the_models_tokens_logprobs_and_versions(chat_lm):
     if any(e.turns > 1 for e in group.episodes):  # later turns resumed the earlier's KV
         assert gen.engine.tokens_resumed > 0
     samples = episode_samples(LEASE, group, "w", get_reward("exact_match"), None)
-    glue = TurnGlue(chat_lm.tokenizer, chat_lm.eos_id)
+    glue = TurnGlue(chat_lm.tokenizer, chat_lm.eos_ids)
     for e, s in zip(group.episodes, samples, strict=True):
         validate_sample(s)
         mask = s.policy_token_mask

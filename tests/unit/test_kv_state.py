@@ -125,7 +125,7 @@ def test_state_cache_finds_a_shorter_prefix_the_longest_first():
 
 def test_sampling_resumes_from_states_exactly(tiny_lm):
     prompts = prompts_of((5, 12, 3, 9))
-    kw = dict(eos_id=-1, pad_id=tiny_lm.pad_id, greedy=True)
+    kw = dict(eos_ids=(), pad_id=tiny_lm.pad_id, greedy=True)
     whole, _ = sample_with_kv(tiny_lm.model, prompts, max_new_tokens=10, **kw)
     head, states = sample_with_kv(tiny_lm.model, prompts, max_new_tokens=4, return_states=True,
                                   version=7, **kw)
@@ -146,10 +146,10 @@ def test_sampling_resumes_from_states_exactly(tiny_lm):
 
 def test_finished_rows_leave_only_their_real_tokens_in_the_state(tiny_lm):
     prompts = prompts_of((4, 7), seed=1)
-    outs, states = sample_with_kv(tiny_lm.model, prompts, max_new_tokens=6, eos_id=-1,
+    outs, states = sample_with_kv(tiny_lm.model, prompts, max_new_tokens=6, eos_ids=(),
                                   pad_id=tiny_lm.pad_id, greedy=True, return_states=True)
     eos = outs[0].tokens[1]  # treat row 0's second token as end-of-sequence
-    outs, states = sample_with_kv(tiny_lm.model, prompts, max_new_tokens=6, eos_id=eos,
+    outs, states = sample_with_kv(tiny_lm.model, prompts, max_new_tokens=6, eos_ids=(eos,),
                                   pad_id=tiny_lm.pad_id, greedy=True, return_states=True)
     assert outs[0].finish_reason == "stop"
     for p, o, s in zip(prompts, outs, states, strict=True):

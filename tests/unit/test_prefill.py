@@ -22,7 +22,7 @@ def test_bucketing_is_chosen_only_when_it_beats_one_padded_forward():
 def test_sampling_after_a_bucketed_prefill_matches_each_sequence_alone(tiny_lm):
     gen = torch.Generator().manual_seed(0)
     contexts = [torch.randint(3, 12, (n,), generator=gen).tolist() for n in [5] * 6 + [120]]
-    kw = dict(max_new_tokens=6, eos_id=-1, pad_id=tiny_lm.pad_id, greedy=True)
+    kw = dict(max_new_tokens=6, eos_ids=(), pad_id=tiny_lm.pad_id, greedy=True)
     widths = []
     hook = tiny_lm.model.register_forward_pre_hook(
         lambda mod, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
@@ -47,7 +47,7 @@ def test_a_prefill_not_worth_a_second_call_stays_one_padded_forward(tiny_lm, mon
         with_kwargs=True)
     monkeypatch.setattr(prefill, "CALL_COST_TOKENS", 10**6)
     try:
-        sample_with_kv(tiny_lm.model, [[3] * 5, [4] * 120], max_new_tokens=2, eos_id=-1,
+        sample_with_kv(tiny_lm.model, [[3] * 5, [4] * 120], max_new_tokens=2, eos_ids=(),
                        pad_id=tiny_lm.pad_id, greedy=True)
     finally:
         hook.remove()

@@ -10,7 +10,7 @@ from trainer_svc.batching import collate, token_logprobs
 def test_sampled_logprobs_match_trainer_recompute(tiny_lm):
     prompts = [tiny_lm.encode_prompt(t) for t in ("1+2=", "35+47=", "9+80=")]
     gen = torch.Generator().manual_seed(0)
-    outs = sample(tiny_lm.model, prompts, max_new_tokens=5, eos_id=tiny_lm.eos_id,
+    outs = sample(tiny_lm.model, prompts, max_new_tokens=5, eos_ids=tiny_lm.eos_ids,
                   pad_id=tiny_lm.pad_id, temperature=0.7, generator=gen)
     samples = [Sample(prompt_id=i, lease_id="L", worker_id="w", prompt_tokens=p,
                       response_tokens=o.tokens, logprobs=o.logprobs, versions=[0] * len(o.tokens),
@@ -26,7 +26,7 @@ def test_sampled_logprobs_match_trainer_recompute(tiny_lm):
 
 def test_greedy_is_deterministic_and_respects_the_length_cap(tiny_lm):
     p = [tiny_lm.encode_prompt("12+34=")]
-    kw = dict(max_new_tokens=3, eos_id=tiny_lm.eos_id, pad_id=tiny_lm.pad_id, greedy=True)
+    kw = dict(max_new_tokens=3, eos_ids=tiny_lm.eos_ids, pad_id=tiny_lm.pad_id, greedy=True)
     a, b = sample(tiny_lm.model, p, **kw), sample(tiny_lm.model, p, **kw)
     assert a[0].tokens == b[0].tokens
     assert len(a[0].tokens) <= 3
@@ -46,7 +46,7 @@ def test_repeated_prompts_are_prefilled_once_and_sample_as_if_apart(tiny_lm, mon
     assert sampler._distinct_rows(prompts[:2]) is None
 
     def run():
-        return sample(tiny_lm.model, prompts, max_new_tokens=5, eos_id=tiny_lm.eos_id,
+        return sample(tiny_lm.model, prompts, max_new_tokens=5, eos_ids=tiny_lm.eos_ids,
                       pad_id=tiny_lm.pad_id, temperature=0.7,
                       generator=torch.Generator().manual_seed(3))
 
@@ -67,7 +67,7 @@ def test_a_group_draws_what_hugging_face_generate_draws(tiny_lm):
     texts = ("12+34=", "56+78=", "90+12=", "33+44=")
     prompts = [tiny_lm.encode_prompt(t) for t in texts for _ in range(8)]
     for temperature in (1.0, 0.7):
-        ours = sample(tiny_lm.model, prompts, max_new_tokens=5, eos_id=tiny_lm.eos_id,
+        ours = sample(tiny_lm.model, prompts, max_new_tokens=5, eos_ids=tiny_lm.eos_ids,
                       pad_id=tiny_lm.pad_id, temperature=temperature,
                       generator=torch.Generator().manual_seed(7))
         torch.manual_seed(7)  # generate draws from the global generator

@@ -76,7 +76,7 @@ def test_sampling_at_the_floor_is_finite_for_sharp_logits(tiny_lm):
             out.logits = out.logits * 1e4
             return out
 
-    outs = sample(Sharp(), [[1, 5, 6], [1, 7]], max_new_tokens=6, eos_id=-1,
+    outs = sample(Sharp(), [[1, 5, 6], [1, 7]], max_new_tokens=6, eos_ids=(),
                   pad_id=tiny_lm.pad_id, temperature=MIN_TEMPERATURE,
                   generator=torch.Generator().manual_seed(0))
     assert all(len(o.tokens) == 6 and all(map(math.isfinite, o.logprobs)) for o in outs)

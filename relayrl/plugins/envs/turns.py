@@ -9,7 +9,7 @@ no longer line up. So the sequence only ever grows: each turn's glue is the *dif
 between the template's rendering of the conversation with and without the new messages,
 checked to extend it exactly (ValueError when a template rewrites earlier turns).
 
-    glue = TurnGlue(tokenizer, eos_id)
+    glue = TurnGlue(tokenizer, eos_ids)
     glue.prompt(messages)                                 # the first context
     glue.between(messages, reply, stopped, observation)   # masked tokens to append
 
@@ -36,9 +36,9 @@ RENDERED_TOKENS = 1 << 20  # tokens of remembered renderings, at most (a few MB)
 
 
 class TurnGlue:
-    def __init__(self, tokenizer: Any, eos_id: int):
+    def __init__(self, tokenizer: Any, eos_ids: Sequence[int]):
         self.tokenizer = tokenizer
-        self.eos_id = eos_id
+        self.eos_ids = frozenset(eos_ids)
         self.templated = bool(getattr(tokenizer, "chat_template", None))
         self._rendered: dict[tuple[Any, ...], list[int]] = {}  # oldest first
         self._held = 0  # tokens in _rendered
@@ -72,7 +72,7 @@ class TurnGlue:
         opened = self.render(messages, True)
         closed = self.render([*messages, {"role": "assistant", "content": ""}], False)
         tail = extension(opened, closed, "closing an assistant turn")
-        if stopped and tail and tail[0] == self.eos_id:
+        if stopped and tail and tail[0] in self.eos_ids:
             return tail[1:]
         return tail
 

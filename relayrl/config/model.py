@@ -2,6 +2,7 @@
 
     model: {kind: tiny, hidden_size: 128}                  # the default: built and warm-started
     model: {kind: hf, path: /models/Qwen2.5-0.5B}         # a local Hugging Face directory
+    model: {kind: hf, path: Qwen/Qwen2.5-0.5B-Instruct}   # or a hub id (@revision optional)
     model: {kind: pretrained, name: smollm2-135m-instruct} # converted once into cache_dir
 
 A model's limits (vocabulary size, context length) come from its kind without loading it: a
@@ -12,6 +13,7 @@ of the weights. Nothing here imports torch.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -21,6 +23,10 @@ from pydantic import Field, model_validator
 from relayrl.config.base import StrictModel, refuse_foreign_fields
 from relayrl.config.task import AdditionTaskConfig
 
+# A hub id, `org/name` or `org/name@revision`, as the hub spells repository names.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}(@[\w./-]{1,128})?")
+# What a causal LM needs from its hub repository: no other formats' weights, no images.
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
 # Names config.json gives the context length under, by architecture family.
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 _CACHE_DIR = Field(".cache/relayrl/models",
@@ -101,12 +107,33 @@ class TinyModel(ModelBase):
 
 
 class HfModel(ModelBase):
+    """Any Hugging Face causal LM, from a directory or the hub."""
+
     kind: Literal["hf"] = "hf"
-    path: str = Field(min_length=1, description="A local Hugging Face model directory "
-                      "(config.json, safetensors, tokenizer).")
+    path: str = Field(min_length=1, max_length=4096, description="A local Hugging Face "
+                      "model directory (config.json, safetensors, tokenizer), or a hub id "
+                      "`org/name` (`org/name@revision`), fetched into the Hugging Face cache "
+                      "(HF_HOME, HF_HUB_CACHE; HF_HUB_OFFLINE=1 reads the cache only).")
 
     def limits(self) -> ModelLimits:
-        return read_model_limits(self.path)
+        return read_model_limits(self.directory())
+
+    def directory(self) -> Path:
+        """The model's directory: `path` itself, or the hub snapshot it names (downloaded
+        into the cache once; each service that asks finds it there)."""
+        if Path(self.path).is_dir() or not HUB_ID.fullmatch(self.path):
+            return Path(self.path)
+        repo, _, revision = self.path.partition("@")
+        from huggingface_hub import snapshot_download  # only for a hub id
+        from huggingface_hub.errors import HFValidationError
+
+        try:
+            return Path(snapshot_download(repo, revision=revision or None,
+                                          allow_patterns=HUB_FILES))
+        except (OSError, HFValidationError, ValueError) as err:
+            raise ValueError(f"model.path: {self.path!r} is not a directory, and the hub "
+                             f"snapshot could not be had ({type(err).__name__}: {err})"
+                             ) from None
 
 
 class PretrainedModel(ModelBase):

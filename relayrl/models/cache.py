@@ -18,10 +18,10 @@ TINY_BUILD_VERSION = 1  # raise when the tiny model's build changes, so caches a
 
 
 def resolve_model_path(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
-    """The configured model directory, a converted pretrained model, or the cached tiny model
-    (each built if missing)."""
+    """The configured model directory (or hub snapshot), a converted pretrained model, or the
+    cached tiny model (each fetched or built if missing)."""
     if isinstance(model_cfg, HfModel):
-        return Path(model_cfg.path)
+        return model_cfg.directory()
     if isinstance(model_cfg, PretrainedModel):
         from relayrl.models.smollm2 import ensure_smollm2  # converts with torch: on demand
 

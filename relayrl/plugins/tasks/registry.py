@@ -71,7 +71,7 @@ def prompt_limit(cfg: RunConfig) -> PromptLimit | None:
         raise ConfigError(f"rollout.max_new_tokens: {window.max_new_tokens} leaves no room for "
                           f"a prompt in {window.engine_source} ({window.engine} tokens)")
     path = ensure_smollm2(cfg.model.cache_dir) if isinstance(cfg.model, PretrainedModel) \
-        else cfg.model.path  # converted once, as every service would
+        else cfg.model.directory()  # converted or fetched once, as every service would
     tokenizer = AutoTokenizer.from_pretrained(path)
     return PromptLimit(lambda text, messages: len(encode_problem(tokenizer, text, messages)),
                        window.longest, window.describe())

@@ -26,6 +26,7 @@ from relayrl.config import RunConfig
 from relayrl.evaluation.runner import evaluate_sets
 from relayrl.evaluation.sets import build_sets
 from relayrl.models.loading import LoadedModel
+from relayrl.models.lora import is_lora, load_adapter, with_lora
 from relayrl.runtime.metrics import MetricsWriter, StepRecord, open_run_metrics, read_records
 from relayrl.sampling.sampler import Stopped
 from relayrl.weights.client import RelayClient
@@ -92,7 +93,10 @@ class Follower:
         except (WeightError, grpc.RpcError) as err:  # dropped meanwhile: the next look
             log.warning("pull of version %d from %s failed: %s", version, relay.address, err)
             return False
-        load_published(self.lm.model, tensors)
+        if is_lora(self.lm.model):
+            load_adapter(self.lm.model, tensors, version)
+        else:
+            load_published(self.lm.model, tensors)
         self.evaluate(version, stop)
         return True
 
@@ -122,6 +126,8 @@ def serve(cfg: RunConfig) -> None:
     torch.set_num_threads(cfg.rollout.torch_threads)
     weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.weight_device)
     lm = load_model(resolve_model_path(cfg.model, cfg.task))
+    if cfg.trainer.lora is not None:  # versions are the trainer's adapter
+        lm.model = with_lora(lm.model, cfg.trainer.lora)
     relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,
                           cfg.rollout.weight_plane, weight_device) for a in cfg.relay_addresses]
     writer = open_run_metrics(cfg, EVAL_FILE, job_type="eval")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from relayrl.config import RunConfig, TorchEngineConfig
 from relayrl.models.loading import LoadedModel
+from relayrl.models.lora import with_lora
 from relayrl.runtime.devices import resolve_device
 from rollout_svc.engine_api import Engine
 from rollout_svc.torch_engine import TorchEngine
@@ -17,6 +18,8 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
     r, e = cfg.rollout, cfg.rollout.engine
     seed = r.seed * 1000 + r.worker_index
     if isinstance(e, TorchEngineConfig):
+        if cfg.trainer.lora is not None:  # the trainer's adapter, applied version by version
+            lm.model = with_lora(lm.model, cfg.trainer.lora)
         return TorchEngine(lm, seed=seed, kv_cache_tokens=e.kv_cache_tokens,
                            device=resolve_device(e.device, "rollout.engine.device"))
     from rollout_svc.vllm_engine import VllmEngine

@@ -21,6 +21,7 @@ import time
 import torch
 
 from relayrl.models.loading import LoadedModel
+from relayrl.models.lora import is_lora, load_adapter
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache
 from relayrl.sampling.sampler import Completion, sample_with_kv
 from relayrl.weights.tied import load_published, tied_aliases, without
@@ -95,9 +96,13 @@ class TorchEngine(Engine):
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         with self.lock:
             self.use_threads()
-            tensors = without(tensors, self._tied)  # each alias loads with its first name
-            check_state_dict(without(self.lm.model.state_dict(), self._tied), tensors, version)
-            load_published(self.lm.model, tensors, self._tied)
+            if is_lora(self.lm.model):  # an adapter version: the base stays as it is
+                load_adapter(self.lm.model, tensors, version)
+            else:
+                tensors = without(tensors, self._tied)  # each alias loads with its first name
+                check_state_dict(without(self.lm.model.state_dict(), self._tied), tensors,
+                                 version)
+                load_published(self.lm.model, tensors, self._tied)
             self._version = version
             self.states.clear()
 

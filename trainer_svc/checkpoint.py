@@ -27,8 +27,9 @@ class Ledger:
 
 def save(ckpt_dir: Path, step: int, model, state: TrainingState, ledger: Ledger,
          extra: dict[str, Any], keep: int) -> Path:
-    """`model` gives the directory its config; `state` holds the whole weights, which must
-    be finite (NonFiniteError before anything is written: the last checkpoint stays)."""
+    """`model` gives the directory its config; `state` holds the whole weights (or a LoRA
+    adapter, written as peft writes one), which must be finite (NonFiniteError before
+    anything is written: the last checkpoint stays)."""
     check_finite(state.model, f"write the checkpoint of step {step}")
     for name, module_state in state.objective.items():
         check_finite(module_state, f"write the checkpoint of step {step} ({name})")
@@ -76,6 +77,18 @@ def _sync_tree(directory: Path) -> None:
 def latest(ckpt_dir: Path) -> Path | None:
     done = sorted(p for p in ckpt_dir.glob("step_*") if (p / "trainer_state.pt").is_file())
     return done[-1] if done else None
+
+
+def load_weights(path: Path, adapter: bool) -> dict[str, torch.Tensor]:
+    """A checkpoint's model tensors: the whole model's, or with trainer.lora its adapter's
+    (peft's adapter_model.safetensors, by the names relayrl.models.lora uses)."""
+    if adapter:
+        from safetensors.torch import load_file
+
+        return load_file(path / "adapter_model.safetensors")
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
 
 
 def load_state(path: Path) -> dict[str, Any]:

@@ -39,11 +39,9 @@ class Durability:
         path = checkpoint.latest(self.ckpt_dir)
         if path is None:
             return
-        from transformers import AutoModelForCausalLM
-
         state = checkpoint.load_state(path)
-        restored = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.learner.restore(state["extra"].get("objective", {}), restored.state_dict(),
+        self.learner.restore(state["extra"].get("objective", {}),
+                             checkpoint.load_weights(path, self.learner.lora),
                              state["optimizer"], state.get("optimizer_by_name", False))
         b = self.books
         b.step = b.saved_step = state["step"]

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from relayrl.config import RunConfig
+from relayrl.config import ConfigError, RunConfig
 from relayrl.models.loading import LoadedModel
+from relayrl.models.lora import adapter_state, load_adapter, with_lora
 from relayrl.weights.tied import tied_aliases, without
 from trainer_svc.batching import TrainBatch
 from trainer_svc.distributed import Parallel
@@ -37,6 +38,13 @@ class Learner:
         tc = cfg.trainer
         self.lm = lm
         self.parallel = parallel or Parallel()
+        self.lora = tc.lora is not None
+        if self.lora:
+            if self.parallel.active:
+                raise ConfigError("trainer.lora: an adapter trains in one trainer process; "
+                                  "run the trainer without torchrun")
+            # the base frozen: its parameters get no gradients and no optimizer state
+            lm.model = with_lora(lm.model, tc.lora)
         self.tied = tied_aliases(lm.model)  # published once, under the first name
         # before the policy is sharded: the reference is copied from it whole
         self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,
@@ -45,8 +53,9 @@ class Learner:
         # fused: one vectorized, threaded kernel over every tensor, where the default loops
         # over them in Python (SmolLM2 on 2 cores: 0.09 s a step against 0.3); sharded
         # (DTensor) parameters keep the default
+        trained = [p for p in lm.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [*lm.model.parameters(), *self.objective.parameters()], lr=tc.optimizer.lr,
+            [*trained, *self.objective.parameters()], lr=tc.optimizer.lr,
             weight_decay=tc.optimizer.weight_decay, fused=not self.parallel.active)
         # the optimizer's modules by name, which key its whole state under torchrun
         heads = {"value_head": self.objective.value_head} if self.objective.value_head else {}
@@ -63,15 +72,21 @@ class Learner:
             model.eval()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The policy's whole weights, each tied tensor once (relayrl.weights.tied); in one
-        process the live tensors."""
+        """What a version ships: the policy's whole weights, each tied tensor once
+        (relayrl.weights.tied), or with trainer.lora the adapter alone; in one process the
+        live tensors."""
         self.parallel.lead("weights")
+        if self.lora:
+            return adapter_state(self.lm.model)
         return without(self.parallel.full_state_dict(self.lm.model), self.tied)
 
     def training_state(self) -> TrainingState:
+        """The model's part is what changes in training: the whole weights, or the adapter
+        (the base is the model's own directory, read again on resume)."""
         self.parallel.lead("training_state")
         return TrainingState(
-            to_cpu(self.parallel.full_state_dict(self.lm.model)),
+            to_cpu(adapter_state(self.lm.model) if self.lora
+                   else self.parallel.full_state_dict(self.lm.model)),
             to_cpu(self.objective.state_dict()),
             to_cpu(self.parallel.full_optimizer_state(self.trainable, self.optimizer)),
             self.parallel.active)
@@ -84,7 +99,10 @@ class Learner:
                              f"{'torchrun' if optimizer_by_name else 'one-process'} trainer; "
                              "resume it the same way")
         self.parallel.lead("restore", objective)
-        self.parallel.load_full_state_dict(self.lm.model, model or {})
+        if self.lora:
+            load_adapter(self.lm.model, model or {}, version=-1)
+        else:
+            self.parallel.load_full_state_dict(self.lm.model, model or {})
         self.objective.load_state_dict(objective)
         self.parallel.load_optimizer_state(self.trainable, self.optimizer, optimizer or {})
 

@@ -70,8 +70,11 @@ class Objective:
         self.value_head = (ValueHead(model.config.hidden_size) if self.loss.uses_value_model
                            else None)
         # The reference is the policy as the trainer first holds it: built before resume()
-        # loads a checkpoint, it stays the initial weights across restarts.
-        self.reference = _frozen_copy(model) if tc.loss.kl_coef > 0 else None
+        # loads a checkpoint, it stays the initial weights across restarts. With a LoRA
+        # adapter it is the base model itself, the adapter switched off: no second copy.
+        self.reference_is_base = tc.loss.kl_coef > 0 and tc.lora is not None
+        self.reference = (_frozen_copy(model) if tc.loss.kl_coef > 0 and tc.lora is None
+                          else None)
         if self.parallel.active and self.loss.uses_value_model \
                 and self.loss.aggregation != "token_mean":
             # the value loss is a token mean: one scale fits both terms only then
@@ -155,7 +158,7 @@ class Objective:
         if self.parallel.active:  # FSDP gathers weights in every pass: ranks pass alike
             count = int(self.parallel.max(torch.tensor([len(parts)])).item())
             parts += [idle_part(parts[-1])] * (count - len(parts))
-        ref_logprobs = [self._reference_logprobs(p.batch) for p in parts]
+        ref_logprobs = [self._reference_logprobs(model, p.batch) for p in parts]
         # GAE needs every row's value before any loss: those passes serve the first step too
         first = [self._forward(model, p.batch) for p in parts] if self.value_head else None
         old_values = None if first is None else assemble(
@@ -216,7 +219,10 @@ class Objective:
         bad = not (all(math.isfinite(x) for x in losses) and bool(torch.isfinite(grad_norm)))
         return not bool(self.parallel.max(torch.tensor([float(bad)])).item())
 
-    def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+    def _reference_logprobs(self, model, batch: TrainBatch) -> torch.Tensor | None:
+        if self.reference_is_base:
+            with torch.no_grad(), model.disable_adapter():
+                return self._outputs(model, batch).logprobs
         if self.reference is None:
             return None
         with torch.no_grad():

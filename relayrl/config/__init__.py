@@ -26,6 +26,7 @@ from relayrl.config.task import (
 )
 from relayrl.config.trainer import (
     CheckpointConfig,
+    LoraConfig,
     OptimizerConfig,
     TrainerConfig,
     WandbConfig,
@@ -34,6 +35,7 @@ from relayrl.config.trainer import (
 __all__ = [
     "OptimizerConfig",
     "CheckpointConfig",
+    "LoraConfig",
     "VllmEngineConfig",
     "TorchEngineConfig",
     "read_model_limits",

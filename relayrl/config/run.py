@@ -134,6 +134,13 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _lora_runs_on_the_torch_engine(self) -> RunConfig:
+        if self.trainer.lora is not None and isinstance(self.rollout.engine, VllmEngineConfig):
+            raise ValueError("trainer.lora: the vllm engine does not apply adapter versions "
+                             "yet; set rollout.engine.kind torch")
+        return self
+
+    @model_validator(mode="after")
     def _vllm_supports_the_tiny_head_size(self) -> RunConfig:
         """rollout.engine.kind vllm with the tiny model needs a head size (model.hidden_size /
         model.num_heads) among vLLM's CPU attention's VLLM_CPU_HEAD_SIZES."""

@@ -51,6 +51,19 @@ class WandbConfig(StrictModel):
                              description="W&B run name; unset: run_id.")
 
 
+class LoraConfig(StrictModel):
+    """A LoRA adapter (peft) trained in place of the whole model: the base weights stay
+    frozen, and each version the relay ships is the adapter alone."""
+
+    rank: int = Field(16, ge=1, le=4096, description="The adapter's rank r.")
+    alpha: float = Field(32.0, gt=0, le=1e6,
+                         description="Scale numerator: the update is (alpha / rank) B A.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
+    target_modules: Literal["all-linear"] | list[str] = Field(
+        "all-linear", description="The modules that get an adapter: every linear layer but "
+        "the output head (all-linear), or their names (e.g. [q_proj, v_proj]).")
+
+
 class TrainerConfig(StrictModel):
     endpoint: Endpoint = Field(default_factory=lambda: Endpoint(port=50554))
     loss: LossConfig = Field(
@@ -60,6 +73,9 @@ class TrainerConfig(StrictModel):
     )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig,
                                        description="AdamW's settings.")
+    lora: LoraConfig | None = Field(
+        None, description="Train a LoRA adapter instead of the whole model (needs peft, the "
+        "relayrl[lora] extra); unset: full fine-tuning.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig,
                                          description="How often checkpoints are written and "
                                          "how many are kept.")

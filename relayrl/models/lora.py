@@ -1,0 +1,72 @@
+"""LoRA adapters through peft, as the trainer trains one and the engines apply its versions.
+
+    model = with_lora(model, cfg.trainer.lora)    # the base frozen, an adapter on each target
+    tensors = adapter_state(model)                # what a version ships: the adapter alone
+    load_adapter(model, tensors, version)         # an engine takes a version in place
+
+Both sides wrap the same base model with the same settings, so the adapter's tensor names
+(peft's, without the adapter's own name) match on each side. A new adapter starts with B = 0:
+the wrapped model computes exactly what the base model does, which is version 0 everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from relayrl.config import ConfigError, LoraConfig
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError as err:
+        raise ConfigError(f"trainer.lora needs the peft package (pip install peft, or the "
+                          f"relayrl[lora] extra): {err}") from None
+    return peft
+
+
+def with_lora(model: torch.nn.Module, cfg: LoraConfig) -> Any:
+    """`model` wrapped by peft with a fresh adapter: only the adapter's parameters train."""
+    peft = _peft()
+    config = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                             target_modules=cfg.target_modules, task_type="CAUSAL_LM")
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as err:  # e.g. a target module the model does not have
+        raise ConfigError(f"trainer.lora.target_modules {cfg.target_modules!r}: {err}") from None
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def adapter_state(model: Any) -> dict[str, torch.Tensor]:
+    """The adapter's tensors by peft's names (the live ones: a publisher copies them)."""
+    return _peft().get_peft_model_state_dict(model)
+
+
+def load_adapter(model: Any, tensors: dict[str, torch.Tensor], version: int) -> None:
+    """A published adapter version into `model`; ValueError when its names, shapes or dtypes
+    differ from the model's adapter."""
+    current = adapter_state(model)
+    missing, extra = set(current) - set(tensors), set(tensors) - set(current)
+    if missing or extra:
+        raise ValueError(f"version {version}: not this model's adapter: missing "
+                         f"{sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}")
+    for name, t in tensors.items():
+        if current[name].shape != t.shape or current[name].dtype != t.dtype:
+            raise ValueError(f"version {version}: adapter tensor {name} is "
+                             f"{t.dtype}{tuple(t.shape)}, the model's is "
+                             f"{current[name].dtype}{tuple(current[name].shape)}")
+    with torch.no_grad():
+        _peft().set_peft_model_state_dict(model, tensors)
+
+
+def merged_copy(model: Any) -> torch.nn.Module:
+    """A plain model with the adapter merged into its weights (an export), leaving `model`
+    as it is."""
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload()

@@ -1,0 +1,120 @@
+"""A LoRA adapter trained in place of the whole model: the base stays frozen and holds no
+optimizer state, the KL reference is the base with the adapter off (no second copy), a
+version ships the adapter alone and an engine applies it to produce the trainer's very
+model, and a checkpoint holds the adapter and resumes it exactly."""
+
+import threading
+
+import pytest
+import torch
+
+from relay_svc.version_store import VersionStore
+from relayrl.config import RunConfig
+from relayrl.contracts.keys import RunKeys
+from relayrl.contracts.messages import encode_batch
+from relayrl.contracts.streams import FIELD
+from relayrl.models.loading import load_model
+from relayrl.models.lora import adapter_state, is_lora, with_lora
+from relayrl.runtime.redis_conn import EmbeddedRedis, connect
+from rollout_svc.torch_engine import TorchEngine
+from tests.integration.test_trainer_resume import make_batch
+from trainer_svc import checkpoint
+from trainer_svc.publisher import AsyncPublisher
+from trainer_svc.trainer import Trainer
+
+LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
+
+
+@pytest.fixture
+def env(tmp_path, tiny_lm):
+    server = EmbeddedRedis(tmp_path)
+    cfg = RunConfig.model_validate({
+        "run_id": "lora", "run_dir": str(tmp_path / "run"), "redis": {"url": server.url},
+        "task": {"digits": 1, "eval_size": 4},
+        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
+        "buffer": {"group_size": 2, "groups_per_batch": 2},
+        "trainer": {"lora": LORA, "max_staleness": 100, "optimizer": {"lr": 5e-2},
+                    "progress": False, "engine_check_seqs": 0,
+                    "loss": {"name": "grpo", "kl_coef": 0.1}},
+    })
+    yield cfg, connect(server.url), tiny_lm
+    server.shutdown()
+
+
+def trainer_of(cfg, r, path, store: VersionStore) -> Trainer:
+    torch.manual_seed(0)
+    return Trainer(cfg, load_model(path), r, AsyncPublisher(store))
+
+
+def step(t: Trainer, first_prompt: int) -> None:
+    batch = make_batch(t.lm, first_prompt)
+    t.r.xadd(RunKeys(t.cfg.run_id).batches, {FIELD: encode_batch(batch)})
+    t.train_step(*t.next_batch(threading.Event()))
+
+
+def test_the_adapter_trains_and_ships_alone_and_an_engine_applies_it(env):
+    cfg, r, tiny = env
+    store = VersionStore(8)
+    t = trainer_of(cfg, r, tiny.path, store)
+    base = {k: v.clone() for k, v in tiny.model.state_dict().items()}
+    assert is_lora(t.lm.model) and t.learner.objective.reference is None
+    trained = [p for p in t.lm.model.parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n, p in t.lm.model.named_parameters()
+                           if p.requires_grad)
+    step(t, 10)
+    step(t, 20)
+    t.publisher.wait()
+
+    # the base is untouched, and only the adapter's parameters have optimizer state
+    merged_base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+                   for k, v in t.lm.model.state_dict().items() if "lora_" not in k}
+    assert all(torch.equal(merged_base[k], v) for k, v in base.items())
+    assert {id(p) for p in t.optimizer.state} <= {id(p) for p in trained}
+    adapter = adapter_state(t.lm.model)
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # B moved
+
+    # a version is the adapter alone: a small share of the model's bytes
+    shipped = store.pull(t.step)
+    assert set(shipped) == set(adapter)
+    full = sum(v.numel() * v.element_size() for v in base.values())
+    ships = sum(v.numel() * v.element_size() for v in shipped.values())
+    assert ships < full / 2
+
+    # an engine on the base model with the same adapter settings becomes the trainer's model
+    engine_lm = load_model(tiny.path)
+    engine_lm.model = with_lora(engine_lm.model, cfg.trainer.lora)
+    engine = TorchEngine(engine_lm)
+    engine.load_weights(shipped, t.step)
+    ids = torch.tensor([t.lm.encode_prompt("3+4=")])
+    t.lm.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(engine_lm.model(ids).logits, t.lm.model(ids).logits, atol=1e-6)
+    with pytest.raises(ValueError, match="not this model's adapter"):
+        engine.load_weights({"x": torch.zeros(1)}, t.step + 1)
+    t.publisher.close()
+
+
+def test_a_checkpoint_holds_the_adapter_and_resumes_it_exactly(env):
+    cfg, r, tiny = env
+    t = trainer_of(cfg, r, tiny.path, VersionStore(8))
+    step(t, 10)
+    t.save_checkpoint()
+    saved = {k: v.clone() for k, v in adapter_state(t.lm.model).items()}
+    t.publisher.close()
+    path = checkpoint.latest(t.ckpt_dir)
+    assert (path / "adapter_model.safetensors").is_file()
+    assert not (path / "model.safetensors").exists()  # the base is not written again
+
+    again = trainer_of(cfg, r, tiny.path, VersionStore(8))
+    again.resume()
+    assert again.step == 1
+    restored = adapter_state(again.lm.model)
+    assert all(torch.equal(restored[k], v) for k, v in saved.items())
+    again.publisher.close()
+
+
+def test_lora_with_the_vllm_engine_is_refused_by_name():
+    with pytest.raises(ValueError, match="trainer.lora: the vllm engine"):
+        RunConfig.model_validate({"trainer": {"lora": LORA},
+                                  "rollout": {"engine": {"kind": "vllm"}},
+                                  "model": {"hidden_size": 128, "num_heads": 4}})

@@ -135,6 +135,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _lora_runs_on_the_torch_engine(self) -> RunConfig:
+        """trainer.lora needs an engine that applies adapter versions: the torch engine."""
         if self.trainer.lora is not None and isinstance(self.rollout.engine, VllmEngineConfig):
             raise ValueError("trainer.lora: the vllm engine does not apply adapter versions "
                              "yet; set rollout.engine.kind torch")

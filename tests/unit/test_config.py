@@ -123,6 +123,10 @@ def test_overrides_apply_and_validate(tmp_path):
 # each run-level rule (a RunConfig model validator), a config that breaks it alone, and
 # what its message says
 CROSS_CHECKS = {
+    "_lora_runs_on_the_torch_engine": (
+        {"trainer": {"lora": {"rank": 4}}, "rollout": {"engine": {"kind": "vllm"}}},
+        "trainer.lora: the vllm engine does not apply adapter versions yet; set "
+        "rollout.engine.kind torch"),
     "_groups_hold_every_sample_of_a_prompt": (
         {"buffer": {"group_size": 3}}, r"rollout.samples_per_prompt \(8\) must equal "
         r"buffer.group_size \(3\)"),

@@ -6,7 +6,8 @@
 No service runs: the checkpoint (a Hugging Face model directory, as the trainer writes under
 run_dir/checkpoints/step_N) is loaded here and decoded on this machine, on the config's eval
 sets (all, or those named with --set NAME). A checkpoint directory without a tokenizer takes
-the run model's (model.kind hf, pretrained or tiny). Prints a table and
+the run model's (model.kind hf, pretrained or tiny); an adapter run's checkpoint (trainer.lora)
+is merged into the run model first. Prints a table and
 one JSON line; --json prints the JSON line alone.
 """
 
@@ -21,6 +22,7 @@ from relayrl.config import RunConfig
 from relayrl.evaluation.runner import SetResult, evaluate_sets
 from relayrl.evaluation.sets import build_sets
 from relayrl.models.loading import LoadedModel
+from relayrl.models.lora import is_adapter_dir, merged_from
 
 
 def load_checkpoint(cfg: RunConfig, checkpoint: Path) -> LoadedModel:
@@ -29,13 +31,18 @@ def load_checkpoint(cfg: RunConfig, checkpoint: Path) -> LoadedModel:
 
     from relayrl.models import resolve_model_path
 
-    if not (checkpoint / "config.json").is_file():
+    adapter = is_adapter_dir(checkpoint)
+    if not adapter and not (checkpoint / "config.json").is_file():
         raise ValueError(f"--checkpoint: {checkpoint} holds no config.json (not a Hugging "
-                         "Face model directory such as run_dir/checkpoints/step_N)")
+                         "Face model directory such as run_dir/checkpoints/step_N) and no "
+                         "LoRA adapter (adapter_config.json)")
     has_tokenizer = (checkpoint / "tokenizer_config.json").is_file()
-    tokenizer_dir = checkpoint if has_tokenizer else resolve_model_path(cfg.model, cfg.task)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    base_dir = resolve_model_path(cfg.model, cfg.task)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint if has_tokenizer else base_dir)
+    if adapter:  # an adapter run's checkpoint: the run's base model with it merged
+        model = merged_from(AutoModelForCausalLM.from_pretrained(base_dir), checkpoint)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint)
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, path=checkpoint)
 

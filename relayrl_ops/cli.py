@@ -175,6 +175,13 @@ def cmd_eval(args) -> int:
     return main(_load(args), args.checkpoint, [s for s in args.sets if "=" not in s], args.json)
 
 
+def cmd_export(args) -> int:
+    """A checkpoint as a standalone Hugging Face directory (relayrl_ops.export)."""
+    from relayrl_ops.export import main
+
+    return main(_load(args), args.checkpoint, args.out)
+
+
 def cmd_health(args) -> int:
     """Exit 0 only if the gRPC service at the address reports SERVING (container probes)."""
     from relayrl.runtime.grpc_util import check_health
@@ -246,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
                    "an '=', override a config field")
     p.add_argument("--json", action="store_true", help="print the JSON line alone")
     p.set_defaults(fn=cmd_eval)
+    p = sub.add_parser("export", help="write a checkpoint as a standalone Hugging Face model "
+                       "directory (an adapter merged into the base model)")
+    p.add_argument("config", help="run config YAML")
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="e.g. run_dir/checkpoints/step_N")
+    p.add_argument("--out", required=True, metavar="DIR", help="an empty or new directory")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="SECTION.FIELD=VALUE", help="override a config field")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("health", help="exit 0 if a service's gRPC health check says SERVING")
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds")

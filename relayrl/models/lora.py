@@ -3,6 +3,7 @@
     model = with_lora(model, cfg.trainer.lora)    # the base frozen, an adapter on each target
     tensors = adapter_state(model)                # what a version ships: the adapter alone
     load_adapter(model, tensors, version)         # an engine takes a version in place
+    merged_from(base, checkpoint_dir)             # a checkpoint's adapter merged: an export
 
 Both sides wrap the same base model with the same settings, so the adapter's tensor names
 (peft's, without the adapter's own name) match on each side. A new adapter starts with B = 0:
@@ -11,6 +12,7 @@ the wrapped model computes exactly what the base model does, which is version 0 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,9 +66,13 @@ def load_adapter(model: Any, tensors: dict[str, torch.Tensor], version: int) -> 
         _peft().set_peft_model_state_dict(model, tensors)
 
 
-def merged_copy(model: Any) -> torch.nn.Module:
-    """A plain model with the adapter merged into its weights (an export), leaving `model`
-    as it is."""
-    import copy
+def is_adapter_dir(directory: Path) -> bool:
+    """A checkpoint of an adapter run: peft's adapter_config.json and weights, no model."""
+    return (directory / "adapter_config.json").is_file()
 
-    return copy.deepcopy(model).merge_and_unload()
+
+def merged_from(base: torch.nn.Module, adapter_dir: Path) -> torch.nn.Module:
+    """`base` with the adapter saved in `adapter_dir` merged into its weights: a plain
+    model, as if trained whole."""
+    model = _peft().PeftModel.from_pretrained(base, str(adapter_dir))
+    return model.merge_and_unload()

@@ -7,15 +7,17 @@ import threading
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from relay_svc.version_store import VersionStore
-from relayrl.config import RunConfig
+from relayrl.config import HfModel, RunConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import encode_batch
 from relayrl.contracts.streams import FIELD
 from relayrl.models.loading import load_model
 from relayrl.models.lora import adapter_state, is_lora, with_lora
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
+from relayrl_ops.export import export
 from rollout_svc.torch_engine import TorchEngine
 from tests.integration.test_trainer_resume import make_batch
 from trainer_svc import checkpoint
@@ -111,6 +113,16 @@ def test_a_checkpoint_holds_the_adapter_and_resumes_it_exactly(env):
     restored = adapter_state(again.lm.model)
     assert all(torch.equal(restored[k], v) for k, v in saved.items())
     again.publisher.close()
+
+    # exported: the adapter merged into the base, a plain model computing the same logits
+    run = cfg.model_copy(update={"model": HfModel(path=str(tiny.path))})
+    out = export(run, path, path.parent.parent / "exported")
+    plain = AutoModelForCausalLM.from_pretrained(out)
+    assert not is_lora(plain) and (out / "tokenizer_config.json").is_file()
+    ids = torch.tensor([again.lm.encode_prompt("3+4=")])
+    again.lm.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(plain(ids).logits, again.lm.model(ids).logits, atol=1e-5)
 
 
 def test_lora_with_the_vllm_engine_is_refused_by_name():

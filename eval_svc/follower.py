@@ -125,7 +125,7 @@ def serve(cfg: RunConfig) -> None:
     setup_logging("evaluator")
     torch.set_num_threads(cfg.rollout.torch_threads)
     weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.weight_device)
-    lm = load_model(resolve_model_path(cfg.model, cfg.task))
+    lm = load_model(resolve_model_path(cfg.model, cfg.task), cfg.model.dtype_name())
     if cfg.trainer.lora is not None:  # versions are the trainer's adapter
         lm.model = with_lora(lm.model, cfg.trainer.lora)
     relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relayrl.config import RunConfig, TorchEngineConfig
+from relayrl.config import ConfigError, RunConfig, TorchEngineConfig
 from relayrl.models.loading import LoadedModel
 from relayrl.models.lora import with_lora
 from relayrl.runtime.devices import resolve_device
@@ -24,9 +24,14 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                            device=resolve_device(e.device, "rollout.engine.device"))
     from rollout_svc.vllm_engine import VllmEngine
 
+    shipped = cfg.model.dtype_name()
+    if e.dtype not in ("auto", shipped):
+        raise ConfigError(f"rollout.engine.dtype {e.dtype!r} differs from model.dtype "
+                          f"{shipped!r}, the dtype versions are shipped in; set one of them "
+                          "to the other (or rollout.engine.dtype auto)")
     return VllmEngine(model_path, seed=seed, eos_ids=lm.eos_ids,
                       kv_cache_gib=e.kv_cache_gib, max_model_len=e.max_model_len,
-                      dtype=e.dtype, enforce_eager=e.enforce_eager,
+                      dtype=shipped, enforce_eager=e.enforce_eager,
                       gpu_memory_utilization=e.gpu_memory_utilization,
                       tensor_parallel_size=e.tensor_parallel_size,
                       kv_transfer_port=(e.kv_transfer_base_port + r.worker_index

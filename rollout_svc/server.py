@@ -8,7 +8,7 @@ import logging
 import grpc
 import torch
 
-from relayrl.config import RunConfig
+from relayrl.config import RunConfig, TorchEngineConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.leases import GrpcLeaseClient
 from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc
@@ -90,7 +90,10 @@ def serve(cfg: RunConfig) -> None:
     # before the model loads: a worker set for the nccl plane on a machine without CUDA stops
     weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.weight_device)
     model_path = resolve_model_path(cfg.model, cfg.task)
-    lm = load_model(model_path)
+    # the torch engine samples with these weights; vLLM loads its own, and this process
+    # then needs the tokenizer only
+    lm = load_model(model_path, cfg.model.dtype_name(),
+                    weights=isinstance(cfg.rollout.engine, TorchEngineConfig))
     engine = make_engine(cfg, lm, model_path)
     log.info("%s engine on %s", engine.name, getattr(engine, "device", "its own device"))
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:

@@ -33,10 +33,11 @@ STOP_POLL_S = 0.1  # how often a wait for an unreachable relay looks at its stop
 
 
 class AsyncPublisher:
-    def __init__(self, plane: WeightPlane, outage: Outage | None = None):
+    def __init__(self, plane: WeightPlane, outage: Outage | None = None,
+                 dtype: torch.dtype | None = None):
         self.plane = plane
         self.relay = outage or Outage("relay")  # logs a wait once; unready meanwhile
-        self._sets = (Snapshot(), Snapshot())
+        self._sets = (Snapshot(dtype), Snapshot(dtype))  # dtype: what versions ship in
         self._cond = threading.Condition()
         self._request: tuple[int, int, dict[str, torch.Tensor], torch.cuda.Event | None] \
             | None = None

@@ -199,7 +199,8 @@ def serve(cfg: RunConfig) -> None:
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         shm_dir = cfg.relay.shm_dir if cfg.trainer.publish_plane == "shm" else None
         publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes,
-                                               cfg.relay.timeout_s, publish_shm_dir=shm_dir))
+                                               cfg.relay.timeout_s, publish_shm_dir=shm_dir),
+                                   dtype=getattr(torch, cfg.model.dtype_name()))
         trainer = Trainer(cfg, lm, redis, publisher, parallel)
         log.info("trainer on %s, precision %s", world.device,
                  trainer.objective.precision.name)

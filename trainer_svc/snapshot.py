@@ -7,6 +7,10 @@ the weights the optimizer step left, not ones still being written), then copies 
 without blocking and synchronizes only its own stream. Meanwhile the training stream runs the
 next step's forward and backward passes, which only read the weights; the publisher's
 `fence` holds the next optimizer step until the copy is done.
+
+With a `dtype` (model.dtype, e.g. bfloat16) the buffers of floating-point weights are in it
+and the copy casts: the trainer's master weights stay float32, the version is shipped in the
+model's dtype at no extra pass.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ def ready_event(state: dict[str, torch.Tensor]) -> torch.cuda.Event | None:
 
 
 class Snapshot:
-    def __init__(self):
+    def __init__(self, dtype: torch.dtype | None = None):
+        self.dtype = dtype  # of floating-point weights; None: as they are
         self.buffers: dict[str, torch.Tensor] = {}
         self.version = 0
         self.step = 0
@@ -52,11 +57,12 @@ class Snapshot:
     def _buffer(self, name: str, like: torch.Tensor, pin: bool) -> torch.Tensor:
         """The host buffer for `name`, allocated once per shape and dtype (pinned memory
         is slow to allocate: the two snapshots' buffers are reused every version)."""
+        dtype = self.dtype if self.dtype is not None and like.is_floating_point() \
+            else like.dtype
         buf = self.buffers.get(name)
-        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype \
+        if buf is None or buf.shape != like.shape or buf.dtype != dtype \
                 or (pin and not buf.is_pinned()):
-            buf = self.buffers[name] = torch.empty(like.shape, dtype=like.dtype,
-                                                   pin_memory=pin)
+            buf = self.buffers[name] = torch.empty(like.shape, dtype=dtype, pin_memory=pin)
         return buf
 
     @property

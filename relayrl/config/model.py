@@ -60,8 +60,33 @@ def read_model_limits(model_dir: str | Path) -> ModelLimits:
     return ModelLimits(vocab, context, str(path))
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def read_model_dtype(model_dir: str | Path) -> str:
+    """The dtype a Hugging Face directory's config.json names (torch_dtype, or dtype in newer
+    files) when it is one the engines take, else float32."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    named = config.get("torch_dtype") or config.get("dtype") if isinstance(config, dict) else None
+    return named if named in DTYPES else "float32"
+
+
 class ModelBase(StrictModel):
     kind: str
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="What the engines load and sample in and the relay stores and "
+        "ships (bfloat16: half float32's bytes); the trainer keeps float32 master weights "
+        "and publishes in it. auto: the checkpoint's torch_dtype, else float32.")
+
+    def dtype_name(self) -> str:
+        """`dtype`, with auto resolved from the model's own config."""
+        return self.dtype if self.dtype != "auto" else self._own_dtype()
+
+    def _own_dtype(self) -> str:
+        return "float32"
 
     @model_validator(mode="before")
     @classmethod
@@ -117,6 +142,9 @@ class HfModel(ModelBase):
 
     def limits(self) -> ModelLimits:
         return read_model_limits(self.directory())
+
+    def _own_dtype(self) -> str:
+        return read_model_dtype(self.directory())
 
     def directory(self) -> Path:
         """The model's directory: `path` itself, or the hub snapshot it names (downloaded

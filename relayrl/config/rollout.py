@@ -82,8 +82,9 @@ class VllmEngineConfig(EngineBase):
         0, ge=0, le=1_048_576,
         description="Longest prompt plus response a vLLM worker serves; 0: the model's own limit.",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Dtype vLLM computes in; float32 matches the trainer's logprobs.",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Dtype vLLM computes in; auto: model.dtype, the dtype versions "
+        "are shipped in (another is refused). float32 matches the trainer's logprobs.",
     )
     enforce_eager: bool = Field(
         True, description="Run vLLM eagerly: starts in seconds; False compiles (and on GPUs "

@@ -16,7 +16,7 @@ from relayrl.config import ConfigError
 
 @dataclass
 class LoadedModel:
-    model: Any  # transformers PreTrainedModel
+    model: Any  # transformers PreTrainedModel; None when only the tokenizer was loaded
     tokenizer: Any  # transformers PreTrainedTokenizerBase
     path: Path
 
@@ -90,13 +90,20 @@ def encode_problem(tokenizer: Any, text: str, messages: Sequence[Mapping[str, st
     return encode_text(tokenizer, text)
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(path: str | Path, dtype: torch.dtype | str = torch.float32,
+               weights: bool = True) -> LoadedModel:
+    """The directory's tokenizer and model, its weights in `dtype`; without `weights`, the
+    tokenizer alone (model None): a process whose engine loads the weights itself (vLLM)
+    holds no second copy."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"model.path: {path} holds no config.json")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    model.eval()
+    model = None
+    if weights:
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, path=path)

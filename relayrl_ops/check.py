@@ -104,20 +104,25 @@ def _model(cfg: RunConfig, report: Report) -> Path | None:
     return where if built else None
 
 
+def _meta_model(cfg: RunConfig, model_dir: Path | None) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if model_dir is not None:
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    if isinstance(cfg.model, TinyModel):
+        from relayrl.models.tiny import build_model
+
+        return build_model(cfg.model, cfg.model.limits().vocab_size, Path("."))
+    # a pretrained model not yet converted: its known shape is not at hand
+    raise ConfigError("model: not converted yet; run `relayrl prepare` to count it")
+
+
 def _parameters(cfg: RunConfig, model_dir: Path | None) -> int:
     """Counted on the meta device: no weights are read or allocated."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
-        if model_dir is not None:
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-        elif isinstance(cfg.model, TinyModel):
-            from relayrl.models.tiny import build_model
-
-            model = build_model(cfg.model, cfg.model.limits().vocab_size, Path("."))
-        else:  # a pretrained model not yet converted: its known shape is not at hand
-            raise ConfigError("model: not converted yet; run `relayrl prepare` to count it")
+        model = _meta_model(cfg, model_dir)
     seen: set[int] = set()
     total = 0
     for p in model.parameters():  # a tied tensor once
@@ -262,20 +267,51 @@ def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
     if params is None:
         report.line("memory: not estimated (the parameter count is unknown)")
         return
-    e = cfg.rollout.engine
-    engine_bytes = DTYPE_BYTES[e.dtype] if isinstance(e, VllmEngineConfig) else 4
-    trainer = params * 16  # float32 weights, gradients and Adam's two moments
-    relay = params * 4 * cfg.relay.keep_versions
-    kv = (e.kv_cache_gib * GIB if isinstance(e, VllmEngineConfig) else 0)
-    worker = params * engine_bytes + kv
-    report.line("memory (rough: weights, gradients, optimizer state, stored versions and KV "
-                "cache; activations, framework and Python overhead not counted):")
-    report.line(f"  trainer: {trainer / GIB:.2f} GiB (float32 weights, gradients, Adam "
-                "moments: 16 bytes a parameter)")
-    report.line(f"  relay: {relay / GIB:.2f} GiB ({cfg.relay.keep_versions} float32 versions "
-                f"kept, relay.keep_versions) each of {1 + cfg.relay.children} relay(s)")
-    report.line(f"  each rollout worker: {worker / GIB:.2f} GiB (weights at {engine_bytes} "
-                f"bytes a parameter{', plus the KV cache' if kv else ''}) x "
-                f"{cfg.rollout.num_workers}")
-    total = trainer + relay * (1 + cfg.relay.children) + worker * cfg.rollout.num_workers
+    adapter = _adapter_parameters(cfg, model_dir) if cfg.trainer.lora else 0
+    report.line("memory (rough: weights, gradients, optimizer state, kept copies, stored "
+                "versions and KV cache; activations, framework and Python overhead not "
+                "counted):")
+    total = 0.0
+    for service, count, parts in memory_plan(cfg, params, adapter):
+        size = sum(b for _, b in parts)
+        total += size * count
+        what = "; ".join(f"{name} {b / GIB:.2f}" for name, b in parts if b)
+        report.line(f"  {service}: {size / GIB:.2f} GiB{f' x {count}' if count > 1 else ''} "
+                    f"({what})")
     report.line(f"  together: about {total / GIB:.2f} GiB")
+
+
+def memory_plan(cfg: RunConfig, params: int, adapter: int = 0
+                ) -> list[tuple[str, int, list[tuple[str, float]]]]:
+    """(service, how many run, [(what it holds, bytes)]) for a model of `params` parameters
+    (and, with trainer.lora, an adapter of `adapter`): every copy of the weights each
+    service keeps, named after the setting that keeps it."""
+    tc, shipped = cfg.trainer, DTYPE_BYTES[cfg.model.dtype_name()]
+    trained = adapter or params
+    version = trained * shipped  # what one version weighs on the wire and in the relay
+    trainer = [("float32 weights", params * 4),
+               ("gradients and Adam moments", trained * 12),
+               ("KL reference (trainer.loss.kl_coef)",
+                params * 4 if tc.loss.kl_coef > 0 and not tc.lora else 0),
+               ("past versions for the engine check (trainer.engine_check_versions)",
+                trained * 4 * tc.engine_check_versions if tc.engine_check_seqs else 0),
+               ("two publish snapshots", 2 * version)]
+    relay = [(f"{cfg.relay.keep_versions} versions (relay.keep_versions)",
+              cfg.relay.keep_versions * version)]
+    e = cfg.rollout.engine
+    kv = e.kv_cache_gib * GIB if isinstance(e, VllmEngineConfig) else 0
+    worker = [(f"{cfg.model.dtype_name()} weights", params * shipped), ("KV cache", kv)]
+    return [("trainer", 1, trainer), ("relay", 1 + cfg.relay.children, relay),
+            ("rollout worker", cfg.rollout.num_workers, worker)]
+
+
+def _adapter_parameters(cfg: RunConfig, model_dir: Path | None) -> int:
+    """The LoRA adapter's parameters, counted on the meta device."""
+    import torch
+
+    from relayrl.models.lora import with_lora
+
+    with torch.device("meta"):
+        model = _meta_model(cfg, model_dir)
+        wrapped = with_lora(model, cfg.trainer.lora)
+    return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)

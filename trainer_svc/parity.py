@@ -55,9 +55,10 @@ def logprob_gaps(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: to
 
 
 class VersionHistory:
-    """The parameters of the last few versions the trainer held, so tokens sampled by an
-    older version can be re-scored under exactly that version. Buffers are allocated once
-    and reused; memory is `keep` copies of the parameters."""
+    """The trained parameters of the last few versions the trainer held, so tokens sampled by
+    an older version can be re-scored under exactly that version (the frozen rest, a LoRA
+    run's base, is the same in every version and is not copied). Buffers are allocated once
+    and reused; memory is `keep` copies of the trained parameters."""
 
     def __init__(self, keep: int):
         self.keep = keep
@@ -67,7 +68,7 @@ class VersionHistory:
     def remember(self, version: int, model: torch.nn.Module) -> None:
         if self.keep == 0:
             return
-        params = dict(model.named_parameters())
+        params = {k: v for k, v in model.named_parameters() if v.requires_grad}
         # a version trained again (its step was skipped as non-finite) keeps one slot
         same = [i for i, (v, _) in enumerate(self._slots) if v == version]
         if same:

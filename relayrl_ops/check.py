@@ -208,7 +208,8 @@ def _reward(cfg: RunConfig, task: Any, report: Report) -> None:
     problems = _sample_problems(task, REWARD_ROWS)
     for p in problems:
         scores = report.step(f"reward on prompt {p.prompt_id}", lambda p=p: score_group(
-            fn, [DUMMY_COMPLETION], p.reference, p.metadata, cfg.buffer.reward_range))
+            fn, [DUMMY_COMPLETION], p.reference, p.metadata, cfg.buffer.reward_range,
+            prompt=p.messages or p.text))
         if scores is None:
             continue
         value, error = scores[0]

@@ -140,7 +140,8 @@ class SegmentBoundary:
 
     def _samples(self, lease: LeasedPrompt, group: PartialGroup) -> list[Sample]:
         scores = score_group(self.reward_fn, [self.lm.decode(s.tokens) for s in group.sequences],
-                             lease.reference, lease.metadata, self.cfg.buffer.reward_range)
+                             lease.reference, lease.metadata, self.cfg.buffer.reward_range,
+                             prompt=lease.messages or lease.text)
         return [Sample(
             prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
             prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,

@@ -23,7 +23,7 @@ from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import FinishReason, Sample
 from relayrl.contracts.partial import PartialSequence
 from relayrl.plugins.envs import Environment
-from relayrl.plugins.envs.play import environment_total
+from relayrl.plugins.envs.play import conversation, environment_total
 from relayrl.plugins.rewards import RewardFn, score_group
 
 
@@ -99,8 +99,10 @@ def episode_samples(lease: LeasedPrompt, group: EpisodeGroup, worker_id: str,
                     ) -> list[Sample]:
     """The group's samples, rewarded by the rule in the module docstring."""
     plain = [e for e in group.episodes if not e.rewards]
-    task_scores = iter(score_group(reward_fn, [e.last_reply for e in plain], lease.reference,
-                                   lease.metadata, reward_range) if plain else ())
+    task_scores = iter(score_group(
+        reward_fn, [e.last_reply for e in plain], lease.reference, lease.metadata,
+        reward_range, prompt=lease.messages or lease.text,
+        conversations=[conversation(e.messages, e.last_reply) for e in plain]) if plain else ())
     samples = []
     for e in group.episodes:
         if e.rewards:

@@ -24,6 +24,7 @@ from relayrl.plugins.envs.play import (
     Move,
     Turn,
     answer_all,
+    conversation,
     environment_total,
     goes_on,
     open_episodes,
@@ -52,8 +53,10 @@ class EvalEpisode:
             return 0.0
         if self.rewards:
             return environment_total(self.rewards)[0]
-        value, _ = score(reward_fn, self.last_reply, self.problem.reference,
-                         metadata=self.problem.metadata)
+        p = self.problem
+        value, _ = score(reward_fn, self.last_reply, p.reference, metadata=p.metadata,
+                         prompt=p.messages or p.text,
+                         conversation=conversation(self.messages, self.last_reply))
         return value
 
 

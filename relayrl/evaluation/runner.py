@@ -135,7 +135,8 @@ def _decode(lm: LoadedModel, es: EvalSet, prompts: list[list[int]], rows: list[i
                       greedy=greedy, generator=gen, stop=progress.stop)
         for i, c in zip(chunk, outs, strict=True):
             p = es.problems[i]
-            reward, _ = score(es.reward, lm.decode(c.tokens), p.reference, metadata=p.metadata)
+            reward, _ = score(es.reward, lm.decode(c.tokens), p.reference, metadata=p.metadata,
+                              prompt=p.messages or p.text)
             rewards.append(reward)
             lengths.append(len(c.tokens))
         progress.advance(len(chunk))

@@ -221,8 +221,9 @@ def test_weighted_sums_mix_batched_and_per_completion_terms(mod):
     ("{mod}:not_a_function", "{mod}:not_a_function is not callable (it is a int)"),
     ("{mod}:Scorer", "{mod}:Scorer is a class"),
     ("{mod}:bad_signature", "parameters (text, answer) fit no calling convention; expected "
-                            "(completion[, reference][, metadata]) per completion or "
-                            "(completions[, reference][, metadata]) per group"),
+                            "(completion[, reference][, metadata][, prompt][, conversation]) "
+                            "per completion or (completions[, reference][, metadata][, prompt]"
+                            "[, prompts][, conversations]) per group"),
     ("{mod}:extra_required", "parameters (completion, reference, tolerance) fit no calling"),
     ("{mod}:", "'{mod}:' is not package.module:function"),
     ("my-mod:fn", "'my-mod:fn' is not package.module:function"),

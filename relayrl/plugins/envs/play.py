@@ -81,6 +81,15 @@ class Move(NamedTuple):
         return self.step is None or self.step.done or not self.step.messages
 
 
+def conversation(messages: list[dict[str, str]], last_reply: str) -> list[dict[str, str]]:
+    """An episode's whole conversation, ending with the model's last reply (which the
+    episode's messages hold already when the environment stepped on it)."""
+    said = [m for m in messages if m["role"] == "assistant"]
+    if said and said[-1]["content"] == last_reply:
+        return list(messages)
+    return [*messages, {"role": "assistant", "content": last_reply}]
+
+
 def failure(where: str, kind: str, detail: str) -> str:
     assert kind in KINDS, kind
     return f"environment: {where}: {kind}: {detail}"

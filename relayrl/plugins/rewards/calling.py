@@ -1,13 +1,24 @@
 """How a reward function is called, decided once from its parameter names (inspect.signature).
 
-    per completion  fn(completion[, reference][, metadata]) -> number
-    per group       fn(completions[, reference][, metadata]) -> one number per completion
+    per completion  fn(completion[, reference][, metadata][, prompt][, conversation])
+                    -> number
+    per group       fn(completions[, reference][, metadata][, prompt][, prompts]
+                       [, conversations]) -> one number per completion
 
-Only the parameters a function declares are passed, by keyword (a `**kwargs` takes both).
-A group's samples share one prompt, so one reference and one metadata: a batched function
-(first parameter named `completions`, as TRL's reward functions) is called once per group
-with the list of its completions. `metadata` is the task record's other columns, a read-only
-mapping of str to JSON-like values; its nested lists and dicts are shared, do not change them.
+Only the parameters a function declares are passed, by keyword (a `**kwargs` takes them
+all). A group's samples share one prompt, so one reference and one metadata: a batched
+function (first parameter named `completions`, as TRL's reward functions) is called once per
+group with the list of its completions.
+
+- `reference`: the task's answer.
+- `metadata`: every field of the task record (its prompt and answer columns too), a
+  read-only mapping of str to JSON-like values; its nested lists and dicts are shared, do not
+  change them.
+- `prompt`: the prompt as the task gave it: its text, or its chat messages (a tuple of
+  {"role", "content"} dicts). `prompts` is the same, once per completion, as TRL passes it.
+- `conversation`: the whole conversation of one completion as messages, the prompt's and
+  the model's (every turn's, and the environment's between them, for a multi-turn
+  episode); `conversations` one per completion.
 
 Registered rewards and callables handed to score() directly may also keep the older
 positional form `fn(completion, reference)` under any parameter names (`lambda c, r: ...`),
@@ -28,17 +39,30 @@ Metadata = Mapping[str, Any]
 """The task record's other columns (str -> JSON-like values), read-only."""
 
 EMPTY: Metadata = MappingProxyType({})
-_EXTRAS = ("reference", "metadata")
+_PER_COMPLETION = ("reference", "metadata", "prompt", "conversation")
+_PER_GROUP = ("reference", "metadata", "prompt", "prompts", "conversations")
 _P = inspect.Parameter
-_EXPECTED = ("expected (completion[, reference][, metadata]) per completion or "
-             "(completions[, reference][, metadata]) per group")
+_EXPECTED = ("expected (completion[, reference][, metadata][, prompt][, conversation]) per "
+             "completion or (completions[, reference][, metadata][, prompt][, prompts]"
+             "[, conversations]) per group")
+
+Prompt = str | Sequence[Mapping[str, str]]
+Conversation = Sequence[Mapping[str, str]]
+
+
+def conversation_of(prompt: Prompt, completion: str) -> tuple[dict[str, str], ...]:
+    """A one-turn conversation: the prompt's messages (its text as a user message), then the
+    completion as the assistant's."""
+    opening = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
+               else [dict(m) for m in prompt])
+    return (*opening, {"role": "assistant", "content": completion})
 
 
 @dataclass(frozen=True)
 class CallPlan:
     batched: bool  # one call per group with the list of completions
     by_name: bool  # else the positional (completion, reference) form
-    extras: frozenset[str]  # which of reference, metadata go by keyword
+    extras: frozenset[str]  # which of reference, metadata, prompt, ... go by keyword
 
 
 def plan_call(fn: Callable, where: str, positional: bool = True) -> CallPlan:
@@ -64,12 +88,14 @@ def _by_name(params: list[inspect.Parameter]) -> CallPlan | None:
         return None
     takes_any = any(p.kind is _P.VAR_KEYWORD for p in params)
     named = {p.name for p in params[1:] if p.kind in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY)}
-    extras = frozenset(e for e in _EXTRAS if e in named or takes_any)
+    batched = params[0].name == "completions"
+    extras = frozenset(e for e in (_PER_GROUP if batched else _PER_COMPLETION)
+                       if e in named or takes_any)
     for p in params[1:]:
         if p.default is p.empty and p.kind not in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD) \
                 and p.name not in extras:
             return None  # a required parameter nobody would pass
-    return CallPlan(batched=params[0].name == "completions", by_name=True, extras=extras)
+    return CallPlan(batched=batched, by_name=True, extras=extras)
 
 
 def _positional(sig: inspect.Signature) -> CallPlan | None:
@@ -89,42 +115,54 @@ def readonly(metadata: Metadata | None) -> Metadata:
 
 
 def call_one(fn: Callable, completion: str, reference: str, metadata: Metadata | None = None,
-             plan: CallPlan | None = None) -> float:
+             plan: CallPlan | None = None, prompt: Prompt = "",
+             conversation: Conversation | None = None) -> float:
     """fn's reward for one completion; raises what fn raises."""
     plan = plan or plan_call(fn, f"reward {name_of(fn)}")
-    kwargs = _extras(plan, reference, readonly(metadata))
+    conversation = conversation or conversation_of(prompt, completion)
     if plan.batched:
+        kwargs = _extras(plan, reference, readonly(metadata), prompt, [conversation], 1)
         return checked_batch(fn([completion], **kwargs), 1)[0]
+    kwargs = {k: v for k, v in {"reference": reference, "metadata": readonly(metadata),
+                                "prompt": prompt, "conversation": conversation}.items()
+              if k in plan.extras}
     if plan.by_name:
         return as_reward(fn(completion, **kwargs))
     return as_reward(fn(completion, reference, **kwargs))
 
 
 def call_group(fn: Callable, completions: Sequence[str], reference: str,
-               metadata: Metadata | None = None,
-               plan: CallPlan | None = None) -> list[tuple[float, str]]:
+               metadata: Metadata | None = None, plan: CallPlan | None = None,
+               prompt: Prompt = "", conversations: Sequence[Conversation] | None = None
+               ) -> list[tuple[float, str]]:
     """(reward, error) per completion, unchecked for range; never raises. Objects with a
-    `group_scores` method (weighted sums, remote and imported rewards) score themselves."""
+    `group_scores` method (weighted sums, remote and imported rewards) score themselves.
+    `conversations`: each completion's whole conversation; by default its prompt and it."""
     n = len(completions)
     if n == 0:
         return []
     metadata = readonly(metadata)
+    if conversations is None:
+        conversations = [conversation_of(prompt, c) for c in completions]
+    assert len(conversations) == n, f"{len(conversations)} conversations for {n} completions"
     try:
         group_scores = getattr(fn, "group_scores", None) if plan is None else None
         if group_scores is not None:
-            results = list(group_scores(completions, reference, metadata))
+            results = list(group_scores(completions, reference, metadata, prompt=prompt,
+                                        conversations=conversations))
             assert len(results) == n, f"{name_of(fn)}.group_scores: {len(results)} for {n}"
             return results
         plan = plan or plan_call(fn, f"reward {name_of(fn)}")
         if plan.batched:
-            values = checked_batch(fn(list(completions), **_extras(plan, reference, metadata)), n)
-            return [(value, "") for value in values]
+            kwargs = _extras(plan, reference, metadata, prompt, conversations, n)
+            return [(value, "") for value in checked_batch(fn(list(completions), **kwargs), n)]
     except Exception as err:  # a user's reward function may raise anything
         return [(0.0, describe(err))] * n
     results = []
-    for completion in completions:
+    for completion, conversation in zip(completions, conversations, strict=True):
         try:
-            results.append((call_one(fn, completion, reference, metadata, plan), ""))
+            results.append((call_one(fn, completion, reference, metadata, plan, prompt,
+                                     conversation), ""))
         except Exception as err:
             results.append((0.0, describe(err)))
     return results
@@ -167,6 +205,9 @@ def name_of(fn: Callable) -> str:
     return getattr(fn, "name", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _extras(plan: CallPlan, reference: str, metadata: Metadata) -> dict[str, Any]:
-    given = {"reference": reference, "metadata": metadata}
+def _extras(plan: CallPlan, reference: str, metadata: Metadata, prompt: Prompt,
+            conversations: Sequence[Conversation], n: int) -> dict[str, Any]:
+    """A batched function's keyword arguments, those it declares."""
+    given = {"reference": reference, "metadata": metadata, "prompt": prompt,
+             "prompts": [prompt] * n, "conversations": list(conversations)}
     return {key: given[key] for key in plan.extras}

@@ -22,6 +22,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 from relayrl.plugins.rewards.calling import CallPlan, Metadata, call_group, call_one, plan_call
 
@@ -39,8 +40,9 @@ class ImportedReward:
         return call_one(self.fn, completion, reference, metadata, self.plan)
 
     def group_scores(self, completions: Sequence[str], reference: str,
-                     metadata: Metadata | None = None) -> list[tuple[float, str]]:
-        return call_group(self.fn, completions, reference, metadata, self.plan)
+                     metadata: Metadata | None = None, **seen: Any) -> list[tuple[float, str]]:
+        """`seen`: the prompt and conversations, as call_group takes them."""
+        return call_group(self.fn, completions, reference, metadata, self.plan, **seen)
 
     def __repr__(self) -> str:
         kind = "per group" if self.plan.batched else "per completion"

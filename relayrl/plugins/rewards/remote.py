@@ -9,12 +9,15 @@ travel: the Reward service carries prompts, completions and references only.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import grpc
 
 from relayrl.contracts.proto.v1 import reward_pb2, reward_pb2_grpc
+from relayrl.plugins.rewards.calling import Prompt
 from relayrl.runtime.deadlines import REWARD_CALL_S
 from relayrl.runtime.grpc_util import channel
 
@@ -50,10 +53,15 @@ class RemoteReward:
         return reward
 
     def group_scores(self, completions: Sequence[str], reference: str,
-                     metadata: Mapping | None = None) -> list[tuple[float, str]]:
-        """One request for a group (see relayrl.plugins.rewards.calling); metadata is not sent."""
+                     metadata: Mapping | None = None, prompt: Prompt = "",
+                     **_: Any) -> list[tuple[float, str]]:
+        """One request for a group (see relayrl.plugins.rewards.calling), with the prompt:
+        its text, or its chat messages as JSON. Metadata and conversations are not sent."""
+        text = prompt if isinstance(prompt, str) else json.dumps([dict(m) for m in prompt])
+        n = len(completions)
         return [(0.0, f"RemoteRewardError: {self.name}: {error}") if error else (reward, "")
-                for reward, error in self.score_batch(completions, [reference] * len(completions))]
+                for reward, error in self.score_batch(completions, [reference] * n,
+                                                      [text] * n if text else [])]
 
     def score_batch(self, completions: Sequence[str], references: Sequence[str] = (),
                     prompts: Sequence[str] = ()) -> list[tuple[float, str]]:

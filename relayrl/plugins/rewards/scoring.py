@@ -16,22 +16,34 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from relayrl.plugins.rewards.calling import Metadata, call_group, readonly
+from relayrl.plugins.rewards.calling import (
+    Conversation,
+    Metadata,
+    Prompt,
+    call_group,
+    readonly,
+)
 
 
 def score_group(reward: Callable, completions: Sequence[str], reference: str,
                 metadata: Metadata | None = None,
-                reward_range: tuple[float, float] | None = None) -> list[tuple[float, str]]:
-    """(reward, error) per completion, in order; never raises."""
-    raw = call_group(reward, list(completions), reference, readonly(metadata))
+                reward_range: tuple[float, float] | None = None, *, prompt: Prompt = "",
+                conversations: Sequence[Conversation] | None = None
+                ) -> list[tuple[float, str]]:
+    """(reward, error) per completion, in order; never raises. `prompt` and `conversations`
+    reach the rewards that declare them (relayrl.plugins.rewards.calling)."""
+    raw = call_group(reward, list(completions), reference, readonly(metadata), prompt=prompt,
+                     conversations=conversations)
     return [_checked(value, error, reward_range) for value, error in raw]
 
 
 def score(fn: Callable, completion: str, reference: str,
           reward_range: tuple[float, float] | None = None,
-          metadata: Metadata | None = None) -> tuple[float, str]:
+          metadata: Metadata | None = None, *, prompt: Prompt = "",
+          conversation: Conversation | None = None) -> tuple[float, str]:
     """(reward, error) for one completion: score_group of a group of one."""
-    return score_group(fn, [completion], reference, metadata, reward_range)[0]
+    return score_group(fn, [completion], reference, metadata, reward_range, prompt=prompt,
+                       conversations=None if conversation is None else [conversation])[0]
 
 
 # (kind, what an error of that kind reads), the first match naming it; anything else the

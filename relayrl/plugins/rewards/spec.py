@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from relayrl.plugins.rewards.calling import Metadata, call_group, call_one, name_of, plan_call
 from relayrl.plugins.rewards.imported import load_reward
@@ -48,11 +49,13 @@ class WeightedReward:
         return sum(w * call_one(fn, completion, reference, metadata) for w, fn in self.terms)
 
     def group_scores(self, completions: Sequence[str], reference: str,
-                     metadata: Metadata | None = None) -> list[tuple[float, str]]:
-        """(sum, error) per completion: the first failing term's error, if any."""
+                     metadata: Metadata | None = None, **seen: Any) -> list[tuple[float, str]]:
+        """(sum, error) per completion: the first failing term's error, if any. `seen`: the
+        prompt and conversations, as call_group takes them."""
         totals, errors = [0.0] * len(completions), [""] * len(completions)
         for weight, fn in self.terms:
-            for i, (value, error) in enumerate(call_group(fn, completions, reference, metadata)):
+            for i, (value, error) in enumerate(call_group(fn, completions, reference, metadata,
+                                                          **seen)):
                 errors[i] = errors[i] or error
                 totals[i] += weight * value
         return [(0.0, error) if error else (total, "")

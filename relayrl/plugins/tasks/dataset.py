@@ -56,7 +56,6 @@ class DatasetTask:
         self.reward_name = cfg.reward
         self.limit = limit
         self.skipped: Counter[str] = Counter()  # reason -> rows skipped, over both splits
-        self.used = {cfg.answer_field, cfg.prompt.field, cfg.prompt.messages_field} - {None}
         where = cfg.path or cfg.hub
         train = open_rows(cfg, cfg.path, cfg.split)
         if cfg.streaming:
@@ -97,7 +96,7 @@ class DatasetTask:
     def _problem(self, prompt_id: int, record: Mapping[str, Any]) -> Problem:
         text, messages = build_prompt(self.cfg.prompt, record)
         return Problem(prompt_id, text, reference_of(record, self.cfg.answer_field),
-                       messages, metadata_of(record, self.used))
+                       messages, metadata_of(record))
 
     def _problem_or_none(self, prompt_id: int, record: Mapping[str, Any], where: str
                          ) -> Problem | None:

@@ -2,7 +2,7 @@
 
 A problem's prompt is raw text the model continues, or chat messages the model's chat
 template lays out (`LoadedModel.encode_problem`). Its reference is what the reward checks the
-answer against; its metadata (the record's other fields, JSON values) goes to rewards that
+answer against; its metadata (every field of the record, JSON values) goes to rewards that
 ask for it.
 """
 
@@ -96,11 +96,12 @@ def reference_of(record: Mapping[str, Any], name: str) -> str:
     return str(value)
 
 
-def metadata_of(record: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
-    """The record's other fields, as JSON values (what a reward receives)."""
-    rest = {k: v for k, v in record.items() if k not in used}
+def metadata_of(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Every field of the record, its prompt and answer columns too, as JSON values: what a
+    reward receives as `metadata`, as TRL's reward functions receive the dataset's
+    columns."""
     try:  # through JSON once, so every process sees the same plain values
-        return json.loads(json.dumps(rest, default=str, allow_nan=False))
+        return json.loads(json.dumps(dict(record), default=str, allow_nan=False))
     except ValueError as err:
         raise BadRecord(f"a metadata field is not JSON ({err})") from None
 

@@ -210,6 +210,7 @@ def parse_args(argv=None):
         for key, value in SMOKE.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
+        args.fresh = True  # a reused run would skip the stack the smoke run is there to run
     args.seeds = args.seeds or 3
     args.modes = args.modes or "*"
     args.staleness = [int(k) for k in (args.staleness or "1,2,4,8").split(",")]

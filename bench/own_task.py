@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> None:
                                          "overrides": []}
     if args.smoke:
         args.out = str(ROOT / "runs/own_task_smoke")
+    overrides = defaults["overrides"] if args.configs is None else []  # for its own config
     args.configs = args.configs if args.configs is not None else defaults["configs"]
     args.minutes = args.minutes if args.minutes is not None else defaults["minutes"]
-    overrides = defaults["overrides"]
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     results = []

@@ -13,8 +13,6 @@ error per engine, in-sample and on held-out grid points.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from relayrl.config import load_run_config  # noqa: E402
 from relayrl.models import resolve_model_path  # noqa: E402
 from relayrl.models.loading import load_model  # noqa: E402
@@ -52,14 +51,12 @@ def step_seconds(engine, batch: int, context: int, vocab: int) -> float:
     return (timed(LONG) - timed(SHORT)) / (LONG - SHORT)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser("calibrate_sim", __doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "examples/tiny_cpu.yaml"))
     parser.add_argument("--engines", default="torch,vllm")
     parser.add_argument("--out", default=str(ROOT / "runs/sim"))
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.engines, args.out = "torch", str(ROOT / "runs/sim_smoke")
     cfg = load_run_config(args.config, ["rollout.torch_threads=1"])
@@ -106,7 +103,7 @@ def main() -> None:
                         "rms_rel_error": round(fit_error, 4),
                         "rms_rel_error_leave_one_out": round(loo, 4),
                         "costs_file": str(out / f"costs_{name}.json")}
-    print(json.dumps(result))
+    harness.report(args, result)
 
 
 if __name__ == "__main__":

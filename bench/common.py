@@ -152,11 +152,3 @@ def fastest_pull_s(client, repeats: int = 3) -> float:
         times.append(time.perf_counter() - start)
     return min(times)
 
-
-def smoke_skip(bench: str, reason: str) -> None:
-    """End a `--smoke` run that cannot take the real path on this machine: the reason as the
-    JSON line, exit 0. Nothing is measured in its place."""
-    import json
-
-    print(json.dumps({"bench": bench, "smoke": "skipped", "reason": reason}), flush=True)
-    raise SystemExit(0)

@@ -31,11 +31,9 @@ within 2 points of sync's final reward in at most half sync's wall time).
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import math
-import shlex
 import shutil
 import sys
 import time
@@ -45,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.common import assign_free_ports, run_stack  # noqa: E402
 from bench.convergence_curves import (  # noqa: E402
     RunCurve,
@@ -61,7 +60,12 @@ from bench.convergence_report import StudySettings, plot_curves, render_markdown
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.runtime.metrics import read_metrics  # noqa: E402
 
-SMOKE = {"steps": 8, "seeds": 1, "staleness": "1", "eval_every": 4}
+# each run starts the whole stack: two runs (sync and one corrected asynchronous mode, so the
+# comparison is made) of 3 steps keep the smoke run under a minute on 2 cores
+SMOKE = {"steps": 3, "seeds": 1, "staleness": "1", "eval_every": 2,
+         "modes": "sync,async_1_tis_token"}
+SMOKE_SETS = ["eval.sets=[{name: heldout, max_problems: 32}]", "rollout.num_workers=1",
+              "scheduler.start_after_workers=1"]
 SEED_STRIDE = 1000  # rollout.seed is offset by worker index: keep seeds' workers apart
 
 
@@ -177,7 +181,9 @@ def study_result(args, summaries, comparisons, scale) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser("convergence", __doc__.split("\n\n")[0], smoke_help=(
+        f"a tiny schedule: {SMOKE}, output under runs/convergence_smoke/ unless --out is "
+        "given"))
     parser.add_argument("--config", default="examples/tiny_cpu.yaml")
     parser.add_argument("--steps", type=int, help="trainer steps per run (default: the "
                         "config's trainer.max_steps)")
@@ -188,7 +194,7 @@ def parse_args(argv=None):
     parser.add_argument("--inflight", default="0", help="batches of prompts in flight in the "
                         "asynchronous modes, comma-separated, e.g. 0,2.5 (0, the default: the "
                         "live rule, max(2, k))")
-    parser.add_argument("--modes", default="*", help="comma-separated names or globs, e.g. "
+    parser.add_argument("--modes", help="comma-separated names or globs, e.g. "
                         "'sync,async_2_*' (default: all)")
     parser.add_argument("--eval-every", type=int, help="default: the config's")
     parser.add_argument("--smooth", type=float, default=0.05,
@@ -199,14 +205,14 @@ def parse_args(argv=None):
                         "so another config's study leaves this one's alone")
     parser.add_argument("--runs-dir", help="run directories (default runs/<name>/)")
     parser.add_argument("--fresh", action="store_true", help="rerun finished runs too")
-    parser.add_argument("--smoke", action="store_true", help=f"a tiny schedule: {SMOKE}, "
-                        "output under runs/convergence_smoke/ unless --out is given")
     args = parser.parse_args(argv)
     if args.smoke:
         for key, value in SMOKE.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
+        args.fresh = True  # a reused run would skip the stack the smoke run is there to run
     args.seeds = args.seeds or 3
+    args.modes = args.modes or "*"
     args.staleness = [int(k) for k in (args.staleness or "1,2,4,8").split(",")]
     stem = Path(args.config).stem
     args.name = args.name or ("convergence" if stem == "tiny_cpu" else f"convergence_{stem}")
@@ -230,7 +236,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    base = load_run_config(args.config)
+    base = load_run_config(args.config, SMOKE_SETS if args.smoke else [])
     args.steps = args.steps or base.trainer.max_steps
     modes = study_modes(args.staleness, args.corrections.split(","), base.trainer.loss.correction,
                         args.modes.split(","), args.inflight)
@@ -261,8 +267,7 @@ def main(argv=None) -> None:
         comparisons = {s.mode: compare(s, sync_summary, scale) for s in summaries
                        if s.mode != sync.name}
 
-    command = "python bench/convergence.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    settings = StudySettings(command=command.strip(), config=args.config, steps=args.steps,
+    settings = StudySettings(command=args.command, config=args.config, steps=args.steps,
                              groups_per_batch=base.buffer.groups_per_batch,
                              group_size=base.buffer.group_size, seeds=args.seeds,
                              smooth_window=window, points_scale=scale)
@@ -273,7 +278,7 @@ def main(argv=None) -> None:
                 {m.name: (m.staleness, m.correction) for m in modes}, level,
                 f"{args.config}: {args.steps} steps, {args.seeds} seed(s)")
     print(f"wrote {table} and {png}")
-    print(json.dumps(study_result(args, summaries, comparisons, scale)))
+    harness.report(args, study_result(args, summaries, comparisons, scale))
 
 
 if __name__ == "__main__":

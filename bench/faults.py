@@ -12,9 +12,7 @@ fault recovered and the books balance.
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import platform
 import sys
 import tempfile
@@ -23,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.common import assign_free_ports  # noqa: E402
 from relayrl.config import RunConfig  # noqa: E402
 from relayrl_testkit.fault_run import FaultRunResult, fault_settings, run_with_faults  # noqa: E402
@@ -118,17 +117,15 @@ def render(result: FaultRunResult, command: str, seed: int, rounds: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser("faults", __doc__.splitlines()[0], rounds=3,
+                       rounds_help="times every kind of process is killed")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "reliability.md")
     p.add_argument("--steps-per-restart", type=int, default=60,
                    help="trainer steps allowed for while a worker or the relay restarts")
     p.add_argument("--keep-run", type=Path, default=None,
                    help="run in this directory and keep it (logs, checkpoints, Redis data)")
     p.add_argument("--models", type=Path, default=ROOT / ".cache" / "relayrl" / "models")
-    p.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
     args = p.parse_args(argv)
     if args.smoke:
         args.rounds, args.steps_per_restart = 1, 5
@@ -147,9 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(render(result, command, args.seed, args.rounds, cfg,
                           args.steps_per_restart))
     print(out.read_text())
-    if args.smoke:
-        print(json.dumps({"bench": "faults", "rounds": args.rounds, "clean": result.clean,
-                          "out": str(out)}))
+    harness.report(args, {"bench": "faults", "rounds": args.rounds, "clean": result.clean,
+                          "out": str(out)})
     return 0 if result.clean else 1
 
 

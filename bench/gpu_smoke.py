@@ -19,8 +19,6 @@ logs. On a machine without CUDA it exits with status 2 and says so.
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import statistics
 import sys
@@ -28,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, run_stack, smoke_skip  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.common import ROOT, run_stack  # noqa: E402
 from bench.throughput import run_config  # noqa: E402
 from relayrl.config import TorchEngineConfig  # noqa: E402
 
@@ -80,14 +79,12 @@ def summary(rows: list[dict], skip: int, steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser("gpu_smoke", __doc__.splitlines()[0])
     parser.add_argument("--config", default="examples/tiny_cpu.yaml")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip", type=int, default=2, help="warm-up steps left out")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override beside the devices (repeatable)")
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
     if args.smoke:
         args.steps, args.skip = 3, 1
@@ -97,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         if args.smoke:
-            smoke_skip("gpu_smoke", "no CUDA GPU on this machine")
+            harness.skip(args, "no CUDA GPU on this machine")
         print("gpu_smoke: no CUDA GPU on this machine (torch.cuda.is_available() is False); "
               "run it where one is", file=sys.stderr)
         return 2
@@ -106,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(cfg.rollout.engine, TorchEngineConfig):  # vLLM picks its own GPU
         cfg.rollout.engine.device = "cuda"
     rows = run_stack(cfg)
-    print(json.dumps({"bench": "gpu_smoke", "config": args.config, "steps": args.steps,
-                      "skip": args.skip, "set": args.set, "gpu": torch.cuda.get_device_name(0),
-                      "torch": torch.__version__, **logged_devices(run_dir),
-                      **summary(rows, args.skip, args.steps)}))
+    harness.report(args, {"bench": "gpu_smoke", "config": args.config, "steps": args.steps,
+                          "skip": args.skip, "set": args.set,
+                          "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                          **logged_devices(run_dir), **summary(rows, args.skip, args.steps)})
     return 0
 
 

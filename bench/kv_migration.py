@@ -1,7 +1,7 @@
 """Moving a half-generated sequence between two vLLM engines with its KV cache (NIXL, as
 `rollout.kv_transfer_base_port` does on a repack) against what the next engine does
 without it: prefill the whole context again. Two engines in two processes on this machine,
-the model of a config; per context length, the median of --repeats moves and prefills.
+the model of a config; per context length, the median of --rounds moves and prefills.
 
     python bench/kv_migration.py --config examples/smollm2_cpu.yaml --lengths 128,256,480
 
@@ -17,8 +17,6 @@ an engine without the connector, started alone afterwards (above 1: slower with 
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import statistics
 import sys
@@ -27,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import smoke_skip  # noqa: E402
+from bench import harness  # noqa: E402
 from relayrl.config import load_run_config  # noqa: E402
 from relayrl.runtime.grpc_util import free_ports  # noqa: E402
 
@@ -89,19 +87,18 @@ def destination(model: str, max_len: int, port: int, jobs: mp.Queue, out: mp.Que
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser("kv_migration", __doc__.splitlines()[0], rounds=3,
+                            rounds_help="moves and prefills per context length",
+                            rounds_aliases=("--repeats",))
     parser.add_argument("--config", default="examples/smollm2_cpu.yaml")
     parser.add_argument("--lengths", default="128,256,480")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
     if args.smoke:
         import torch
 
         if not torch.cuda.is_available():
-            smoke_skip("kv_migration", "vLLM engines with NIXL need a CUDA GPU")
-        args.lengths, args.repeats = "128", 1
+            harness.skip(args, "vLLM engines with NIXL need a CUDA GPU")
+        args.lengths, args.rounds = "128", 1
     from transformers import AutoConfig
 
     from relayrl.models.cache import resolve_model_path
@@ -135,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         rows, k = [], 1
         for n in lengths:
             parks, pulls, prefills = [], [], []
-            for _ in range(args.repeats):
+            for _ in range(args.rounds):
                 park_s, pull_s = move(context_of(k, n, vocab))
                 parks.append(park_s)
                 pulls.append(pull_s)
@@ -170,9 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"first move (NIXL handshake included): {1e3 * first_move_s:.0f} ms")
     print(f"{BATCH} x {BATCH_TOKENS} tokens: {with_nixl_s:.1f} s with the connector, "
           f"{without_s:.1f} s without: {slowdown:.2f}x the time")
-    print(json.dumps({"bench": "kv_migration", "model": model, "repeats": args.repeats,
-                      "first_move_ms": round(1e3 * first_move_s, 1), "rows": rows,
-                      "generation_with_connector_over_without": slowdown}))
+    harness.report(args, {"bench": "kv_migration", "model": model, "repeats": args.rounds,
+                          "first_move_ms": round(1e3 * first_move_s, 1), "rows": rows,
+                          "generation_with_connector_over_without": slowdown})
 
 
 if __name__ == "__main__":

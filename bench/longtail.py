@@ -1,7 +1,7 @@
 """The real stack on heavy-tailed generation: synchronous against asynchronous, in one run.
 
     python bench/longtail.py [--steps 30] [--groups 8] [--median 16] [--p99-ratio 10]
-                             [--workers 2] [--staleness 2] [--repeats 3]
+                             [--workers 2] [--staleness 2] [--rounds 3]
 
 Every service runs as its own process (relayrl up's launcher) on the tiny CPU example, with
 response lengths drawn from a lognormal whose p99 is `p99-ratio` times its median (the
@@ -33,7 +33,7 @@ stale is no throughput), and beside it the work wasted: response tokens the trai
 tokens the workers threw away restarting stale groups, and context re-prefilled after a
 repack moved a group without its KV state; staleness per sequence and per token as
 distributions (mean, p50, p99, max; lags of 9 or more count as 9); where each worker's loop
-time went and how full its engine calls were. Every mode runs `--repeats` times, in rounds;
+time went and how full its engine calls were. Every mode runs `--rounds` times, in rounds;
 a mode's figure is its median run. Ends with one JSON line: trained_samples_per_s and
 staleness_max per mode, the ratios of the medians, and per round (target: trajectory-level
 async >= 2x sync).
@@ -41,8 +41,6 @@ async >= 2x sync).
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import sys
 import tempfile
@@ -52,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.common import CpuSampler, assign_free_ports, run_stack, window_figures  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.rules.staleness import inflight_prompts  # noqa: E402
@@ -180,8 +179,10 @@ def lag_counts(rows: list[dict], unit: str) -> dict[int, int]:
     return counts
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser("longtail", __doc__.split("\n\n")[0], rounds=3,
+                            rounds_help="rounds of every mode; each mode reports its median run",
+                            rounds_aliases=("--repeats",))
     parser.add_argument("--config", default=str(ROOT / "examples/tiny_cpu.yaml"))
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
                         help=f"of {', '.join(MODES)}")
@@ -200,16 +201,12 @@ def main() -> None:
                         "0: the scheduler's own, relayrl.rules.staleness.inflight_prompts)")
     parser.add_argument("--keep-runs", default="",
                         help="keep every run's directory (metrics, logs) under this one")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="rounds of every mode; each mode reports its median run")
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
-        args.steps, args.warmup, args.repeats, args.groups = 4, 1, 1, 2
+        args.steps, args.warmup, args.rounds, args.groups = 4, 1, 1, 2
         args.max_tokens, args.median, args.modes = 32, 4, "sync,async"
-    if args.repeats < 1:
-        raise ValueError("--repeats: must be >= 1")
+    if args.rounds < 1:
+        raise ValueError("--rounds: must be >= 1")
     if not 1 <= args.warmup < args.steps:
         raise ValueError("--warmup: must be in 1..steps-1")
 
@@ -217,7 +214,7 @@ def main() -> None:
     result: dict = {"bench": "longtail", "steps": args.steps, "groups": args.groups,
                     "group_size": base.buffer.group_size, "workers": args.workers,
                     "median": args.median, "p99_ratio": args.p99_ratio,
-                    "staleness": args.staleness, "repeats": args.repeats}
+                    "staleness": args.staleness, "repeats": args.rounds}
     modes = args.modes.split(",")
     for mode in modes:
         if mode not in MODES:
@@ -227,7 +224,7 @@ def main() -> None:
         tmp = args.keep_runs or scratch
         # in rounds, every mode once a round: a machine that slows down for a while slows
         # every mode alike rather than one
-        for round_ in range(args.repeats):
+        for round_ in range(args.rounds):
             for mode in modes:
                 t0 = time.monotonic()
                 run_dir = Path(tmp) / f"{mode}-{round_}"
@@ -259,7 +256,7 @@ def main() -> None:
     result["trained_samples_per_s"] = {m: result[m]["samples_per_s"] for m in runs}
     result["staleness_max"] = {m: result[m]["staleness_max"] for m in runs}
     result["target_async_over_sync"] = 2.0
-    print(json.dumps(result))
+    harness.report(args, result)
 
 
 if __name__ == "__main__":

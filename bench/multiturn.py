@@ -8,17 +8,15 @@ Both runs generate the same number of policy tokens per sequence: single-turn sa
 `ignore_eos` write exactly --tokens tokens; each episode's turns write --tokens/3 tokens
 each (the environment stops every reply there by answering a fixed-length turn), and its
 environment answers with a short observation between them. Reported per run: seconds per
-batch (best of --repeats, the runs alternating), the engine's share, and policy tokens per
+batch (best of --rounds, the runs alternating), the engine's share, and policy tokens per
 second; then the multi-turn/single-turn time ratio. Torch runs on one thread (--threads) so
 that a shared machine's other work disturbs less; still, repeat.
 """
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import dataclasses
-import json
 import sys
 import tempfile
 import time
@@ -29,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench import harness  # noqa: E402
 from relayrl.config import RunConfig, TinyModel  # noqa: E402
 from relayrl.contracts.leases import LeasedPrompt  # noqa: E402
 from relayrl.models.loading import LoadedModel, load_model  # noqa: E402
@@ -131,20 +130,20 @@ def batch(lm, args, multi: bool) -> tuple[float, float, int]:
     return wall, busy, policy
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = harness.parser("multiturn", __doc__.split("\n\n")[0], rounds=5,
+                       rounds_help="alternating runs of each kind; each reports its best",
+                       rounds_aliases=("--repeats",),
+                       smoke_help="the smallest run of the same path (2 groups of 2, one "
+                       "round): checks that the bench runs, measures nothing")
     p.add_argument("--groups", type=int, default=8, help="groups per batch")
     p.add_argument("--samples", type=int, default=8, help="samples per group")
     p.add_argument("--tokens", type=int, default=24, help="policy tokens per sample")
-    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--profile", type=int, default=0, help="print the N costliest calls")
-    p.add_argument("--smoke", action="store_true",
-                   help="the smallest run of the same path (2 groups of 2, one repeat): "
-                   "checks that the bench runs, measures nothing")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.smoke:
-        args.groups, args.samples, args.tokens, args.repeats = 2, 2, 6, 1
+        args.groups, args.samples, args.tokens, args.rounds = 2, 2, 6, 1
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         lm = tiny(Path(tmp))
@@ -153,7 +152,7 @@ def main() -> None:
         profiles = {name: cProfile.Profile() for name, _ in kinds}
         for _, multi in kinds:
             batch(lm, args, multi)  # warm-up
-        for _ in range(args.repeats):  # alternating, so that a busy spell hits both
+        for _ in range(args.rounds):  # alternating, so that a busy spell hits both
             for name, multi in kinds:
                 if args.profile:
                     profiles[name].enable()
@@ -169,12 +168,12 @@ def main() -> None:
                              "outside_engine_s": round(wall - busy, 4),
                              "policy_tokens": tokens, "tokens_per_s": round(tokens / wall, 1)}
             print(f"{name:>6}: {wall:.4f} s a batch ({busy:.4f} s in the engine), {tokens} "
-                  f"policy tokens, {tokens / wall:.0f} tokens/s (best of {args.repeats})")
+                  f"policy tokens, {tokens / wall:.0f} tokens/s (best of {args.rounds})")
             if args.profile:
                 ProfileStats(profiles[name]).sort_stats("tottime").print_stats(args.profile)
         ratio = figures["multi"]["batch_s"] / figures["single"]["batch_s"]
         print(f"multi-turn / single-turn: {ratio:.2f}x")
-        print(json.dumps({**figures, "ratio": round(ratio, 2)}))
+        harness.report(args, {**figures, "ratio": round(ratio, 2)})
 
 
 if __name__ == "__main__":

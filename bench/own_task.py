@@ -3,6 +3,7 @@ one or more run configs trained one after the other on this machine.
 
     python bench/own_task.py                      # own_task.yaml and smollm2_calculator.yaml
     python bench/own_task.py --minutes 30 --configs examples/own_task.yaml --out docs/
+    python bench/own_task.py --smoke    # the same path on the tiny example, in seconds
 
 Each config runs on the real stack (relayrl up's launcher, every service its own process,
 free ports, a fresh run directory under runs/bench_own_task/) with trainer.max_steps lifted,
@@ -20,9 +21,6 @@ and their difference in points.
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
 import shutil
 import signal
 import sys
@@ -32,20 +30,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.common import assign_free_ports, evaluate_checkpoint  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.runtime.metrics import read_metrics  # noqa: E402
 from relayrl_ops.launcher import Launcher  # noqa: E402
 
 DEFAULT_CONFIGS = "examples/own_task.yaml,examples/smollm2_calculator.yaml"
+# SmolLM2 on vLLM takes minutes to start, train a step and evaluate on 2 cores; the tiny
+# example's model takes the same path (launcher, SIGTERM checkpoint, offline eval) in seconds
+SMOKE = {"configs": "examples/tiny_cpu.yaml", "minutes": 0.1,
+         "overrides": ["eval.sets=[{name: heldout, max_problems: 16, greedy: false}]"]}
 
 
 def pass_key(cfg: RunConfig) -> str:
     return f"eval/{cfg.eval.sets[0].name}/pass@1"
 
 
-def bench_config(path: str, minutes: float) -> RunConfig:
-    cfg = load_run_config(path)
+def bench_config(path: str, minutes: float, overrides: list[str] = ()) -> RunConfig:
+    cfg = load_run_config(path, list(overrides))
     data = cfg.model_dump(mode="json")
     data["run_dir"] = str(ROOT / "runs" / "bench_own_task" / Path(path).stem)
     data["trainer"]["max_steps"] = 1_000_000  # the wall time ends the run
@@ -166,22 +169,26 @@ def markdown(results: list[dict], command: str, png: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS)
-    parser.add_argument("--minutes", type=float, default=30.0)
+    parser = harness.parser("own_task", __doc__.splitlines()[0], smoke_help=(
+        f"the real path at the smallest size: {SMOKE}, output under runs/own_task_smoke/"))
+    parser.add_argument("--configs", help=f"comma-separated (default {DEFAULT_CONFIGS})")
+    parser.add_argument("--minutes", type=float, help="wall time of each run (default 30)")
     parser.add_argument("--out", default=str(ROOT / "docs"))
     parser.add_argument("--resume", action="store_true",
                         help="evaluate a config's finished run again instead of rerunning it")
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
+    defaults = SMOKE if args.smoke else {"configs": DEFAULT_CONFIGS, "minutes": 30.0,
+                                         "overrides": []}
     if args.smoke:
-        args.minutes, args.out = 0.1, str(ROOT / "runs/own_task_smoke")
+        args.out = str(ROOT / "runs/own_task_smoke")
+    overrides = defaults["overrides"] if args.configs is None else []  # for its own config
+    args.configs = args.configs if args.configs is not None else defaults["configs"]
+    args.minutes = args.minutes if args.minutes is not None else defaults["minutes"]
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     results = []
     for path in args.configs.split(","):
-        cfg = bench_config(path, args.minutes)
+        cfg = bench_config(path, args.minutes, overrides)
         done = finished_run(cfg, args.minutes) if args.resume else None
         if done:
             print(f"{path}: the finished run in {cfg.run_dir}", flush=True)
@@ -195,11 +202,10 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plot(results, out / "own_task.png")
-    command = "python bench/own_task.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    (out / "own_task.md").write_text(markdown(results, command.strip(), "own_task.png"))
-    print(json.dumps({"bench": "own_task", "minutes": args.minutes, "runs": [
+    (out / "own_task.md").write_text(markdown(results, args.command, "own_task.png"))
+    harness.report(args, {"bench": "own_task", "minutes": args.minutes, "runs": [
         {k: v for k, v in r.items() if k not in ("curve", "rewards", "final")}
-        for r in results]}))
+        for r in results]})
 
 
 if __name__ == "__main__":

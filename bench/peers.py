@@ -41,9 +41,7 @@ More rounds later: `--first-round 3 --merge docs/peers_smollm2_rounds.json` runs
 
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
 import shutil
 import subprocess
 import sys
@@ -53,7 +51,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, assign_free_ports, evaluate_checkpoint, run_stack, smoke_skip  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.common import ROOT, assign_free_ports, evaluate_checkpoint, run_stack  # noqa: E402
 from bench.peers_report import Run, markdown, plot, summarize  # noqa: E402
 from bench.tools_venv import TRL_VERSION, bench_python  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
@@ -159,9 +158,9 @@ def evaluated(cfg: RunConfig, side: str, saves: list[tuple[int, float, Path]],
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser("peers", __doc__.splitlines()[0], rounds=3,
+                            rounds_help="rounds of both sides, each a seed of its own")
     parser.add_argument("--setup", choices=sorted(SETUPS), default="tiny")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, help="default: the setup's")
     parser.add_argument("--every", type=int, help="steps between saved policies")
     parser.add_argument("--out", default=str(ROOT / "docs"))
@@ -181,11 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bf16", action="store_true",
                         help="both sides compute in bfloat16: RelayRL's trainer passes under "
                         "autocast and its vLLM engine's weights, TRL's run (bf16=True)")
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
     if args.smoke:
-        smoke_skip("peers", "TRL's side runs in its own venv (bench/.venv), made on first use")
+        harness.skip(args, "TRL's side runs in its own venv (bench/.venv), made on first use")
     path, steps, every, eval_samples = SETUPS[args.setup]
     steps, every = args.steps or steps, args.every or every
     if args.rounds < 1 or steps < every or every < 1 or args.extra_steps < 0:
@@ -235,11 +232,10 @@ def main(argv: list[str] | None = None) -> None:
     (out / f"peers_{args.setup}_rounds.json").write_text(json.dumps(
         {**settings, "start": start, "runs": records}) + "\n")
     plot(runs, report, out / f"peers_{args.setup}.png")
-    command = "python bench/peers.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     (out / f"peers_{args.setup}.md").write_text(markdown(
-        report, args.setup, path, TRL_VERSION, command.strip(), f"peers_{args.setup}.png"))
-    print(json.dumps({"bench": "peers", "setup": args.setup, "trl": TRL_VERSION,
-                      "rounds": len(records) // 2, "steps": steps, **report}))
+        report, args.setup, path, TRL_VERSION, args.command, f"peers_{args.setup}.png"))
+    harness.report(args, {"bench": "peers", "setup": args.setup, "trl": TRL_VERSION,
+                          "rounds": len(records) // 2, "steps": steps, **report})
 
 
 def earlier_rounds(path: Path, settings: dict) -> list[dict]:

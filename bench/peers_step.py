@@ -20,7 +20,6 @@ Prints a table and one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import smoke_skip  # noqa: E402
+from bench import harness  # noqa: E402
 from bench.peers import SETUPS, bench_config, trl_spec  # noqa: E402
 from bench.tools_venv import bench_python  # noqa: E402
 from relayrl.config import RunConfig  # noqa: E402
@@ -97,19 +96,16 @@ def relayrl_steps(cfg: RunConfig, steps: int) -> dict:
     return {"steps": out, "start": start, "end": end, "pad_id": lm.pad_id}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser("peers_step", __doc__.splitlines()[0])
     parser.add_argument("--setup", choices=sorted(SETUPS), default="tiny")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of RelayRL's config, as bench/peers.py takes it")
     parser.add_argument("--out", type=Path, default=Path("/tmp/relayrl-peers-step"))
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
-        smoke_skip("peers_step", "TRL's side runs in its own venv (bench/.venv), made on first "
-                   "use")
+        harness.skip(args, "TRL's side runs in its own venv (bench/.venv), made on first use")
     if args.steps < 1:
         raise ValueError(f"--steps: {args.steps}; at least 1")
     config = SETUPS[args.setup][0]
@@ -131,11 +127,11 @@ def main() -> None:
               f"  {row['relative_difference']:>28.2e}  {row['cosine']:.8f}")
     print(f"weights after {args.steps} steps: the updates differ by "
           f"{theirs['update_relative_difference']:.2e} of TRL's")
-    print(json.dumps({"bench": "peers_step", "setup": args.setup, "steps": args.steps,
-                      "max_relative_gradient_difference": max(
-                          r["relative_difference"] for r in theirs["steps"]),
-                      "update_relative_difference": theirs["update_relative_difference"],
-                      "trl_version": theirs["trl_version"]}))
+    harness.report(args, {"bench": "peers_step", "setup": args.setup, "steps": args.steps,
+                          "max_relative_gradient_difference": max(
+                              r["relative_difference"] for r in theirs["steps"]),
+                          "update_relative_difference": theirs["update_relative_difference"],
+                          "trl_version": theirs["trl_version"]})
 
 
 if __name__ == "__main__":

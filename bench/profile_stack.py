@@ -17,8 +17,6 @@ JSON line.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shutil
@@ -30,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, assign_free_ports, smoke_skip  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.common import ROOT, assign_free_ports  # noqa: E402
 from bench.tools_venv import bench_tool  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.runtime.metrics import read_metrics  # noqa: E402
@@ -193,18 +192,16 @@ def markdown(result: dict, config: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser("profile_stack", __doc__.splitlines()[0])
     parser.add_argument("--config", default="examples/tiny_cpu.yaml")
     parser.add_argument("--skip", type=int, default=100, help="steps before the window")
     parser.add_argument("--steps", type=int, default=200, help="steps in the window")
     parser.add_argument("--rate", type=int, default=20, help="py-spy samples a second")
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
     if args.smoke:
         if not (ROOT / "bench" / ".venv").is_dir():
-            smoke_skip("profile_stack", "py-spy runs from the benches' own venv (bench/.venv), "
-                       "made on first use")
+            harness.skip(args, "py-spy runs from the benches' own venv (bench/.venv), made "
+                         "on first use")
         args.skip, args.steps = 2, 4
     data = load_run_config(args.config).model_dump(mode="json")
     data["run_dir"] = str(ROOT / "runs" / "bench_profile" / Path(args.config).stem)
@@ -214,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     assign_free_ports(data)
     result = profile(RunConfig.model_validate(data), args.skip, args.steps, args.rate)
     print(markdown(result, args.config))
-    print(json.dumps({"bench": "profile", "config": args.config, **result}))
+    harness.report(args, {"bench": "profile", "config": args.config, **result})
 
 
 if __name__ == "__main__":

@@ -24,8 +24,6 @@ one JSON line (target >= 0.9).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -39,6 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.common import spawn_service  # noqa: E402
 from relayrl.config import load_run_config  # noqa: E402
 from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc  # noqa: E402
@@ -130,8 +129,11 @@ def service_tokens_per_s(address: str, prompts, args) -> float:
     return sum(counts) / elapsed, per_call
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser("rollout", __doc__.split("\n\n")[0], rounds=5,
+                            rounds_help="alternating raw/served passes",
+                            smoke_help="the same path at the smallest size: torch, 4 prompts, "
+                            "1 round")
     parser.add_argument("--config", default=str(ROOT / "examples/tiny_cpu.yaml"))
     parser.add_argument("--engines", default="torch,vllm")
     # enough engine calls per round that the one batch the batcher starts short (clients
@@ -143,14 +145,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="client threads")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each engine")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating raw/served passes")
     parser.add_argument("--stop-at-eos", action="store_true",
                         help="end sequences at end-of-sequence (default: max-new-tokens each)")
     parser.add_argument("--batch-wait-ms", type=float, default=None,
                         help="the service batcher's wait (default: the config's)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="the same path at the smallest size: torch, 4 prompts, 1 round")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.engines, args.prompts, args.n, args.batch_prompts = "torch", 4, 2, 2
         args.concurrency, args.max_new_tokens, args.rounds = 2, 4, 1
@@ -177,7 +176,7 @@ def main() -> None:
             relay.wait(30)
     result["min_ratio"] = min(v["ratio"] for v in result.values() if isinstance(v, dict))
     result["target"] = 0.9
-    print(json.dumps(result))
+    harness.report(args, result)
 
 
 def run_engines(cfg, lm, path, prompts, args, tmp: Path, relay: str, result: dict) -> None:

@@ -13,7 +13,6 @@ the largest, whether it is under 5 %, and the audit.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.common import assign_free_ports  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl_ops.launcher import Launcher  # noqa: E402
@@ -159,8 +159,8 @@ def _last_step(path: Path) -> int:
     return 0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser("soak", __doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "examples/tiny_cpu.yaml"))
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--sample-s", type=float, default=5.0, help="seconds between samples")
@@ -169,9 +169,7 @@ def main() -> None:
                         "at most 5")
     parser.add_argument("--run-dir", default=None, help="keep the run here (default: a "
                         "temporary directory)")
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.minutes, args.sample_s, args.warmup_minutes = 0.25, 1.0, 0.1
     if args.minutes <= 0 or args.sample_s <= 0:
@@ -184,7 +182,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="relayrl-soak-") as tmp:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "run"
         result = soak(soak_config(base, run_dir), args.minutes, args.sample_s, 60 * warmup)
-    print(json.dumps(result))
+    harness.report(args, result)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ overhead cut of issue 21 was measured before and after.
 
     python bench/throughput.py                                          # the tiny example
     python bench/throughput.py --variant one_group=rollout.max_active_groups=1 \
-        --variant two_threads=trainer.torch_threads=2 --repeats 2
+        --variant two_threads=trainer.torch_threads=2 --rounds 2
 
 Each run is the whole stack (every service its own process, embedded Redis) on free ports,
 with evaluation off and no checkpoint inside the window; runs alternate (config, variant,
@@ -16,8 +16,6 @@ values as YAML). The machine is noisy: a few percent either way is noise; repeat
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -25,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import harness  # noqa: E402
 from bench.common import ROOT, assign_free_ports, run_stack, window_figures  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 
@@ -52,22 +51,21 @@ def run_config(path: str, overrides: list[str], steps: int, run_dir: Path) -> Ru
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser("throughput", __doc__.splitlines()[0], rounds=1,
+                            rounds_help="alternations of the config and its variants",
+                            rounds_aliases=("--repeats",))
     parser.add_argument("--config", default="examples/tiny_cpu.yaml")
     parser.add_argument("--variant", action="append", default=[], type=parse_variant)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--skip", type=int, default=100, help="warm-up steps left out")
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.steps, args.skip, args.repeats = 4, 1, 1
-    if not 0 < args.skip < args.steps or args.repeats < 1:
-        parser.error("need 0 < --skip < --steps and --repeats >= 1")
+        args.steps, args.skip, args.rounds = 4, 1, 1
+    if not 0 < args.skip < args.steps or args.rounds < 1:
+        parser.error("need 0 < --skip < --steps and --rounds >= 1")
     work = ROOT / "runs" / ("bench_throughput_smoke" if args.smoke else "bench_throughput")
     runs: dict[str, list[dict]] = {}
-    for r in range(args.repeats):
+    for r in range(args.rounds):
         for name, overrides in [("config", []), *args.variant]:
             cfg = run_config(args.config, overrides, args.steps, work / f"{name}_{r}")
             figures = window_figures(run_stack(cfg), args.skip, args.steps)
@@ -80,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
               for name, fs in runs.items() if name != "config"}
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x the config's samples/s")
-    print(json.dumps({"bench": "throughput", "config": args.config, "steps": args.steps,
-                      "skip": args.skip, "runs": runs, "over_config": ratios}))
+    harness.report(args, {"bench": "throughput", "config": args.config, "steps": args.steps,
+                          "skip": args.skip, "runs": runs, "over_config": ratios})
 
 
 if __name__ == "__main__":

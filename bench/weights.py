@@ -14,9 +14,7 @@ GPUs). Ends with one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import multiprocessing as mp
 import os
 import socket
@@ -31,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import weights_nccl, weights_publish  # noqa: E402
+from bench import harness, weights_nccl, weights_publish  # noqa: E402
 from bench.common import fastest_pull_s, spawn_service  # noqa: E402
 from relayrl.runtime.grpc_util import free_ports  # noqa: E402
 from relayrl.weights import nixl_plane  # noqa: E402
@@ -224,18 +222,15 @@ def publish_stall(publisher: AsyncPublisher, payload: dict[str, torch.Tensor]) -
             "stall_over_copy": round(stall / copy_s, 4), "publish_send_s": round(send_s, 3)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser("weights", __doc__)
     ap.add_argument("--sizes-mb", default="64,512,2048")
     ap.add_argument("--planes", default="grpc,shm,torch_dist,nixl,nccl")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--grpc-fanout-max-mb", type=int, default=512,
                     help="gRPC workers each hold a private copy; above this only shared "
                     "memory fans out (8 x 2 GB would not fit beside the relays here)")
-    ap.add_argument("--smoke", action="store_true",
-        help="the real path at the smallest size, for the smoke test")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.smoke:
         args.sizes_mb, args.planes, args.workers = "1", "grpc,shm", 1
     planes = [p for p in args.planes.split(",") if p]
@@ -254,13 +249,13 @@ def main() -> None:
     tcp_planes = [p for p in planes if p != "nccl"]  # nccl's ratio is to its own ceiling
     best = {r["payload_mb"]: max((r[f"{p}_ratio"] for p in tcp_planes), default=None)
             for r in results}
-    print(json.dumps({"results": results, "fastest_plane_ratio": best,
-                      "grpc_ratio": {r["payload_mb"]: r["grpc_ratio"] for r in results}
-                      if "grpc" in planes else {},
-                      "nccl_ratio": {r["payload_mb"]: r["nccl_ratio"] for r in results}
-                      if "nccl" in planes else {},
-                      "stall_over_copy": {r["payload_mb"]: r["stall_over_copy"]
-                                          for r in results}}))
+    harness.report(args, {"results": results, "fastest_plane_ratio": best,
+                          "grpc_ratio": {r["payload_mb"]: r["grpc_ratio"] for r in results}
+                          if "grpc" in planes else {},
+                          "nccl_ratio": {r["payload_mb"]: r["nccl_ratio"] for r in results}
+                          if "nccl" in planes else {},
+                          "stall_over_copy": {r["payload_mb"]: r["stall_over_copy"]
+                                              for r in results}})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import yaml
 from relayrl.config import AuthConfig, RunConfig
 from relayrl.runtime.auth import install_launcher_credentials
 from relayrl.runtime.grpc_util import free_ports, wait_healthy
-from relayrl.runtime.metrics import read_metrics
+from relayrl.runtime.metrics import StepRecord, read_records
 from relayrl.runtime.procs import child_env
 from relayrl_ops.launcher import Launcher
 from relayrl_testkit.ports import free_port_block
@@ -53,7 +53,7 @@ def assign_free_ports(data: dict) -> None:
         data["scheduler"]["rest_port"] = free_ports(1)[0]
 
 
-def run_stack(cfg: RunConfig) -> list[dict]:
+def run_stack(cfg: RunConfig) -> list[StepRecord]:
     """Every service of `cfg` as its own process (relayrl up's launcher) until the trainer
     stops; the run's metrics rows. Raises if the run did not finish."""
     launcher = Launcher(cfg, show_trainer_output=False)
@@ -63,7 +63,7 @@ def run_stack(cfg: RunConfig) -> list[dict]:
             raise RuntimeError(f"{cfg.run_id} failed; see {cfg.run_dir}/logs")
     finally:
         launcher.shutdown()
-    return read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
+    return read_records(Path(cfg.run_dir) / "metrics.jsonl")
 
 
 def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path) -> dict[str, float]:
@@ -121,18 +121,18 @@ class CpuSampler:
         return round((last[1] - first[1]) / (last[2] - first[2]), 2)
 
 
-def window_figures(rows: list[dict], skip: int, steps: int) -> dict[str, float]:
+def window_figures(rows: list[StepRecord], skip: int, steps: int) -> dict[str, float]:
     """samples/s, mean lag and stale groups over the steps after `skip` up to `steps`."""
-    by_step = {r["step"]: r for r in rows if "time/elapsed_s" in r}
+    by_step = {r.step: r.figures for r in rows if r.figures.elapsed_s is not None}
     missing = [s for s in (skip, steps) if s not in by_step]
     if missing:
         raise RuntimeError(f"the run has no metrics for step {missing[0]}")
     window = [by_step[s] for s in range(skip + 1, steps + 1) if s in by_step]
-    seconds = by_step[steps]["time/elapsed_s"] - by_step[skip]["time/elapsed_s"]
-    lags = [r["staleness/lag_mean"] for r in window if "staleness/lag_mean" in r]
-    return {"samples_per_s": sum(r.get("train/samples", 0) for r in window) / seconds,
+    seconds = by_step[steps].elapsed_s - by_step[skip].elapsed_s
+    lags = [f.lag_mean for f in window if f.lag_mean is not None]
+    return {"samples_per_s": sum(f.samples or 0 for f in window) / seconds,
             "lag_mean": statistics.fmean(lags) if lags else float("nan"),
-            "groups_dropped_stale": sum(r.get("train/groups_dropped_stale", 0) for r in window)}
+            "groups_dropped_stale": sum(f.groups_dropped_stale or 0 for f in window)}
 
 
 def fastest_pull_s(client, repeats: int = 3) -> float:

@@ -58,7 +58,7 @@ from bench.convergence_curves import (  # noqa: E402
 )
 from bench.convergence_report import StudySettings, plot_curves, render_markdown  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.runtime.metrics import read_metrics  # noqa: E402
+from relayrl.runtime.metrics import read_records  # noqa: E402
 
 # each run starts the whole stack: two runs (sync and one corrected asynchronous mode, so the
 # comparison is made) of 3 steps keep the smoke run under a minute on 2 cores
@@ -115,8 +115,8 @@ def run_once(cfg: RunConfig, fresh: bool) -> tuple[RunCurve, bool]:
     run it had finished."""
     run_dir = Path(cfg.run_dir)
     spec = run_spec(cfg)
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    finished = sum("time/elapsed_s" in r for r in rows) >= cfg.trainer.max_steps
+    rows = read_records(run_dir / "metrics.jsonl")
+    finished = sum(r.figures.elapsed_s is not None for r in rows) >= cfg.trainer.max_steps
     if not fresh and finished and saved_spec(run_dir / "bench_spec.json") == spec:
         return run_curve(rows), True
     # a leftover run directory holds a Redis and checkpoints that the trainer would resume

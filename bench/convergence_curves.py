@@ -25,6 +25,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from relayrl.runtime.metrics import StepRecord
+
 FINAL_FRACTION = 0.1
 TOLERANCE_POINTS = 2.0
 TARGET_TIME_RATIO = 0.5
@@ -48,23 +50,23 @@ class RunCurve:
         return self.samples_trained / self.wall_s[-1] if self.wall_s[-1] > 0 else 0.0
 
 
-def run_curve(rows: list[dict]) -> RunCurve:
-    """A run's curves from its metrics.jsonl rows (relayrl.runtime.metrics.read_metrics)."""
-    steps = sorted((r for r in rows if "time/elapsed_s" in r), key=lambda r: r["step"])
+def run_curve(rows: list[StepRecord]) -> RunCurve:
+    """A run's curves from its metrics.jsonl records (relayrl.runtime.metrics.read_records)."""
+    steps = sorted((r for r in rows if r.figures.elapsed_s is not None), key=lambda r: r.step)
     if not steps:
         raise ValueError("metrics: no trainer step recorded")
-    first = steps[0]
-    origin = first["time/elapsed_s"] - first.get("time/step_s", 0.0)
-    lags = [r["staleness/lag_mean"] for r in steps if "staleness/lag_mean" in r]
+    figures = [r.figures for r in steps]
+    origin = figures[0].elapsed_s - (figures[0].step_s or 0.0)
+    lags = [f.lag_mean for f in figures if f.lag_mean is not None]
     return RunCurve(
-        reward=fill_gaps([r.get("train/reward_mean") for r in steps]),
-        wall_s=[r["time/elapsed_s"] - origin for r in steps],
-        evals=sorted((r["step"], r["eval/accuracy_sampled"]) for r in rows
-                     if "eval/accuracy_sampled" in r),
+        reward=fill_gaps([f.reward_mean for f in figures]),
+        wall_s=[f.elapsed_s - origin for f in figures],
+        evals=sorted((r.step, r.figures.accuracy_sampled) for r in rows
+                     if r.figures.accuracy_sampled is not None),
         lag_mean=sum(lags) / len(lags) if lags else 0.0,
-        groups_trained=sum(r.get("train/groups", 0) for r in steps),
-        groups_dropped_stale=sum(r.get("train/groups_dropped_stale", 0) for r in steps),
-        samples_trained=sum(r.get("train/samples", 0) for r in steps),
+        groups_trained=sum(f.groups or 0 for f in figures),
+        groups_dropped_stale=sum(f.groups_dropped_stale or 0 for f in figures),
+        samples_trained=sum(f.samples or 0 for f in figures),
     )
 
 

@@ -30,15 +30,16 @@ from bench import harness  # noqa: E402
 from bench.common import ROOT, run_stack  # noqa: E402
 from bench.throughput import run_config  # noqa: E402
 from relayrl.config import TorchEngineConfig  # noqa: E402
+from relayrl.runtime.metrics import StepFigures, StepRecord  # noqa: E402
 
 
-def mean_of(rows: list[dict], key: str) -> float | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
+def mean_of(rows: list[StepFigures], name: str) -> float | None:
+    values = [getattr(r, name) for r in rows if getattr(r, name) is not None]
     return round(statistics.fmean(values), 6) if values else None
 
 
-def max_of(rows: list[dict], key: str) -> float | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
+def max_of(rows: list[StepFigures], name: str) -> float | None:
+    values = [getattr(r, name) for r in rows if getattr(r, name) is not None]
     return round(max(values), 6) if values else None
 
 
@@ -59,22 +60,22 @@ def logged_devices(run_dir: Path) -> dict[str, str]:
     return out
 
 
-def summary(rows: list[dict], skip: int, steps: int) -> dict:
-    by_step = {r["step"]: r for r in rows if "time/step_s" in r}
+def summary(rows: list[StepRecord], skip: int, steps: int) -> dict:
+    by_step = {r.step: r.figures for r in rows if r.figures.step_s is not None}
     window = [by_step[s] for s in range(skip + 1, steps + 1) if s in by_step]
     if not window:
         raise RuntimeError(f"the run has no step metrics after step {skip}")
     last = by_step[max(by_step)]
     return {
         "steps_measured": len(window),
-        "step_s_mean": mean_of(window, "time/step_s"),
-        "publish_stall_s_mean": mean_of(window, "weights/publish_stall_s"),
-        "publish_copy_s_mean": mean_of(window, "weights/publish_copy_s"),
-        "publish_send_s_mean": mean_of(window, "weights/publish_send_s"),
-        "generated_tokens_per_s": last.get("throughput/generated_tokens_per_s"),
-        "engine_logp_absdiff_mean": mean_of(window, "rollout/engine_logp_absdiff"),
-        "engine_logp_absdiff_max": max_of(window, "rollout/engine_logp_absdiff"),
-        "reward_mean_last": last.get("train/reward_mean"),
+        "step_s_mean": mean_of(window, "step_s"),
+        "publish_stall_s_mean": mean_of(window, "publish_stall_s"),
+        "publish_copy_s_mean": mean_of(window, "publish_copy_s"),
+        "publish_send_s_mean": mean_of(window, "publish_send_s"),
+        "generated_tokens_per_s": last.generated_tokens_per_s,
+        "engine_logp_absdiff_mean": mean_of(window, "engine_logp_absdiff"),
+        "engine_logp_absdiff_max": max_of(window, "engine_logp_absdiff"),
+        "reward_mean_last": last.reward_mean,
     }
 
 

@@ -54,6 +54,7 @@ from bench import harness  # noqa: E402
 from bench.common import CpuSampler, assign_free_ports, run_stack, window_figures  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.rules.staleness import inflight_prompts  # noqa: E402
+from relayrl.runtime.metrics import StepRecord  # noqa: E402
 from relayrl_sim.accounting import distribution  # noqa: E402
 
 MODES = ("sync", "async_batch", "async", "async_repack", "async_when_behind")
@@ -97,14 +98,14 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
     metrics = Path(cfg.run_dir) / "metrics.jsonl"
     with CpuSampler(metrics) as cpu:
         every = run_stack(cfg)
-    rows = [r for r in every if "train/samples" in r]
+    rows = [r for r in every if r.figures.samples is not None]
     start, end = rows[warmup - 1], rows[-1]
-    window = window_figures(rows, start["step"], end["step"])
-    tokens = sum(r["train/samples"] * r["train/response_len_mean"] for r in rows[warmup:])
-    elapsed = end["time/elapsed_s"] - start["time/elapsed_s"]
+    window = window_figures(rows, start.step, end.step)
+    tokens = sum(r.figures.samples * r.figures.response_len_mean for r in rows[warmup:])
+    elapsed = end.figures.elapsed_s - start.figures.elapsed_s
     sched_log = Path(cfg.run_dir) / "logs" / "scheduler.log"
     recalls = sched_log.read_text().count("repack: lease") if sched_log.is_file() else 0
-    busy = sum(r["time/step_s"] for r in rows[warmup:])
+    busy = sum(r.figures.step_s for r in rows[warmup:])
     fill, loop = worker_loops(Path(cfg.run_dir) / "logs")
     restarted, reprefilled = worker_waste(Path(cfg.run_dir) / "logs")
     reloads = sum(log.read_text().count(RELOAD_LINE)
@@ -112,11 +113,11 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
     measured = rows[warmup:]
     return {"samples_per_s": round(window["samples_per_s"], 2),  # trained only
             "wasted_tokens": {  # dropped: the window's; the workers': the whole run's
-                "dropped": sum(r.get("train/tokens_dropped_stale", 0) for r in measured),
+                "dropped": sum(r.figures.tokens_dropped_stale or 0 for r in measured),
                 "restarted": restarted, "reprefilled": reprefilled},
             "staleness_seq": distribution(lag_counts(measured, "samples")),
             "staleness_tok": distribution(lag_counts(measured, "tokens")),
-            "staleness_max": max((r.get("staleness/lag_max", 0) for r in measured), default=0),
+            "staleness_max": max((r.figures.lag_max or 0 for r in measured), default=0),
             "trainer_busy": round(busy / elapsed, 2),  # share of the time spent stepping
             "repack_recalls": recalls,
             "weight_reloads": reloads,  # every worker's, the whole run's
@@ -128,7 +129,7 @@ def run_mode(cfg: RunConfig, warmup: int) -> dict:
             # over the measured steps; a step whose groups were all dropped has no lag
             "lag_mean": round(window["lag_mean"], 2),
             "groups_dropped_stale": window["groups_dropped_stale"],
-            "response_len_mean": round(sum(r["train/response_len_mean"] for r in rows)
+            "response_len_mean": round(sum(r.figures.response_len_mean for r in rows)
                                        / len(rows), 1)}
 
 
@@ -165,14 +166,14 @@ def worker_waste(logs: Path) -> tuple[int, int]:
     return restarted, reprefilled
 
 
-def lag_counts(rows: list[dict], unit: str) -> dict[int, int]:
+def lag_counts(rows: list[StepRecord], unit: str) -> dict[int, int]:
     """Trained samples (unit "samples") or tokens ("tokens") per lag, from the trainer's
     staleness/<unit>_lag_<bucket> histograms; the 9plus bucket counts as lag 9, and `over`
     (dropped) not at all."""
     counts: dict[int, int] = {}
     prefix = f"staleness/{unit}_lag_"
     for r in rows:
-        for key, n in r.items():
+        for key, n in r.extra.items():
             if key.startswith(prefix) and key[len(prefix):] != "over" and n:
                 lag = int(key[len(prefix):].removesuffix("plus"))
                 counts[lag] = counts.get(lag, 0) + int(n)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench import harness  # noqa: E402
 from bench.common import assign_free_ports, evaluate_checkpoint  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.runtime.metrics import read_metrics  # noqa: E402
+from relayrl.runtime.metrics import StepRecord, read_records  # noqa: E402
 from relayrl_ops.launcher import Launcher  # noqa: E402
 
 DEFAULT_CONFIGS = "examples/own_task.yaml,examples/smollm2_calculator.yaml"
@@ -57,21 +57,21 @@ def bench_config(path: str, minutes: float, overrides: list[str] = ()) -> RunCon
     return RunConfig.model_validate(data)
 
 
-def finished_run(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path] | None:
+def finished_run(cfg: RunConfig, minutes: float) -> tuple[list[StepRecord], Path] | None:
     """A run of `cfg` already in its run directory that trained for `minutes` and left its
     checkpoint (the bench stopped after it, in the offline eval say): its rows and
     checkpoint, as run_for returns them; None if there is none."""
     run_dir = Path(cfg.run_dir)
-    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "time/elapsed_s" in r] \
-        if (run_dir / "metrics.jsonl").is_file() else []
+    steps = [r for r in read_records(run_dir / "metrics.jsonl")
+             if r.figures.elapsed_s is not None]
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
-    if not steps or steps[-1]["time/elapsed_s"] < minutes * 60 or not checkpoints:
+    if not steps or steps[-1].figures.elapsed_s < minutes * 60 or not checkpoints:
         return None
-    return (read_metrics(run_dir / "metrics.jsonl") + read_metrics(run_dir / "eval.jsonl"),
+    return (read_records(run_dir / "metrics.jsonl") + read_records(run_dir / "eval.jsonl"),
             checkpoints[-1])
 
 
-def run_for(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path]:
+def run_for(cfg: RunConfig, minutes: float) -> tuple[list[StepRecord], Path]:
     """The run's metrics rows and its final checkpoint after `minutes` of trainer time."""
     run_dir = Path(cfg.run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -87,8 +87,8 @@ def run_for(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path]:
                 raise RuntimeError(f"{cfg.run_id} ended early ({code}); see {run_dir}/logs")
             if trainer.budget.used:  # a restarted trainer's clock and versions start over
                 raise RuntimeError(f"{cfg.run_id}: the trainer restarted; see {run_dir}/logs")
-            rows = [r for r in read_metrics(metrics) if "time/elapsed_s" in r]
-            elapsed = rows[-1]["time/elapsed_s"] if rows else 0.0
+            rows = [r for r in read_records(metrics) if r.figures.elapsed_s is not None]
+            elapsed = rows[-1].figures.elapsed_s if rows else 0.0
             if elapsed >= minutes * 60:
                 break
             if time.monotonic() - last_report > 60:
@@ -103,29 +103,30 @@ def run_for(cfg: RunConfig, minutes: float) -> tuple[list[dict], Path]:
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
     if not checkpoints:
         raise RuntimeError(f"{cfg.run_id}: no checkpoint under {run_dir}/checkpoints")
-    return read_metrics(metrics) + read_metrics(run_dir / "eval.jsonl"), checkpoints[-1]
+    return read_records(metrics) + read_records(run_dir / "eval.jsonl"), checkpoints[-1]
 
 
-def summarize(path: str, cfg: RunConfig, rows: list[dict], final: dict[str, float]) -> dict:
+def summarize(path: str, cfg: RunConfig, rows: list[StepRecord],
+              final: dict[str, float]) -> dict:
     """`rows`: metrics.jsonl and, with eval.mode separate, eval.jsonl; an eval of version v
     is placed at the wall time the trainer made v."""
     key = pass_key(cfg)
-    steps = [r for r in rows if "time/elapsed_s" in r]
-    made_at = {0: 0.0} | {r["step"]: r["time/elapsed_s"] for r in steps}
-    evals = sorted({r["step"]: r[key] for r in rows if key in r}.items())
+    steps = [r for r in rows if r.figures.elapsed_s is not None]
+    made_at = {0: 0.0} | {r.step: r.figures.elapsed_s for r in steps}
+    evals = sorted({r.step: r.extra[key] for r in rows if key in r.extra}.items())
     start = evals[0][1] if evals and evals[0][0] == 0 else None
     if start is None:
         raise RuntimeError(f"{path}: no eval of the starting model (step 0)")
-    wall = steps[-1]["time/elapsed_s"]
+    wall = steps[-1].figures.elapsed_s
     curve = [(made_at[v] / 60, value) for v, value in evals if v in made_at]
     curve.append((wall / 60, final[key]))
-    trained = [r for r in steps if "train/samples" in r]  # not the batches dropped whole
-    samples = sum(r["train/samples"] for r in trained)
+    trained = [r for r in steps if r.figures.samples is not None]  # not batches dropped whole
+    samples = sum(r.figures.samples for r in trained)
     return {"config": path, "start_pass@1": round(start, 4), "final_pass@1":
             round(final[key], 4), "gain_points": round(100 * (final[key] - start), 1),
             "steps": len(trained), "samples": samples, "minutes": round(wall / 60, 1),
             "samples_per_s": round(samples / wall, 2), "curve": curve,
-            "rewards": [(r["time/elapsed_s"] / 60, r["train/reward_mean"]) for r in trained],
+            "rewards": [(r.figures.elapsed_s / 60, r.figures.reward_mean) for r in trained],
             "final": final}
 
 

@@ -32,7 +32,7 @@ from bench import harness  # noqa: E402
 from bench.common import ROOT, assign_free_ports  # noqa: E402
 from bench.tools_venv import bench_tool  # noqa: E402
 from relayrl.config import RunConfig, load_run_config  # noqa: E402
-from relayrl.runtime.metrics import read_metrics  # noqa: E402
+from relayrl.runtime.metrics import StepRecord, read_records  # noqa: E402
 from relayrl_ops.launcher import Launcher  # noqa: E402
 
 # First match wins, tested against the stack's files (root to leaf, as py-spy names them:
@@ -112,11 +112,11 @@ def machine_ticks() -> tuple[int, int]:
     return ticks[3] + ticks[4], sum(ticks)  # idle and iowait
 
 
-def steps_done(metrics: Path) -> list[dict]:
-    return [r for r in read_metrics(metrics) if "time/step_s" in r] if metrics.is_file() else []
+def steps_done(metrics: Path) -> list[StepRecord]:
+    return [r for r in read_records(metrics) if r.figures.step_s is not None]
 
 
-def wait_steps(metrics: Path, n: int, launcher: Launcher) -> list[dict]:
+def wait_steps(metrics: Path, n: int, launcher: Launcher) -> list[StepRecord]:
     while len(rows := steps_done(metrics)) < n:
         time.sleep(0.2)
         if launcher.supervise() is not None:
@@ -154,7 +154,7 @@ def profile(cfg: RunConfig, skip: int, steps: int, rate: int) -> dict:
     finally:
         launcher.shutdown()
     window = rows[first:first + steps]
-    samples = sum(r.get("train/samples", 0) for r in window)
+    samples = sum(r.figures.samples or 0 for r in window)
     if not samples:
         raise RuntimeError("no sample trained in the window: widen --steps")
     table: dict[str, dict[str, float]] = {}

@@ -54,15 +54,6 @@ class PublishCounts(Stats, section="weights"):
 
 
 @dataclass
-class PublishTimes(Stats, section="weights"):
-    """How long the previous publish took, in every step's record."""
-
-    publish_stall_s: float | None = gauge("Seconds the last publish held training.")
-    publish_copy_s: float | None = gauge("Seconds the last snapshot copy took.")
-    publish_send_s: float | None = gauge("Seconds the last send to the relay took.")
-
-
-@dataclass
 class EvalSetStats(Stats, section="eval_set"):
     """Each eval set's figures at the last eval, labelled by the set's name (its
     eval/<set>/... keys in metrics.jsonl)."""
@@ -100,18 +91,13 @@ LagStats = make_dataclass("LagStats", [
     for name in lag_bucket_names(LAG_BUCKETS + 1)], bases=(Stats,),
     namespace={"section": "staleness"})
 
-STEP_KINDS: tuple[type[Stats], ...] = (StepFigures, LagStats, PublishTimes)
+STEP_KINDS: tuple[type[Stats], ...] = (StepFigures, LagStats)
 TRAINER_KINDS = (TrainerStats, TrainTotals, PublishCounts, *STEP_KINDS, EvalSetStats)
 
 
 def publish_counts(pub: AsyncPublisher) -> PublishCounts:
     return PublishCounts(versions_published=pub.versions_published,
                          bytes_published=pub.bytes_published, publish_failures=pub.failures)
-
-
-def publish_times(pub: AsyncPublisher) -> PublishTimes:
-    return PublishTimes(publish_stall_s=pub.last_stall_s, publish_copy_s=pub.last_copy_s,
-                        publish_send_s=pub.last_send_s)
 
 
 def trainer_metrics(books: Books, pub: AsyncPublisher,
@@ -126,7 +112,7 @@ def trainer_metrics(books: Books, pub: AsyncPublisher,
                              published_version=pub.published_version),
                 TrainTotals(**{f.name: books.totals[f.name] for f in fields(TrainTotals)}),
                 publish_counts(pub),
-                newest.figures, LagStats.from_figures(last), PublishTimes.from_figures(last),
+                newest.figures, LagStats.from_figures(last),
                 EvalSetStats.from_record(last)]
 
     return ServiceMetrics(TRAINER_KINDS, read)

@@ -42,7 +42,7 @@ from trainer_svc.learner import Learner
 from trainer_svc.parity import VersionHistory, logprob_gaps, rescore_older_tokens
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.setaside import SetAside
-from trainer_svc.telemetry import publish_counts, publish_times
+from trainer_svc.telemetry import publish_counts
 
 log = logging.getLogger(__name__)
 CONSUMER = "trainer-0"
@@ -184,10 +184,12 @@ class Trainer:
         books.ledger.consumed.extend(g.prompt_id for g in kept)
         self.set_aside.passed()
         books.step += 1
-        previous_publish = publish_times(self.publisher).figures()  # the previous version's
+        pub, f = self.publisher, record.figures  # the previous version's publish times
+        f.publish_stall_s, f.publish_copy_s, f.publish_send_s = (
+            pub.last_stall_s, pub.last_copy_s, pub.last_send_s)
         self.publisher.publish(books.step, books.step, self.learner.weights())
         self.link.write(self.durable.record_progress, "the trainer's version")
-        record.extra.update({**previous_publish, **publish_counts(self.publisher).figures(),
+        record.extra.update({**publish_counts(self.publisher).figures(),
                              **books.set_aside_counters()})
         now = time.monotonic()
         record.figures.step_s = now - t0

@@ -107,6 +107,13 @@ class StepFigures(Stats, section="train"):
         "Mean |behaviour - trainer| log-probability on all tokens.", section="rollout")
     offpolicy_kl: float | None = _figure("KL (k3) of behaviour to trainer, all tokens.",
                                          section="rollout")
+    # the previous version's publish: how long it held training, copied, and sent
+    publish_stall_s: float | None = _figure("Seconds the last publish held training.",
+                                            section="weights")
+    publish_copy_s: float | None = _figure("Seconds the last snapshot copy took.",
+                                           section="weights")
+    publish_send_s: float | None = _figure("Seconds the last send to the relay took.",
+                                           section="weights")
     # the operator's live settings the step ran with
     max_staleness: int | None = _figure("Live staleness bound of the step.", section="control")
     temperature: float | None = _figure("Live sampling temperature of the step.",

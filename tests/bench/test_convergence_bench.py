@@ -24,6 +24,7 @@ from bench.convergence_curves import (
 )
 from bench.convergence_report import StudySettings, render_markdown, table_rows
 from relayrl.config import load_run_config
+from relayrl.runtime.metrics import StepRecord
 
 
 def _run(reward, wall, evals=(), lag=0.0, dropped=0):
@@ -87,7 +88,7 @@ def test_run_curve_from_metrics_rows():
          "train/groups": 8, "train/samples": 64, "train/groups_dropped_stale": 0,
          "staleness/lag_mean": 1.0, "eval/accuracy_sampled": 0.5},
     ]
-    run = run_curve(rows)
+    run = run_curve([StepRecord.from_json(r) for r in rows])
     assert run.reward == [0.4, 0.4, 0.6]
     assert run.wall_s == pytest.approx([0.5, 1.5, 3.0])  # from the start of the first step
     assert run.evals == [(0, 0.4), (3, 0.5)]
@@ -220,7 +221,7 @@ def test_a_finished_run_is_reused_where_it_moved_and_survives_a_killed_rerun(tmp
                  "train/groups": 8, "train/samples": 64} for s in (1, 2)]
         Path(cfg.run_dir, "metrics.jsonl").write_text(
             "".join(json.dumps(r) + "\n" for r in rows))
-        return rows
+        return [StepRecord.from_json(r) for r in rows]
 
     monkeypatch.setattr(convergence, "run_stack", fake_stack)
     cfg = mode_config(base, Mode("sync", 0, "tis_token"), 0, 2, None, tmp_path / "a" / "sync-s0")

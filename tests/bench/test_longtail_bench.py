@@ -2,13 +2,15 @@
 waste from the workers' closing lines."""
 
 from bench.longtail import lag_counts, worker_waste
+from relayrl.runtime.metrics import StepRecord
 from relayrl_sim.accounting import distribution
 
 
 def test_lags_come_from_the_trained_buckets_only():
-    rows = [{"staleness/samples_lag_0": 6, "staleness/samples_lag_2": 2,
-             "staleness/samples_lag_over": 8, "staleness/tokens_lag_1": 40},
-            {"staleness/samples_lag_9plus": 1, "staleness/samples_lag_0": 1}]
+    rows = [StepRecord.from_json(r) for r in (
+        {"staleness/samples_lag_0": 6, "staleness/samples_lag_2": 2,
+         "staleness/samples_lag_over": 8, "staleness/tokens_lag_1": 40},
+        {"staleness/samples_lag_9plus": 1, "staleness/samples_lag_0": 1})]
     assert lag_counts(rows, "samples") == {0: 7, 2: 2, 9: 1}
     assert lag_counts(rows, "tokens") == {1: 40}
     assert distribution(lag_counts(rows, "samples"))["max"] == 9

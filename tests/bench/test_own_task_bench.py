@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bench.own_task import bench_config, finished_run, markdown, summarize
+from relayrl.runtime.metrics import StepRecord
 
 ROWS = [
     {"step": 0, "eval/heldout/pass@1": 0.05},
@@ -19,7 +20,8 @@ ROWS = [
 
 def test_summary_takes_the_start_from_step_0_and_the_end_from_the_checkpoint():
     cfg = bench_config("examples/own_task.yaml", minutes=4)
-    r = summarize("examples/own_task.yaml", cfg, ROWS, {"eval/heldout/pass@1": 0.35})
+    r = summarize("examples/own_task.yaml", cfg, [StepRecord.from_json(r) for r in ROWS],
+                  {"eval/heldout/pass@1": 0.35})
     assert (r["start_pass@1"], r["final_pass@1"], r["gain_points"]) == (0.05, 0.35, 30.0)
     assert (r["steps"], r["samples"], r["minutes"]) == (3, 96, 4.0)
     assert r["samples_per_s"] == pytest.approx(96 / 240, abs=0.01)
@@ -43,4 +45,5 @@ def test_resume_takes_a_run_that_trained_its_minutes_and_left_a_checkpoint(tmp_p
     (tmp_path / "checkpoints" / "step_00000003").mkdir(parents=True)
     assert finished_run(cfg, 5) is None  # stopped before its minutes
     rows, checkpoint = finished_run(cfg, 4)
-    assert checkpoint.name == "step_00000003" and rows == ROWS
+    assert checkpoint.name == "step_00000003"
+    assert [r.to_json() for r in rows] == ROWS

@@ -58,7 +58,7 @@ def import_user_module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def load_reward(ref: str, where: str) -> ImportedReward:
+def load_reward(ref: str, where: str) -> Any:
     """The function `ref` ("package.module:function") names; ValueError naming `where`."""
     match = REF.fullmatch(ref)
     if match is None:
@@ -83,6 +83,8 @@ def load_reward(ref: str, where: str) -> ImportedReward:
     if isinstance(fn, type):
         raise ValueError(f"{where}: {ref} is a class; name a function, or an instance with "
                          "__call__")
+    if hasattr(fn, "group_scores"):  # scores a group itself (a JudgeReward, a weighted sum)
+        return fn
     if not callable(fn):
         raise ValueError(f"{where}: {ref} is not callable (it is a {type(fn).__name__})")
     return ImportedReward(ref, fn, plan_call(fn, where, positional=False))

@@ -51,13 +51,14 @@ def score(fn: Callable, completion: str, reference: str,
 _KINDS = (("not_finite", "ValueError: reward is not finite"),
           ("reward_range", "is outside buffer.reward_range"),
           ("not_a_number", "reward returned "),
-          ("remote", "RemoteRewardError: "))
+          ("remote", "RemoteRewardError: "),
+          ("judge", "JudgeError: "))
 
 
 def reward_error_kind(error: str) -> str:
     """The kind of a reward error this module's scoring gave: not_finite, reward_range,
     not_a_number (a value of another type, or a batch of the wrong length), remote (a remote
-    reward server's failure) or raised."""
+    reward server's failure), judge (a judge model gave no score) or raised."""
     return next((kind for kind, text in _KINDS if text in error), "raised")
 
 

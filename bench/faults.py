@@ -1,6 +1,6 @@
-"""Fault injection on the real stack, written up as docs/reliability.md.
+"""Fault injection on the real stack, written up as docs/results/reliability.md.
 
-    python bench/faults.py [--seed 0] [--rounds 3] [--out docs/reliability.md]
+    python bench/faults.py [--seed 0] [--rounds 3] [--out docs/results/reliability.md]
 
 Runs a small stack (every service its own process, embedded Redis with append-only
 persistence) while a seeded schedule kills (-9) each kind of process in turn, `--rounds`
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p = harness.parser("faults", __doc__.splitlines()[0], rounds=3,
                        rounds_help="times every kind of process is killed")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "reliability.md")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "reliability.md")
     p.add_argument("--steps-per-restart", type=int, default=60,
                    help="trainer steps allowed for while a worker or the relay restarts")
     p.add_argument("--keep-run", type=Path, default=None,
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_with_faults(cfg, schedule, args.steps_per_restart)
     out = args.out.resolve()
     command = f"python bench/faults.py --seed {args.seed} --rounds {args.rounds}"
-    if out != (ROOT / "docs" / "reliability.md").resolve():
+    if out != (ROOT / "docs" / "results" / "reliability.md").resolve():
         command += f" --out {args.out}"
     out.write_text(render(result, command, args.seed, args.rounds, cfg,
                           args.steps_per_restart))

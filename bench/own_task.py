@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         f"the real path at the smallest size: {SMOKE}, output under runs/own_task_smoke/"))
     parser.add_argument("--configs", help=f"comma-separated (default {DEFAULT_CONFIGS})")
     parser.add_argument("--minutes", type=float, help="wall time of each run (default 30)")
-    parser.add_argument("--out", default=str(ROOT / "docs"))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
     parser.add_argument("--resume", action="store_true",
                         help="evaluate a config's finished run again instead of rerunning it")
     args = parser.parse_args(argv)

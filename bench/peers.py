@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--setup", choices=sorted(SETUPS), default="tiny")
     parser.add_argument("--steps", type=int, help="default: the setup's")
     parser.add_argument("--every", type=int, help="steps between saved policies")
-    parser.add_argument("--out", default=str(ROOT / "docs"))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results"))
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.FIELD=VALUE",
                         help="change RelayRL's config (e.g. scheduler.max_inflight_prompts=6); "

@@ -1,5 +1,5 @@
 """Steady training throughput of a config against variants of it, in one run: how each
-overhead cut of issue 21 was measured before and after.
+overhead cut was measured before and after.
 
     python bench/throughput.py                                          # the tiny example
     python bench/throughput.py --variant one_group=rollout.max_active_groups=1 \

@@ -5,7 +5,7 @@ mode run again, and which of the default costs' conclusions still hold.
 
 Prints one row per (cost, factor): trained samples/s of each mode over sync's, and the
 conclusions that hold there; then one JSON line. The costs are those relayrl_sim.costs
-cites a source for, grouped as the issue names them (a decode step's three terms scale
+cites a source for, grouped as the calibration names them (a decode step's three terms scale
 together, and so do a migration's two).
 """
 
@@ -30,7 +30,7 @@ COSTS: dict[str, tuple[str, ...]] = {
     "KV transfer": ("migrate_fixed_s", "migrate_per_token_s"),
 }
 FACTORS = (0.5, 2.0)
-TARGET = 5.5  # the issue's bar for the best asynchronous mode over sync
+TARGET = 5.5  # the bar for the best asynchronous mode over sync
 
 
 def scaled(costs: CostParams, names: Sequence[str], factor: float) -> CostParams:

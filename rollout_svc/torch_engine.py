@@ -16,16 +16,19 @@ loaded in (float32), so the engine computes what the trainer's float32 master we
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import torch
 
 from relayrl.models.loading import LoadedModel
 from relayrl.models.lora import is_lora, load_adapter
-from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache
+from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, windowed
 from relayrl.sampling.sampler import Completion, sample_with_kv
 from relayrl.weights.tied import load_published, tied_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
+
+log = logging.getLogger(__name__)
 
 
 def check_state_dict(current: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor],
@@ -56,6 +59,11 @@ class TorchEngine(Engine):
                                or getattr(config, "n_positions", None) or self.context_length)
         self._version = version
         self.generator = torch.Generator(self.device).manual_seed(seed)
+        if kv_cache_tokens and windowed(lm.model):
+            log.warning("KV reuse is off: %s attends through a sliding window, whose cache "
+                        "cannot be cut per sequence (rollout.engine.kv_cache_tokens %d "
+                        "ignored)", lm.model.config.model_type, kv_cache_tokens)
+            kv_cache_tokens = 0
         self.states = StateCache(kv_cache_tokens)
         self.fingerprint = ModelFingerprint.of(lm.model) if kv_cache_tokens else None
         self.tokens_generated = 0

@@ -65,6 +65,19 @@ def _import_vllm() -> Any:
     return vllm
 
 
+def _has_modules(worker, names: list[str]) -> list[bool]:
+    """Runs on the vLLM worker: whether its model has a module at each dotted path."""
+    model = worker.model_runner.model
+    found = []
+    for name in names:
+        try:
+            model.get_submodule(name)
+            found.append(True)
+        except AttributeError:
+            found.append(False)
+    return found
+
+
 def _reload(worker, items: list[tuple[str, torch.Tensor]]) -> None:
     """Runs on the vLLM worker (in this process): copy a checkpoint-format state in place."""
     worker.model_runner.reload_weights(weights_iterator=iter(items))
@@ -153,6 +166,12 @@ class VllmEngine(Engine):
             path, getattr(self.llm.get_tokenizer(), "eos_token_id", None))
         if not self.eos_ids:
             raise ConfigError(f"model.path: {path} names no eos_token_id; pass eos_ids")
+        # A tied alias goes back into a reload only where vLLM's model has its module: Llama's
+        # tied lm_head is one, Gemma's output layer is the embedding itself and has none.
+        modules = [alias.rsplit(".", 1)[0] for alias in self._tied]
+        held = self.llm.collective_rpc(_has_modules, args=(modules,))[0] if modules else []
+        self._reloaded_aliases = {a: n for (a, n), has in zip(self._tied.items(), held,
+                                                              strict=True) if has}
         self._version = version
         self._broken: str | None = None
         self.tokens_generated = 0
@@ -259,8 +278,8 @@ class VllmEngine(Engine):
                 raise ValueError(f"version {version}: shards {empty[:5]} hold no data (meta)")
             t0 = time.monotonic()
             try:
-                # vLLM's layer-by-layer reload wants every name, aliases too
-                items = list(with_aliases(tensors, self._tied).items())
+                # vLLM's layer-by-layer reload wants every name its model has, aliases too
+                items = list(with_aliases(tensors, self._reloaded_aliases).items())
                 self.llm.collective_rpc(_reload, args=(items,))
             except BaseException as err:
                 # vLLM reloads layer by layer through the meta device; a reload that fails part

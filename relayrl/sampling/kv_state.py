@@ -26,6 +26,17 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 
 
+def windowed(model: Any) -> bool:
+    """Whether some layer attends through a sliding window, whose cache cannot be cut per
+    sequence (Gemma 2 and 3, Mistral with a window, ...)."""
+    cfg = model.config.get_text_config(decoder=True)
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types:
+        return any(t != "full_attention" for t in layer_types)
+    return getattr(cfg, "sliding_window", None) is not None and \
+        getattr(cfg, "use_sliding_window", True) is not False
+
+
 @dataclass(frozen=True)
 class ModelFingerprint:
     """What a KV state must agree on with the model that resumes from it."""
@@ -41,10 +52,7 @@ class ModelFingerprint:
     @classmethod
     def of(cls, model: Any) -> ModelFingerprint:
         cfg = model.config.get_text_config(decoder=True)
-        layer_types = getattr(cfg, "layer_types", None)
-        windowed = (any(t != "full_attention" for t in layer_types) if layer_types
-                    else getattr(cfg, "sliding_window", None) is not None)
-        if windowed:
+        if windowed(model):
             raise ValueError(f"kv state: {cfg.model_type} uses sliding-window attention, whose "
                              "cache cannot be cut per sequence")
         dtype = next((n for n, d in DTYPES.items() if d == model.dtype), None)

@@ -1,4 +1,4 @@
-"""A lost or repeated reply changes nothing (issue 18, must-show 5): on the real stack the
+"""A lost or repeated reply changes nothing : on the real stack the
 scheduler and the buffer carry out every call but a seeded schedule (relayrl.runtime.reply_faults)
 drops the replies of some of each method (the caller sees UNAVAILABLE) and holds others
 past the caller's deadline. The workers retry: a lease request with the same request id, a
@@ -8,7 +8,7 @@ again besides, as a client that never saw its answer would. The run must reach i
 step with the books balanced, every prompt completed once, each external group taken in
 once and no lease left out; before the lease calls were safe to repeat, a dropped
 AcquireLeases reply left a lease its worker's heartbeats renewed for ever, and the run
-stalled at the in-flight cap (issue 18, item 7). Status and Stats, how a test watches,
+stalled at the in-flight cap. Status and Stats, how a test watches,
 keep their replies."""
 
 import os

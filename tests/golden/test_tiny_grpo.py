@@ -1,4 +1,4 @@
-"""The golden-loss guard (issue 18, must-show 7): the deterministic tiny GRPO run of
+"""The golden-loss guard: the deterministic tiny GRPO run of
 tests/golden/tiny_grpo.py must reproduce the checked-in per-step loss, mean reward,
 gradient norm and entropy of its machine kind within the tolerance stated there (RTOL,
 ATOL). If this fails after a refactor, the refactor changed the numerics; see that module

@@ -56,7 +56,7 @@ def test_calls_to_a_frozen_peer_time_out_and_the_run_recovers(tmp_path):
 # Stalls long enough to outlast every deadline that used to end a process (a Redis command's
 # socket timeout and the client's ~8 s reconnect window, a worker's scheduler call, the
 # trainer's publish) several times over. RELAYRL_REDIS_STALL_S=60 RELAYRL_SCHEDULER_STALL_S=30
-# gives the case.
+# gives a minute-long Redis stall.
 REDIS_STALL_S = float(os.environ.get("RELAYRL_REDIS_STALL_S", 10))
 SCHEDULER_STALL_S = float(os.environ.get("RELAYRL_SCHEDULER_STALL_S", 10))
 RELAY_STALL_S = float(os.environ.get("RELAYRL_RELAY_STALL_S", 10))

@@ -278,7 +278,7 @@ def test_leases_name_the_oldest_weights_worth_starting_with(setup, redis):
         assert client.acquire("w0", 1).min_version == 6
 
 
-# A lost or repeated reply changes nothing (issue 18, item 7 and must-show 5): each call
+# A lost or repeated reply changes nothing : each call
 # below is made twice, as a client does when the first reply never reached it.
 
 def test_a_retried_acquire_is_answered_with_the_same_leases(setup, redis):
@@ -328,7 +328,7 @@ def test_a_repeated_register_of_the_same_process_keeps_its_leases(setup):
 
 
 def test_a_lease_absent_from_the_holders_heartbeats_is_reissued(setup):
-    """The hang of issue 18 item 7: a worker whose lease request timed out never learns of
+    """The hang a lost reply caused: a worker whose lease request timed out never learns of
     the grant, and its heartbeats used to renew the orphan for as long as it ran."""
     client, core, clock, _ = setup
     client.register("w0", "here", "proc-1")

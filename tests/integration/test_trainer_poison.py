@@ -1,4 +1,4 @@
-"""Batches already in Redis that the trainer cannot train on (issue 18, must-shows 1 and 2):
+"""Batches already in Redis that the trainer cannot train on:
 poison groups (a token id past the model's vocabulary, a sequence past its context, an entry
 that does not decode) are quarantined, acknowledged and finished in the ledger, and the
 trainer goes on, also after a restart that meets them again; steps whose loss is not finite
@@ -126,7 +126,7 @@ def test_nonfinite_steps_are_skipped_and_stop_the_run_after_the_limit(tmp_path, 
     stop = threading.Event()
 
     def step(pids: list[int], temperature: float) -> dict:
-        t.objective.temperature = temperature  # 1e-300: issue 18 item 1's live setting
+        t.objective.temperature = temperature  # 1e-300: a live setting that overflows the loss
         push_groups(t, [group(t, p) for p in pids])
         return t.train_step(*t.next_batch(stop)).to_json()
 

@@ -208,7 +208,7 @@ def test_a_pulled_tensor_does_not_alias_the_relay(plane):
 
 
 def test_relay_refuses_a_far_future_version_and_the_next_one_goes_through(relay_server):
-    """Item 4 of issue 18: latest + 1,000,000 used to be stored and then refuse every later
+    """latest + 1,000,000 used to be stored and then refuse every later
     publish of the trainer as "not newer". A publish may go at most relay.max_version_gap past
     the latest (the trainer's skipped versions); an empty relay takes any version."""
     address, store = relay_server

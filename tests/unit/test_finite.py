@@ -1,4 +1,4 @@
-"""Nothing non-finite leaves the trainer (issue 18, must-show 1): an update whose loss is not
+"""Nothing non-finite leaves the trainer: an update whose loss is not
 finite takes no optimizer step and leaves no gradient; the checkpoint writer and the
 publisher refuse weights holding a NaN or an inf, writing and sending nothing."""
 

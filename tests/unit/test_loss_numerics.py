@@ -1,4 +1,4 @@
-"""Loss numerics at the edges (issue 18, item 8 and item 3's trainer side): groups whose
+"""Loss numerics at the edges: groups whose
 rewards all agree get exactly zero advantage whatever the value; rewards near the float32
 limit do not overflow the group statistics; aipo's gradient above the cap is cap * A; and a
 log-ratio far past what exp can hold in float32 gives a finite loss and gradient."""

@@ -206,7 +206,7 @@ def test_heartbeats_renew_only_the_leases_the_worker_names():
 
 
 def test_an_unheld_lease_lapses_even_while_its_worker_keeps_beating():
-    """The hang of issue 18 item 7: a grant whose reply was lost, renewed by every
+    """The hang a lost reply caused: a grant whose reply was lost, renewed by every
     heartbeat of its worker, kept the in-flight cap full for ever."""
     p = policy(max_inflight=1, unheld_grace_s=5.0)
     p.register("w0", now=0.0)

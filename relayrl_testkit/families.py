@@ -1,0 +1,57 @@
+"""Tiny random causal LMs of the families users bring, built locally from their configs with
+a real tokenizer and chat template (SmolLM2's), for tests that run every family through the
+trainer and both engines.
+
+    path = build_family("gemma2", out_dir, tokenizer_dir)
+
+Each is about 3-6 M parameters (the vocabulary dominates). Head size 32 and two heads: vLLM's
+CPU attention takes 32. Tied and untied output layers, sliding-window attention (Gemma 2 and
+3) and a mixture of experts (Qwen2-MoE) are all among them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "qwen2_moe")
+
+
+def family_config(name: str, tokenizer: Any) -> Any:
+    import transformers
+
+    common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    configs = {
+        "llama": lambda: transformers.LlamaConfig(**common, tie_word_embeddings=True),
+        "qwen2": lambda: transformers.Qwen2Config(**common),
+        "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=32),
+        "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
+        "gemma2": lambda: transformers.Gemma2Config(**common, head_dim=32, sliding_window=64),
+        "gemma3": lambda: transformers.Gemma3TextConfig(**common, head_dim=32,
+                                                        sliding_window=64),
+        "phi3": lambda: transformers.Phi3Config(**common),
+        "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+            **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=32),
+    }
+    if name not in configs:
+        raise ValueError(f"family: {name!r} is not one of {', '.join(FAMILIES)}")
+    return configs[name]()
+
+
+def build_family(name: str, out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A randomly initialised model of the family, with the tokenizer, saved under `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (out / "config.json").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(family_config(name, tokenizer))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

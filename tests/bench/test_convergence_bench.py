@@ -196,7 +196,8 @@ def test_modes_and_their_config_edits(tmp_path):
 
 def test_each_config_gets_its_own_outputs():
     tiny = parse_args([])
-    assert (tiny.name, tiny.runs_dir.name, str(tiny.out)) == ("convergence", "convergence", "docs/results")
+    assert (tiny.name, tiny.runs_dir.name, str(tiny.out)) == ("convergence", "convergence",
+                                                              "docs/results")
     assert tiny.staleness == [1, 2, 4, 8] and tiny.seeds == 3
     smol = parse_args(["--config", "examples/smollm2_cpu.yaml", "--staleness", "2"])
     assert smol.name == smol.runs_dir.name == "convergence_smollm2_cpu"

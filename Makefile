@@ -32,6 +32,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) scripts/check_wording.py
+	$(PY) scripts/gen_config_reference.py --check
 
 docs: install
 	$(VENV)/bin/mkdocs build --strict --site-dir site

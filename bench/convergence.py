@@ -61,8 +61,8 @@ from relayrl.config import RunConfig, load_run_config  # noqa: E402
 from relayrl.runtime.metrics import read_records  # noqa: E402
 
 # each run starts the whole stack: two runs (sync and one corrected asynchronous mode, so the
-# comparison is made) of 3 steps keep the smoke run under a minute on 2 cores
-SMOKE = {"steps": 3, "seeds": 1, "staleness": "1", "eval_every": 2,
+# comparison is made) of 2 steps keep the smoke run under a minute on 2 cores
+SMOKE = {"steps": 2, "seeds": 1, "staleness": "1", "eval_every": 2,
          "modes": "sync,async_1_tis_token"}
 SMOKE_SETS = ["eval.sets=[{name: heldout, max_problems: 32}]", "rollout.num_workers=1",
               "scheduler.start_after_workers=1"]

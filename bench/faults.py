@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", type=Path, default=ROOT / ".cache" / "relayrl" / "models")
     args = p.parse_args(argv)
     if args.smoke:
-        args.rounds, args.steps_per_restart = 1, 5
+        args.rounds, args.steps_per_restart = 1, 3
         args.out = ROOT / "runs" / "faults_smoke" / "reliability.md"
         args.out.parent.mkdir(parents=True, exist_ok=True)
     schedule = draw_schedule(args.seed, args.rounds, WORKERS)

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="keep every run's directory (metrics, logs) under this one")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.steps, args.warmup, args.rounds, args.groups = 4, 1, 1, 2
+        args.steps, args.warmup, args.rounds, args.groups = 3, 1, 1, 2
         args.max_tokens, args.median, args.modes = 32, 4, "sync,async"
     if args.rounds < 1:
         raise ValueError("--rounds: must be >= 1")

@@ -39,7 +39,7 @@ from relayrl_ops.launcher import Launcher  # noqa: E402
 DEFAULT_CONFIGS = "examples/own_task.yaml,examples/smollm2_calculator.yaml"
 # SmolLM2 on vLLM takes minutes to start, train a step and evaluate on 2 cores; the tiny
 # example's model takes the same path (launcher, SIGTERM checkpoint, offline eval) in seconds
-SMOKE = {"configs": "examples/tiny_cpu.yaml", "minutes": 0.1,
+SMOKE = {"configs": "examples/tiny_cpu.yaml", "minutes": 0.05,
          "overrides": ["eval.sets=[{name: heldout, max_problems: 16, greedy: false}]"]}
 
 

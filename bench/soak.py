@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                         "temporary directory)")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.minutes, args.sample_s, args.warmup_minutes = 0.25, 1.0, 0.1
+        args.minutes, args.sample_s, args.warmup_minutes = 0.1, 0.5, 0.03
     if args.minutes <= 0 or args.sample_s <= 0:
         raise ValueError("--minutes and --sample-s must be positive")
     warmup = args.warmup_minutes if args.warmup_minutes is not None else min(5.0,

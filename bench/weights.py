@@ -227,12 +227,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes-mb", default="64,512,2048")
     ap.add_argument("--planes", default="grpc,shm,torch_dist,nixl,nccl")
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--fanout", default="shm,grpc",
+                    help="planes whose fan-out to the workers is timed, one relay and a tree")
     ap.add_argument("--grpc-fanout-max-mb", type=int, default=512,
                     help="gRPC workers each hold a private copy; above this only shared "
                     "memory fans out (8 x 2 GB would not fit beside the relays here)")
     args = ap.parse_args(argv)
-    if args.smoke:
-        args.sizes_mb, args.planes, args.workers = "1", "grpc,shm", 1
+    if args.smoke:  # each plane's fan-out starts relays and workers: one plane's is enough
+        args.sizes_mb, args.planes, args.workers, args.fanout = "1", "grpc,shm", 1, "shm"
     planes = [p for p in args.planes.split(",") if p]
     if "nixl" in planes and not nixl_plane.available():
         print("nixl-cu12 is not installed; skipping the nixl plane", flush=True)
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for mb in (int(s) for s in args.sizes_mb.split(",")):
-            fanout = [p for p in ("shm", "grpc") if p in planes
+            fanout = [p for p in args.fanout.split(",") if p in planes
                       and (p != "grpc" or mb <= args.grpc_fanout_max_mb)]
             results.append(bench_size(mb, planes, args.workers, Path(tmp), fanout))
     tcp_planes = [p for p in planes if p != "nccl"]  # nccl's ratio is to its own ceiling

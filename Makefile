@@ -33,6 +33,7 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) scripts/check_wording.py
 	$(PY) scripts/gen_config_reference.py --check
+	$(PY) scripts/gen_cli_reference.py --check
 
 docs: install
 	$(VENV)/bin/mkdocs build --strict --site-dir site

@@ -210,9 +210,10 @@ def cmd_simulate(args) -> int:
         return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s relayrl %(message)s")
-    parser = argparse.ArgumentParser(prog="relayrl")
+def build_parser() -> argparse.ArgumentParser:
+    """The `relayrl` command's parser (docs/reference/cli.md is generated from it)."""
+    parser = argparse.ArgumentParser(prog="relayrl", description="Run, control and inspect "
+                                     "RelayRL runs.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, text in (("up", cmd_up, "start every service locally and train"),
                            ("check", cmd_check,
@@ -284,7 +285,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: every cost x0.5 and x2 at the largest --workers, and which "
                    "conclusions survive (relayrl_sim/sensitivity.py)")
     p.set_defaults(fn=cmd_simulate)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s relayrl %(message)s")
+    args = build_parser().parse_args(argv)
     return args.fn(args)
 
 

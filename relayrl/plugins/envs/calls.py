@@ -31,6 +31,7 @@ IDLE_THREADS = 256  # threads kept waiting for the next call, at most
 
 
 class Done(NamedTuple):
+    """A call that returned: its value, or the error it raised."""
     value: Any = None
     error: BaseException | None = None  # what the call raised
 
@@ -46,6 +47,7 @@ class Refused(NamedTuple):
 
 
 class Handle:
+    """A call handed to a thread, to be waited for with a deadline."""
     def __init__(self, fn: Callable[[], Any]):
         self.fn = fn
         self.started = time.monotonic()
@@ -55,6 +57,8 @@ class Handle:
 
 
 class EnvCalls:
+    """Runs environment calls on threads with deadlines, refusing new ones while too many
+    are stuck past theirs."""
     def __init__(self, max_stuck: int):
         assert max_stuck >= 1
         self.max_stuck = max_stuck

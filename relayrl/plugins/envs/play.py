@@ -57,6 +57,7 @@ KINDS = ("raised", "invalid", "max_observation_chars", "max_env_tokens", "reset_
 
 
 class Opening(NamedTuple):
+    """An episode as its environment opened it."""
     env: Environment | None  # None: the constructor or reset failed (`error` says why)
     messages: list[dict[str, str]]  # the conversation so far, as the template renders it
     tokens: list[int]  # the context the model's first turn continues
@@ -64,6 +65,7 @@ class Opening(NamedTuple):
 
 
 class Turn(NamedTuple):
+    """A model reply the environment is to answer."""
     env: Environment
     messages: Sequence[Mapping[str, str]]  # the conversation the reply answers
     reply: str  # the model's (stopped) reply
@@ -71,6 +73,7 @@ class Turn(NamedTuple):
 
 
 class Move(NamedTuple):
+    """The environment's answer to a reply: its step, the tokens to append, or an error."""
     step: Step | None  # None: the step failed (`error` says why)
     glue: list[int]  # environment tokens to append when the episode goes on
     error: str
@@ -91,6 +94,7 @@ def conversation(messages: list[dict[str, str]], last_reply: str) -> list[dict[s
 
 
 def failure(where: str, kind: str, detail: str) -> str:
+    """An environment error as samples carry it: `environment: <where>: <kind>: <detail>`."""
     assert kind in KINDS, kind
     return f"environment: {where}: {kind}: {detail}"
 

@@ -45,6 +45,7 @@ BUILTIN = {"calculator": "relayrl.plugins.envs.calculator:Calculator"}
 
 
 class Step(NamedTuple):
+    """What an environment answers a reply with: messages for the model, a reward, done."""
     messages: Sequence[Message] = ()  # what the model sees next (user or tool turns)
     reward: float | None = None  # None: this step gives no reward
     done: bool = False
@@ -138,6 +139,7 @@ def load_environment(spec: str) -> type[Environment]:
 
 
 def make_environment(cls: type[Environment], options: Mapping[str, Any]) -> Environment:
+    """An instance of `cls` built with the configured options; ValueError naming what failed."""
     try:
         return cls(**options)
     except TypeError as err:

@@ -36,6 +36,7 @@ RENDERED_TOKENS = 1 << 20  # tokens of remembered renderings, at most (a few MB)
 
 
 class TurnGlue:
+    """The tokens between two assistant turns, from the model's chat template."""
     def __init__(self, tokenizer: Any, eos_ids: Sequence[int]):
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)

@@ -18,6 +18,7 @@ _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 
 @register("exact_match")
 def exact_match(completion: str, reference: str) -> float:
+    """1 when the completion, stripped, equals the reference, else 0."""
     return 1.0 if completion.strip() == reference.strip() else 0.0
 
 

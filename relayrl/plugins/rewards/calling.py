@@ -60,6 +60,7 @@ def conversation_of(prompt: Prompt, completion: str) -> tuple[dict[str, str], ..
 
 @dataclass(frozen=True)
 class CallPlan:
+    """How a reward function is called, worked out once from its parameters."""
     batched: bool  # one call per group with the list of completions
     by_name: bool  # else the positional (completion, reference) form
     extras: frozenset[str]  # which of reference, metadata, prompt, ... go by keyword
@@ -109,6 +110,7 @@ def _positional(sig: inspect.Signature) -> CallPlan | None:
 
 
 def readonly(metadata: Metadata | None) -> Metadata:
+    """`metadata` as a read-only mapping (empty for None)."""
     if metadata is None:
         return EMPTY
     return metadata if isinstance(metadata, MappingProxyType) else MappingProxyType(dict(metadata))
@@ -198,10 +200,12 @@ def as_reward(value: Any) -> float:
 
 
 def describe(err: BaseException) -> str:
+    """An exception as a sample's error text: `Type: message`."""
     return f"{type(err).__name__}: {err}"
 
 
 def name_of(fn: Callable) -> str:
+    """A reward's name for messages: its `name`, `__name__` or repr."""
     return getattr(fn, "name", None) or getattr(fn, "__name__", None) or repr(fn)
 
 

@@ -77,6 +77,7 @@ def parse_verdict(reply: str) -> float:
 
 
 class JudgeReward:
+    """A reward read from a judge model's reply to a rubric (see the module's docstring)."""
     def __init__(self, url: str, model: str, rubric: str = DEFAULT_RUBRIC, *,
                  scale: tuple[float, float] = (0.0, 10.0), api_key_env: str = "OPENAI_API_KEY",
                  max_concurrency: int = 8, timeout_s: float = 30.0, retries: int = 2,

@@ -25,10 +25,12 @@ DEFAULT_TIMEOUT_S = REWARD_CALL_S
 
 
 class RemoteRewardError(RuntimeError):
+    """A remote reward server gave no reward for a completion."""
     pass
 
 
 def check_address(address: str) -> str:
+    """`address` as HOST:PORT; ValueError otherwise."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"remote reward address {address!r} must be HOST:PORT "
@@ -37,6 +39,7 @@ def check_address(address: str) -> str:
 
 
 class RemoteReward:
+    """Rewards computed by a server speaking the Reward gRPC service (`remote:HOST:PORT`)."""
     def __init__(self, address: str, timeout_s: float = DEFAULT_TIMEOUT_S):
         if not isinstance(timeout_s, int | float) or not timeout_s > 0:
             raise ValueError(f"remote reward timeout_s must be > 0, got {timeout_s!r}")

@@ -13,6 +13,7 @@ CHAT_QUESTION = "What is {a}+{b}? Reply with the number only."
 
 
 class AdditionTask:
+    """The built-in task: sums of random numbers, generated from the seed."""
     alphabet = AdditionTaskConfig.ALPHABET
 
     def __init__(self, digits: int, seed: int, eval_size: int, prompt_format: str = "raw",

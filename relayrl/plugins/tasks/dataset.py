@@ -51,6 +51,7 @@ class PromptLimit:
 
 
 class DatasetTask:
+    """Problems from a dataset file or hub dataset, read with Hugging Face `datasets`."""
     def __init__(self, cfg: DatasetTaskConfig, limit: PromptLimit | None = None):
         self.cfg = cfg
         self.reward_name = cfg.reward

@@ -21,6 +21,7 @@ ROLES = ("system", "user", "assistant", "tool")
 
 @dataclass(frozen=True)
 class Problem:
+    """One prompt as a task hands it out: its text or messages, reference and metadata."""
     prompt_id: int
     text: str  # a raw prompt; "" when the prompt is chat messages
     reference: str
@@ -73,6 +74,8 @@ def _question(cfg: PromptConfig, record: Mapping[str, Any]) -> str:
 
 
 def check_messages(value: Any, name: str) -> tuple[dict[str, str], ...]:
+    """Chat messages as a task or environment gave them, checked; ValueError naming the
+    field."""
     if not isinstance(value, list) or not value:
         raise BadRecord(f"field {name!r} is {_what(value)}, not a non-empty list of messages")
     turns = []
@@ -88,6 +91,7 @@ def check_messages(value: Any, name: str) -> tuple[dict[str, str], ...]:
 
 
 def reference_of(record: Mapping[str, Any], name: str) -> str:
+    """A record's answer field as the reference text; BadRecord when it has none."""
     value = record.get(name)
     if isinstance(value, bool) or not isinstance(value, str | int | float) or (
             isinstance(value, float) and not math.isfinite(value)):

@@ -28,6 +28,7 @@ MAX_REDRAWS = 1000
 
 
 class ReasoningGymTask:
+    """Procedurally generated problems and their verifiers from reasoning-gym."""
     def __init__(self, cfg: ReasoningGymTaskConfig, limit: PromptLimit | None = None):
         try:
             import reasoning_gym

@@ -11,6 +11,7 @@ from relayrl.plugins.tasks.problem import Problem
 
 
 class Task(Protocol):
+    """What every task gives: its problems by prompt id, and its held-out set."""
     reward_name: str
 
     def problem(self, prompt_id: int) -> Problem:

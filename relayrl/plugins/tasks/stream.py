@@ -22,6 +22,7 @@ MakeProblem = Callable[[int, Mapping[str, Any], str], Problem | None]
 
 
 class StreamedRows:
+    """A hub dataset read as a stream, for datasets too large to download whole."""
     def __init__(self, rows: Any, cfg: DatasetTaskConfig, make: MakeProblem):
         self.rows, self.cfg, self.make = rows, cfg, make
         self.recent: OrderedDict[int, Problem] = OrderedDict()

@@ -35,7 +35,7 @@ CONTEXTS = (16, 64, 160)
 SHORT, LONG = 4, 36
 
 
-def step_seconds(engine, batch: int, context: int, vocab: int) -> float:
+def step_seconds(engine, batch: int, context: int, vocab: int, long: int = LONG) -> float:
     gen = torch.Generator().manual_seed(batch * 1000 + context)
     prompts = torch.randint(3, vocab, (batch, context), generator=gen).tolist()
 
@@ -48,7 +48,7 @@ def step_seconds(engine, batch: int, context: int, vocab: int) -> float:
             best = min(best, time.perf_counter() - t0)
         return best
 
-    return (timed(LONG) - timed(SHORT)) / (LONG - SHORT)
+    return (timed(long) - timed(SHORT)) / (long - SHORT)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,8 +57,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engines", default="torch,vllm")
     parser.add_argument("--out", default=str(ROOT / "runs/sim"))
     args = parser.parse_args(argv)
-    if args.smoke:
+    batches, contexts, long = BATCHES, CONTEXTS, LONG
+    if args.smoke:  # the fit needs three points; four, of short steps, run in seconds
         args.engines, args.out = "torch", str(ROOT / "runs/sim_smoke")
+        batches, contexts, long = BATCHES[:2], CONTEXTS[:2], 12
     cfg = load_run_config(args.config, ["rollout.torch_threads=1"])
     torch.set_num_threads(1)
     path = resolve_model_path(cfg.model, cfg.task)
@@ -72,11 +74,11 @@ def main(argv: list[str] | None = None) -> None:
         engine = make_engine(ecfg, lm, path)
         engine.generate([[3, 4, 5]], SamplingSpec(max_new_tokens=4))  # warm up
         points = []
-        for batch in BATCHES:
-            for context in CONTEXTS:
-                seconds = step_seconds(engine, batch, context, vocab)
+        for batch in batches:
+            for context in contexts:
+                seconds = step_seconds(engine, batch, context, vocab, long)
                 # the context a decode step reads: prompt plus half the continuation
-                points.append((batch, batch * (context + (SHORT + LONG) / 2), seconds))
+                points.append((batch, batch * (context + (SHORT + long) / 2), seconds))
                 print(f"{name}: batch {batch:3d} context {context:4d}: "
                       f"{seconds * 1e3:7.3f} ms/step", flush=True)
         if hasattr(engine, "close"):

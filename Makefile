@@ -34,6 +34,7 @@ lint: install
 	$(PY) scripts/check_wording.py
 	$(PY) scripts/gen_config_reference.py --check
 	$(PY) scripts/gen_cli_reference.py --check
+	$(PY) scripts/gen_api_reference.py --check
 
 docs: install
 	$(VENV)/bin/mkdocs build --strict --site-dir site

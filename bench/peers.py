@@ -28,15 +28,17 @@ reads pass@1 with a spread of about 0.1. Reported (bench/peers_report.py has the
 arithmetic): the median and the spread over rounds of each side's time to each level, the
 ratio TRL time / RelayRL time (above 1: RelayRL is faster), samples/s, each side's pass@1
 per saved step;
-docs/peers_<setup>.md, a plot, the rounds' curves (peers_<setup>_rounds.json) and a JSON line.
+docs/results/peers_<setup>.md, a plot, the rounds' curves (peers_<setup>_rounds.json) and a
+JSON line.
 
 With --extra-steps N both sides train N steps past --steps and the levels come from TRL's
 saves up to --steps: TRL's final level is the median of its rounds' finals, which about half
 of any side's rounds reach only after that step, so without the extra steps such a round
 counts as a miss and a median time to the level often does not exist on either side.
 
-More rounds later: `--first-round 3 --merge docs/peers_smollm2_rounds.json` runs rounds 3, 4,
-... and reports them together with the earlier command's (same setup, steps and settings).
+More rounds later: `--first-round 3 --merge docs/results/peers_smollm2_rounds.json` runs
+rounds 3, 4, ... and reports them together with the earlier command's (same setup, steps and
+settings).
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ def _summary(cfg) -> None:
 
 
 def cmd_up(args) -> int:
+    """Start every service locally and train (relayrl_ops.launcher); exit with the run's code."""
     cfg = _load(args)
     from relayrl_ops.launcher import StartFailed, up
 
@@ -65,6 +66,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_prepare(args) -> int:
+    """Build and cache the config's model and print its directory."""
     cfg = _load(args)
     from relayrl.models import resolve_model_path
 
@@ -73,6 +75,7 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_services(args) -> int:
+    """Print each service's gRPC status in a running run."""
     cfg = _load(args)
     import grpc
     from google.protobuf.json_format import MessageToDict
@@ -192,6 +195,7 @@ def cmd_health(args) -> int:
 
 
 def cmd_simulate(args) -> int:
+    """Run the discrete-event simulator of a large cluster (relayrl_sim.sweep)."""
     from relayrl_sim import sweep
 
     try:
@@ -289,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `relayrl` command: parse `argv` and run its subcommand; return the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s relayrl %(message)s")
     args = build_parser().parse_args(argv)
     return args.fn(args)

@@ -119,6 +119,8 @@ class Calculator(Environment):
         self.calls = 0
 
     def reset(self, problem: Problem) -> Sequence[Message] | None:
+        """Remember the problem's reference; with `instructions`, open the episode with
+        them in a system message before the task's prompt (otherwise the prompt as it is)."""
         self.reference = problem.reference
         if not self.instructions:
             return None
@@ -131,6 +133,8 @@ class Calculator(Environment):
         return turns
 
     def step(self, message: str) -> Step:
+        """Answer each `<calc>...</calc>` call in the model's message with its result; a
+        message without a call is the final answer, scored by the reward, and ends the episode."""
         from relayrl.plugins.rewards import score
 
         calls = CALL.findall(message)

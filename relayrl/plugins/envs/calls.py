@@ -68,6 +68,8 @@ class EnvCalls:
         self._idle: list[queue.SimpleQueue[Handle]] = []  # each an idle thread's inbox
 
     def start(self, fn: Callable[[], Any]) -> Handle | Refused:
+        """Run `fn` on an idle thread (or a new one) and return its handle to wait on with a
+        deadline; `Refused` while `max_stuck` calls are still running past theirs."""
         with self._lock:
             if self.stuck >= self.max_stuck:
                 return Refused(self.stuck)

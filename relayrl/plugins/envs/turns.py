@@ -45,6 +45,8 @@ class TurnGlue:
         self._held = 0  # tokens in _rendered
 
     def render(self, messages: Sequence[Message], generation_prompt: bool) -> list[int]:
+        """The token ids of `messages` under the chat template (with the assistant's
+        generation prompt when asked), remembered for the next call with the same messages."""
         key = (generation_prompt, *((m["role"], m["content"]) for m in messages))
         ids = self._rendered.get(key)
         if ids is None:

@@ -89,6 +89,7 @@ class RemoteReward:
         return [(0.0, e) if e else (r, "") for r, e in zip(rewards, errors, strict=True)]
 
     def close(self) -> None:
+        """Close the channel to the reward server."""
         self._channel.close()
 
     def __enter__(self) -> RemoteReward:

@@ -37,6 +37,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         self.max_batch = max_batch
 
     def Score(self, request, context):
+        """Score a batch of completions with the served reward; refuses (INVALID_ARGUMENT)
+        a batch over `max_batch` or whose lists do not line up."""
         n = len(request.completions)
         if n > self.max_batch:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,

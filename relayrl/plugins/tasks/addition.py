@@ -70,4 +70,5 @@ class AdditionTask:
                 return self._problem(prompt_id, a, b)
 
     def eval_problems(self) -> list[Problem]:
+        """The held-out problems, never handed out for training (negative ids)."""
         return [self._problem(-1 - i, a, b) for i, (a, b) in enumerate(self._held_out)]

@@ -3,7 +3,7 @@
 Every row is checked once, when the task is built: a row without a usable prompt or answer,
 or whose prompt is longer than the rollout can take, is skipped, counted and logged with its
 row number and field (or refused, `long_prompts: error`). Prompt id k is record
-order[epoch][k mod n] of the n usable training rows, epoch = k // n, the order a permutation
+`order[epoch][k mod n]` of the n usable training rows, epoch = k // n, the order a permutation
 seeded by (task.seed, epoch): the same id is always the same record, a restarted scheduler
 hands out what the first one would have, and each epoch reshuffles. Held-out problems have
 ids -1, -2, ...
@@ -75,6 +75,8 @@ class DatasetTask:
     # The training stream ---------------------------------------------------------------
 
     def problem(self, prompt_id: int) -> Problem:
+        """The problem of a prompt id: epoch and index into the training split, shuffled per
+        epoch by the seed, so the same id is the same record after any restart."""
         if prompt_id < 0:
             raise ValueError(f"prompt_id must be >= 0, got {prompt_id}")
         if self._train is None:
@@ -90,6 +92,8 @@ class DatasetTask:
         return self._order[epoch]
 
     def eval_problems(self) -> list[Problem]:
+        """The held-out problems (from `task.eval_path` or `task.eval_split`, or rows held out
+        of the training data), never handed out for training."""
         return list(self._held_out)
 
     # Building problems -----------------------------------------------------------------

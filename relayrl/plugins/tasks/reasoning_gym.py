@@ -71,6 +71,8 @@ class ReasoningGymTask:
                                        size=size or self.cfg.size, **self.cfg.options)
 
     def problem(self, prompt_id: int) -> Problem:
+        """The problem of a prompt id: epoch and index into the generator's seeded dataset of
+        `size` entries, redrawing past an entry whose prompt is too long."""
         if prompt_id < 0:
             raise ValueError(f"prompt_id must be >= 0, got {prompt_id}")
         epoch, index = divmod(prompt_id, self.cfg.size)
@@ -87,6 +89,7 @@ class ReasoningGymTask:
                          "problems; lower task.eval_size or change task.options")
 
     def eval_problems(self) -> list[Problem]:
+        """The held-out problems, drawn with a seed of their own."""
         return list(self._held_out)
 
     def _problem(self, prompt_id: int, entry: Mapping[str, Any]) -> Problem:

@@ -29,6 +29,8 @@ class StreamedRows:
         self._restart()
 
     def problem(self, prompt_id: int) -> Problem:
+        """The problem of a prompt id, read forward from the stream (restarting it for an id
+        already passed and no longer remembered)."""
         if prompt_id in self.recent:
             return self.recent[prompt_id]
         if prompt_id < self.next_id:

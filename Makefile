@@ -46,7 +46,7 @@ integration: install
 	$(PY) -m pytest tests/integration -q
 
 test: install lint
-	$(PY) -m pytest tests -q --durations=25
+	$(PY) -m pytest tests -q -n 2 --dist loadfile --durations=25
 
 clean:
 	rm -rf runs .pytest_cache

@@ -28,26 +28,31 @@ QUARANTINE_SHOWN = 20  # newest quarantine records listed by render(); audit.jso
 
 @dataclass
 class Check:
+    """One reconciliation check: whether it holds, and what it states."""
     ok: bool
     what: str
 
 
 @dataclass
 class AuditReport:
+    """A run's prompt ledger reconciled: its counts, the checks on them, and the quarantine."""
     counts: dict[str, int]
     checks: list[Check] = field(default_factory=list)
     quarantined: dict[str, dict] = field(default_factory=dict)  # "entry id:kind" -> record
 
     @property
     def balanced(self) -> bool:
+        """True when every check holds: the ledger balances."""
         return all(c.ok for c in self.checks)
 
     def to_dict(self) -> dict:
+        """The report as JSON-ready data (what `relayrl audit` writes to audit.json)."""
         return {"balanced": self.balanced, "counts": self.counts,
                 "checks": [{"ok": c.ok, "what": c.what} for c in self.checks],
                 "quarantined": self.quarantined}
 
     def render(self) -> str:
+        """The report as the table `relayrl audit` prints."""
         c = self.counts
         lines = [
             f"prompts leased                      {c['leased']:>8}",

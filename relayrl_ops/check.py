@@ -38,9 +38,11 @@ class Report:
         self.out, self.failed = out, 0
 
     def line(self, text: str) -> None:
+        """Print one line of the report."""
         self.out(text)
 
     def fail(self, what: str, err: BaseException | str) -> None:
+        """Count a failed step and print what failed and why."""
         self.failed += 1
         message = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
         self.out(f"  FAILED {what}: {message}")
@@ -58,6 +60,8 @@ class Report:
 
 
 def check(cfg: RunConfig, out: Callable[[str], None] = print) -> int:
+    """`relayrl check`: build the model, engine, task, reward and environment once and print
+    the run's plan and memory; 0 when every step passed, 1 otherwise."""
     report = Report(out)
     model_dir = _model(cfg, report)
     _engine(cfg, report)

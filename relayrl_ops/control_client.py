@@ -29,6 +29,7 @@ class ControlError(Exception):
 
 @dataclass(frozen=True)
 class Endpoint:
+    """Where the REST control API is and the token that opens it."""
     url: str
     token: str
     token_env: str  # named in a refusal, so the operator knows what to set
@@ -53,12 +54,14 @@ def resolve_endpoint(url: str | None, token: str | None, cfg=None) -> Endpoint:
 
 
 class ControlClient:
+    """A client of the scheduler's REST control API, one method per route."""
     def __init__(self, endpoint: Endpoint, timeout_s: float = 10.0):
         self.endpoint = endpoint
         self._http = httpx.Client(base_url=endpoint.url, timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {endpoint.token}"})
 
     def close(self) -> None:
+        """Close the HTTP connection."""
         self._http.close()
 
     def _call(self, method: str, path: str, **kwargs) -> Any:
@@ -78,27 +81,35 @@ class ControlClient:
         return resp.json()
 
     def status(self) -> dict:
+        """GET /v1/status: the run's state, step, reward, throughput and prompt counts."""
         return self._call("GET", "/v1/status")
 
     def workers(self) -> list[dict]:
+        """GET /v1/workers: the registered rollout workers."""
         return self._call("GET", "/v1/workers")
 
     def pause(self) -> dict:
+        """POST /v1/pause: hand out no lease until resumed."""
         return self._call("POST", "/v1/pause")
 
     def resume(self) -> dict:
+        """POST /v1/resume: hand out leases again."""
         return self._call("POST", "/v1/resume")
 
     def stop(self) -> dict:
+        """POST /v1/stop: finish and train what is out, checkpoint, end."""
         return self._call("POST", "/v1/stop")
 
     def settings(self) -> dict:
+        """GET /v1/settings: the settings that can change while the run goes."""
         return self._call("GET", "/v1/settings")
 
     def change_settings(self, **change) -> dict:
+        """PATCH /v1/settings: change live settings, given as keyword arguments."""
         return self._call("PATCH", "/v1/settings", json=change)
 
     def metrics(self, last: int = 20) -> list[dict]:
+        """GET /v1/metrics: the last `last` steps' metrics records."""
         return self._call("GET", "/v1/metrics", params={"last": last})
 
 
@@ -114,6 +125,7 @@ def _detail(resp: httpx.Response) -> str:
 
 
 def render_status(status: dict) -> str:
+    """The status answer as the lines `relayrl status` prints."""
     run = status["run"]
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     lines = [
@@ -136,6 +148,7 @@ def render_status(status: dict) -> str:
 
 
 def render_workers(workers: list[dict]) -> str:
+    """The workers answer as the table `relayrl workers` prints."""
     if not workers:
         return "no worker has registered"
     rows = [f"{'worker':<20} {'version':>7} {'leases':>6} {'seen':>8}  state"]

@@ -16,6 +16,8 @@ from relayrl.config import RunConfig
 
 
 def export(cfg: RunConfig, checkpoint: Path, out: Path) -> Path:
+    """Write `checkpoint` as a Hugging Face model directory at `out` (which must be empty or
+    absent); returns `out`."""
     from eval_svc.offline import load_checkpoint
 
     if out.exists() and any(out.iterdir()):
@@ -27,6 +29,7 @@ def export(cfg: RunConfig, checkpoint: Path, out: Path) -> Path:
 
 
 def main(cfg: RunConfig, checkpoint: str, out: str) -> int:
+    """`relayrl export`: export, print where, and return the exit status (2 on an error)."""
     try:
         written = export(cfg, Path(checkpoint), Path(out))
     except (ValueError, OSError) as err:

@@ -49,6 +49,7 @@ def log_tail(path: Path, lines: int = 6) -> str:
 
 @dataclass
 class Child:
+    """A service process the launcher started, and its restart budget."""
     name: str
     module: str
     address: str
@@ -58,6 +59,8 @@ class Child:
 
 
 class Launcher:
+    """`relayrl up`: starts every service of a run as its own process, restarts those that
+    die within their budget, and stops them all on Ctrl-C or when training ends."""
     def __init__(self, cfg: RunConfig, show_trainer_output: bool = True):
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
@@ -116,6 +119,8 @@ class Launcher:
                         c.scheduler.max_prompts // c.buffer.groups_per_batch)
 
     def prepare(self) -> None:
+        """Set up the run directory and credentials, start the zygote and an embedded Redis
+        when no `redis.url` is set, resolve the model, and write the run's config.yaml."""
         from relayrl.models import resolve_model_path
         from relayrl_ops.redis_server import RedisServer
 
@@ -242,6 +247,8 @@ class Launcher:
         return True
 
     def shutdown(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM every service in reverse start order, SIGKILL those still running after
+        `timeout_s`, then stop the zygote and the embedded Redis."""
         for c in reversed(self.children):
             c.budget.due_at = None
             if c.proc and c.proc.poll() is None:

@@ -44,6 +44,8 @@ def _socket_path(run_dir: Path) -> Path:
 
 
 class RedisServer:
+    """An embedded Redis for a run without `redis.url`: a local server on a Unix socket,
+    its data and append-only log in the run directory."""
     def __init__(self, run_dir: str | Path, appendfsync: str = "always",
                  password: str | None = None, die_with_launcher: bool = True,
                  start_timeout_s: float = 30.0):
@@ -62,10 +64,12 @@ class RedisServer:
 
     @property
     def pid(self) -> int:
+        """The server's process id (it must have been started)."""
         assert self.proc is not None, "the server was never started"
         return self.proc.pid
 
     def alive(self) -> bool:
+        """True while the server process runs."""
         return self.proc is not None and self.proc.poll() is None
 
     def _config(self, appendonly: bool) -> str:

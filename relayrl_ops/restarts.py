@@ -14,6 +14,7 @@ from relayrl.config.restarts import RestartConfig
 
 @dataclass
 class RestartBudget:
+    """How many more times a service may be restarted, and when the next restart is due."""
     limit: int
     backoff_s: float
     backoff_max_s: float
@@ -22,11 +23,13 @@ class RestartBudget:
 
     @classmethod
     def of(cls, cfg: RestartConfig, limit: int | None = None) -> RestartBudget:
+        """A fresh budget from the run's `restarts` settings (`limit` overrides its count)."""
         return cls(cfg.max_restarts if limit is None else limit, cfg.backoff_s,
                    cfg.backoff_max_s)
 
     @property
     def pending(self) -> bool:
+        """True while a restart is booked."""
         return self.due_at is not None
 
     def book(self, now: float) -> bool:

@@ -114,6 +114,8 @@ def run_child(request: dict) -> None:
 
 
 def main() -> None:
+    """The zygote process: import the preloaded modules, then serve spawn and signal
+    requests from stdin until it closes."""
     die_with_parent(int(sys.argv[1]))
     os.dup2(1, REPLY_FD, inheritable=False)
     os.dup2(2, 1)

@@ -31,6 +31,7 @@ class Zygote:
         self._lock = threading.Lock()  # the pipes: a run's supervisor and watchers poll alike
 
     def alive(self) -> bool:
+        """True while the zygote process runs."""
         return self.proc.poll() is None
 
     def spawn(self, name: str, module: str, argv: list[str], env: dict[str, str], log: str,
@@ -52,6 +53,7 @@ class Zygote:
                                    f"starting {name}")
 
     def signal(self, pid: int, signum: int) -> None:
+        """Send `signum` to a service the zygote forked and has not reaped."""
         self._send({"op": "signal", "pid": pid, "signal": int(signum)})
 
     def collect(self) -> None:
@@ -113,6 +115,7 @@ class Forked:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
+        """The exit status, or None while the service runs (as Popen.poll)."""
         if self.returncode is None:
             self.zygote.collect()
             self.returncode = self.zygote.exits.get(self.pid)
@@ -121,6 +124,7 @@ class Forked:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """Wait for the service to exit and return its status (as Popen.wait)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
@@ -129,6 +133,7 @@ class Forked:
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
+        """Send `signum` to the service unless it has exited (as Popen.send_signal)."""
         if self.poll() is not None:
             return
         if self.zygote.alive():
@@ -140,9 +145,11 @@ class Forked:
                 pass
 
     def terminate(self) -> None:
+        """SIGTERM the service."""
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
+        """SIGKILL the service."""
         self.send_signal(signal.SIGKILL)
 
 

@@ -25,23 +25,10 @@ from relayrl.models.loading import LoadedModel
 from relayrl.models.lora import is_lora, load_adapter
 from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, windowed
 from relayrl.sampling.sampler import Completion, sample_with_kv
-from relayrl.weights.tied import load_published, tied_aliases, without
+from relayrl.weights.tied import check_state_dict, load_published, tied_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
 
 log = logging.getLogger(__name__)
-
-
-def check_state_dict(current: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor],
-                     version: int) -> None:
-    """Refuse a version whose names, shapes or dtypes differ from the model's."""
-    missing, extra = set(current) - set(tensors), set(tensors) - set(current)
-    if missing or extra:
-        raise ValueError(f"version {version}: missing {sorted(missing)[:5]}, "
-                         f"unexpected {sorted(extra)[:5]}")
-    for name, t in tensors.items():
-        if current[name].shape != t.shape or current[name].dtype != t.dtype:
-            raise ValueError(f"version {version}: shard {name} is {t.dtype}{tuple(t.shape)}, "
-                             f"model has {current[name].dtype}{tuple(current[name].shape)}")
 
 
 class TorchEngine(Engine):

@@ -34,9 +34,8 @@ import torch
 from relayrl.config import ConfigError
 from relayrl.models.loading import eos_ids as model_eos_ids
 from relayrl.sampling.sampler import Completion
-from relayrl.weights.tied import tied_aliases, with_aliases, without
+from relayrl.weights.tied import check_state_dict, tied_aliases, with_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
-from rollout_svc.torch_engine import check_state_dict
 from rollout_svc.vllm_kv import KVTicket, park_params, pull_params, transfer_config
 from rollout_svc.vllm_sampling import completion, greedy_temperature_processor, sampling_params
 

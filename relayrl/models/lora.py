@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from relayrl.config import ConfigError, LoraConfig
+from relayrl.weights.tied import check_state_dict
 
 
 def _peft():
@@ -52,16 +53,7 @@ def adapter_state(model: Any) -> dict[str, torch.Tensor]:
 def load_adapter(model: Any, tensors: dict[str, torch.Tensor], version: int) -> None:
     """A published adapter version into `model`; ValueError when its names, shapes or dtypes
     differ from the model's adapter."""
-    current = adapter_state(model)
-    missing, extra = set(current) - set(tensors), set(tensors) - set(current)
-    if missing or extra:
-        raise ValueError(f"version {version}: not this model's adapter: missing "
-                         f"{sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}")
-    for name, t in tensors.items():
-        if current[name].shape != t.shape or current[name].dtype != t.dtype:
-            raise ValueError(f"version {version}: adapter tensor {name} is "
-                             f"{t.dtype}{tuple(t.shape)}, the model's is "
-                             f"{current[name].dtype}{tuple(current[name].shape)}")
+    check_state_dict(adapter_state(model), tensors, version)
     with torch.no_grad():
         _peft().set_peft_model_state_dict(model, tensors)
 

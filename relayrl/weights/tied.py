@@ -40,6 +40,19 @@ def with_aliases(state: dict[str, torch.Tensor], aliases: Mapping[str, str]
     return {**state, **{alias: state[name] for alias, name in aliases.items()}}
 
 
+def check_state_dict(current: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor],
+                     version: int) -> None:
+    """Refuse a version whose names, shapes or dtypes differ from the model's."""
+    missing, extra = set(current) - set(tensors), set(tensors) - set(current)
+    if missing or extra:
+        raise ValueError(f"version {version}: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(extra)[:5]}")
+    for name, t in tensors.items():
+        if current[name].shape != t.shape or current[name].dtype != t.dtype:
+            raise ValueError(f"version {version}: shard {name} is {t.dtype}{tuple(t.shape)}, "
+                             f"model has {current[name].dtype}{tuple(current[name].shape)}")
+
+
 def load_published(model: nn.Module, state: dict[str, torch.Tensor],
                    aliases: Mapping[str, str] | None = None) -> None:
     """Load a published version into `model`, strictly but for its tied aliases, which

@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.pages import write_or_check  # noqa: E402
+
 PROTOS = ROOT / "protos" / "relayrl_api" / "v1"
 OPENAPI = ROOT / "docs" / "openapi.json"
 GRPC_OUT = ROOT / "docs" / "reference" / "grpc.md"
@@ -233,18 +237,7 @@ PAGES = {GRPC_OUT: render_grpc, REST_OUT: render_rest}
 
 
 def main(argv: list[str]) -> int:
-    stale = []
-    for out, render in PAGES.items():
-        text = render()
-        if "--check" in argv:
-            if not out.is_file() or out.read_text() != text:
-                stale.append(out)
-        else:
-            out.write_text(text)
-    for out in stale:
-        print(f"{out.relative_to(ROOT)} is stale: run python scripts/gen_api_reference.py",
-              file=sys.stderr)
-    return 1 if stale else 0
+    return write_or_check(PAGES, argv, "gen_api_reference.py")
 
 
 if __name__ == "__main__":

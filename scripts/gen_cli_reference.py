@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "docs" / "reference" / "cli.md"
 
 from relayrl_ops.cli import build_parser  # noqa: E402
+from scripts.pages import write_or_check  # noqa: E402
 
 INTRO = """# The `relayrl` command
 
@@ -38,15 +39,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.is_file() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/gen_cli_reference.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    return 0
+    return write_or_check({OUT: render}, argv, "gen_cli_reference.py")
 
 
 if __name__ == "__main__":

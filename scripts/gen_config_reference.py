@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "docs" / "reference" / "config.md"
 
 from relayrl.config import RunConfig  # noqa: E402
+from scripts.pages import write_or_check  # noqa: E402
 
 INTRO = """# Configuration
 
@@ -112,15 +113,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.is_file() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/gen_config_reference.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    return 0
+    return write_or_check({OUT: render}, argv, "gen_config_reference.py")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,7 @@ import pytest
 
 from relayrl.config import RunConfig
 from relayrl.runtime.metrics import read_metrics
-from relayrl_ops.launcher import Launcher
-from tests.conftest import small_stack_config, snapshot
+from tests.conftest import run_to_end, small_stack_config
 
 STEPS = 6
 
@@ -18,15 +17,7 @@ def lora_run(tmp_path_factory):
     data = small_stack_config(tmp_path_factory.mktemp("lora"), steps=STEPS)
     data["trainer"].update(lora={"rank": 4, "alpha": 8}, checkpoint={"every": 3},
                            loss={"name": "grpo", "kl_coef": 0.05})
-    cfg = RunConfig.model_validate(data)
-    launcher = Launcher(cfg, show_trainer_output=False)
-    try:
-        launcher.start()
-        code = launcher.wait()
-        state = snapshot(launcher.cfg)
-    finally:
-        launcher.shutdown()
-    return launcher.cfg, code, state
+    return run_to_end(RunConfig.model_validate(data))
 
 
 def test_an_adapter_run_finishes_with_the_workers_on_the_trainers_model(lora_run):

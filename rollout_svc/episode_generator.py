@@ -40,6 +40,7 @@ from relayrl.plugins.envs.play import (
     goes_on,
     open_episodes,
 )
+from relayrl.plugins.envs.tools import ToolEnvironment, check_deadlines, declared_tools
 from relayrl.plugins.tasks.problem import Problem
 from relayrl.rules.staleness import must_restart
 from rollout_svc.engine_api import Engine, SamplingSpec
@@ -57,13 +58,16 @@ class EpisodeGenerator(GroupGenerator):
         assert env is not None
         self.env_cfg = env
         self.env_cls = load_environment(env.cls)
-        make_environment(self.env_cls, env.options)  # wrong options fail at start-up
-        self.glue = TurnGlue(lm.tokenizer, lm.eos_ids)
+        # wrong options fail at start-up
+        check_deadlines(make_environment(self.env_cls, env.options), env.step_timeout_s)
+        self.glue = TurnGlue(lm.tokenizer, lm.eos_ids, declared_tools(self.env_cls))
         self.glue.check()
         self.episodes = 0
         self.turns = 0
         self.env_errors = 0
         self.env_error_kinds: Counter[str] = Counter()  # by kind (play.KINDS)
+        self.tool_calls = 0
+        self.tool_error_kinds: Counter[str] = Counter()  # by kind (tools.TOOL_ERROR_KINDS)
         self.calls = EnvCalls(env.max_stuck_calls)
 
     def start(self, lease: LeasedPrompt) -> EpisodeGroup:
@@ -148,6 +152,10 @@ class EpisodeGenerator(GroupGenerator):
 
     def _after_step(self, g: EpisodeGroup, e: Episode, reply: str, move: Move,
                     version: int) -> None:
+        if isinstance(e.env, ToolEnvironment) and move.step is not None:
+            calls, errors = e.env.take_counts()
+            self.tool_calls += calls
+            self.tool_error_kinds.update(errors)
         if move.error:
             self._failed(g.lease, move.error)
             e.end("stop", move.error)

@@ -75,6 +75,12 @@ class EpisodeStats(Stats, section="env"):
         "Environment errors by kind (relayrl/plugins/envs/play.py: raised, invalid, "
         "max_observation_chars, max_env_tokens, reset_timeout_s, step_timeout_s, "
         "max_stuck_calls).", label="kind")
+    tool_calls: int | None = counter(
+        "Tool calls the model made in episodes of a ToolEnvironment.")
+    tool_errors: dict[str, int] | None = counter(
+        "Tool calls answered with an error, by kind (relayrl/plugins/envs/tools.py: "
+        "malformed, unknown_tool, bad_arguments, raised, tool_timeout_s, max_result_chars, "
+        "max_calls_per_turn, max_stuck_tools); the episode goes on.", label="kind")
     stuck_calls: int | None = gauge(
         "Environment calls abandoned at their deadline and still running (each holds a "
         "thread; rollout.environment.max_stuck_calls at most).")
@@ -83,9 +89,10 @@ class EpisodeStats(Stats, section="env"):
 def episode_stats(worker: RolloutWorker) -> EpisodeStats:
     gen = worker.generator
     if not isinstance(gen, EpisodeGenerator):
-        return EpisodeStats(None, None, None, None, None)
+        return EpisodeStats(None, None, None, None, None, None, None)
     return EpisodeStats(episodes=gen.episodes, turns=gen.turns, errors=gen.env_errors,
-                        errors_by_kind=dict(gen.env_error_kinds), stuck_calls=gen.calls.stuck)
+                        errors_by_kind=dict(gen.env_error_kinds), tool_calls=gen.tool_calls,
+                        tool_errors=dict(gen.tool_error_kinds), stuck_calls=gen.calls.stuck)
 
 
 def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher) -> ServiceMetrics:

@@ -29,6 +29,7 @@ from relayrl.plugins.envs.play import (
     goes_on,
     open_episodes,
 )
+from relayrl.plugins.envs.tools import declared_tools
 from relayrl.plugins.rewards import RewardFn, score
 from relayrl.plugins.tasks.problem import Problem
 from relayrl.sampling.sampler import sample
@@ -67,7 +68,7 @@ def play(lm: LoadedModel, env_cfg: EnvironmentConfig, problems: list[Problem],
     """One episode per entry of `problems`: its reward and the model's tokens over all its
     turns."""
     env_cls = load_environment(env_cfg.cls)
-    glue = TurnGlue(lm.tokenizer, lm.eos_ids)
+    glue = TurnGlue(lm.tokenizer, lm.eos_ids, declared_tools(env_cls))
     context_length = int(getattr(lm.model.config, "max_position_embeddings", 0) or 1 << 30)
     calls = _calls(env_cfg.max_stuck_calls)
     episodes = []

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from relayrl.config import ConfigError
+from relayrl.models.chat import Schema, render_chat, with_tool_prompt
 
 
 @dataclass
@@ -38,8 +39,9 @@ class LoadedModel:
     def encode_prompt(self, text: str) -> list[int]:
         return encode_text(self.tokenizer, text)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        return encode_chat(self.tokenizer, messages)
+    def encode_chat(self, messages: list[dict], tools: Sequence[Schema] | None = None
+                    ) -> list[int]:
+        return encode_chat(self.tokenizer, messages, tools)
 
     def encode_problem(self, text: str, messages: Sequence[Mapping[str, str]] = ()
                        ) -> list[int]:
@@ -72,14 +74,16 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return ([bos] if bos is not None else []) + list(ids)
 
 
-def encode_chat(tokenizer: Any, messages: list[dict]) -> list[int]:
-    """A conversation as the model's chat template lays it out, ending with the assistant's
-    turn; a model with no template gets the contents joined."""
+def encode_chat(tokenizer: Any, messages: list[dict], tools: Sequence[Schema] | None = None
+                ) -> list[int]:
+    """A conversation as the model's chat template lays it out (with `tools` declared,
+    relayrl.models.chat), ending with the assistant's turn; a model with no template gets
+    the contents joined."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-        return [int(i) for i in ids]
-    return encode_text(tokenizer, "".join(m["content"] for m in messages))
+        return render_chat(tokenizer, messages, tools=tools)
+    if tools:
+        messages = with_tool_prompt(messages, tools)
+    return encode_text(tokenizer, "".join(m.get("content") or "" for m in messages))
 
 
 def encode_problem(tokenizer: Any, text: str, messages: Sequence[Mapping[str, str]] = ()

@@ -158,11 +158,13 @@ def test_rollout_snapshot_gives_what_it_declares():
     worker.generator = object.__new__(EpisodeGenerator)
     worker.generator.episodes, worker.generator.turns, worker.generator.env_errors = 6, 11, 1
     worker.generator.env_error_kinds = {"step_timeout_s": 1}
+    worker.generator.tool_calls, worker.generator.tool_error_kinds = 9, {"unknown_tool": 2}
     worker.generator.calls = EnvCalls(4)
     snap = exported.snapshot()
     assert set(snap) == declared(exported)
     assert (snap["env/episodes"], snap["env/turns"], snap["env/errors"]) == (6, 11, 1)
     assert snap["env/errors_by_kind"] == {"step_timeout_s": 1} and snap["env/stuck_calls"] == 0
+    assert snap["env/tool_calls"] == 9 and snap["env/tool_errors"] == {"unknown_tool": 2}
 
 
 def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded():

@@ -59,9 +59,10 @@ class Handle:
 class EnvCalls:
     """Runs environment calls on threads with deadlines, refusing new ones while too many
     are stuck past theirs."""
-    def __init__(self, max_stuck: int):
+    def __init__(self, max_stuck: int, field: str = "rollout.environment.max_stuck_calls"):
         assert max_stuck >= 1
         self.max_stuck = max_stuck
+        self.field = field  # the setting of max_stuck, for the log
         self.stuck = 0  # abandoned calls still running
         self.overruns = 0  # calls abandoned at their deadline, ever
         self._lock = threading.Lock()
@@ -118,9 +119,8 @@ class EnvCalls:
             stuck = self.stuck
         if stuck == self.max_stuck:
             log.error("environment: %d calls are still running past their deadlines "
-                      "(rollout.environment.max_stuck_calls %d): new episodes and steps are "
-                      "refused, each ending its episode with an error, until some return",
-                      stuck, self.max_stuck)
+                      "(%s %d): new calls are refused, each answered with an error, until "
+                      "some return", stuck, self.field, self.max_stuck)
         return Overran()
 
     def call_all(self, fns: list[Callable[[], Any]], timeout_s: float

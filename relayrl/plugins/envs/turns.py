@@ -9,14 +9,15 @@ no longer line up. So the sequence only ever grows: each turn's glue is the *dif
 between the template's rendering of the conversation with and without the new messages,
 checked to extend it exactly (ValueError when a template rewrites earlier turns).
 
-    glue = TurnGlue(tokenizer, eos_ids)
+    glue = TurnGlue(tokenizer, eos_ids, tools)           # tools: the environment's schemas
     glue.prompt(messages)                                 # the first context
     glue.between(messages, reply, stopped, observation)   # masked tokens to append
 
 The closing of the assistant turn: when the model produced the end-of-turn token itself
 (`stopped`) it is kept as the model's and the template's copy is left out; when the turn
 was cut, the template's closing tokens are appended as environment tokens. A tokenizer with
-no chat template lays messages end to end (relayrl.models.loading.encode_chat).
+no chat template lays messages end to end (relayrl.models.loading.encode_chat). Every
+rendering declares the environment's tools (relayrl.models.chat.render_chat).
 
 Renderings are remembered (the latest, up to RENDERED_TOKENS tokens in all): a turn's
 opening is the previous turn's closing rendering, and a group's episodes share theirs until
@@ -28,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from relayrl.models.chat import Schema, render_chat, with_tool_prompt
 from relayrl.models.loading import encode_text
 
 Message = Mapping[str, str]
@@ -37,8 +39,10 @@ RENDERED_TOKENS = 1 << 20  # tokens of remembered renderings, at most (a few MB)
 
 class TurnGlue:
     """The tokens between two assistant turns, from the model's chat template."""
-    def __init__(self, tokenizer: Any, eos_ids: Sequence[int]):
+    def __init__(self, tokenizer: Any, eos_ids: Sequence[int],
+                 tools: Sequence[Schema] | None = None):
         self.tokenizer = tokenizer
+        self.tools = list(tools or ())
         self.eos_ids = frozenset(eos_ids)
         self.templated = bool(getattr(tokenizer, "chat_template", None))
         self._rendered: dict[tuple[Any, ...], list[int]] = {}  # oldest first
@@ -58,12 +62,12 @@ class TurnGlue:
         return list(ids)
 
     def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-        if not self.templated:
-            return encode_text(self.tokenizer, "".join(m["content"] for m in messages))
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=True,
-            return_dict=False)
-        return [int(i) for i in ids]
+        if self.templated:
+            return render_chat(self.tokenizer, messages, tools=self.tools,
+                               generation_prompt=generation_prompt)
+        if self.tools:
+            messages = with_tool_prompt(messages, self.tools)
+        return encode_text(self.tokenizer, "".join(m["content"] for m in messages))
 
     def prompt(self, messages: Sequence[Message]) -> list[int]:
         """The context that opens an episode: the conversation, then the assistant's turn."""

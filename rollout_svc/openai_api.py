@@ -3,6 +3,11 @@ episodes: /v1/completions, /v1/chat/completions, /v1/models and /tokenize.
 
 Responses follow OpenAI's shapes, plus what RL needs and OpenAI does not give: each choice's
 `token_ids` and `policy_versions`, the response's `prompt_token_ids` and `policy_version`.
+Chat requests may declare `tools` (rendered through the model's chat template,
+relayrl.models.chat); calls the model writes come back as the message's `tool_calls`. An
+assistant turn sent back is rendered as the tokens the model wrote (rollout_svc.chat_turns),
+so each turn's `prompt_token_ids` extends the turn before it and its completion exactly:
+relayrl.plugins.buffer_client.trajectory_from_turns makes them one trainable trajectory.
 Fields we do not implement are refused by name rather than silently ignored (the request
 bodies and the refusals are in rollout_svc.openai_requests). Every route needs
 `Authorization: Bearer <the run's token>` (what the `openai` client sends as its api_key)
@@ -15,10 +20,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Any
 
+from relayrl.models.chat import parse_tool_calls
+from relayrl.plugins.envs.turns import TurnGlue
 from relayrl.runtime import auth
 from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard
 from relayrl.runtime.roles import TokenBook
+from rollout_svc.chat_turns import TurnMemory
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.http_limits import BodyLimit
 from rollout_svc.openai_requests import (
@@ -70,6 +79,7 @@ class _Routes:
         self.gen = gen
         self.model_name = model_name
         self.stream_chunk_tokens = stream_chunk_tokens
+        self.turns = TurnMemory()
 
     def _check_model(self, name: str) -> None:
         from fastapi import HTTPException
@@ -162,10 +172,31 @@ class _Routes:
         return {**self._head("cmpl", "text_completion"), "choices": choices,
                 "usage": _usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
 
+    def _prompt(self, body: ChatRequest) -> list[int]:
+        """The conversation's token ids, its remembered assistant turns as their tokens."""
+        tools = [t.model_dump(exclude_none=True) for t in body.tools or ()]
+        glue = TurnGlue(self.gen.lm.tokenizer, self.gen.lm.eos_ids, tools)
+        messages = template_messages(body)
+        try:
+            return self.turns.render(glue, messages)
+        except ValueError:  # a template that rewrites earlier turns: render it whole
+            return glue.prompt(messages)
+
+    def _message(self, body: ChatRequest, text: str) -> tuple[dict[str, Any], bool]:
+        """The assistant message of a choice, and whether it made tool calls."""
+        reply = parse_tool_calls(text) if body.calls_tools else None
+        if not reply or not reply.calls:
+            return {"role": "assistant", "content": text}, False
+        calls = reply.calls if body.parallel_tool_calls else reply.calls[:1]
+        return {"role": "assistant", "content": reply.content or None, "tool_calls": [
+            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for c in calls]}, True
+
     def chat(self, body: ChatRequest):
         gen = self.gen
         self._check_model(body.model)
-        ids = gen.lm.encode_chat([m.model_dump(exclude_none=True) for m in body.messages])
+        ids = self._prompt(body)
         if body.stream:
             head = self._head("chatcmpl", "chat.completion.chunk")
             return self._stream(
@@ -186,13 +217,33 @@ class _Routes:
         for i, o in enumerate(outs):
             content = [{"token": gen.decode([t]), "logprob": lp, "top_logprobs": []}
                        for t, lp in zip(o.tokens, o.logprobs, strict=True)]
+            text = gen.decode(o.tokens)
+            message, called = self._message(body, text)
+            self.turns.remember(ids, message, o.tokens, o.finish_reason == "stop", text)
             choices.append({
-                "index": i, "finish_reason": o.finish_reason,
-                "message": {"role": "assistant", "content": gen.decode(o.tokens)},
+                "index": i,
+                "finish_reason": "tool_calls" if called and o.finish_reason == "stop"
+                else o.finish_reason,
+                "message": message,
                 "logprobs": {"content": content} if body.logprobs else None,
                 "token_ids": o.tokens, "policy_versions": [version] * len(o.tokens)})
         return {**self._head("chatcmpl", "chat.completion"), "choices": choices,
                 "usage": _usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
+
+
+def template_messages(body: ChatRequest) -> list[dict[str, Any]]:
+    """The request's messages as chat templates take them (a call's arguments an object,
+    checked to be one when the body was read)."""
+    out = []
+    for m in body.messages:
+        d: dict[str, Any] = m.model_dump(exclude_none=True, exclude={"tool_calls"})
+        d["content"] = m.content or ""
+        if m.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": json.loads(c.function.arguments)}}
+                for c in m.tool_calls]
+        out.append(d)
+    return out
 
 
 def build_app(gen: CustomGenerator, model_name: str,

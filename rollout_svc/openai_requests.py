@@ -10,9 +10,10 @@ tests/integration/test_custom_rollouts.py exercises both.
 from __future__ import annotations
 
 import json
-from typing import Literal
+import re
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE
 from relayrl.contracts.json_types import json_int
@@ -51,11 +52,62 @@ class CompletionRequest(_Sampling):
     echo: Literal[False] = False
 
 
+FIELD_FIRST = re.compile(r"^([a-z_][a-z0-9_]*): ")  # "tool_choice: ..." from a model check
+MAX_TOOLS = 128  # declared in one request
+FunctionName = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class FunctionCall(_Strict):
+    name: str = FunctionName
+    arguments: str = Field(description="The arguments, a JSON object as a string.")
+
+    @model_validator(mode="after")
+    def _arguments(self) -> FunctionCall:
+        try:
+            parsed = json.loads(self.arguments)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise ValueError("arguments: not a JSON object")
+        return self
+
+
+class ToolCallIn(_Strict):
+    """A call an assistant message made, as the response gave it."""
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: str | None = Field(None, description="None only in an assistant message that "
+                                "made tool calls.")
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCallIn] | None = Field(None, max_length=MAX_TOOLS)
+
+    @model_validator(mode="after")
+    def _content(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls: only an assistant message makes calls, not a "
+                             f"{self.role} message")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content: a message needs content (or, from the assistant, "
+                             "tool_calls)")
+        return self
+
+
+class FunctionSpec(_Strict):
+    name: str = FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON schema object.")
+    strict: bool | None = None
+
+
+class ToolSpec(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
 
 
 class ChatRequest(_Sampling):
@@ -63,6 +115,32 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Count | None = None
     logprobs: bool = False
     top_logprobs: OnlySampled | None = None
+    tools: list[ToolSpec] | None = Field(None, max_length=MAX_TOOLS, description=(
+        "Functions the model may call, rendered through its chat template; its calls come "
+        "back as the message's tool_calls."))
+    tool_choice: str | dict[str, Any] | None = Field(None, description=(
+        "'auto' (the default with tools) or 'none'. 'required' and a named function would "
+        "need constrained decoding, which is not implemented: they are refused."))
+    parallel_tool_calls: bool = Field(True, description="False: only the first call.")
+
+    @model_validator(mode="after")
+    def _tools(self) -> ChatRequest:
+        choice = self.tool_choice
+        if choice is not None and choice not in ("auto", "none"):
+            raise ValueError(f"tool_choice: {_shown(choice)} is not supported: only 'auto' "
+                             "and 'none' are (forcing a call needs constrained decoding)")
+        if self.tools and self.stream:
+            raise ValueError("stream: tool calls are returned only without streaming; send "
+                             "stream false with tools")
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two functions have the same name")
+        return self
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the response is read for tool calls."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class TokenizeRequest(_Strict):
@@ -110,4 +188,9 @@ def invalid_body(request, exc):
     first = exc.errors()[0]
     param = ".".join(str(p) for p in first.get("loc", ())[1:]) or "body"
     got = f", got {_shown(first['input'])}" if "input" in first else ""
-    return _error(400, f"{param}: {first.get('msg', 'invalid')}{got}", param)
+    message = first.get("msg", "invalid").removeprefix("Value error, ")
+    named = FIELD_FIRST.match(message)
+    if named:  # a check across fields names its own field first
+        field, message = named.group(1), message[named.end():]
+        param, got = (f"{param}.{field}" if param != "body" else field), ""
+    return _error(400, f"{param}: {message}{got}", param)

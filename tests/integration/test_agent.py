@@ -54,3 +54,40 @@ def test_agent_groups_are_trained_and_the_books_balance(tmp_path):
     assert finished - external == led["leased"]  # every scheduler prompt, once
     assert not led["consumed"] & led["dropped"]
     assert led["batched"] == finished
+
+
+def test_a_tool_agent_written_with_the_openai_client_is_trained(tmp_path):
+    """examples/agent/tool_agent.py: chat completions with `tools`, its calls run, their
+    results sent back; each conversation submitted as one trajectory and trained."""
+    from relayrl.models.smollm2 import ensure_smollm2
+    from relayrl_testkit.families import build_family
+
+    model = build_family("llama", tmp_path / "llama",
+                         ensure_smollm2(ROOT / ".cache/relayrl/models"))
+    steps, groups = 2, 2
+    data = small_stack_config(tmp_path, steps=steps, groups_per_batch=groups,
+                              group_size=GROUP_SIZE)
+    data["model"] = {"kind": "hf", "path": str(model)}
+    data["scheduler"]["max_prompts"] = steps * groups - AGENT_GROUPS
+    data["trainer"]["max_staleness"] = steps  # the agent's slow turns may lag a version
+    (http_port,) = free_ports(1)
+    data["rollout"].update(http_base_port=http_port, max_new_tokens=16, num_workers=1)
+    data["scheduler"]["start_after_workers"] = 1
+    launcher = Launcher(RunConfig.model_validate(data), show_trainer_output=False)
+    try:
+        launcher.start()
+        cfg = launcher.cfg
+        env = {**os.environ, "RELAYRL_TOKEN": os.environ[cfg.auth.token_env]}
+        agent = subprocess.run(
+            [sys.executable, str(ROOT / "examples/agent/tool_agent.py"),
+             "--http", f"127.0.0.1:{http_port}", "--buffer", cfg.buffer.endpoint.address,
+             "--groups", str(AGENT_GROUPS), "--group-size", str(GROUP_SIZE),
+             "--max-tokens", "16", "--max-turns", "2"],
+            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        assert agent.returncode == 0, agent.stderr
+        assert agent.stdout.count("mean reward") == AGENT_GROUPS
+        assert launcher.wait() == 0
+    finally:
+        launcher.shutdown()
+    rows = read_metrics(f"{cfg.run_dir}/metrics.jsonl")
+    assert sum(row.get("train/external_groups", 0) for row in rows) == AGENT_GROUPS

@@ -1,0 +1,97 @@
+"""A conversation sent back to the OpenAI-compatible server, rendered as the tokens the model
+actually wrote, so that an agent's turn N+1 prompt extends turn N's prompt and completion
+exactly and the whole episode can be trained as one sequence.
+
+An agent sends back the assistant message the server returned (its content, its tool calls
+with their ids); re-rendering it through the chat template need not give back the model's
+tokens (a call's JSON is re-spaced, a text re-tokenized differently). So the server
+remembers each assistant turn it returned, keyed by the context it continued and the
+message it gave, and renders a conversation turn by turn: the template's tokens up to an
+assistant turn, that turn's own tokens, then the template's tokens between it and the next
+(relayrl.plugins.envs.turns.TurnGlue, the rule the worker's own episodes follow). A
+conversation with an assistant turn the server does not remember (written by the agent, or
+older than MAX_TURNS turns) is rendered whole by the template instead: still a valid
+prompt, but not an extension of the earlier turns' tokens.
+
+    memory = TurnMemory()
+    ids = memory.render(glue, messages)          # the prompt's token ids
+    memory.remember(ids, message, tokens, stopped)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from relayrl.models.chat import ToolCall, hermes_text
+from relayrl.plugins.envs.turns import TurnGlue
+
+MAX_TURNS = 4096  # assistant turns remembered, at most (4 bytes a token)
+
+
+def key(context: Sequence[int], message: Mapping[str, Any]) -> str:
+    """What identifies an assistant turn: the context it continued and what it said."""
+    calls = [c.get("id") for c in message.get("tool_calls") or ()]
+    h = hashlib.sha256(array("i", context).tobytes())
+    h.update(json.dumps([message.get("content") or "", calls]).encode())
+    return h.hexdigest()
+
+
+def as_text(message: Mapping[str, Any]) -> str:
+    """An assistant message as text: its content, then its calls in the Hermes format."""
+    calls = [ToolCall(c["function"]["name"], c["function"]["arguments"])
+             for c in message.get("tool_calls") or ()]
+    return (message.get("content") or "") + (hermes_text(calls) if calls else "")
+
+
+class TurnMemory:
+    """The assistant turns the server returned, oldest forgotten first."""
+
+    def __init__(self, max_turns: int = MAX_TURNS):
+        self.max_turns = max_turns
+        self._turns: OrderedDict[str, tuple[array, bool, str]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.recalled = 0  # assistant turns rendered as their own tokens
+        self.rerendered = 0  # conversations rendered whole: a turn was not remembered
+
+    def remember(self, context: Sequence[int], message: Mapping[str, Any],
+                 tokens: Sequence[int], stopped: bool, text: str) -> None:
+        """`message` (as returned) continued `context` with `tokens`, which decode to
+        `text`; `stopped`: they end with the model's end of turn."""
+        with self._lock:
+            self._turns[key(context, message)] = (array("i", tokens), stopped, text)
+            while len(self._turns) > self.max_turns:
+                self._turns.popitem(last=False)
+
+    def _recall(self, context: Sequence[int], message: Mapping[str, Any]):
+        with self._lock:
+            return self._turns.get(key(context, message))
+
+    def render(self, glue: TurnGlue, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The conversation's prompt: every assistant turn as its own tokens when each is
+        remembered, else the template's rendering of the whole."""
+        said = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if said and said[-1] == len(messages) - 1:  # ends with the assistant: a prefill
+            return glue.prompt(messages)
+        plain = [m if m["role"] != "assistant" else {"role": "assistant",
+                                                     "content": as_text(m)} for m in messages]
+        if not said:
+            return glue.prompt(plain)
+        context = glue.prompt(plain[:said[0]])
+        for n, i in enumerate(said):
+            turn = self._recall(context, messages[i])
+            if turn is None:
+                self.rerendered += 1
+                return glue.prompt(plain)
+            tokens, stopped, text = turn
+            before = [*plain[:i]]
+            nxt = said[n + 1] if n + 1 < len(said) else len(messages)
+            context = context + tokens.tolist() + glue.between(
+                before, text, stopped, [dict(m) for m in plain[i + 1:nxt]])
+        self.recalled += len(said)
+        return context

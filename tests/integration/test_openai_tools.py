@@ -1,0 +1,140 @@
+"""Function calling through the OpenAI-compatible server, with the official `openai` client,
+on a real model and tokenizer (a tiny Llama with SmolLM2's): `tools` reach the prompt, the
+model's call comes back as `tool_calls` with its token ids, log-probabilities and versions,
+the assistant turn sent back is rendered as the tokens the model wrote, so the turns make one
+trajectory whose tool result is masked; bad tool requests are refused by name. The model's
+replies are scripted (a random model writes no calls); the server's path is its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from relayrl.config import RolloutConfig
+from relayrl.models.chat import ToolCall, hermes_text
+from relayrl.models.loading import load_model
+from relayrl.models.smollm2 import ensure_smollm2
+from relayrl.plugins.buffer_client import ChatTurn, trajectory_from_turns
+from relayrl.runtime import auth
+from relayrl_testkit.families import build_family
+from rollout_svc.custom import CustomGenerator
+from rollout_svc.openai_api import OpenAIServer
+from rollout_svc.torch_engine import TorchEngine
+from tests.conftest import free_ports
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "tool-policy"
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "Add two numbers.",
+    "parameters": {"type": "object", "properties": {
+        "a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}
+CALL = hermes_text([ToolCall("add", {"a": 2, "b": 3})])
+QUESTION = [{"role": "user", "content": "What is 2+3?"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A worker's OpenAI server over a torch engine whose replies follow `script`."""
+    lm = load_model(build_family("llama", tmp_path_factory.mktemp("oa") / "llama",
+                                 ensure_smollm2(ROOT / ".cache/relayrl/models")))
+    engine = TorchEngine(lm, seed=0, version=3)
+    script: list[str] = []
+    generate = engine.generate
+
+    def scripted(prompts, spec):
+        outs = generate(prompts, spec)
+        if script:
+            tokens = lm.tokenizer.encode(script.pop(0), add_special_tokens=False) \
+                + [lm.eos_ids[0]]
+            for o in outs:
+                o.tokens, o.finish_reason = tokens, "stop"
+                o.logprobs = (o.logprobs * len(tokens))[:len(tokens)]
+        return outs
+
+    engine.generate = scripted
+    gen = CustomGenerator(engine, lm, RolloutConfig(max_new_tokens=64))
+    (port,) = free_ports(1)
+    server = OpenAIServer(gen, "127.0.0.1", port, MODEL)
+    server.start()
+    client = openai.OpenAI(base_url=f"{server.address}/v1",
+                           api_key=auth.current().token or "unused", max_retries=0)
+    yield client, script, server, lm
+    server.stop()
+
+
+def turn(resp) -> ChatTurn:
+    c = resp.choices[0]
+    return ChatTurn(resp.model_extra["prompt_token_ids"], c.model_extra["token_ids"],
+                    [t.logprob for t in c.logprobs.content], c.model_extra["policy_versions"])
+
+
+def test_a_tool_call_comes_back_and_the_turns_make_one_trajectory(served):
+    client, script, _, lm = served
+    script[:] = [f"Let me add. {CALL}", "The answer is 5."]
+    messages = list(QUESTION)
+    first = client.chat.completions.create(model=MODEL, messages=messages, tools=[ADD],
+                                           logprobs=True, max_tokens=64)
+    prompt = lm.tokenizer.decode(first.model_extra["prompt_token_ids"])
+    assert '"name": "add"' in prompt  # declared to the model (SmolLM2's template: in system)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me add."
+    [call] = choice.message.tool_calls
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 2,
+                                                                                  "b": 3}
+    assert choice.model_extra["policy_versions"] == [3] * len(choice.model_extra["token_ids"])
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    second = client.chat.completions.create(model=MODEL, messages=messages, tools=[ADD],
+                                            logprobs=True, max_tokens=64)
+    assert second.choices[0].message.content == "The answer is 5."
+    assert second.choices[0].finish_reason == "stop" and not second.choices[0].message.tool_calls
+    t = trajectory_from_turns([turn(first), turn(second)], 1.0)
+    mask = list(t.loss_mask)
+    policy = [tok for tok, m in zip(t.response_tokens, mask, strict=True) if m]
+    masked = [tok for tok, m in zip(t.response_tokens, mask, strict=True) if not m]
+    assert lm.tokenizer.decode(policy, skip_special_tokens=True) == \
+        f"Let me add. {CALL}The answer is 5."
+    assert "5" in lm.tokenizer.decode(masked)  # the tool's result, masked from the loss
+    assert all(lp == 0 for lp, m in zip(t.logprobs, mask, strict=True) if not m)
+
+
+def test_a_turn_the_server_did_not_write_is_rendered_by_the_template(served):
+    client, script, server, _ = served
+    script[:] = ["4"]
+    messages = [*QUESTION, {"role": "assistant", "content": "It is 6."},
+                {"role": "user", "content": "Sure?"}]
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
+    assert resp.choices[0].message.content == "4"  # answered, from the whole rendering
+    with pytest.raises(ValueError, match=r"turns\[1\].prompt_token_ids: does not extend"):
+        trajectory_from_turns([ChatTurn([1, 2], [3], [0.0], [0]),
+                               ChatTurn([1, 2, 4, 5], [6], [0.0], [0])], 1.0)
+
+
+@pytest.mark.parametrize("extra, param, says", [
+    ({"tools": [ADD], "tool_choice": "required"}, "tool_choice",
+     "'required' is not supported: only 'auto' and 'none' are"),
+    ({"tools": [ADD], "stream": True}, "stream",
+     "tool calls are returned only without streaming"),
+    ({"tools": [ADD, ADD]}, "tools", "two functions have the same name"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]},
+     "tools.0.function.name", "String should match pattern"),
+    ({"messages": [*QUESTION, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "2, 3"}}]}]},
+     "messages.1.tool_calls.0.function.arguments", "not a JSON object"),
+    ({"messages": [{"role": "user", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}]},
+     "messages.0.tool_calls", "only an assistant message makes calls"),
+    ({"messages": [{"role": "assistant"}]}, "messages.0.content", "a message needs content"),
+])
+def test_bad_tool_requests_are_refused_by_name(served, extra, param, says):
+    client = served[0]
+    body = {"model": MODEL, "messages": QUESTION, **extra}
+    resp = httpx.post(f"{client.base_url}chat/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {client.api_key}"})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and says in error["message"], error

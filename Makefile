@@ -35,6 +35,7 @@ lint: install
 	$(PY) scripts/gen_config_reference.py --check
 	$(PY) scripts/gen_cli_reference.py --check
 	$(PY) scripts/gen_api_reference.py --check
+	$(PY) scripts/gen_results_pages.py --check
 
 docs: install
 	$(VENV)/bin/mkdocs build --strict --site-dir site

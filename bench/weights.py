@@ -9,7 +9,12 @@ gRPC against one handed over through shared memory (bench/weights_publish.py), a
 from publish until every one of N worker processes holds the new version, with one relay and
 with a two-level tree (root -> 2 followers). The nccl plane is measured GPU to GPU against a
 raw NCCL broadcast instead (bench/weights_nccl.py; skipped, with the reason, without two
-GPUs). Ends with one JSON line.
+GPUs).
+
+Then a LoRA adapter against the whole model (`--lora-model`, SmolLM2-135M by default, rank
+16 on every linear layer): the bytes of one version of each, and the time from publish
+until a torch engine has applied the version pulled from a relay (publish, pull, check,
+load), each the fastest of three. Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -222,6 +227,81 @@ def publish_stall(publisher: AsyncPublisher, payload: dict[str, torch.Tensor]) -
             "stall_over_copy": round(stall / copy_s, 4), "publish_send_s": round(send_s, 3)}
 
 
+def publish_to_applied_s(address: str, engine, tensors: dict[str, torch.Tensor],
+                         version: int) -> float:
+    """Seconds from publish until `engine` runs the version it pulled from the relay."""
+    publisher, puller = RelayClient(address, timeout_s=300), RelayClient(address, timeout_s=300)
+    t0 = time.perf_counter()
+    publisher.publish(version, version, tensors)
+    engine.load_weights(puller.pull(version), version)
+    seconds = time.perf_counter() - t0
+    assert engine.version == version
+    publisher.close()
+    puller.close()
+    return seconds
+
+
+def adapter_vs_full(model_dir: Path, tmp: Path, rank: int) -> dict:
+    """One LoRA version against one whole-model version of the same model."""
+    from relayrl.config import LoraConfig
+    from relayrl.models.loading import load_model
+    from relayrl.models.lora import adapter_state, with_lora
+    from relayrl.weights.tied import tied_aliases, without
+    from rollout_svc.torch_engine import TorchEngine
+
+    lora = LoraConfig(rank=rank, alpha=2 * rank, target_modules="all-linear")
+    full_lm, lora_lm = load_model(model_dir), load_model(model_dir)
+    full = {k: v.detach().clone()
+            for k, v in without(full_lm.model.state_dict(), tied_aliases(full_lm.model)).items()}
+    lora_lm.model = with_lora(lora_lm.model, lora)
+    adapter = {k: v.detach().clone() for k, v in adapter_state(lora_lm.model).items()}
+    out = {"lora_model": model_dir.name, "lora_rank": rank,
+           "full_version_mb": round(sum(t.nbytes for t in full.values()) / 2**20, 2),
+           "adapter_version_mb": round(sum(t.nbytes for t in adapter.values()) / 2**20, 3)}
+    out["bytes_full_over_adapter"] = round(out["full_version_mb"] / out["adapter_version_mb"], 1)
+    (tmp / "lora-relay").mkdir(exist_ok=True)
+    root, address = start_relay(tmp / "lora-relay", ["grpc"])
+    try:
+        version = 1
+        for name, lm, tensors in (("full", full_lm, full), ("adapter", lora_lm, adapter)):
+            engine = TorchEngine(lm, seed=0)
+            times = []
+            for _ in range(3):
+                times.append(publish_to_applied_s(address, engine, tensors, version))
+                version += 1
+            out[f"{name}_publish_to_applied_s"] = round(min(times), 4)
+    finally:
+        root.terminate()
+        root.wait()
+    out["applied_full_over_adapter"] = round(out["full_publish_to_applied_s"]
+                                             / out["adapter_publish_to_applied_s"], 1)
+    print(f"[lora] {model_dir.name}, rank {rank}: a version is {out['full_version_mb']} MB "
+          f"whole, {out['adapter_version_mb']} MB as an adapter "
+          f"({out['bytes_full_over_adapter']}x fewer bytes); publish to applied "
+          f"{out['full_publish_to_applied_s']:.3f} s whole, "
+          f"{out['adapter_publish_to_applied_s']:.4f} s as an adapter "
+          f"({out['applied_full_over_adapter']}x faster)", flush=True)
+    return out
+
+
+def lora_model(tmp: Path, smoke: bool) -> Path:
+    """SmolLM2-135M-Instruct (converted once), or in the smoke run the tiny model."""
+    if not smoke:
+        from relayrl.models.smollm2 import ensure_smollm2
+
+        return ensure_smollm2(ROOT / ".cache/relayrl/models")
+    from relayrl.config import TinyModel
+    from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
+    from relayrl.plugins.tasks import AdditionTask
+
+    out = tmp / "tiny"
+    out.mkdir()
+    build_tokenizer(AdditionTask.alphabet, out)
+    build_model(TinyModel(hidden_size=64, num_layers=2, num_heads=2),
+                len(SPECIALS) + len(set(AdditionTask.alphabet)), out).save_pretrained(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = harness.parser("weights", __doc__)
     ap.add_argument("--sizes-mb", default="64,512,2048")
@@ -229,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--fanout", default="shm,grpc",
                     help="planes whose fan-out to the workers is timed, one relay and a tree")
+    ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--grpc-fanout-max-mb", type=int, default=512,
                     help="gRPC workers each hold a private copy; above this only shared "
                     "memory fans out (8 x 2 GB would not fit beside the relays here)")
@@ -248,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
             fanout = [p for p in args.fanout.split(",") if p in planes
                       and (p != "grpc" or mb <= args.grpc_fanout_max_mb)]
             results.append(bench_size(mb, planes, args.workers, Path(tmp), fanout))
+        lora = adapter_vs_full(lora_model(Path(tmp), args.smoke), Path(tmp), args.lora_rank)
     tcp_planes = [p for p in planes if p != "nccl"]  # nccl's ratio is to its own ceiling
     best = {r["payload_mb"]: max((r[f"{p}_ratio"] for p in tcp_planes), default=None)
             for r in results}
@@ -257,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
                           "nccl_ratio": {r["payload_mb"]: r["nccl_ratio"] for r in results}
                           if "nccl" in planes else {},
                           "stall_over_copy": {r["payload_mb"]: r["stall_over_copy"]
-                                              for r in results}})
+                                              for r in results}, "lora": lora})
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ EVAL_FILE = "eval.jsonl"
 
 
 def is_due(version: int, every: int, max_steps: int) -> bool:
-    return version >= max_steps or (every > 0 and version % every == 0)
+    return every > 0 and (version >= max_steps or version % every == 0)
 
 
 class Follower:

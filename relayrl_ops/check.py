@@ -263,21 +263,27 @@ def _environment(cfg: RunConfig, task: Any, report: Report) -> None:
 
 # Memory ------------------------------------------------------------------------------------
 
-def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
-    params = None
+def planned_memory(cfg: RunConfig, model_dir: Path | None
+                   ) -> list[tuple[str, int, list[tuple[str, float]]]] | None:
+    """memory_plan for the model in `model_dir`; None when its size cannot be counted."""
     try:
         params = _parameters(cfg, model_dir)
     except Exception:
-        pass
-    if params is None:
+        return None
+    adapter = _adapter_parameters(cfg, model_dir) if cfg.trainer.lora else 0
+    return memory_plan(cfg, params, adapter)
+
+
+def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
+    plan = planned_memory(cfg, model_dir)
+    if plan is None:
         report.line("memory: not estimated (the parameter count is unknown)")
         return
-    adapter = _adapter_parameters(cfg, model_dir) if cfg.trainer.lora else 0
     report.line("memory (rough: weights, gradients, optimizer state, kept copies, stored "
                 "versions and KV cache; activations, framework and Python overhead not "
                 "counted):")
     total = 0.0
-    for service, count, parts in memory_plan(cfg, params, adapter):
+    for service, count, parts in plan:
         size = sum(b for _, b in parts)
         total += size * count
         what = "; ".join(f"{name} {b / GIB:.2f}" for name, b in parts if b)

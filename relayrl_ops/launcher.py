@@ -90,8 +90,9 @@ class Launcher:
                            "relay.children=0", "relay.metrics_port=0"],
                           RestartBudget.of(c.restarts))
                     for k, address in enumerate(c.child_relay_addresses)]
+        separate = c.eval.mode == "separate" and c.eval.every  # every 0: no evaluation
         evaluator = [Child(EVALUATOR, "eval_svc", "", [],
-                           RestartBudget.of(c.restarts))] if c.eval.mode == "separate" else []
+                           RestartBudget.of(c.restarts))] if separate else []
         return [
             [service("relay", c.relay.endpoint.address),
              service("scheduler", c.scheduler.endpoint.address),

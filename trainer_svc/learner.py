@@ -45,6 +45,10 @@ class Learner:
                                   "run the trainer without torchrun")
             # the base frozen: its parameters get no gradients and no optimizer state
             lm.model = with_lora(lm.model, tc.lora)
+        if tc.activation_checkpointing:
+            # non-reentrant: right with frozen inputs (LoRA) and with the shared-prefix pass
+            lm.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         self.tied = tied_aliases(lm.model)  # published once, under the first name
         # before the policy is sharded: the reference is copied from it whole
         self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,

@@ -59,7 +59,8 @@ class Objective:
         splittable = not (self.loss.uses_value_model and self.loss.aggregation != "token_mean")
         self.micro_batch_tokens = tc.micro_batch_tokens if splittable else 0
         self.grad_clip = tc.optimizer.grad_clip
-        self.shared_prefix = tc.shared_prefix
+        # checkpointed layers return no keys and values for the response pass to reuse
+        self.shared_prefix = tc.shared_prefix and not tc.activation_checkpointing
         self.temperature = temperature
         self.max_response_len = max_response_len
         self.overlong_buffer = tc.loss.overlong_buffer

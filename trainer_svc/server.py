@@ -146,8 +146,8 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
         figures.max_staleness = operator.settings.max_staleness
         figures.temperature = operator.settings.temperature
         throughput.record(figures)
-        if trainer.evaluates and (every and trainer.step % every == 0
-                                  or trainer.step == tc.max_steps):
+        if trainer.evaluates and every and (trainer.step % every == 0
+                                            or trainer.step == tc.max_steps):
             evaluated = evaluate(trainer, stop)
             if evaluated is None:  # the step itself is kept: written and checkpointed below
                 halted = True

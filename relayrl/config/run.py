@@ -29,6 +29,7 @@ from relayrl.config.trainer import TrainerConfig
 from relayrl.rules.staleness import inflight_prompts
 from relayrl.runtime.deadlines import REDIS_BLOCK_MARGIN_S
 
+VLLM_MAX_LORA_RANK = 512  # the largest LoRA rank vLLM serves
 # vLLM 0.32's CPU attention kernels (CPUAttentionBackend.get_supported_head_sizes)
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
@@ -134,11 +135,13 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _lora_runs_on_the_torch_engine(self) -> RunConfig:
-        """trainer.lora needs an engine that applies adapter versions: the torch engine."""
-        if self.trainer.lora is not None and isinstance(self.rollout.engine, VllmEngineConfig):
-            raise ValueError("trainer.lora: the vllm engine does not apply adapter versions "
-                             "yet; set rollout.engine.kind torch")
+    def _lora_rank_fits_vllm(self) -> RunConfig:
+        """vLLM serves LoRA adapters of rank 512 at most."""
+        lora = self.trainer.lora
+        if lora is not None and isinstance(self.rollout.engine, VllmEngineConfig) \
+                and lora.rank > VLLM_MAX_LORA_RANK:
+            raise ValueError(f"trainer.lora.rank: {lora.rank} is above {VLLM_MAX_LORA_RANK}, "
+                             "the largest rank the vllm engine serves")
         return self
 
     @model_validator(mode="after")

@@ -101,6 +101,13 @@ class TrainerConfig(StrictModel):
         "log-probabilities and gradients for fewer tokens when a group's samples share a "
         "prompt; false runs every row whole.",
     )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in the backward pass "
+        "instead of keeping them (transformers' gradient checkpointing, non-reentrant): "
+        "the update holds about one layer's activations rather than all of them, for about "
+        "a third more compute. The same gradients. Rows then run whole (shared_prefix is off: "
+        "checkpointed layers keep no keys and values for the responses to reuse).",
+    )
     max_nonfinite_steps: int = Field(
         3, ge=1, le=1000,
         description="Steps in a row whose loss or gradient norm is not finite before the "

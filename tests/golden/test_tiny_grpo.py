@@ -15,3 +15,10 @@ def test_the_tiny_grpo_run_reproduces_its_reference():
     path, bad = closest_drift(run())
     assert not bad, (f"{len(bad)} figures drifted beyond rtol {RTOL} / atol {ATOL} from the "
                      f"closest reference, {path.name}:\n" + "\n".join(bad[:20]))
+
+
+def test_activation_checkpointing_reproduces_the_reference():
+    """Recomputing each layer's activations in the backward pass gives the same run."""
+    path, bad = closest_drift(run(activation_checkpointing=True))
+    assert not bad, (f"{len(bad)} figures drifted with trainer.activation_checkpointing from "
+                     f"{path.name}:\n" + "\n".join(bad[:20]))

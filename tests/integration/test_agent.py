@@ -1,7 +1,9 @@
-"""The example agent runs outside the services against the real stack: it plays its
-multi-turn episodes through a worker's OpenAI-compatible server and submits them to the
-buffer, and the trainer trains on them alongside the scheduler's prompts, every one
-accounted for."""
+"""Agents run outside the services against the real stack: the chain agent (completions with
+token-id prompts, an environment turn between answers) and the tool agent (chat completions
+with `tools`, written with the `openai` client alone) play their multi-turn episodes through
+a worker's OpenAI-compatible server and submit them to the buffer, and the trainer trains on
+them alongside the scheduler's prompts, every one accounted for. The model is a tiny Llama
+with SmolLM2's tokenizer and chat template."""
 
 import os
 import subprocess
@@ -13,63 +15,37 @@ import redis as redis_lib
 from relayrl.config import RunConfig
 from relayrl.contracts import ledger
 from relayrl.contracts.keys import RunKeys, is_external
+from relayrl.models.smollm2 import ensure_smollm2
 from relayrl.runtime.metrics import read_metrics
 from relayrl_ops.launcher import Launcher
+from relayrl_testkit.families import build_family
 from tests.conftest import free_ports, small_stack_config
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, GROUPS, GROUP_SIZE, AGENT_GROUPS = 4, 2, 4, 2
+STEPS, GROUPS, GROUP_SIZE, AGENT_GROUPS = 4, 2, 4, 2  # AGENT_GROUPS from each agent
+
+
+def agent(script: str, http_port: int, cfg: RunConfig, *flags: str) -> str:
+    """Run examples/agent/<script> against the stack; its stdout."""
+    env = {**os.environ, "RELAYRL_TOKEN": os.environ[cfg.auth.token_env]}  # the run's
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples/agent" / script), "--http",
+         f"127.0.0.1:{http_port}", "--buffer", cfg.buffer.endpoint.address, "--groups",
+         str(AGENT_GROUPS), "--group-size", str(GROUP_SIZE), *flags],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def test_agent_groups_are_trained_and_the_books_balance(tmp_path):
-    data = small_stack_config(tmp_path, steps=STEPS, groups_per_batch=GROUPS,
-                              group_size=GROUP_SIZE)
-    data["scheduler"]["max_prompts"] = STEPS * GROUPS - AGENT_GROUPS
-    (http_port,) = free_ports(1)
-    data["rollout"]["http_base_port"] = http_port
-    launcher = Launcher(RunConfig.model_validate(data), show_trainer_output=False)
-    try:
-        launcher.start()
-        cfg = launcher.cfg
-        env = {**os.environ, "RELAYRL_TOKEN": os.environ[cfg.auth.token_env]}  # the run's
-        agent = subprocess.run(
-            [sys.executable, str(ROOT / "examples/agent/chain_agent.py"),
-             "--http", f"127.0.0.1:{http_port}", "--buffer", cfg.buffer.endpoint.address,
-             "--groups", str(AGENT_GROUPS), "--group-size", str(GROUP_SIZE),
-             "--max-tokens", "3"],
-            capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
-        assert agent.returncode == 0, agent.stderr
-        assert agent.stdout.count("mean reward") == AGENT_GROUPS
-        assert launcher.wait() == 0
-        r = redis_lib.Redis.from_url(cfg.redis.url)
-        keys = RunKeys(cfg.run_id)
-        led = ledger.all_members(r, keys)
-    finally:
-        launcher.shutdown()
-    rows = read_metrics(f"{cfg.run_dir}/metrics.jsonl")
-    assert sum(row.get("train/external_groups", 0) for row in rows) == AGENT_GROUPS
-    finished = led["consumed"] | led["dropped"]
-    external = {p for p in finished if is_external(p)}
-    assert len(external) == AGENT_GROUPS
-    assert finished - external == led["leased"]  # every scheduler prompt, once
-    assert not led["consumed"] & led["dropped"]
-    assert led["batched"] == finished
-
-
-def test_a_tool_agent_written_with_the_openai_client_is_trained(tmp_path):
-    """examples/agent/tool_agent.py: chat completions with `tools`, its calls run, their
-    results sent back; each conversation submitted as one trajectory and trained."""
-    from relayrl.models.smollm2 import ensure_smollm2
-    from relayrl_testkit.families import build_family
-
     model = build_family("llama", tmp_path / "llama",
                          ensure_smollm2(ROOT / ".cache/relayrl/models"))
-    steps, groups = 2, 2
-    data = small_stack_config(tmp_path, steps=steps, groups_per_batch=groups,
+    data = small_stack_config(tmp_path, steps=STEPS, groups_per_batch=GROUPS,
                               group_size=GROUP_SIZE)
     data["model"] = {"kind": "hf", "path": str(model)}
-    data["scheduler"]["max_prompts"] = steps * groups - AGENT_GROUPS
-    data["trainer"]["max_staleness"] = steps  # the agent's slow turns may lag a version
+    data["scheduler"]["max_prompts"] = STEPS * GROUPS - 2 * AGENT_GROUPS
+    data["trainer"]["max_staleness"] = STEPS  # an agent's slow turns may lag a version
+    data["eval"] = {"every": 0}
     (http_port,) = free_ports(1)
     data["rollout"].update(http_base_port=http_port, max_new_tokens=16, num_workers=1)
     data["scheduler"]["start_after_workers"] = 1
@@ -77,17 +53,20 @@ def test_a_tool_agent_written_with_the_openai_client_is_trained(tmp_path):
     try:
         launcher.start()
         cfg = launcher.cfg
-        env = {**os.environ, "RELAYRL_TOKEN": os.environ[cfg.auth.token_env]}
-        agent = subprocess.run(
-            [sys.executable, str(ROOT / "examples/agent/tool_agent.py"),
-             "--http", f"127.0.0.1:{http_port}", "--buffer", cfg.buffer.endpoint.address,
-             "--groups", str(AGENT_GROUPS), "--group-size", str(GROUP_SIZE),
-             "--max-tokens", "16", "--max-turns", "2"],
-            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-        assert agent.returncode == 0, agent.stderr
-        assert agent.stdout.count("mean reward") == AGENT_GROUPS
+        chain = agent("chain_agent.py", http_port, cfg, "--max-tokens", "3")
+        tools = agent("tool_agent.py", http_port, cfg, "--max-tokens", "16", "--max-turns",
+                      "2")
+        assert chain.count("mean reward") == tools.count("mean reward") == AGENT_GROUPS
         assert launcher.wait() == 0
+        r = redis_lib.Redis.from_url(cfg.redis.url)
+        led = ledger.all_members(r, RunKeys(cfg.run_id))
     finally:
         launcher.shutdown()
     rows = read_metrics(f"{cfg.run_dir}/metrics.jsonl")
-    assert sum(row.get("train/external_groups", 0) for row in rows) == AGENT_GROUPS
+    assert sum(row.get("train/external_groups", 0) for row in rows) == 2 * AGENT_GROUPS
+    finished = led["consumed"] | led["dropped"]
+    external = {p for p in finished if is_external(p)}
+    assert len(external) == 2 * AGENT_GROUPS
+    assert finished - external == led["leased"]  # every scheduler prompt, once
+    assert not led["consumed"] & led["dropped"]
+    assert led["batched"] == finished

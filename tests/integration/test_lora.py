@@ -3,6 +3,7 @@ optimizer state, the KL reference is the base with the adapter off (no second co
 version ships the adapter alone and an engine applies it to produce the trainer's very
 model, and a checkpoint holds the adapter and resumes it exactly."""
 
+import importlib.util
 import threading
 
 import pytest
@@ -125,8 +126,44 @@ def test_a_checkpoint_holds_the_adapter_and_resumes_it_exactly(env):
         assert torch.allclose(plain(ids).logits, again.lm.model(ids).logits, atol=1e-5)
 
 
-def test_lora_with_the_vllm_engine_is_refused_by_name():
-    with pytest.raises(ValueError, match="trainer.lora: the vllm engine"):
-        RunConfig.model_validate({"trainer": {"lora": LORA},
-                                  "rollout": {"engine": {"kind": "vllm"}},
-                                  "model": {"hidden_size": 128, "num_heads": 4}})
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_vllm_serves_each_adapter_version_as_the_trainers_model(tmp_path):
+    """vLLM applies adapter versions through its LoRA support, the base untouched: its
+    log-probabilities are the peft model's, version after version."""
+    from relayrl.config import LoraConfig, TinyModel
+    from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
+    from relayrl.plugins.tasks import AdditionTask
+    from rollout_svc.engine_api import SamplingSpec
+    from rollout_svc.vllm_engine import VllmEngine
+
+    build_tokenizer(AdditionTask.alphabet, tmp_path)  # head size 32: vLLM's CPU smallest
+    build_model(TinyModel(hidden_size=128, num_layers=2, num_heads=4),
+                len(SPECIALS) + len(set(AdditionTask.alphabet)), tmp_path
+                ).save_pretrained(tmp_path)
+    lora = LoraConfig(**LORA)
+    trained = with_lora(AutoModelForCausalLM.from_pretrained(tmp_path), lora).eval()
+    lm = load_model(tmp_path)
+    engine = VllmEngine(tmp_path, kv_cache_gib=0.0625, lora=lora)
+    try:
+        prompts = [lm.encode_prompt(p) for p in ("3+4=", "12+9=", "7+7=")]
+        for version in (1, 2):
+            torch.manual_seed(version)
+            with torch.no_grad():
+                for name, p in trained.named_parameters():
+                    if "lora_" in name:
+                        p.normal_(0, 0.5)
+            engine.load_weights({k: v.clone() for k, v in adapter_state(trained).items()},
+                                version)
+            outs = engine.generate(prompts, SamplingSpec(max_new_tokens=4, temperature=1.0))
+            assert engine.version == version
+            for prompt, out in zip(prompts, outs, strict=True):
+                ids = torch.tensor([prompt + out.tokens])
+                with torch.no_grad():
+                    logp = torch.log_softmax(trained(ids).logits[0, :-1].float(), -1)
+                want = logp[len(prompt) - 1:].gather(-1, ids[0, len(prompt):, None])[:, 0]
+                assert torch.allclose(torch.tensor(out.logprobs), want, atol=1e-4), version
+        with pytest.raises(ValueError, match="version 3"):
+            engine.load_weights({"base_model.model.nope.lora_A.weight": torch.zeros(1)}, 3)
+        assert engine.version == 2
+    finally:
+        engine.close()

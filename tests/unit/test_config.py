@@ -126,10 +126,10 @@ def test_overrides_apply_and_validate(tmp_path):
 # each run-level rule (a RunConfig model validator), a config that breaks it alone, and
 # what its message says
 CROSS_CHECKS = {
-    "_lora_runs_on_the_torch_engine": (
-        {"trainer": {"lora": {"rank": 4}}, "rollout": {"engine": {"kind": "vllm"}}},
-        "trainer.lora: the vllm engine does not apply adapter versions yet; set "
-        "rollout.engine.kind torch"),
+    "_lora_rank_fits_vllm": (
+        {"trainer": {"lora": {"rank": 1024}}, "rollout": {"engine": {"kind": "vllm"}},
+         "model": {"hidden_size": 128, "num_heads": 4}},
+        "trainer.lora.rank: 1024 is above 512, the largest rank the vllm engine serves"),
     "_groups_hold_every_sample_of_a_prompt": (
         {"buffer": {"group_size": 3}}, r"rollout.samples_per_prompt \(8\) must equal "
         r"buffer.group_size \(3\)"),

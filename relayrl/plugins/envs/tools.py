@@ -76,6 +76,7 @@ class Tool:
 
     @property
     def name(self) -> str:
+        """The name the model calls it by."""
         return self.schema["function"]["name"]
 
 

@@ -1,0 +1,44 @@
+"""Arithmetic with a function-calling calculator whose latency has a heavy tail: the tool
+workload of examples/smollm2_tools.yaml and bench/tool_workload.py.
+
+The model may call `calculate(expression)` any number of times (up to the environment's
+max_turns) before it answers; the answer is scored by the task's reward. Each call sleeps
+a log-normal time (median MEDIAN_S, a few calls ten times longer), as a tool behind a
+network does, so episodes finish at very different times: what asynchronous training
+overlaps and synchronous training waits for.
+
+    rollout:
+      environment: {cls: examples.tools.calc_tools:CalcTools, max_turns: 4}
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+from relayrl.plugins.envs import ToolEnvironment
+from relayrl.plugins.envs.calculator import evaluate, show
+
+MEDIAN_S = 0.3  # of one call's latency
+SIGMA = 1.2  # of its logarithm: one call in ten takes over 4.7x the median
+MAX_S = 5.0  # no call sleeps longer (below the tool's deadline)
+
+
+def latency() -> float:
+    """Seconds one call takes."""
+    return min(MAX_S, MEDIAN_S * math.exp(random.gauss(0.0, SIGMA)))
+
+
+def calculate(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: Numbers with + - * / // % ** and parentheses, e.g. "17 * 3 - 5".
+    """
+    time.sleep(latency())
+    return show(evaluate(expression))  # a bad expression raises: the model is told why
+
+
+class CalcTools(ToolEnvironment):
+    tools = [calculate]

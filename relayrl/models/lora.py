@@ -12,6 +12,7 @@ the wrapped model computes exactly what the base model does, which is version 0 
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,19 @@ def adapter_state(model: Any) -> dict[str, torch.Tensor]:
     return _peft().get_peft_model_state_dict(model)
 
 
+_LIVE: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
 def load_adapter(model: Any, tensors: dict[str, torch.Tensor], version: int) -> None:
-    """A published adapter version into `model`; ValueError when its names, shapes or dtypes
-    differ from the model's adapter."""
-    check_state_dict(adapter_state(model), tensors, version)
+    """A published adapter version into `model`, copied into its adapter's tensors in place;
+    ValueError when its names, shapes or dtypes differ from the model's adapter."""
+    live = _LIVE.get(model)
+    if live is None:  # views of the parameters themselves, by peft's names; found once
+        live = _LIVE[model] = adapter_state(model)
+    check_state_dict(live, tensors, version)
     with torch.no_grad():
-        _peft().set_peft_model_state_dict(model, tensors)
+        for name, tensor in tensors.items():
+            live[name].copy_(tensor)
 
 
 def is_adapter_dir(directory: Path) -> bool:

@@ -52,13 +52,13 @@ def shown(value: Any) -> str:
 
 
 def what_it_measures(name: str) -> tuple[str, str]:
-    """The bench's one-line title and its description, from its module docstring."""
+    """The bench's title (its docstring's first paragraph) and the rest of its docstring."""
     path = ROOT / "bench" / f"{name}.py"
     doc = ast.get_docstring(ast.parse(path.read_text())) if path.is_file() else None
     if not doc:
         return name, ""
-    title, _, rest = doc.partition("\n")
-    return title.strip(), rest.strip()
+    title, _, rest = doc.partition("\n\n")
+    return " ".join(title.split()), rest.strip()
 
 
 def described(text: str) -> list[str]:

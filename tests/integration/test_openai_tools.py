@@ -103,12 +103,14 @@ def test_a_tool_call_comes_back_and_the_turns_make_one_trajectory(served):
 
 
 def test_a_turn_the_server_did_not_write_is_rendered_by_the_template(served):
-    client, script, server, _ = served
+    client, script, _, lm = served
     script[:] = ["4"]
     messages = [*QUESTION, {"role": "assistant", "content": "It is 6."},
                 {"role": "user", "content": "Sure?"}]
     resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
-    assert resp.choices[0].message.content == "4"  # answered, from the whole rendering
+    assert resp.choices[0].message.content == "4"
+    # the unknown assistant turn is in the prompt, as the template renders it
+    assert "It is 6." in lm.tokenizer.decode(resp.model_extra["prompt_token_ids"])
     with pytest.raises(ValueError, match=r"turns\[1\].prompt_token_ids: does not extend"):
         trajectory_from_turns([ChatTurn([1, 2], [3], [0.0], [0]),
                                ChatTurn([1, 2, 4, 5], [6], [0.0], [0])], 1.0)

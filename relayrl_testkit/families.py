@@ -42,8 +42,15 @@ def family_config(name: str, tokenizer: Any) -> Any:
     return configs[name]()
 
 
-def build_family(name: str, out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A randomly initialised model of the family, with the tokenizer, saved under `out`."""
+def build_family(name: str, out: Path, tokenizer_dir: Path, seed: int = 0,
+                 brief: bool = False) -> Path:
+    """A randomly initialised model of the family, with the tokenizer, saved under `out`.
+
+    `brief`: its replies end after a few tokens, so a multi-turn episode sees its environment
+    answer (a random model over a large vocabulary would run every reply to its token
+    budget). Its last norm reads one dimension of the hidden state, which half the tokens
+    push positive, and the output layer turns that dimension into a large end-of-turn
+    logit when it is."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -52,6 +59,25 @@ def build_family(name: str, out: Path, tokenizer_dir: Path, seed: int = 0) -> Pa
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(family_config(name, tokenizer))
+    if brief:
+        with torch.no_grad():
+            norm = model.get_decoder().norm.weight
+            norm.zero_()
+            norm[0] = 1.0
+            head = model.get_output_embeddings().weight
+            # (tied layers: also the inputs) half the tokens lead to the end of the turn
+            head[:, 0] = 0.05 * (torch.randint(0, 2, head[:, 0].shape) * 2 - 1)
+            head[_opening_tokens(tokenizer), 0] = -0.05  # a reply has a first token
+
+            head[tokenizer.eos_token_id, 0] = 200.0  # past log(vocabulary) at small values
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def _opening_tokens(tokenizer: Any) -> list[int]:
+    """The tokens the chat template opens an assistant turn with."""
+    turn = [{"role": "user", "content": "x"}]
+    bare = tokenizer.apply_chat_template(turn, tokenize=False)
+    opened = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(opened[len(bare):], add_special_tokens=False)

@@ -23,6 +23,7 @@ from relayrl.config.task import (
     DatasetTaskConfig,
     ReasoningGymTaskConfig,
     TaskConfig,
+    VerifiersTaskConfig,
 )
 from relayrl.config.trainer import (
     CheckpointConfig,
@@ -46,6 +47,7 @@ __all__ = [
     "AdditionTaskConfig",
     "DatasetTaskConfig",
     "ReasoningGymTaskConfig",
+    "VerifiersTaskConfig",
     "AuthConfig",
     "BufferConfig",
     "ConfigError",

@@ -34,7 +34,8 @@ class EnvironmentConfig(StrictModel):
     cls: str = Field(
         min_length=1, max_length=512, pattern=r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$",
         description="The environment class, `package.module:Class`, or a built-in name "
-        "(calculator); imported by the rollout workers.")
+        "(calculator, openenv; verifiers is set by task.source verifiers); imported by the "
+        "rollout workers.")
     max_turns: int = Field(
         4, ge=1, le=1024,
         description="Model turns per episode at most; the episode ends after the last.")

@@ -16,6 +16,7 @@ from relayrl.config.base import (
     read_yaml,
 )
 from relayrl.config.buffer import BufferConfig
+from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalConfig
 from relayrl.config.model import ModelConfig, TinyModel, model_shorthand
 from relayrl.config.redis import RedisConfig
@@ -176,6 +177,27 @@ class RunConfig(StrictModel):
         if self.scheduler.repack and not self.rollout.segment_tokens:
             raise ValueError("scheduler.repack needs rollout.segment_tokens > 0: workers hand "
                              "recalled sequences back at segment boundaries")
+        return self
+
+    @model_validator(mode="after")
+    def _verifiers_tasks_play_in_their_adapter(self) -> RunConfig:
+        """task.source verifiers plays its episodes in the `verifiers` environment adapter:
+        rollout.environment is filled in from the task (its limits stay the user's)."""
+        if self.task.source != "verifiers":
+            return self
+        env = self.rollout.environment
+        if env is not None and env.cls != "verifiers":
+            raise ValueError(f"rollout.environment.cls {env.cls!r}: task.source verifiers "
+                             "plays its episodes in the 'verifiers' adapter; leave "
+                             "rollout.environment.cls unset or 'verifiers'")
+        env = env or EnvironmentConfig(cls="verifiers")
+        options = {"env_id": self.task.env_id, "env_args": self.task.env_args,
+                   "max_turns": env.max_turns}
+        if env.options and env.options != options:
+            raise ValueError("rollout.environment.options: set by task.source verifiers (from "
+                             "task.env_id and task.env_args); leave them unset")
+        if env.options != options or self.rollout.environment is None:
+            self.rollout.environment = env.model_copy(update={"options": options})
         return self
 
     @model_validator(mode="after")

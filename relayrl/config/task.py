@@ -8,6 +8,7 @@
       answer_field: answer
       reward: my_rewards:score        # a registered name, module:function or remote:HOST:PORT
     task: {source: reasoning_gym, generator: basic_arithmetic}
+    task: {source: verifiers, env_id: my_env}                 # a verifiers environment
 
 A mapping without a `source` is the addition task's. relayrl/plugins/tasks builds each source.
 """
@@ -138,13 +139,31 @@ class ReasoningGymTaskConfig(TaskBase):
                                + " Unset: the generator's own scorer."})
 
 
+class VerifiersTaskConfig(TaskBase):
+    source: Literal["verifiers"] = "verifiers"
+    env_id: str = Field(min_length=1, max_length=256, pattern=r"^[\w.\-/]+$", description=(
+        "The environment `verifiers.load_environment` loads: an installed environment "
+        "package or a module on the path (dashes read as underscores). Its dataset gives the "
+        "problems and its rubric the reward; the episodes run in the rollout workers "
+        "(rollout.environment is set to the `verifiers` adapter)."))
+    env_args: dict[str, Any] = Field(default_factory=dict,
+                                     description="Keyword arguments of its load_environment.")
+    eval_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="When the environment has no eval dataset: this "
+        "seeded share of its rows (at most eval_size) is held out.")
+    reward: str = Field("exact_match", **{**_REWARD, "description": _REWARD["description"]
+                        + " Scores only an episode the rubric did not (one ended by "
+                        "rollout.max_new_tokens before the environment finished)."})
+
+
 TaskConfig = Annotated[
-    AdditionTaskConfig | DatasetTaskConfig | ReasoningGymTaskConfig,
+    AdditionTaskConfig | DatasetTaskConfig | ReasoningGymTaskConfig | VerifiersTaskConfig,
     Field(discriminator="source"),
 ]
 SOURCE_MODELS: dict[str, type[TaskBase]] = {
     c.model_fields["source"].default: c
-    for c in (AdditionTaskConfig, DatasetTaskConfig, ReasoningGymTaskConfig)
+    for c in (AdditionTaskConfig, DatasetTaskConfig, ReasoningGymTaskConfig,
+              VerifiersTaskConfig)
 }
 SOURCES = tuple(SOURCE_MODELS)
 

@@ -147,6 +147,11 @@ CROSS_CHECKS = {
         r"rollout.engine.max_model_len \(64\) must exceed rollout.max_new_tokens \(64\)"),
     "_repack_needs_segments": (
         {"scheduler": {"repack": True}}, "scheduler.repack needs rollout.segment_tokens > 0"),
+    "_verifiers_tasks_play_in_their_adapter": (
+        {"task": {"source": "verifiers", "env_id": "my_env"}, "model": {"kind": "pretrained"},
+         "rollout": {"segment_tokens": 0, "environment": {"cls": "calculator"}}},
+        "rollout.environment.cls 'calculator': task.source verifiers plays its episodes in "
+        "the 'verifiers' adapter"),
     "_environments_run_whole_episodes": (
         {"rollout": {"segment_tokens": 4, "environment": {"cls": "calculator"}}},
         "rollout.environment needs rollout.segment_tokens 0"),

@@ -41,7 +41,9 @@ from relayrl.plugins.tasks.problem import ROLES, Problem
 Message = Mapping[str, str]  # {"role": ..., "content": ...}
 
 # short names for the environments shipped with relayrl
-BUILTIN = {"calculator": "relayrl.plugins.envs.calculator:Calculator"}
+BUILTIN = {"calculator": "relayrl.plugins.envs.calculator:Calculator",
+           "verifiers": "relayrl.plugins.envs.verifiers_env:VerifiersEnvironment",
+           "openenv": "relayrl.plugins.envs.openenv_env:OpenEnvEnvironment"}
 
 
 class Step(NamedTuple):

@@ -52,13 +52,16 @@ class PromptLimit:
 
 class DatasetTask:
     """Problems from a dataset file or hub dataset, read with Hugging Face `datasets`."""
-    def __init__(self, cfg: DatasetTaskConfig, limit: PromptLimit | None = None):
+    def __init__(self, cfg: DatasetTaskConfig, limit: PromptLimit | None = None,
+                 rows: Any = None, eval_rows: Any = None):
+        """`rows`, `eval_rows`: records already read (a `datasets.Dataset` or a list of
+        mappings), in place of `cfg.path` and its held-out split."""
         self.cfg = cfg
         self.reward_name = cfg.reward
         self.limit = limit
         self.skipped: Counter[str] = Counter()  # reason -> rows skipped, over both splits
         where = cfg.path or cfg.hub
-        train = open_rows(cfg, cfg.path, cfg.split)
+        train = open_rows(cfg, cfg.path, cfg.split) if rows is None else rows
         if cfg.streaming:
             self._stream = StreamedRows(train, cfg, self._problem_or_none)
             self._train = None
@@ -66,7 +69,7 @@ class DatasetTask:
             return
         good = self._usable(train, f"{where} ({cfg.split})")
         self._rows = train
-        self._held_out, self._train = self._split(good)
+        self._held_out, self._train = self._split(good, eval_rows)
         if not len(self._train):
             raise ConfigError(f"task: no usable training rows in {where}; skipped: "
                              f"{dict(self.skipped)}")
@@ -135,15 +138,16 @@ class DatasetTask:
                         len(rows), dict(self.skipped))
         return np.asarray(good, dtype=np.int64)
 
-    def _split(self, good: np.ndarray) -> tuple[list[Problem], np.ndarray]:
+    def _split(self, good: np.ndarray, rows: Any = None) -> tuple[list[Problem], np.ndarray]:
         """(held-out problems, the training rows' indices)."""
         cfg = self.cfg
-        if cfg.eval_path or cfg.eval_split:
+        name = f"{cfg.eval_path or cfg.path or cfg.hub} ({cfg.eval_split or 'eval'})"
+        if rows is None and (cfg.eval_path or cfg.eval_split):
             if cfg.eval_split and cfg.path and format_of(cfg) != "arrow":
                 raise ConfigError(f"task.eval_split {cfg.eval_split!r}: {cfg.path} is a file "
                                  "with one split; hold out a file with task.eval_path")
             rows = open_rows(cfg, cfg.eval_path or cfg.path, cfg.eval_split or "train")
-            name = f"{cfg.eval_path or cfg.path or cfg.hub} ({cfg.eval_split or 'eval'})"
+        if rows is not None:
             held = self._usable(rows, name)
             pick = np.random.default_rng([cfg.seed, 1]).permutation(len(held))[:cfg.eval_size]
             return self._eval_list(rows, held[np.sort(pick)]), good

@@ -1,4 +1,5 @@
-"""A task from its config: the addition example, a dataset, or a reasoning-gym generator."""
+"""A task from its config: the addition example, a dataset, a reasoning-gym generator, or a
+verifiers environment's dataset."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def reward_spec(cfg: TaskConfig) -> str:
         return cfg.reward or ("exact_match" if cfg.prompt_format == "raw" else "math_verify")
     if cfg.source == "reasoning_gym":
         return cfg.reward or "reasoning_gym"
-    return cfg.reward
+    return cfg.reward  # dataset, verifiers
 
 
 def check_reward(cfg: TaskConfig) -> str:
@@ -51,6 +52,10 @@ def make_task(cfg: TaskConfig, limit: PromptLimit | None = None) -> Task:
                             prompt_format=cfg.prompt_format, reward=cfg.reward)
     if cfg.source == "dataset":
         return DatasetTask(cfg, limit)
+    if cfg.source == "verifiers":
+        from relayrl.plugins.tasks.verifiers_task import verifiers_task
+
+        return verifiers_task(cfg, limit)
     from relayrl.plugins.tasks.reasoning_gym import ReasoningGymTask
 
     return ReasoningGymTask(cfg, limit)

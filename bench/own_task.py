@@ -2,7 +2,7 @@
 one or more run configs trained one after the other on this machine.
 
     python bench/own_task.py                      # own_task.yaml and smollm2_calculator.yaml
-    python bench/own_task.py --minutes 30 --configs examples/own_task.yaml --out docs/
+    python bench/own_task.py --configs examples/own_task.yaml,examples/own_task_lora.yaml
     python bench/own_task.py --smoke    # the same path on the tiny example, in seconds
 
 Each config runs on the real stack (relayrl up's launcher, every service its own process,
@@ -14,9 +14,9 @@ which is the "after" figure; the "start" figure is the eval of the starting mode
 0). The evals in between (inline, or the separate evaluator's eval.jsonl, each placed at the
 time its version was made) give the curve.
 
-Writes <out>/own_task.md (a table) and <out>/own_task.png (held-out pass@1 and training
-reward against minutes), and ends with one JSON line: per config the start and final pass@1
-and their difference in points.
+Draws <out>/own_task.png (held-out pass@1 and training reward against minutes; the results
+page docs/results/own_task.md shows it) and ends with one JSON line: per config the start and
+final pass@1 and their difference in points, steps, samples and minutes.
 """
 
 from __future__ import annotations
@@ -152,23 +152,6 @@ def plot(results: list[dict], out: Path) -> None:
     fig.savefig(out, dpi=100)
 
 
-def markdown(results: list[dict], command: str, png: str) -> str:
-    lines = ["# Your own task on this CPU: held-out accuracy after a fixed wall time", "",
-             f"Written by `{command}`; rerun it rather than editing this file.", "",
-             "| config | start pass@1 | final pass@1 | gain (points) | minutes | steps "
-             "| samples | samples/s |", "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| `{r['config']}` | {r['start_pass@1']:.3f} | {r['final_pass@1']:.3f} "
-                     f"| {r['gain_points']:+.1f} | {r['minutes']} | {r['steps']} "
-                     f"| {r['samples']} | {r['samples_per_s']} |")
-    lines += ["", "- start: the eval of the starting model (version 0); final: the checkpoint "
-              "saved when the wall time ran out, evaluated offline on the same sets with the "
-              "same seed.",
-              "- minutes: the trainer's time since it started, start-up and evals included.",
-              "", f"![held-out accuracy against minutes]({png})", ""]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = harness.parser("own_task", __doc__.splitlines()[0], smoke_help=(
         f"the real path at the smallest size: {SMOKE}, output under runs/own_task_smoke/"))
@@ -202,8 +185,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{results[-1]['final_pass@1']:.3f}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot(results, out / "own_task.png")
-    (out / "own_task.md").write_text(markdown(results, args.command, "own_task.png"))
+    plot(results, out / "own_task.png")  # shown on the run's generated results page
     harness.report(args, {"bench": "own_task", "minutes": args.minutes, "runs": [
         {k: v for k, v in r.items() if k not in ("curve", "rewards", "final")}
         for r in results]})

@@ -2,7 +2,8 @@
 per file `bench/results/<name>.jsonl` (docs/results/<name>.md), and the list of them
 (docs/results/runs.md). A page quotes only what its file holds: the newest run's figures in
 full, with its command, commit, date and machine, and every earlier run's command, commit
-and date. Smoke runs are left out.
+and date; a picture the benchmark drew of that run (docs/results/<name>.png) is shown with
+them. Smoke runs are left out.
 
     python scripts/gen_results_pages.py          # write the pages
     python scripts/gen_results_pages.py --check  # fail when one is stale (make lint)
@@ -98,6 +99,8 @@ def page(path: Path) -> str:
             "| figure | value |", "|---|---|"]
     out += [f"| `{k}` | {shown(v)} |" for k, v in flat({k: v for k, v in last.items()
                                                          if k not in ABOUT})]
+    if (DOCS / f"{name}.png").is_file():  # the picture the benchmark drew of its newest run
+        out += ["", f"![{name}, the newest run]({name}.png)"]
     out += ["", "## Every run", "", "| date | commit | command |", "|---|---|---|"]
     out += [f"| {r.get('date')} | `{str(r.get('commit'))[:12]}` | `{r.get('command')}` |"
             for r in reversed(rows)]

@@ -3,11 +3,18 @@
     python bench/memory.py [--config examples/smollm2_cpu.yaml] [--steps 6] [--sample-s 0.5]
 
 Runs the config's stack (relayrl up's launcher, every service its own process, embedded
-Redis) for `--steps` trainer steps and samples each service's resident memory (RSS, its
-child processes included: vLLM's engine core runs in one) every `--sample-s` seconds. Prints
-each service's peak beside the weights and caches `relayrl check` plans for it, and the
-stack's peak (the largest sum of one sampling) as a ratio to TARGET_GIB. Ends with one JSON
-line (bench/results/memory.jsonl).
+Redis) for `--steps` trainer steps and samples each service's memory, its child processes
+included (vLLM's engine core runs in one), every `--sample-s` seconds. Prints each
+service's peak resident memory (RSS) beside the weights and caches `relayrl check` plans
+for it, and the stack's peak as a ratio to TARGET_GIB.
+
+The stack's memory is the peak of the summed proportional set sizes (PSS: each page shared
+by n processes counted 1/n in each), the zygote the services are forked from included; that
+is the RAM the stack holds. A sum of RSS counts a shared page once per process that maps
+it: the libraries the zygote imported before forking (torch, transformers), and the
+weight versions in shared memory that the trainer writes, the relay keeps and the workers
+read; it is reported beside, as an upper bound. Ends with one JSON line
+(bench/results/memory.jsonl).
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ TARGET_GIB = 5.0  # the whole stack of the SmolLM2 example, float32
 MIB = 2**20
 
 
-def tree_rss(pid: int) -> int | None:
-    """Resident memory of `pid` and its descendants, or None once it has gone."""
+def tree_memory(pid: int) -> tuple[int, int] | None:
+    """(RSS, PSS) of `pid` and its descendants, or None once it has gone."""
     import psutil
 
     try:
@@ -39,13 +46,14 @@ def tree_rss(pid: int) -> int | None:
         procs = [proc, *proc.children(recursive=True)]
     except psutil.NoSuchProcess:
         return None
-    total = 0
+    rss = pss = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            info = p.memory_full_info()
         except psutil.NoSuchProcess:
             continue
-    return total
+        rss, pss = rss + info.rss, pss + info.pss
+    return rss, pss
 
 
 def service(name: str) -> str:
@@ -80,28 +88,49 @@ def planned(cfg: RunConfig) -> dict[str, float]:
             for name, _, parts in plan}
 
 
-def measure(cfg: RunConfig, sample_s: float, timeout_s: float) -> tuple[dict, float, int]:
-    """(peak MiB per process, peak MiB of the stack, steps reached)."""
+def measure(cfg: RunConfig, sample_s: float, timeout_s: float) -> dict:
+    """Peak RSS and PSS (MiB) per process, the stack's peak summed PSS and RSS (MiB), and the
+    steps reached."""
     launcher = Launcher(cfg, show_trainer_output=False)
-    peaks: dict[str, int] = {}
-    stack_peak = 0
+    rss_peaks: dict[str, int] = {}
+    pss_peaks: dict[str, int] = {}
+    stack_pss = stack_rss = 0
     try:
         launcher.start()
         pids = {c.name: c.proc.pid for c in launcher.children}
         pids["redis"] = redis_pid(launcher.cfg)
+        pids["zygote"] = launcher.zygote.proc.pid
         deadline = time.monotonic() + timeout_s
         while launcher.supervise() is None and time.monotonic() < deadline:
-            total = 0
+            total_rss = total_pss = 0
             for name, pid in pids.items():
-                if (rss := tree_rss(pid)) is not None:
-                    peaks[name] = max(peaks.get(name, 0), rss)
-                    total += rss
-            stack_peak = max(stack_peak, total)
+                # the zygote's own pages only: its children are the services
+                got = tree_memory(pid) if name != "zygote" else _own_memory(pid)
+                if got is None:
+                    continue
+                rss, pss = got
+                rss_peaks[name] = max(rss_peaks.get(name, 0), rss)
+                pss_peaks[name] = max(pss_peaks.get(name, 0), pss)
+                total_rss, total_pss = total_rss + rss, total_pss + pss
+            stack_rss, stack_pss = max(stack_rss, total_rss), max(stack_pss, total_pss)
             time.sleep(sample_s)
     finally:
         launcher.shutdown()
-    return ({k: round(v / MIB, 1) for k, v in sorted(peaks.items())}, round(stack_peak / MIB, 1),
-            _last_step(Path(cfg.run_dir) / "metrics.jsonl"))
+    mib = lambda d: {k: round(v / MIB, 1) for k, v in sorted(d.items())}  # noqa: E731
+    return {"peak_rss_mib": mib(rss_peaks), "peak_pss_mib": mib(pss_peaks),
+            "stack_pss_mib": round(stack_pss / MIB, 1),
+            "stack_rss_mib": round(stack_rss / MIB, 1),
+            "steps": _last_step(Path(cfg.run_dir) / "metrics.jsonl")}
+
+
+def _own_memory(pid: int) -> tuple[int, int] | None:
+    import psutil
+
+    try:
+        info = psutil.Process(pid).memory_full_info()
+    except psutil.NoSuchProcess:
+        return None
+    return info.rss, info.pss
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,18 +144,22 @@ def main(argv: list[str] | None = None) -> None:
         args.config, args.steps, args.sample_s = str(ROOT / "examples/tiny_cpu.yaml"), 2, 0.2
     with tempfile.TemporaryDirectory(prefix="relayrl-memory-") as tmp:
         cfg = measured_config(load_run_config(args.config), Path(tmp) / "run", args.steps)
-        peaks, stack, steps = measure(cfg, args.sample_s, args.timeout_s)
+        m = measure(cfg, args.sample_s, args.timeout_s)
         plan = planned(cfg)
-    for name, mib in peaks.items():
-        print(f"{name:<14} peak {mib:8.0f} MiB   planned weights and caches "
-              f"{plan.get(service(name), 0):8.0f} MiB", flush=True)
-    print(f"stack peak {stack / 1024:.2f} GiB = {stack / 1024 / TARGET_GIB:.2f} of the "
+    for name, mib in m["peak_rss_mib"].items():
+        print(f"{name:<14} peak RSS {mib:8.0f} MiB, PSS {m['peak_pss_mib'][name]:8.0f} MiB   "
+              f"planned weights and caches {plan.get(service(name), 0):8.0f} MiB", flush=True)
+    stack = m["stack_pss_mib"] / 1024
+    print(f"stack peak {stack:.2f} GiB (summed PSS; summed RSS "
+          f"{m['stack_rss_mib'] / 1024:.2f} GiB) = {stack / TARGET_GIB:.2f} of the "
           f"{TARGET_GIB:g} GiB target", flush=True)
     harness.report(args, {"bench": "memory", "config": Path(args.config).name,
-                          "steps": steps, "peak_mib": peaks, "planned_mib": plan,
-                          "stack_peak_gib": round(stack / 1024, 2),
+                          "steps": m["steps"], "peak_rss_mib": m["peak_rss_mib"],
+                          "peak_pss_mib": m["peak_pss_mib"], "planned_mib": plan,
+                          "stack_peak_gib": round(stack, 2),
+                          "stack_rss_sum_gib": round(m["stack_rss_mib"] / 1024, 2),
                           "target_gib": TARGET_GIB,
-                          "ratio_to_target": round(stack / 1024 / TARGET_GIB, 3)})
+                          "ratio_to_target": round(stack / TARGET_GIB, 3)})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ Every bench takes
 
 `report` prints the record as the run's last stdout line, one JSON dict, and appends it to
 the results file together with what it takes to reproduce and compare it: the command, the
-commit (with "+dirty" when the tree differs from it), the UTC date and the machine. A
+commit (with "+dirty" when a tracked file differs from it), the UTC date and the machine. A
 results file only grows, so it is the bench's history. `skip` ends a smoke run that cannot
 take its real path here (no GPU, no benches' venv) the same way, with the reason.
 """
@@ -90,7 +90,8 @@ def skip(args: argparse.Namespace, reason: str) -> None:
 def commit() -> str:
     try:
         head = _git("rev-parse", "HEAD")
-        dirty = _git("status", "--porcelain")
+        # tracked files only: a bench writes its own pictures and reports before its record
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")

@@ -8,13 +8,14 @@ included (vLLM's engine core runs in one), every `--sample-s` seconds. Prints ea
 service's peak resident memory (RSS) beside the weights and caches `relayrl check` plans
 for it, and the stack's peak as a ratio to TARGET_GIB.
 
-The stack's memory is the peak of the summed proportional set sizes (PSS: each page shared
-by n processes counted 1/n in each), the zygote the services are forked from included; that
-is the RAM the stack holds. A sum of RSS counts a shared page once per process that maps
-it: the libraries the zygote imported before forking (torch, transformers), and the
-weight versions in shared memory that the trainer writes, the relay keeps and the workers
-read; it is reported beside, as an upper bound. Ends with one JSON line
-(bench/results/memory.jsonl).
+The stack's memory is the RAM it holds: the peak of the processes' summed proportional set
+sizes (PSS: each page shared by n processes counted 1/n in each), the zygote the services
+are forked from included, with shared memory (the weight versions in /dev/shm that the
+trainer writes, the relay keeps and the workers read, and spare files no process maps)
+counted once, as the growth of the machine's Shmem since the run started. A sum of RSS
+counts a shared page once per process that maps it (the libraries the zygote imported
+before forking, the versions), and misses files no process maps; it is reported beside.
+Ends with one JSON line (bench/results/memory.jsonl).
 """
 
 from __future__ import annotations
@@ -37,23 +38,36 @@ TARGET_GIB = 5.0  # the whole stack of the SmolLM2 example, float32
 MIB = 2**20
 
 
-def tree_memory(pid: int) -> tuple[int, int] | None:
-    """(RSS, PSS) of `pid` and its descendants, or None once it has gone."""
+def rollup(pid: int) -> tuple[int, int, int] | None:
+    """(RSS, PSS, the PSS of its shared memory) of one process, in bytes; None once gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    kib = {k: int(v.split()[0]) for k, v in
+           (line.split(":", 1) for line in text.splitlines()[1:] if ":" in line)}
+    return kib["Rss"] * 1024, kib["Pss"] * 1024, kib.get("Pss_Shmem", 0) * 1024
+
+
+def tree_memory(pid: int, children: bool = True) -> tuple[int, int, int] | None:
+    """rollup() summed over `pid` and (unless `children` is False) its descendants."""
     import psutil
 
     try:
-        proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
+        pids = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))] \
+            if children else [pid]
     except psutil.NoSuchProcess:
         return None
-    rss = pss = 0
-    for p in procs:
-        try:
-            info = p.memory_full_info()
-        except psutil.NoSuchProcess:
-            continue
-        rss, pss = rss + info.rss, pss + info.pss
-    return rss, pss
+    got = [r for p in pids if (r := rollup(p)) is not None]
+    return tuple(map(sum, zip(*got, strict=True))) if got else None  # type: ignore[return-value]
+
+
+def shmem() -> int:
+    """The machine's shared memory (tmpfs, /dev/shm included) in bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def service(name: str) -> str:
@@ -95,6 +109,7 @@ def measure(cfg: RunConfig, sample_s: float, timeout_s: float) -> dict:
     rss_peaks: dict[str, int] = {}
     pss_peaks: dict[str, int] = {}
     stack_pss = stack_rss = 0
+    shm_before = shmem()
     try:
         launcher.start()
         pids = {c.name: c.proc.pid for c in launcher.children}
@@ -102,16 +117,16 @@ def measure(cfg: RunConfig, sample_s: float, timeout_s: float) -> dict:
         pids["zygote"] = launcher.zygote.proc.pid
         deadline = time.monotonic() + timeout_s
         while launcher.supervise() is None and time.monotonic() < deadline:
-            total_rss = total_pss = 0
+            total_rss, total_pss = 0, max(shmem() - shm_before, 0)  # shared memory, once
             for name, pid in pids.items():
                 # the zygote's own pages only: its children are the services
-                got = tree_memory(pid) if name != "zygote" else _own_memory(pid)
+                got = tree_memory(pid, children=name != "zygote")
                 if got is None:
                     continue
-                rss, pss = got
+                rss, pss, pss_shmem = got
                 rss_peaks[name] = max(rss_peaks.get(name, 0), rss)
                 pss_peaks[name] = max(pss_peaks.get(name, 0), pss)
-                total_rss, total_pss = total_rss + rss, total_pss + pss
+                total_rss, total_pss = total_rss + rss, total_pss + pss - pss_shmem
             stack_rss, stack_pss = max(stack_rss, total_rss), max(stack_pss, total_pss)
             time.sleep(sample_s)
     finally:
@@ -121,16 +136,6 @@ def measure(cfg: RunConfig, sample_s: float, timeout_s: float) -> dict:
             "stack_pss_mib": round(stack_pss / MIB, 1),
             "stack_rss_mib": round(stack_rss / MIB, 1),
             "steps": _last_step(Path(cfg.run_dir) / "metrics.jsonl")}
-
-
-def _own_memory(pid: int) -> tuple[int, int] | None:
-    import psutil
-
-    try:
-        info = psutil.Process(pid).memory_full_info()
-    except psutil.NoSuchProcess:
-        return None
-    return info.rss, info.pss
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<14} peak RSS {mib:8.0f} MiB, PSS {m['peak_pss_mib'][name]:8.0f} MiB   "
               f"planned weights and caches {plan.get(service(name), 0):8.0f} MiB", flush=True)
     stack = m["stack_pss_mib"] / 1024
-    print(f"stack peak {stack:.2f} GiB (summed PSS; summed RSS "
+    print(f"stack peak {stack:.2f} GiB (summed PSS, shared memory once; summed RSS "
           f"{m['stack_rss_mib'] / 1024:.2f} GiB) = {stack / TARGET_GIB:.2f} of the "
           f"{TARGET_GIB:g} GiB target", flush=True)
     harness.report(args, {"bench": "memory", "config": Path(args.config).name,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,9 @@ class AdapterVersions:
         shm = Path("/dev/shm")
         self.root = Path(tempfile.mkdtemp(prefix="relayrl-lora-",
                                           dir=shm if shm.is_dir() else None))
+        # removed by close(), or when the worker exits (it stops without closing its engine):
+        # /dev/shm is memory, and outlives the process
+        self._remove_root = weakref.finalize(self, shutil.rmtree, self.root, True)
         self.next_id = 1  # vLLM's adapter ids start at 1
 
     def write(self, tensors: dict[str, torch.Tensor], version: int) -> tuple[str, int, Path]:
@@ -74,4 +78,4 @@ class AdapterVersions:
         shutil.rmtree(path, ignore_errors=True)
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._remove_root()

@@ -99,8 +99,7 @@ def verifiers_task(cfg: VerifiersTaskConfig, limit: PromptLimit | None = None) -
         path=f"verifiers environment {cfg.env_id}", seed=cfg.seed, eval_size=cfg.eval_size,
         eval_fraction=0.0 if eval_rows is not None else cfg.eval_fraction,
         prompt=PromptConfig(messages_field="prompt"), reward=cfg.reward)
-    task = DatasetTask(as_dataset, limit, _with_answer(rows), _with_answer(eval_rows))
-    return task
+    return DatasetTask(as_dataset, limit, _with_answer(rows), _with_answer(eval_rows))
 
 
 def _with_answer(rows: Any) -> Any:

@@ -3,7 +3,7 @@ bounds, with and without off-policy correction, over several seeds.
 
     python bench/convergence.py [--steps N] [--seeds 3] [--staleness 1,2,4,8]
         [--corrections tis_token,none] [--config examples/tiny_cpu.yaml] [--modes GLOBS]
-        [--out docs/] [--smoke]
+        [--out docs/results] [--smoke]
     python bench/convergence.py --config examples/smollm2_cpu.yaml --staleness 2 --seeds 1 \
         --modes sync,async_2_tis_token     # the headline pair on SmolLM2-135M
 
@@ -20,9 +20,10 @@ config, with one mode's edits:
   trainer.loss.correction <correction> (tis_token: truncated importance sampling, the default;
   none: stale samples trained as if on-policy).
 
-Writes <out>/<name>.md (the table, with its definitions) and <out>/<name>.png (reward
-against steps and against wall time; name: convergence for the tiny example, else
-convergence_<config>), keeps each run's directory (metrics, logs) under runs/<name>/ and
+Draws <out>/<name>.png (reward against steps and against wall time, shown on the results
+page; name: convergence for the tiny example, else convergence_<config>), writes the table
+with its definitions to runs/<name>/<name>.md, keeps each run's directory (metrics, logs)
+under runs/<name>/ and
 reuses a finished run with the same settings when run again (--fresh reruns it), and ends
 with one JSON line: for each asynchronous mode its final reward minus sync's in points and
 its wall-time ratio to sync, and whether the target is met (a corrected asynchronous mode
@@ -199,7 +200,7 @@ def parse_args(argv=None):
     parser.add_argument("--eval-every", type=int, help="default: the config's")
     parser.add_argument("--smooth", type=float, default=0.05,
                         help="trailing-mean window as a share of the steps")
-    parser.add_argument("--out", help="where the table and PNG go (default docs/)")
+    parser.add_argument("--out", help="where the PNG goes (default docs/results)")
     parser.add_argument("--name", help="file name of the table (.md) and PNG; default "
                         "convergence for examples/tiny_cpu.yaml, else convergence_<config>, "
                         "so another config's study leaves this one's alone")
@@ -271,14 +272,15 @@ def main(argv=None) -> None:
                              groups_per_batch=base.buffer.groups_per_batch,
                              group_size=base.buffer.group_size, seeds=args.seeds,
                              smooth_window=window, points_scale=scale)
-    table, png = args.out / f"{args.name}.md", args.out / f"{args.name}.png"
+    table, png = args.runs_dir / f"{args.name}.md", args.out / f"{args.name}.png"
     args.out.mkdir(parents=True, exist_ok=True)
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
     table.write_text(render_markdown(settings, summaries, comparisons, png.name))
     plot_curves(png, {m.name: c for m, c in mean_curves.items()},
                 {m.name: (m.staleness, m.correction) for m in modes}, level,
                 f"{args.config}: {args.steps} steps, {args.seeds} seed(s)")
     print(f"wrote {table} and {png}")
-    harness.report(args, study_result(args, summaries, comparisons, scale))
+    harness.report(args, study_result(args, summaries, comparisons, scale), picture=png)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
-"""Fault injection on the real stack, written up as docs/results/reliability.md.
+"""Fault injection on the real stack: every kind of process killed (-9) in turn, the time
+each takes to recover, and the audit of the run's books at its end.
 
-    python bench/faults.py [--seed 0] [--rounds 3] [--out docs/results/reliability.md]
+    python bench/faults.py [--seed 0] [--rounds 3] [--out runs/bench_faults/reliability.md]
 
 Runs a small stack (every service its own process, embedded Redis with append-only
 persistence) while a seeded schedule kills (-9) each kind of process in turn, `--rounds`
 times over: rollout worker, relay, buffer, scheduler, trainer, Redis. The launcher restarts
 each. The run must reach its last step with the audit balanced: no prompt lost, none
-trained twice. Writes the table of faults and outcomes to `--out`, and exits 1 unless every
-fault recovered and the books balance.
+trained twice. Writes the table of faults and outcomes to `--out`, records each kind's
+recovery time (median and worst) and the audit, and exits 1 unless every fault recovered
+and the books balance.
 """
 
 from __future__ import annotations
 
 import datetime
 import platform
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -116,11 +119,34 @@ def render(result: FaultRunResult, command: str, seed: int, rounds: int,
     return "\n".join(lines) + "\n"
 
 
+def figures(result: FaultRunResult, seed: int, rounds: int, cfg: RunConfig) -> dict:
+    """The run's record: each fault's recovery, their median and worst by kind, the books."""
+    by_kind: dict[str, list[float]] = {}
+    for o in result.outcomes:
+        if o.recovery_s is not None:
+            by_kind.setdefault(o.fault.target, []).append(o.recovery_s)
+    c = result.audit.counts
+    return {
+        "seed": seed, "rounds": rounds, "clean": result.clean,
+        "faults_injected": len(result.outcomes),
+        "not_recovered": sum(o.recovery_s is None for o in result.outcomes),
+        "recovery_s_median": {k: round(statistics.median(v), 2) for k, v in by_kind.items()},
+        "recovery_s_max": {k: round(max(v), 2) for k, v in by_kind.items()},
+        "final_step": result.final_step, "max_steps": result.max_steps,
+        "elapsed_s": round(result.elapsed_s, 1),
+        "books_balance": result.audit.balanced, "prompts_leased": c["leased"],
+        "trained": c["trained"], "dropped": c["dropped"], "failed": c["failed"],
+        "lost": result.lost, "trained_twice": result.trained_twice,
+        "workers": cfg.rollout.num_workers, "staleness_bound": cfg.trainer.max_staleness,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser("faults", __doc__.splitlines()[0], rounds=3,
                        rounds_help="times every kind of process is killed")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "reliability.md")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_faults" / "reliability.md",
+                   help="the write-up: the schedule, each fault's recovery, the audit")
     p.add_argument("--steps-per-restart", type=int, default=60,
                    help="trainer steps allowed for while a worker or the relay restarts")
     p.add_argument("--keep-run", type=Path, default=None,
@@ -138,14 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config(run_dir, args.models, steps, args.rounds)
         result = run_with_faults(cfg, schedule, args.steps_per_restart)
     out = args.out.resolve()
-    command = f"python bench/faults.py --seed {args.seed} --rounds {args.rounds}"
-    if out != (ROOT / "docs" / "results" / "reliability.md").resolve():
-        command += f" --out {args.out}"
-    out.write_text(render(result, command, args.seed, args.rounds, cfg,
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(result, args.command, args.seed, args.rounds, cfg,
                           args.steps_per_restart))
     print(out.read_text())
-    harness.report(args, {"bench": "faults", "rounds": args.rounds, "clean": result.clean,
-                          "out": str(out)})
+    harness.report(args, figures(result, args.seed, args.rounds, cfg))
     return 0 if result.clean else 1
 
 

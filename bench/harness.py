@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+DOCS_RESULTS = ROOT / "docs" / "results"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,9 +68,12 @@ def parser(name: str, description: str | None = None, *, rounds: int | None = No
     return p
 
 
-def report(args: argparse.Namespace, record: dict) -> None:
+def report(args: argparse.Namespace, record: dict, picture: Path | None = None) -> None:
     """End a run: `record` appended to the results file with its provenance, then printed as
-    the last stdout line."""
+    the last stdout line. `picture`: what the bench drew of this run; one under docs/results/
+    is named in the record (relative to that folder), so the run's results page shows it."""
+    if picture is not None and Path(picture).resolve().is_relative_to(DOCS_RESULTS):
+        record = {**record, "picture": str(Path(picture).resolve().relative_to(DOCS_RESULTS))}
     line = {"bench": args.bench_name, **record, "command": args.command, "commit": commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": machine()}

@@ -185,10 +185,10 @@ def main(argv: list[str] | None = None) -> None:
               f"{results[-1]['final_pass@1']:.3f}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot(results, out / "own_task.png")  # shown on the run's generated results page
+    plot(results, out / "own_task.png")
     harness.report(args, {"bench": "own_task", "minutes": args.minutes, "runs": [
         {k: v for k, v in r.items() if k not in ("curve", "rewards", "final")}
-        for r in results]})
+        for r in results]}, picture=out / "own_task.png")
 
 
 if __name__ == "__main__":

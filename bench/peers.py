@@ -4,7 +4,7 @@ and their ratio.
 
     python bench/peers.py                                    # the tiny example, 3 rounds a side
     python bench/peers.py --setup smollm2 --rounds 3         # SmolLM2-135M-Instruct, chat sums
-    python bench/peers.py --rounds 1 --steps 200 --out /tmp  # a quick look
+    python bench/peers.py --rounds 1 --steps 200 --out /tmp  # a quick look, drawn in /tmp
 
 Both sides get the config's task, model and warm start (its cached model), batch (prompts x
 samples a step), learning rate, gradient clip and loss (GRPO: group-scaled advantages, a
@@ -28,15 +28,16 @@ reads pass@1 with a spread of about 0.1. Reported (bench/peers_report.py has the
 arithmetic): the median and the spread over rounds of each side's time to each level, the
 ratio TRL time / RelayRL time (above 1: RelayRL is faster), samples/s, each side's pass@1
 per saved step;
-docs/results/peers_<setup>.md, a plot, the rounds' curves (peers_<setup>_rounds.json) and a
-JSON line.
+a plot (<out>/peers_<setup>.png, --out docs/results by default, shown on the results page),
+the report and the rounds' curves under runs/bench_peers/<setup>/ (peers_<setup>.md,
+peers_<setup>_rounds.json) and a JSON line.
 
 With --extra-steps N both sides train N steps past --steps and the levels come from TRL's
 saves up to --steps: TRL's final level is the median of its rounds' finals, which about half
 of any side's rounds reach only after that step, so without the extra steps such a round
 counts as a miss and a median time to the level often does not exist on either side.
 
-More rounds later: `--first-round 3 --merge docs/results/peers_smollm2_rounds.json` runs
+More rounds later: `--first-round 3 --merge runs/bench_peers/smollm2/peers_smollm2_rounds.json` runs
 rounds 3, 4, ... and reports them together with the earlier command's (same setup, steps and
 settings).
 """
@@ -231,13 +232,15 @@ def main(argv: list[str] | None = None) -> None:
     report = summarize(runs, start, steps if args.extra_steps else None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"peers_{args.setup}_rounds.json").write_text(json.dumps(
+    png = out / f"peers_{args.setup}.png"
+    (work / f"peers_{args.setup}_rounds.json").write_text(json.dumps(
         {**settings, "start": start, "runs": records}) + "\n")
-    plot(runs, report, out / f"peers_{args.setup}.png")
-    (out / f"peers_{args.setup}.md").write_text(markdown(
-        report, args.setup, path, TRL_VERSION, args.command, f"peers_{args.setup}.png"))
+    plot(runs, report, png)
+    (work / f"peers_{args.setup}.md").write_text(markdown(
+        report, args.setup, path, TRL_VERSION, args.command, png.resolve().as_uri()))
     harness.report(args, {"bench": "peers", "setup": args.setup, "trl": TRL_VERSION,
-                          "rounds": len(records) // 2, "steps": steps, **report})
+                          "rounds": len(records) // 2, "steps": steps, **report},
+                   picture=png)
 
 
 def earlier_rounds(path: Path, settings: dict) -> list[dict]:

@@ -2,8 +2,8 @@
 per file `bench/results/<name>.jsonl` (docs/results/<name>.md), and the list of them
 (docs/results/runs.md). A page quotes only what its file holds: the newest run's figures in
 full, with its command, commit, date and machine, and every earlier run's command, commit
-and date; a picture the benchmark drew of that run (docs/results/<name>.png) is shown with
-them. Smoke runs are left out.
+and date; the picture the benchmark drew of that run (the record's `picture`, under
+docs/results/) is shown with them. Smoke runs are left out.
 
     python scripts/gen_results_pages.py          # write the pages
     python scripts/gen_results_pages.py --check  # fail when one is stale (make lint)
@@ -26,7 +26,7 @@ from scripts.pages import write_or_check  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "results"
 INDEX = DOCS / "runs.md"
-ABOUT = ("bench", "command", "commit", "date", "machine")
+ABOUT = ("bench", "command", "commit", "date", "machine", "picture")
 
 
 def runs(path: Path) -> list[dict[str, Any]]:
@@ -99,8 +99,9 @@ def page(path: Path) -> str:
             "| figure | value |", "|---|---|"]
     out += [f"| `{k}` | {shown(v)} |" for k, v in flat({k: v for k, v in last.items()
                                                          if k not in ABOUT})]
-    if (DOCS / f"{name}.png").is_file():  # the picture the benchmark drew of its newest run
-        out += ["", f"![{name}, the newest run]({name}.png)"]
+    picture = last.get("picture", f"{name}.png")  # what the benchmark drew of its newest run
+    if picture and (DOCS / picture).is_file():
+        out += ["", f"![{name}, the newest run]({picture})"]
     out += ["", "## Every run", "", "| date | commit | command |", "|---|---|---|"]
     out += [f"| {r.get('date')} | `{str(r.get('commit'))[:12]}` | `{r.get('command')}` |"
             for r in reversed(rows)]

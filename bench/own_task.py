@@ -14,9 +14,10 @@ which is the "after" figure; the "start" figure is the eval of the starting mode
 0). The evals in between (inline, or the separate evaluator's eval.jsonl, each placed at the
 time its version was made) give the curve.
 
-Draws <out>/own_task.png (held-out pass@1 and training reward against minutes; the results
-page docs/results/own_task.md shows it) and ends with one JSON line: per config the start and
-final pass@1 and their difference in points, steps, samples and minutes.
+Draws <out>/own_task_<config stems>.png (held-out pass@1 and training reward against
+minutes; the results page docs/results/own_task.md shows it) and ends with one JSON line:
+per config the start and final pass@1 and their difference in points, steps, samples and
+minutes.
 """
 
 from __future__ import annotations
@@ -185,10 +186,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{results[-1]['final_pass@1']:.3f}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot(results, out / "own_task.png")
+    # named by its configs, so a run of other configs draws beside it, not over it
+    png = out / f"own_task_{'_'.join(Path(c).stem for c in args.configs.split(','))}.png"
+    plot(results, png)
     harness.report(args, {"bench": "own_task", "minutes": args.minutes, "runs": [
         {k: v for k, v in r.items() if k not in ("curve", "rewards", "final")}
-        for r in results]}, picture=out / "own_task.png")
+        for r in results]}, picture=png)
 
 
 if __name__ == "__main__":

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     assign_free_ports(data)
     result = profile(RunConfig.model_validate(data), args.skip, args.steps, args.rate)
     print(markdown(result, args.config))
-    harness.report(args, {"bench": "profile", "config": args.config, **result})
+    harness.report(args, {"bench": "profile_stack", "config": args.config, **result})
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The results pages of the docs, generated from the benchmarks' results files: one page
 per file `bench/results/<name>.jsonl` (docs/results/<name>.md), and the list of them
-(docs/results/runs.md). A page quotes only what its file holds: the newest run's figures in
-full, with its command, commit, date and machine, and every earlier run's command, commit
-and date; the picture the benchmark drew of that run (the record's `picture`, under
-docs/results/) is shown with them. Smoke runs are left out.
+(docs/results/runs.md). A page quotes only what its file holds: the newest run of each
+command in full, newest first, with its commit, date and machine, and every run's command,
+commit and date; the picture the benchmark drew of a run (the record's `picture`, under
+docs/results/) is shown with it while no later run has drawn over it. Smoke runs are left out.
 
     python scripts/gen_results_pages.py          # write the pages
     python scripts/gen_results_pages.py --check  # fail when one is stale (make lint)
@@ -90,22 +90,34 @@ def page(path: Path) -> str:
         out += ["## What it measures", "", *described(description), ""]
     if not rows:
         return "\n".join([*out, "No measured run yet.", ""])
-    last = rows[-1]
-    out += ["## The newest run", "",
-            f"- command: `{last.get('command')}`",
-            f"- commit: `{last.get('commit')}`",
-            f"- date: {last.get('date')}",
-            f"- machine: {machine(last.get('machine') or {})}", "",
-            "| figure | value |", "|---|---|"]
-    out += [f"| `{k}` | {shown(v)} |" for k, v in flat({k: v for k, v in last.items()
-                                                         if k not in ABOUT})]
-    picture = last.get("picture", f"{name}.png")  # what the benchmark drew of its newest run
-    if picture and (DOCS / picture).is_file():
-        out += ["", f"![{name}, the newest run]({picture})"]
+    drawn: set[str] = set()  # a picture file shows the newest run that drew it
+    for run in newest_of_each_command(rows):
+        picture = run.get("picture") or (f"{name}.png" if run is rows[-1] else None)
+        own = picture is not None and picture not in drawn and (DOCS / picture).is_file()
+        drawn.update([picture] if picture else [])
+        out += [f"## `{run.get('command')}`", "",
+                f"- commit: `{run.get('commit')}`",
+                f"- date: {run.get('date')}",
+                f"- machine: {machine(run.get('machine') or {})}", "",
+                "| figure | value |", "|---|---|"]
+        out += [f"| `{k}` | {shown(v)} |" for k, v in flat({k: v for k, v in run.items()
+                                                             if k not in ABOUT})]
+        if own:
+            out += ["", f"![{name}: {run.get('command')}]({picture})"]
+        out += [""]
     out += ["", "## Every run", "", "| date | commit | command |", "|---|---|---|"]
     out += [f"| {r.get('date')} | `{str(r.get('commit'))[:12]}` | `{r.get('command')}` |"
             for r in reversed(rows)]
     return "\n".join([*out, ""])
+
+
+def newest_of_each_command(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest run of every command, newest first: a run with other flags (another
+    config, setup or size) keeps its figures on the page when a later one differs."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in reversed(rows):
+        seen.setdefault(str(r.get("command")), r)
+    return list(seen.values())
 
 
 def index(files: list[Path]) -> str:

@@ -1,9 +1,10 @@
 """The results pages of the docs, generated from the benchmarks' results files: one page
-per file `bench/results/<name>.jsonl` (docs/results/<name>.md), and the list of them
-(docs/results/runs.md). A page quotes only what its file holds: the newest run of each
-command in full, newest first, with its commit, date and machine, and every run's command,
-commit and date; the picture the benchmark drew of a run (the record's `picture`, under
-docs/results/) is shown with it while no later run has drawn over it. Smoke runs are left out.
+per benchmark bench/<name>.py from its `bench/results/<name>.jsonl` (docs/results/<name>.md,
+saying so when no run is on record), and the list of them (docs/results/runs.md). A page
+quotes only what its file holds: the newest run of each command in full, newest first, with
+its commit, date and machine, and every run's command, commit and date; the picture the
+benchmark drew of a run (the record's `picture`, under docs/results/) is shown with it while
+no later run has drawn over it. Smoke runs are left out.
 
     python scripts/gen_results_pages.py          # write the pages
     python scripts/gen_results_pages.py --check  # fail when one is stale (make lint)
@@ -30,7 +31,9 @@ ABOUT = ("bench", "command", "commit", "date", "machine", "picture")
 
 
 def runs(path: Path) -> list[dict[str, Any]]:
-    """The file's measured runs (smoke runs left out), oldest first."""
+    """The file's measured runs (smoke runs left out), oldest first; none without a file."""
+    if not path.is_file():
+        return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if "--smoke" not in r.get("command", "")]
 
@@ -89,7 +92,7 @@ def page(path: Path) -> str:
     if description:
         out += ["## What it measures", "", *described(description), ""]
     if not rows:
-        return "\n".join([*out, "No measured run yet.", ""])
+        return "\n".join([*out, f"No run on record in `bench/results/{path.name}` yet.", ""])
     drawn: set[str] = set()  # a picture file shows the newest run that drew it
     for run in newest_of_each_command(rows):
         picture = run.get("picture") or (f"{name}.png" if run is rows[-1] else None)
@@ -123,7 +126,8 @@ def newest_of_each_command(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def index(files: list[Path]) -> str:
     out = ["# Measured runs", "",
            "One page per benchmark, generated from its results file under `bench/results/` "
-           "by `python scripts/gen_results_pages.py` (`make lint` checks they are current).",
+           "by `python scripts/gen_results_pages.py` (`make lint` checks they are current); "
+           "a benchmark with no run on record says so.",
            "", "| benchmark | what it measures | runs | newest |", "|---|---|---|---|"]
     for path in files:
         rows = runs(path)
@@ -133,8 +137,17 @@ def index(files: list[Path]) -> str:
     return "\n".join([*out, ""])
 
 
+def benchmarks() -> list[Path]:
+    """The results file of every benchmark under bench/ (a script whose main goes through
+    the harness), whether or not it has recorded a run, and of any other results file."""
+    names = {p.stem for p in (ROOT / "bench").glob("*.py")
+             if p.stem != "harness" and "harness.parser(" in p.read_text()}
+    names |= {p.stem for p in RESULTS.glob("*.jsonl")}
+    return [RESULTS / f"{name}.jsonl" for name in sorted(names)]
+
+
 def main(argv: list[str]) -> int:
-    files = sorted(RESULTS.glob("*.jsonl"))
+    files = benchmarks()
     pages = {DOCS / f"{p.stem}.md": (lambda p=p: page(p)) for p in files}
     pages[INDEX] = lambda: index(files)
     return write_or_check(pages, argv, "gen_results_pages.py")

@@ -63,3 +63,11 @@ def test_a_picture_is_shown_beside_the_newest_run_that_drew_it(docs, tmp_path):
 def test_a_picture_that_is_missing_is_not_linked(docs, tmp_path):
     path = write(tmp_path, [record("python bench/scale.py", "2026-01-01", picture="gone.png")])
     assert "gone.png" not in pages.page(path)
+
+
+def test_every_benchmark_has_a_page_even_before_its_first_run():
+    names = {p.stem for p in pages.benchmarks()}
+    assert {"gpu_smoke", "throughput", "longtail", "scale"} <= names
+    assert "harness" not in names and "common" not in names
+    missing = pages.RESULTS / "no_such_bench.jsonl"
+    assert pages.runs(missing) == []

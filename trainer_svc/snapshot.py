@@ -41,8 +41,10 @@ class Snapshot:
              ready: torch.cuda.Event | None = None) -> None:
         device = _cuda_device(state)
         if device is None:
-            for name, t in state.items():
-                self._buffer(name, t, pin=False).copy_(t.detach())
+            # One call for every tensor: the GIL stays released for the whole copy instead of
+            # being taken back between tensors, where the send thread's Python holds it up.
+            torch._foreach_copy_([self._buffer(name, t, pin=False) for name, t in state.items()],
+                                 [t.detach() for t in state.values()])
         else:
             if self._stream is None or self._stream.device != device:
                 self._stream = torch.cuda.Stream(device)

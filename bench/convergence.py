@@ -35,6 +35,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -275,7 +276,9 @@ def main(argv=None) -> None:
     table, png = args.runs_dir / f"{args.name}.md", args.out / f"{args.name}.png"
     args.out.mkdir(parents=True, exist_ok=True)
     args.runs_dir.mkdir(parents=True, exist_ok=True)
-    table.write_text(render_markdown(settings, summaries, comparisons, png.name))
+    # the write-up in runs/ shows the picture where it was drawn
+    table.write_text(render_markdown(settings, summaries, comparisons,
+                                     os.path.relpath(png.resolve(), table.parent.resolve())))
     plot_curves(png, {m.name: c for m, c in mean_curves.items()},
                 {m.name: (m.staleness, m.correction) for m in modes}, level,
                 f"{args.config}: {args.steps} steps, {args.seeds} seed(s)")

@@ -37,14 +37,15 @@ saves up to --steps: TRL's final level is the median of its rounds' finals, whic
 of any side's rounds reach only after that step, so without the extra steps such a round
 counts as a miss and a median time to the level often does not exist on either side.
 
-More rounds later: `--first-round 3 --merge runs/bench_peers/smollm2/peers_smollm2_rounds.json` runs
-rounds 3, 4, ... and reports them together with the earlier command's (same setup, steps and
-settings).
+More rounds later: `--first-round 3 --merge
+runs/bench_peers/smollm2/peers_smollm2_rounds.json` runs rounds 3, 4, ... and reports them
+together with the earlier command's (same setup, steps and settings).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -237,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         {**settings, "start": start, "runs": records}) + "\n")
     plot(runs, report, png)
     (work / f"peers_{args.setup}.md").write_text(markdown(
-        report, args.setup, path, TRL_VERSION, args.command, png.resolve().as_uri()))
+        report, args.setup, path, TRL_VERSION, args.command,
+        os.path.relpath(png.resolve(), work.resolve())))
     harness.report(args, {"bench": "peers", "setup": args.setup, "trl": TRL_VERSION,
                           "rounds": len(records) // 2, "steps": steps, **report},
                    picture=png)

@@ -76,7 +76,11 @@ def init_world(device: str = "auto") -> World:
 
 
 def close_world(world: World) -> None:
+    """After a clean stop, on every rank: the ranks meet, then tear the process group down
+    together, so no rank destroys its end of a connection its peer is still using (a
+    follower that raced ahead of rank 0 here was seen to die of SIGABRT inside gloo)."""
     if world.size > 1 and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

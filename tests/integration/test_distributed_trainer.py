@@ -38,15 +38,18 @@ def two_ranks(tmp_path_factory, tiny_lm, redis_url):
            str(tiny_lm.path), str(out), redis_url, str(tmp / "run")]
     # its own session: on a timeout the ranks go too, not only torchrun (a hung collective
     # would otherwise keep both ranks alive long after the test)
+    # a rank that dies on a signal prints every thread's Python stack (faulthandler); no
+    # progress bars to crowd it out of the failure message
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=env)
     try:
         stdout, stderr = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         pytest.fail("torchrun ran over 300 s:\n" + stdout[-4000:] + stderr[-4000:])
-    assert proc.returncode == 0, stdout[-4000:] + stderr[-4000:]
+    assert proc.returncode == 0, stdout[-4000:] + stderr[-12000:]
     return {"runs": torch.load(out, weights_only=False), "run_dir": tmp / "run"}
 
 

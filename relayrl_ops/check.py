@@ -266,12 +266,97 @@ def _environment(cfg: RunConfig, task: Any, report: Report) -> None:
 def planned_memory(cfg: RunConfig, model_dir: Path | None
                    ) -> list[tuple[str, int, list[tuple[str, float]]]] | None:
     """memory_plan for the model in `model_dir`; None when its size cannot be counted."""
+    import torch
+
     try:
         params = _parameters(cfg, model_dir)
     except Exception:
         return None
     adapter = _adapter_parameters(cfg, model_dir) if cfg.trainer.lora else 0
-    return memory_plan(cfg, params, adapter)
+    try:
+        tokens, rows = pass_shape(cfg)
+        with torch.device("meta"):
+            model = _meta_model(cfg, model_dir)
+        activations = (tokens, pass_activations(model, tokens, rows,
+                                                cfg.trainer.activation_checkpointing))
+    except Exception:  # a family the meta device cannot run: the rest of the plan stands
+        activations = None
+    return memory_plan(cfg, params, adapter, activations)
+
+
+def pass_shape(cfg: RunConfig) -> tuple[int, int]:
+    """(tokens, rows) of the trainer's largest forward and backward pass: rows of the
+    engine's whole window, as many as trainer.micro_batch_tokens holds (at least one), or
+    the whole batch when it is 0."""
+    row = cfg.prompt_window().engine
+    batch_rows = cfg.buffer.groups_per_batch * cfg.buffer.group_size
+    mbt = cfg.trainer.micro_batch_tokens
+    rows = batch_rows if mbt <= 0 else min(batch_rows, max(1, mbt // row))
+    return rows * row, rows
+
+
+def pass_activations(model, tokens: int, rows: int, checkpointing: bool) -> int:
+    """Bytes autograd keeps for the backward of one training pass of `rows` rows, `tokens`
+    in all, besides the weights, through `model` on the meta device (nothing is computed or
+    allocated), plus the backward's largest transient (two [tokens, vocabulary] float32
+    gradients of the log-softmax). With `checkpointing` a decoder layer keeps only its
+    input, and one layer's activations exist at a time (recomputed in the backward)."""
+    import torch
+    from torch.autograd.graph import saved_tensors_hooks
+    from transformers import AttentionInterface
+
+    class FusedAttention(torch.autograd.Function):
+        """What a fused attention kernel (SDPA's flash kernels, on CPU and GPU) keeps for
+        its backward: inputs, output and a log-sum-exp per query, never the [L, L] weights
+        (SDPA on the meta device takes the unfused path, which keeps them)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out = torch.empty_like(q)
+            ctx.save_for_backward(q, k, v, out, q.new_empty(q.shape[:-1]))
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):  # never run: the graph is only counted
+            raise NotImplementedError
+
+    AttentionInterface.register(
+        "relayrl_fused_count",
+        lambda module, q, k, v, mask, **kw: (FusedAttention.apply(q, k, v).transpose(1, 2), None))
+    model.config._attn_implementation = "relayrl_fused_count"
+    # the repeated blocks a Hugging Face model names in _no_split_modules
+    block = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in block]
+    inside = {"layer": False}
+    kept = {"in_layers": {}, "outside": {}}
+
+    weights = {p.untyped_storage()._cdata for p in model.parameters()}
+
+    def pack(t):
+        key = t.untyped_storage()._cdata  # views of one tensor are kept once
+        if key not in weights:  # a weight a backward reads is held anyway
+            where = kept["in_layers" if inside["layer"] else "outside"]
+            where[key] = max(where.get(key, 0), t.numel() * t.element_size())
+        return t
+
+    hooks = [h for layer in layers for h in (
+        layer.register_forward_pre_hook(lambda *_: inside.update(layer=True)),
+        layer.register_forward_hook(lambda *_: inside.update(layer=False)))]
+    model.train()
+    ids = torch.zeros(rows, max(2, tokens // rows), dtype=torch.long, device="meta")
+    try:
+        with saved_tensors_hooks(pack, lambda t: t):
+            logits = model(input_ids=ids).logits[:, :-1]
+            torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None])
+    finally:
+        for h in hooks:
+            h.remove()
+    in_layers = sum(kept["in_layers"].values())
+    outside = sum(kept["outside"].values())
+    if checkpointing:
+        hidden = model.config.get_text_config().hidden_size
+        in_layers = len(layers) * ids.numel() * hidden * 4 + in_layers // max(len(layers), 1)
+    return outside + in_layers + 2 * ids.numel() * logits.shape[-1] * 4
 
 
 def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
@@ -280,8 +365,8 @@ def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
         report.line("memory: not estimated (the parameter count is unknown)")
         return
     report.line("memory (rough: weights, gradients, optimizer state, kept copies, stored "
-                "versions and KV cache; activations, framework and Python overhead not "
-                "counted):")
+                "versions, KV cache and the trainer's activations; framework and Python "
+                "overhead not counted):")
     total = 0.0
     for service, count, parts in plan:
         size = sum(b for _, b in parts)
@@ -292,11 +377,13 @@ def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
     report.line(f"  together: about {total / GIB:.2f} GiB")
 
 
-def memory_plan(cfg: RunConfig, params: int, adapter: int = 0
+def memory_plan(cfg: RunConfig, params: int, adapter: int = 0,
+                activations: tuple[int, int] | None = None
                 ) -> list[tuple[str, int, list[tuple[str, float]]]]:
     """(service, how many run, [(what it holds, bytes)]) for a model of `params` parameters
     (and, with trainer.lora, an adapter of `adapter`): every copy of the weights each
-    service keeps, named after the setting that keeps it."""
+    service keeps, named after the setting that keeps it, and with `activations` (tokens,
+    bytes) the trainer's largest pass."""
     tc, shipped = cfg.trainer, DTYPE_BYTES[cfg.model.dtype_name()]
     trained = adapter or params
     version = trained * shipped  # what one version weighs on the wire and in the relay
@@ -307,6 +394,11 @@ def memory_plan(cfg: RunConfig, params: int, adapter: int = 0
                ("past versions for the engine check (trainer.engine_check_versions)",
                 trained * 4 * tc.engine_check_versions if tc.engine_check_seqs else 0),
                ("two publish snapshots", 2 * version)]
+    if activations is not None:
+        tokens, size = activations
+        how = ("trainer.micro_batch_tokens, activation_checkpointing on"
+               if tc.activation_checkpointing else "trainer.micro_batch_tokens")
+        trainer.append((f"activations of a {tokens}-token pass ({how})", size))
     relay = [(f"{cfg.relay.keep_versions} versions (relay.keep_versions)",
               cfg.relay.keep_versions * version)]
     e = cfg.rollout.engine

@@ -153,18 +153,43 @@ class PolicyOutputs:
 def policy_outputs(model, batch: TrainBatch, temperature: float, *, entropy_grad: bool = False,
                    hidden: bool = False) -> PolicyOutputs:
     """One forward pass: next-token log-probabilities, the entropy of each next-token
-    distribution (from the same log-softmax; with a gradient only if `entropy_grad`), and
-    optionally the last hidden state on the same positions."""
+    distribution (with a gradient only if `entropy_grad`), and optionally the last hidden
+    state on the same positions."""
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                 output_hidden_states=hidden)
-    logp = torch.log_softmax(out.logits[:, :-1].float() / temperature, dim=-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = entropy_from_logprobs(logp)
+    logprobs, entropy = next_token_stats(out.logits[:, :-1], batch.input_ids[:, 1:],
+                                         temperature, entropy_grad)
     return PolicyOutputs(
-        logprobs=logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1),
-        entropy=entropy,
+        logprobs=logprobs, entropy=entropy,
         hidden=out.hidden_states[-1][:, :-1] if hidden else None,
     )
+
+
+# Positions whose entropy is computed at once when it needs no gradient: a [n, V] float32
+# temporary in place of a whole pass's [tokens, V] (one chunk of 1024 is 192 MiB at
+# SmolLM2's vocabulary of 49,152).
+ENTROPY_CHUNK_TOKENS = 1024
+
+
+def next_token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                     entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, T] log pi of each target, [B, T] entropy of each distribution) from [B, T, V]
+    logits. For a large vocabulary a pass's [T, V] tensors are what bound its memory, so
+    beside the log-softmax the backward keeps, no other is made: no copy for a temperature
+    of 1, and an entropy without a gradient is taken a few positions at a time."""
+    logits = logits.float()  # no copy for float32 logits
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    taken = logp.gather(-1, targets[..., None]).squeeze(-1)
+    if entropy_grad and torch.is_grad_enabled():
+        return taken, entropy_from_logprobs(logp)
+    with torch.no_grad():
+        entropy = torch.empty(logp.shape[:-1], dtype=logp.dtype, device=logp.device)
+        step = max(1, ENTROPY_CHUNK_TOKENS // max(logp.shape[0], 1))
+        for s in range(0, logp.shape[1], step):
+            entropy[:, s:s + step] = entropy_from_logprobs(logp[:, s:s + step])
+    return taken, entropy
 
 
 def token_logprobs(model, batch: TrainBatch, temperature: float) -> torch.Tensor:

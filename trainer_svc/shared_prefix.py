@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer_svc.batching import PolicyOutputs, TrainBatch
-from trainer_svc.losses.regularizers import entropy_from_logprobs
+from trainer_svc.batching import PolicyOutputs, TrainBatch, next_token_stats
 
 
 def prompt_sharing(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,14 +82,12 @@ def shared_prefix_outputs(model, batch: TrainBatch, temperature: float,
         last = prompt_out[inverse, prompt_len - 1]
         return torch.cat([last[:, None], response_out[:, :-1]], dim=1)
 
-    logits = window(prompts.logits, responses.logits)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = _into_rows(entropy_from_logprobs(logp), prompt_len - 1, width - 1)
-    taken = logp.gather(-1, batch.input_ids.gather(1, at.clamp(max=width - 1))[..., None])
+    taken, entropy = next_token_stats(
+        window(prompts.logits, responses.logits),
+        batch.input_ids.gather(1, at.clamp(max=width - 1)), temperature, entropy_grad)
     return PolicyOutputs(
-        logprobs=_into_rows(taken.squeeze(-1) * r_mask, prompt_len - 1, width - 1),
-        entropy=entropy,
+        logprobs=_into_rows(taken * r_mask, prompt_len - 1, width - 1),
+        entropy=_into_rows(entropy, prompt_len - 1, width - 1),
         hidden=_into_rows(window(prompts.hidden_states[-1], responses.hidden_states[-1]),
                           prompt_len - 1, width - 1) if hidden else None,
     )

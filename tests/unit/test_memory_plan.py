@@ -1,16 +1,24 @@
 """The memory plan `relayrl check` prints names every copy of the weights each service
 keeps, and follows the settings that keep them: the dtype versions ship in, a LoRA adapter,
-the KL reference, the engine check's past versions, the relay's kept versions."""
+the KL reference, the engine check's past versions, the relay's kept versions. The trainer's
+activations, counted on the meta device, are what a real pass keeps for its backward."""
 
-from relayrl.config import RunConfig
-from relayrl_ops.check import memory_plan
+import pytest
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from relayrl.config import RunConfig, TinyModel
+from relayrl.models.tiny import build_model
+from relayrl_ops.check import memory_plan, pass_activations, pass_shape
 
 P = 1_000_000
 
 
-def plan(data: dict, adapter: int = 0) -> dict[str, dict[str, float]]:
+def plan(data: dict, adapter: int = 0, activations: tuple[int, int] | None = None
+         ) -> dict[str, dict[str, float]]:
     cfg = RunConfig.model_validate(data)
-    return {service: dict(parts) for service, _, parts in memory_plan(cfg, P, adapter)}
+    return {service: dict(parts)
+            for service, _, parts in memory_plan(cfg, P, adapter, activations)}
 
 
 def test_full_fine_tuning_in_float32():
@@ -40,3 +48,62 @@ def test_an_adapter_run_trains_and_ships_the_adapter_and_keeps_no_reference_copy
     assert trainer["KL reference (trainer.loss.kl_coef)"] == 0
     full = plan({"trainer": {"loss": {"name": "grpo", "kl_coef": 0.1}}})
     assert full["trainer"]["KL reference (trainer.loss.kl_coef)"] == 4 * P
+
+
+def tiny(layers: int = 2):
+    return build_model(TinyModel(hidden_size=64, num_layers=layers, num_heads=4), 300, None)
+
+
+def meta_tiny(layers: int = 2):
+    with torch.device("meta"):
+        return tiny(layers)
+
+
+def kept_by_a_real_pass(model, rows: int, length: int) -> int:
+    """Bytes a real CPU training pass keeps for its backward (each storage once, the weights
+    left out), plus the
+    two [tokens, vocabulary] float32 gradients the plan adds for the backward."""
+    model.train()
+    ids = torch.randint(0, model.config.vocab_size, (rows, length))
+    kept: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        logits = model(input_ids=ids).logits[:, :-1]
+        torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None])
+    return sum(kept.values()) + 2 * rows * (length - 1) * model.config.vocab_size * 4
+
+
+def test_the_activation_count_matches_what_a_real_pass_keeps():
+    predicted = pass_activations(meta_tiny(), 4 * 60, 4, checkpointing=False)
+    assert predicted == pytest.approx(kept_by_a_real_pass(tiny(), 4, 60), rel=0.02)
+
+
+def test_activations_grow_with_the_rows_and_shrink_with_checkpointing():
+    one = pass_activations(meta_tiny(), 60, 1, checkpointing=False)
+    # all but the positions' rotary tables, which every row shares
+    assert pass_activations(meta_tiny(), 4 * 60, 4, checkpointing=False) == pytest.approx(
+        4 * one, rel=0.02)
+    deep = pass_activations(meta_tiny(layers=8), 60, 1, checkpointing=False)
+    # a layer keeps its input; one layer's activations are recomputed at a time
+    assert pass_activations(meta_tiny(layers=8), 60, 1, checkpointing=True) < deep / 3
+
+
+def test_the_largest_pass_follows_micro_batch_tokens():
+    def shape(trainer: dict) -> tuple[int, int]:
+        cfg = RunConfig.model_validate({"trainer": trainer,
+                                        "rollout": {"samples_per_prompt": 4},
+                                        "buffer": {"groups_per_batch": 2, "group_size": 4}})
+        return pass_shape(cfg)
+
+    row = RunConfig.model_validate({}).prompt_window().engine
+    assert shape({"micro_batch_tokens": 0}) == (8 * row, 8)  # the whole batch at once
+    assert shape({"micro_batch_tokens": 3 * row + 1}) == (3 * row, 3)
+    assert shape({"micro_batch_tokens": 1}) == (row, 1)  # a row longer than the bound: alone
+    got = plan({"trainer": {"micro_batch_tokens": 1}}, activations=(row, 123))["trainer"]
+    assert got[f"activations of a {row}-token pass (trainer.micro_batch_tokens)"] == 123

@@ -4,7 +4,8 @@
 
 For each payload size: raw loopback TCP throughput between two processes (the ceiling),
 the pull throughput of every data plane from a real relay process (verified bytes, the
-worker's path), the trainer's stall per publish next to the plain copy time, a publish over
+worker's path), the trainer's stall per publish next to the plain copy time (versions in
+float32, and in bfloat16 cast from float32 master weights), a publish over
 gRPC against one handed over through shared memory (bench/weights_publish.py), and the time
 from publish until every one of N worker processes holds the new version, with one relay and
 with a two-level tree (root -> 2 followers). The nccl plane is measured GPU to GPU against a
@@ -14,7 +15,8 @@ GPUs).
 Then a LoRA adapter against the whole model (`--lora-model`, SmolLM2-135M by default, rank
 16 on every linear layer): the bytes of one version of each, and the time from publish
 until a torch engine has applied the version pulled from a relay (publish, pull, check,
-load), each the fastest of three. Ends with one JSON line.
+load), each the fastest of three, and the trainer's stall per adapter publish. Ends with one
+JSON line.
 """
 
 from __future__ import annotations
@@ -151,6 +153,11 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
         publisher = AsyncPublisher(RelayClient(address, timeout_s=300))
         out.update(publish_stall(publisher, payload))
         publisher.close()
+        # versions shipped in bfloat16 from float32 master weights: the snapshot casts
+        publisher = AsyncPublisher(RelayClient(address, timeout_s=300), dtype=torch.bfloat16)
+        out.update({f"bf16_{k}": v for k, v in
+                    publish_stall(publisher, payload, torch.bfloat16, 4).items()})
+        publisher.close()
         del publisher  # its snapshot buffers: at 2 GB, memory the fan-out below needs
         if "shm" in planes:
             out.update(weights_publish.publish_row(address, root.pid, SHM_DIR, payload,
@@ -196,17 +203,19 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
     return out
 
 
-def publish_stall(publisher: AsyncPublisher, payload: dict[str, torch.Tensor]) -> dict:
+def publish_stall(publisher: AsyncPublisher, payload: dict[str, torch.Tensor],
+                  dtype: torch.dtype | None = None, first_version: int = 1) -> dict:
     """The training loop's stall per publish: publish() plus the fence before the next
-    optimizer update, with a stand-in forward/backward of twice the copy time in between."""
-    snapshot = {k: torch.empty_like(v) for k, v in payload.items()}
+    optimizer update, with a stand-in forward/backward of twice the copy time in between;
+    against a plain copy into buffers of the versions' `dtype` (the payload's by default)."""
+    snapshot = {k: torch.empty_like(v, dtype=dtype) for k, v in payload.items()}
     t0 = time.perf_counter()
     for k, v in payload.items():
         snapshot[k].copy_(v)
     copy_s = time.perf_counter() - t0
     a = torch.randn(256, 256)
     stalls = []
-    for version in (1, 2, 3):
+    for version in range(first_version, first_version + 3):
         t0 = time.perf_counter()
         publisher.publish(version, version, payload)
         stall = time.perf_counter() - t0
@@ -221,7 +230,9 @@ def publish_stall(publisher: AsyncPublisher, payload: dict[str, torch.Tensor]) -
     publisher.wait()
     send_s = publisher.last_send_s
     stall = sorted(stalls)[1]
-    print(f"    copy {copy_s * 1e3:.0f} ms, stall per publish {stall * 1e3:.1f} ms "
+    shipped = str(dtype or next(iter(payload.values())).dtype).removeprefix("torch.")
+    print(f"    {shipped} versions: copy {copy_s * 1e3:.1f} ms, stall per publish "
+          f"{stall * 1e3:.2f} ms "
           f"({stall / copy_s:.3f} of the copy), background send {send_s:.2f} s", flush=True)
     return {"copy_s": round(copy_s, 4), "stall_s": round(stall, 4),
             "stall_over_copy": round(stall / copy_s, 4), "publish_send_s": round(send_s, 3)}
@@ -262,7 +273,12 @@ def adapter_vs_full(model_dir: Path, tmp: Path, rank: int) -> dict:
     (tmp / "lora-relay").mkdir(exist_ok=True)
     root, address = start_relay(tmp / "lora-relay", ["grpc"])
     try:
-        version = 1
+        publisher = AsyncPublisher(RelayClient(address, timeout_s=300))
+        print("[lora] the trainer's stall per adapter publish:", flush=True)
+        stall = publish_stall(publisher, {k: v.clone() for k, v in adapter.items()})
+        out["adapter_stall_over_copy"] = stall["stall_over_copy"]
+        publisher.close()
+        version = 4
         for name, lm, tensors in (("full", full_lm, full), ("adapter", lora_lm, adapter)):
             engine = TorchEngine(lm, seed=0)
             times = []
@@ -339,7 +355,9 @@ def main(argv: list[str] | None = None) -> None:
                           "nccl_ratio": {r["payload_mb"]: r["nccl_ratio"] for r in results}
                           if "nccl" in planes else {},
                           "stall_over_copy": {r["payload_mb"]: r["stall_over_copy"]
-                                              for r in results}, "lora": lora})
+                                              for r in results},
+                          "bf16_stall_over_copy": {r["payload_mb"]: r["bf16_stall_over_copy"]
+                                                   for r in results}, "lora": lora})
 
 
 if __name__ == "__main__":

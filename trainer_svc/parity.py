@@ -95,8 +95,9 @@ def rescore_older_tokens(model: torch.nn.Module, history: VersionHistory, input_
                          max_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of up to `max_seqs` sequences' older-version tokens under the very
     version that sampled each, newest versions first: (logp [B, T], 1.0 where re-scored).
-    The batch's tensors and the results are on the CPU; the passes run on the model's
-    device, in whatever autocast context the caller holds (the trainer's precision)."""
+    The batch's tensors and the results are on the CPU; the passes, one row each (a pass's
+    logits are [tokens, vocabulary]: 150 MB for a 768-token SmolLM2 row), run on the
+    model's device, in whatever autocast context the caller holds (the trainer's precision)."""
     device = next(model.parameters()).device
     logp = torch.zeros_like(mask, dtype=torch.float32)
     scored = torch.zeros_like(mask, dtype=torch.float32)
@@ -109,12 +110,14 @@ def rescore_older_tokens(model: torch.nn.Module, history: VersionHistory, input_
         if len(rows) == 0:
             continue
         budget -= len(rows)
-        ids = input_ids[rows].to(device)
-        logits = torch.func.functional_call(
-            model, history.get(version),
-            kwargs={"input_ids": ids, "attention_mask": attention_mask[rows].to(device)}).logits
-        lp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-        lp = lp.gather(-1, ids[:, 1:, None]).squeeze(-1).cpu()
-        logp[rows] = torch.where(tokens[rows], lp, logp[rows])
-        scored[rows] = tokens[rows].float()
+        for row in rows.tolist():
+            ids = input_ids[row:row + 1].to(device)
+            logits = torch.func.functional_call(
+                model, history.get(version),
+                kwargs={"input_ids": ids,
+                        "attention_mask": attention_mask[row:row + 1].to(device)}).logits
+            lp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+            lp = lp.gather(-1, ids[:, 1:, None]).squeeze(-1).cpu()[0]
+            logp[row] = torch.where(tokens[row], lp, logp[row])
+            scored[row] = tokens[row].float()
     return logp, scored

@@ -273,25 +273,41 @@ def planned_memory(cfg: RunConfig, model_dir: Path | None
     except Exception:
         return None
     adapter = _adapter_parameters(cfg, model_dir) if cfg.trainer.lora else 0
+    with torch.device("meta"):
+        model = _meta_model(cfg, model_dir)
     try:
         tokens, rows = pass_shape(cfg)
-        with torch.device("meta"):
-            model = _meta_model(cfg, model_dir)
         activations = (tokens, pass_activations(model, tokens, rows,
                                                 cfg.trainer.activation_checkpointing))
     except Exception:  # a family the meta device cannot run: the rest of the plan stands
         activations = None
-    return memory_plan(cfg, params, adapter, activations)
+    return memory_plan(cfg, params, adapter, activations, kv_values_per_token(model.config))
+
+
+def kv_values_per_token(config: Any) -> int:
+    """Keys and values one token holds in a decoder's cache, over all its layers."""
+    text = config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim
 
 
 def pass_shape(cfg: RunConfig) -> tuple[int, int]:
-    """(tokens, rows) of the trainer's largest forward and backward pass: rows of the
-    engine's whole window, as many as trainer.micro_batch_tokens holds (at least one), or
-    the whole batch when it is 0."""
-    row = cfg.prompt_window().engine
-    batch_rows = cfg.buffer.groups_per_batch * cfg.buffer.group_size
-    mbt = cfg.trainer.micro_batch_tokens
-    rows = batch_rows if mbt <= 0 else min(batch_rows, max(1, mbt // row))
+    """(tokens, rows) of the trainer's largest forward and backward pass, in rows of the
+    engine's whole window: as many as trainer.micro_batch_tokens holds (at least one), or the
+    whole batch when it is 0. Under trainer.shared_prefix the bound holds the responses, and
+    the distinct prompts run besides: at most one a group, each at most the longest prompt."""
+    window = cfg.prompt_window()
+    row, groups = window.engine, cfg.buffer.groups_per_batch
+    whole = groups * cfg.buffer.group_size * row
+    mbt, tc = cfg.trainer.micro_batch_tokens, cfg.trainer
+    if mbt <= 0:
+        tokens = whole
+    elif tc.shared_prefix and not tc.activation_checkpointing:
+        tokens = min(whole, max(mbt, row) + groups * window.longest)
+    else:
+        tokens = min(whole, max(1, mbt // row) * row)
+    rows = max(1, tokens // row)
     return rows * row, rows
 
 
@@ -378,12 +394,13 @@ def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
 
 
 def memory_plan(cfg: RunConfig, params: int, adapter: int = 0,
-                activations: tuple[int, int] | None = None
+                activations: tuple[int, int] | None = None, kv_per_token: int = 0
                 ) -> list[tuple[str, int, list[tuple[str, float]]]]:
     """(service, how many run, [(what it holds, bytes)]) for a model of `params` parameters
     (and, with trainer.lora, an adapter of `adapter`): every copy of the weights each
-    service keeps, named after the setting that keeps it, and with `activations` (tokens,
-    bytes) the trainer's largest pass."""
+    service keeps, named after the setting that keeps it; with `activations` (tokens,
+    bytes) the trainer's largest pass, and with `kv_per_token` (kv_values_per_token) the
+    KV cache the evaluation decodes with."""
     tc, shipped = cfg.trainer, DTYPE_BYTES[cfg.model.dtype_name()]
     trained = adapter or params
     version = trained * shipped  # what one version weighs on the wire and in the relay
@@ -397,15 +414,28 @@ def memory_plan(cfg: RunConfig, params: int, adapter: int = 0,
     if activations is not None:
         tokens, size = activations
         how = ("trainer.micro_batch_tokens, activation_checkpointing on"
-               if tc.activation_checkpointing else "trainer.micro_batch_tokens")
+               if tc.activation_checkpointing
+               else "trainer.micro_batch_tokens, shared_prefix's prompts besides"
+               if tc.shared_prefix else "trainer.micro_batch_tokens")
         trainer.append((f"activations of a {tokens}-token pass ({how})", size))
     relay = [(f"{cfg.relay.keep_versions} versions (relay.keep_versions)",
               cfg.relay.keep_versions * version)]
     e = cfg.rollout.engine
     kv = e.kv_cache_gib * GIB if isinstance(e, VllmEngineConfig) else 0
     worker = [(f"{cfg.model.dtype_name()} weights", params * shipped), ("KV cache", kv)]
-    return [("trainer", 1, trainer), ("relay", 1 + cfg.relay.children, relay),
+    plan = [("trainer", 1, trainer), ("relay", 1 + cfg.relay.children, relay),
             ("rollout worker", cfg.rollout.num_workers, worker)]
+    if cfg.eval.every and kv_per_token:
+        # eval.batch_size sequences decoded at once, each at most the engine's window
+        window = cfg.prompt_window().engine
+        eval_kv = (f"KV cache of {cfg.eval.batch_size} sequences of {window} tokens "
+                   "(eval.batch_size)", cfg.eval.batch_size * window * kv_per_token * shipped)
+        if cfg.eval.mode == "separate":
+            plan.append(("evaluator", 1, [(f"{cfg.model.dtype_name()} weights",
+                                           params * shipped), eval_kv]))
+        else:  # between steps, never beside a pass's activations
+            trainer.append((f"{eval_kv[0]}, between steps", eval_kv[1]))
+    return plan
 
 
 def _adapter_parameters(cfg: RunConfig, model_dir: Path | None) -> int:

@@ -14,11 +14,11 @@ from relayrl_ops.check import memory_plan, pass_activations, pass_shape
 P = 1_000_000
 
 
-def plan(data: dict, adapter: int = 0, activations: tuple[int, int] | None = None
-         ) -> dict[str, dict[str, float]]:
+def plan(data: dict, adapter: int = 0, activations: tuple[int, int] | None = None,
+         kv_per_token: int = 0) -> dict[str, dict[str, float]]:
     cfg = RunConfig.model_validate(data)
     return {service: dict(parts)
-            for service, _, parts in memory_plan(cfg, P, adapter, activations)}
+            for service, _, parts in memory_plan(cfg, P, adapter, activations, kv_per_token)}
 
 
 def test_full_fine_tuning_in_float32():
@@ -101,9 +101,28 @@ def test_the_largest_pass_follows_micro_batch_tokens():
                                         "buffer": {"groups_per_batch": 2, "group_size": 4}})
         return pass_shape(cfg)
 
-    row = RunConfig.model_validate({}).prompt_window().engine
-    assert shape({"micro_batch_tokens": 0}) == (8 * row, 8)  # the whole batch at once
-    assert shape({"micro_batch_tokens": 3 * row + 1}) == (3 * row, 3)
-    assert shape({"micro_batch_tokens": 1}) == (row, 1)  # a row longer than the bound: alone
-    got = plan({"trainer": {"micro_batch_tokens": 1}}, activations=(row, 123))["trainer"]
+    window = RunConfig.model_validate({}).prompt_window()
+    row = window.engine
+    plain = {"shared_prefix": False}
+    assert shape({**plain, "micro_batch_tokens": 0}) == (8 * row, 8)  # the whole batch
+    assert shape({**plain, "micro_batch_tokens": 3 * row + 1}) == (3 * row, 3)
+    assert shape({**plain, "micro_batch_tokens": 1}) == (row, 1)  # a longer row: alone
+    # responses within the bound, and each group's prompt besides
+    assert shape({"shared_prefix": True, "micro_batch_tokens": 2 * row}) == (
+        (2 * row + 2 * window.longest) // row * row, (2 * row + 2 * window.longest) // row)
+    got = plan({"trainer": {**plain, "micro_batch_tokens": 1}},
+               activations=(row, 123))["trainer"]
     assert got[f"activations of a {row}-token pass (trainer.micro_batch_tokens)"] == 123
+
+
+def test_evaluation_plans_its_kv_cache_where_it_runs():
+    per_token = 1000
+    separate = plan({"eval": {"mode": "separate", "batch_size": 8}}, kv_per_token=per_token)
+    row = RunConfig.model_validate({}).prompt_window().engine
+    kv = f"KV cache of 8 sequences of {row} tokens (eval.batch_size)"
+    assert separate["evaluator"] == {"float32 weights": 4 * P, kv: 8 * row * per_token * 4}
+    inline = plan({"eval": {"batch_size": 8}}, kv_per_token=per_token)
+    assert "evaluator" not in inline
+    assert inline["trainer"][f"{kv}, between steps"] == 8 * row * per_token * 4
+    assert "evaluator" not in plan({"eval": {"mode": "separate", "every": 0}},
+                                   kv_per_token=per_token)

@@ -15,7 +15,8 @@ each. Where generation and training share the cores (one machine), async can onl
 sync leaves idle: 1 / sync's busy share is the ceiling of the ratio on this machine, and the
 ratio is also printed against it. Partial rollouts and repacking do not apply to episodes
 (segment_tokens 0). Held-out success before and after a fixed time is bench/own_task.py's:
-`python bench/own_task.py --minutes 30 --configs examples/smollm2_tools.yaml`. Ends with one JSON line (bench/results/tool_workload.jsonl).
+`python bench/own_task.py --minutes 30 --configs examples/smollm2_tools.yaml`. Ends with one
+JSON line (bench/results/tool_workload.jsonl).
 """
 
 from __future__ import annotations

@@ -31,6 +31,22 @@ log = logging.getLogger(__name__)
 PUBLISH_PARTIES = ("trainer", "relay")  # the children that see the trainer token
 EVALUATOR = "evaluator"  # eval.mode separate: serves nothing, exits 0 after the last version
 
+
+def ended_by(code: int | None) -> str:
+    """How a process ended, as a person reads it: its exit code, or the signal that killed
+    it by name, with the likely sender of a SIGKILL."""
+    if code is None or code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    if -code == signal.SIGKILL:
+        return (f"was killed by {name} (unless someone sent it, the kernel's out-of-memory "
+                "killer: `relayrl check CONFIG` plans each service's memory)")
+    return f"was killed by {name}"
+
+
 class StartFailed(RuntimeError):
     """A service exited before it served: the message names it, its exit code and the end of
     its log, where a service says why it refused to start."""
@@ -162,8 +178,7 @@ class Launcher:
             argv += ["--set", o]
         to_terminal = child.name == "trainer" and self.show_trainer_output
         if not self.zygote.alive():
-            log.warning("the zygote exited with %s; starting another",
-                        self.zygote.proc.returncode)
+            log.warning("the zygote %s; starting another", ended_by(self.zygote.proc.returncode))
             self.zygote.close()
             self.zygote = Zygote(self._env(), str(self.run_dir))
         child.proc = self.zygote.spawn(child.name, child.module, argv, env, str(log_path),
@@ -186,7 +201,7 @@ class Launcher:
                 wait_healthy(child.address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
             except ExitedBeforeHealthy:
                 path = self.run_dir / "logs" / f"{child.name}.log"
-                raise StartFailed(f"{child.name} exited with code {proc.poll()} before serving "
+                raise StartFailed(f"{child.name} {ended_by(proc.poll())} before serving "
                                   f"on {child.address}; the end of {path}:\n"
                                   f"{log_tail(path)}") from None
             log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
@@ -220,10 +235,10 @@ class Launcher:
             elif c.name == EVALUATOR and code == 0:
                 continue
             elif code != 0 and c.budget.book(now):
-                log.warning("%s exited with %s; restarting it", c.name, code)
+                log.warning("%s %s; restarting it", c.name, ended_by(code))
             else:
                 level = logging.INFO if code == 0 else logging.ERROR
-                log.log(level, "%s exited with %s; stopping the run (see %s)", c.name, code,
+                log.log(level, "%s %s; stopping the run (see %s)", c.name, ended_by(code),
                         self.run_dir / "logs" / f"{c.name}.log")
                 return 1
         if ended == 0 and any(c.name == EVALUATOR and c.proc.poll() is None

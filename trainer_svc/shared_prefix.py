@@ -63,8 +63,12 @@ def shared_prefix_outputs(model, batch: TrainBatch, temperature: float,
     # the prompts, right-padded: what follows a prompt in its first row is masked out
     p_mask = (torch.arange(p, device=device) < prompt_len[first, None]).long()
     cache = DynamicCache(config=model.config)
+    # a prompt's logits are read at its last position alone: the output layer runs on those
+    # positions only (a few instead of every prompt token, [tokens, vocabulary] each)
+    ends, end_of = torch.unique(prompt_len[first] - 1, return_inverse=True)
     prompts = model(input_ids=batch.input_ids[first, :p], attention_mask=p_mask,
-                    past_key_values=cache, use_cache=True, output_hidden_states=hidden)
+                    past_key_values=cache, use_cache=True, output_hidden_states=hidden,
+                    logits_to_keep=ends)
     cache = prompts.past_key_values
     cache.batch_select_indices(inverse)
 
@@ -76,18 +80,18 @@ def shared_prefix_outputs(model, batch: TrainBatch, temperature: float,
                       position_ids=at, past_key_values=cache, use_cache=True,
                       output_hidden_states=hidden)
 
-    def window(prompt_out: torch.Tensor, response_out: torch.Tensor) -> torch.Tensor:
-        """Per-position outputs that predict response tokens 0..r-1: the prompt's last
-        position, then the responses' own positions but the last."""
-        last = prompt_out[inverse, prompt_len - 1]
+    def window(last: torch.Tensor, response_out: torch.Tensor) -> torch.Tensor:
+        """Per-position outputs that predict response tokens 0..r-1: each row's prompt's
+        last position (`last`, [B, ...]), then the responses' own positions but the last."""
         return torch.cat([last[:, None], response_out[:, :-1]], dim=1)
 
     taken, entropy = next_token_stats(
-        window(prompts.logits, responses.logits),
+        window(prompts.logits[inverse, end_of[inverse]], responses.logits),
         batch.input_ids.gather(1, at.clamp(max=width - 1)), temperature, entropy_grad)
     return PolicyOutputs(
         logprobs=_into_rows(taken * r_mask, prompt_len - 1, width - 1),
         entropy=_into_rows(entropy, prompt_len - 1, width - 1),
-        hidden=_into_rows(window(prompts.hidden_states[-1], responses.hidden_states[-1]),
+        hidden=_into_rows(window(prompts.hidden_states[-1][inverse, prompt_len - 1],
+                                 responses.hidden_states[-1]),
                           prompt_len - 1, width - 1) if hidden else None,
     )

@@ -273,15 +273,17 @@ def planned_memory(cfg: RunConfig, model_dir: Path | None
     except Exception:
         return None
     adapter = _adapter_parameters(cfg, model_dir) if cfg.trainer.lora else 0
-    with torch.device("meta"):
-        model = _meta_model(cfg, model_dir)
-    try:
+    activations, kv_per_token = None, 0
+    try:  # a family the meta device cannot run: the rest of the plan stands
+        with torch.device("meta"):
+            model = _meta_model(cfg, model_dir)
+        kv_per_token = kv_values_per_token(model.config)
         tokens, rows = pass_shape(cfg)
         activations = (tokens, pass_activations(model, tokens, rows,
                                                 cfg.trainer.activation_checkpointing))
-    except Exception:  # a family the meta device cannot run: the rest of the plan stands
-        activations = None
-    return memory_plan(cfg, params, adapter, activations, kv_values_per_token(model.config))
+    except Exception:
+        pass
+    return memory_plan(cfg, params, adapter, activations, kv_per_token)
 
 
 def kv_values_per_token(config: Any) -> int:
@@ -316,7 +318,9 @@ def pass_activations(model, tokens: int, rows: int, checkpointing: bool) -> int:
     in all, besides the weights, through `model` on the meta device (nothing is computed or
     allocated), plus the backward's largest transient (two [tokens, vocabulary] float32
     gradients of the log-softmax). With `checkpointing` a decoder layer keeps only its
-    input, and one layer's activations exist at a time (recomputed in the backward)."""
+    input, and one layer's activations exist at a time (recomputed in the backward).
+    Counted in float32, the trainer's precision on the CPU; under bfloat16 autocast most
+    of what the layers keep is half as large."""
     import torch
     from torch.autograd.graph import saved_tensors_hooks
     from transformers import AttentionInterface

@@ -70,7 +70,7 @@ def check(cfg: RunConfig, out: Callable[[str], None] = print) -> int:
         _reward(cfg, task, report)
         if cfg.rollout.environment is not None:
             _environment(cfg, task, report)
-    _memory(cfg, model_dir, report)
+    _memory(cfg, model_dir, report, task)
     report.line("check: " + ("every step passed" if not report.failed
                              else f"{report.failed} step(s) FAILED"))
     return 1 if report.failed else 0
@@ -263,9 +263,10 @@ def _environment(cfg: RunConfig, task: Any, report: Report) -> None:
 
 # Memory ------------------------------------------------------------------------------------
 
-def planned_memory(cfg: RunConfig, model_dir: Path | None
+def planned_memory(cfg: RunConfig, model_dir: Path | None, longest_prompt: int | None = None
                    ) -> list[tuple[str, int, list[tuple[str, float]]]] | None:
-    """memory_plan for the model in `model_dir`; None when its size cannot be counted."""
+    """memory_plan for the model in `model_dir`, rows sized by the task's `longest_prompt`
+    in tokens when it was measured; None when the model's size cannot be counted."""
     import torch
 
     try:
@@ -278,12 +279,45 @@ def planned_memory(cfg: RunConfig, model_dir: Path | None
         with torch.device("meta"):
             model = _meta_model(cfg, model_dir)
         kv_per_token = kv_values_per_token(model.config)
-        tokens, rows = pass_shape(cfg)
+        tokens, rows = pass_shape(cfg, longest_prompt)
         activations = (tokens, pass_activations(model, tokens, rows,
                                                 cfg.trainer.activation_checkpointing))
     except Exception:
         pass
-    return memory_plan(cfg, params, adapter, activations, kv_per_token)
+    return memory_plan(cfg, params, adapter, activations, kv_per_token,
+                       row_tokens(cfg, longest_prompt))
+
+
+def row_tokens(cfg: RunConfig, longest_prompt: int | None = None) -> int:
+    """The longest row a batch or an eval can hold: the longest prompt (the task's, when
+    measured, else the longest the engine takes) and rollout.max_new_tokens, within the
+    engine's window; the whole window for an environment, whose turns add their own tokens."""
+    window = cfg.prompt_window()
+    if cfg.rollout.environment is not None:
+        return window.engine
+    return min(window.engine, prompt_tokens(cfg, longest_prompt) + cfg.rollout.max_new_tokens)
+
+
+def prompt_tokens(cfg: RunConfig, longest_prompt: int | None = None) -> int:
+    """The longest prompt a row starts with: the task's, when measured, else the longest the
+    engine takes, which is also what an environment's opening (its own system message, its
+    tools' declarations) is bounded by."""
+    window = cfg.prompt_window()
+    if longest_prompt is None or cfg.rollout.environment is not None:
+        return window.longest
+    return min(longest_prompt, window.longest)
+
+
+def longest_prompt(cfg: RunConfig, task: Any, sample: int = 256) -> int | None:
+    """The longest prompt in tokens, as the run's workers lay it out, over the held-out
+    problems and the first `sample` training problems; None for the tiny model."""
+    from relayrl.plugins.tasks.registry import prompt_counter
+
+    count = prompt_counter(cfg)
+    if count is None:
+        return None
+    problems = [*task.eval_problems(), *_sample_problems(task, sample)]
+    return max((count(p.text, p.messages) for p in problems), default=None)
 
 
 def kv_values_per_token(config: Any) -> int:
@@ -294,23 +328,23 @@ def kv_values_per_token(config: Any) -> int:
     return 2 * text.num_hidden_layers * kv_heads * head_dim
 
 
-def pass_shape(cfg: RunConfig) -> tuple[int, int]:
-    """(tokens, rows) of the trainer's largest forward and backward pass, in rows of the
-    engine's whole window: as many as trainer.micro_batch_tokens holds (at least one), or the
-    whole batch when it is 0. Under trainer.shared_prefix the bound holds the responses, and
-    the distinct prompts run besides: at most one a group, each at most the longest prompt."""
-    window = cfg.prompt_window()
-    row, groups = window.engine, cfg.buffer.groups_per_batch
-    whole = groups * cfg.buffer.group_size * row
+def pass_shape(cfg: RunConfig, longest_prompt: int | None = None) -> tuple[int, int]:
+    """(tokens, rows) of the trainer's largest forward and backward pass, rows as long as the
+    longest a batch holds (row_tokens): as many as trainer.micro_batch_tokens holds (at
+    least one), or the whole batch when it is 0. Under trainer.shared_prefix the bound holds
+    the responses, and the distinct prompts run besides, at most one a group."""
+    row, groups = row_tokens(cfg, longest_prompt), cfg.buffer.groups_per_batch
+    prompt = prompt_tokens(cfg, longest_prompt)
+    batch_rows = groups * cfg.buffer.group_size
     mbt, tc = cfg.trainer.micro_batch_tokens, cfg.trainer
-    if mbt <= 0:
-        tokens = whole
-    elif tc.shared_prefix and not tc.activation_checkpointing:
-        tokens = min(whole, max(mbt, row) + groups * window.longest)
+    if tc.shared_prefix and not tc.activation_checkpointing:
+        response = max(row - prompt, 1)
+        responses = batch_rows * response
+        tokens = (responses if mbt <= 0 else min(responses, max(mbt, response))) \
+            + min(groups, batch_rows) * min(prompt, row)
     else:
-        tokens = min(whole, max(1, mbt // row) * row)
-    rows = max(1, tokens // row)
-    return rows * row, rows
+        tokens = batch_rows * row if mbt <= 0 else min(batch_rows, max(1, mbt // row)) * row
+    return tokens, -(-tokens // row)
 
 
 def pass_activations(model, tokens: int, rows: int, checkpointing: bool) -> int:
@@ -379,14 +413,22 @@ def pass_activations(model, tokens: int, rows: int, checkpointing: bool) -> int:
     return outside + in_layers + 2 * ids.numel() * logits.shape[-1] * 4
 
 
-def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
-    plan = planned_memory(cfg, model_dir)
+def _memory(cfg: RunConfig, model_dir: Path | None, report: Report, task: Any) -> None:
+    longest = (report.step("longest prompt", lambda: longest_prompt(cfg, task))
+               if task is not None else None)
+    plan = planned_memory(cfg, model_dir, longest)
     if plan is None:
         report.line("memory: not estimated (the parameter count is unknown)")
         return
     report.line("memory (rough: weights, gradients, optimizer state, kept copies, stored "
                 "versions, KV cache and the trainer's activations; framework and Python "
                 "overhead not counted):")
+    row = row_tokens(cfg, longest)
+    why = ("an environment's episode fills the engine's window" if cfg.rollout.environment
+           else f"the longest prompt measured, {longest} tokens, and rollout.max_new_tokens"
+           if longest is not None else "the longest prompt the engine takes and "
+           "rollout.max_new_tokens")
+    report.line(f"  rows of at most {row} tokens ({why})")
     total = 0.0
     for service, count, parts in plan:
         size = sum(b for _, b in parts)
@@ -398,13 +440,14 @@ def _memory(cfg: RunConfig, model_dir: Path | None, report: Report) -> None:
 
 
 def memory_plan(cfg: RunConfig, params: int, adapter: int = 0,
-                activations: tuple[int, int] | None = None, kv_per_token: int = 0
-                ) -> list[tuple[str, int, list[tuple[str, float]]]]:
+                activations: tuple[int, int] | None = None, kv_per_token: int = 0,
+                row: int | None = None) -> list[tuple[str, int, list[tuple[str, float]]]]:
     """(service, how many run, [(what it holds, bytes)]) for a model of `params` parameters
     (and, with trainer.lora, an adapter of `adapter`): every copy of the weights each
     service keeps, named after the setting that keeps it; with `activations` (tokens,
     bytes) the trainer's largest pass, and with `kv_per_token` (kv_values_per_token) the
-    KV cache the evaluation decodes with."""
+    KV cache the evaluation decodes with, for sequences of `row` tokens (row_tokens by
+    default)."""
     tc, shipped = cfg.trainer, DTYPE_BYTES[cfg.model.dtype_name()]
     trained = adapter or params
     version = trained * shipped  # what one version weighs on the wire and in the relay
@@ -430,10 +473,10 @@ def memory_plan(cfg: RunConfig, params: int, adapter: int = 0,
     plan = [("trainer", 1, trainer), ("relay", 1 + cfg.relay.children, relay),
             ("rollout worker", cfg.rollout.num_workers, worker)]
     if cfg.eval.every and kv_per_token:
-        # eval.batch_size sequences decoded at once, each at most the engine's window
-        window = cfg.prompt_window().engine
-        eval_kv = (f"KV cache of {cfg.eval.batch_size} sequences of {window} tokens "
-                   "(eval.batch_size)", cfg.eval.batch_size * window * kv_per_token * shipped)
+        # eval.batch_size sequences decoded at once, each at most a row
+        row = row or row_tokens(cfg)
+        eval_kv = (f"KV cache of {cfg.eval.batch_size} sequences of {row} tokens "
+                   "(eval.batch_size)", cfg.eval.batch_size * row * kv_per_token * shipped)
         if cfg.eval.mode == "separate":
             plan.append(("evaluator", 1, [(f"{cfg.model.dtype_name()} weights",
                                            params * shipped), eval_kv]))

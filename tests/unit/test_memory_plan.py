@@ -9,7 +9,13 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from relayrl.config import RunConfig, TinyModel
 from relayrl.models.tiny import build_model
-from relayrl_ops.check import memory_plan, pass_activations, pass_shape
+from relayrl_ops.check import (
+    memory_plan,
+    pass_activations,
+    pass_shape,
+    prompt_tokens,
+    row_tokens,
+)
 
 P = 1_000_000
 
@@ -95,30 +101,41 @@ def test_activations_grow_with_the_rows_and_shrink_with_checkpointing():
 
 
 def test_the_largest_pass_follows_micro_batch_tokens():
-    def shape(trainer: dict) -> tuple[int, int]:
-        cfg = RunConfig.model_validate({"trainer": trainer,
-                                        "rollout": {"samples_per_prompt": 4},
-                                        "buffer": {"groups_per_batch": 2, "group_size": 4}})
-        return pass_shape(cfg)
+    def config(trainer: dict) -> RunConfig:
+        return RunConfig.model_validate({"trainer": trainer,
+                                         "rollout": {"samples_per_prompt": 4},
+                                         "buffer": {"groups_per_batch": 2, "group_size": 4}})
 
-    window = RunConfig.model_validate({}).prompt_window()
-    row = window.engine
     plain = {"shared_prefix": False}
-    assert shape({**plain, "micro_batch_tokens": 0}) == (8 * row, 8)  # the whole batch
-    assert shape({**plain, "micro_batch_tokens": 3 * row + 1}) == (3 * row, 3)
-    assert shape({**plain, "micro_batch_tokens": 1}) == (row, 1)  # a longer row: alone
+    row = row_tokens(config(plain))
+    assert pass_shape(config({**plain, "micro_batch_tokens": 0})) == (8 * row, 8)  # whole
+    assert pass_shape(config({**plain, "micro_batch_tokens": 3 * row + 1})) == (3 * row, 3)
+    assert pass_shape(config({**plain, "micro_batch_tokens": 1})) == (row, 1)  # one, alone
     # responses within the bound, and each group's prompt besides
-    assert shape({"shared_prefix": True, "micro_batch_tokens": 2 * row}) == (
-        (2 * row + 2 * window.longest) // row * row, (2 * row + 2 * window.longest) // row)
+    shared = config({"shared_prefix": True, "micro_batch_tokens": row})
+    prompt = prompt_tokens(shared)
+    tokens, _ = pass_shape(shared)
+    assert tokens == min(8 * (row - prompt), row) + 2 * prompt
     got = plan({"trainer": {**plain, "micro_batch_tokens": 1}},
                activations=(row, 123))["trainer"]
     assert got[f"activations of a {row}-token pass (trainer.micro_batch_tokens)"] == 123
 
 
+def test_a_measured_prompt_sizes_the_rows_unless_an_environment_plays_them():
+    cfg = RunConfig.model_validate({"rollout": {"max_new_tokens": 20}})
+    assert row_tokens(cfg, longest_prompt=30) == 50
+    assert row_tokens(cfg) == min(cfg.prompt_window().engine,
+                                  cfg.prompt_window().longest + 20)
+    env = RunConfig.model_validate({"rollout": {
+        "max_new_tokens": 20,
+        "environment": {"cls": "relayrl.plugins.envs.calculator:Calculator"}}})
+    assert row_tokens(env, longest_prompt=30) == env.prompt_window().engine
+
+
 def test_evaluation_plans_its_kv_cache_where_it_runs():
     per_token = 1000
     separate = plan({"eval": {"mode": "separate", "batch_size": 8}}, kv_per_token=per_token)
-    row = RunConfig.model_validate({}).prompt_window().engine
+    row = row_tokens(RunConfig.model_validate({}))
     kv = f"KV cache of 8 sequences of {row} tokens (eval.batch_size)"
     assert separate["evaluator"] == {"float32 weights": 4 * P, kv: 8 * row * per_token * 4}
     inline = plan({"eval": {"batch_size": 8}}, kv_per_token=per_token)

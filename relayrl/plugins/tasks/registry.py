@@ -7,7 +7,7 @@ from typing import Protocol
 
 from relayrl.config import ConfigError, PretrainedModel, RunConfig, TaskConfig, TinyModel
 from relayrl.plugins.tasks.addition import AdditionTask
-from relayrl.plugins.tasks.dataset import DatasetTask, PromptLimit
+from relayrl.plugins.tasks.dataset import DatasetTask, PromptLimit, PromptTokens
 from relayrl.plugins.tasks.problem import Problem
 
 
@@ -63,24 +63,31 @@ def make_task(cfg: TaskConfig, limit: PromptLimit | None = None) -> Task:
 
 def prompt_limit(cfg: RunConfig) -> PromptLimit | None:
     """The longest prompt the run's engine takes (RunConfig.prompt_window) and how a prompt is
-    counted there: the run's tokenizer, the chat template applied as a worker applies it. None
-    for the addition task, whose short prompts are not read from anywhere."""
+    counted there (prompt_counter). None for the addition task, whose short prompts are not
+    read from anywhere."""
     if cfg.task.source == "addition" or isinstance(cfg.model, TinyModel):
+        return None
+    window = cfg.prompt_window()
+    if window.longest < 1:
+        raise ConfigError(f"rollout.max_new_tokens: {window.max_new_tokens} leaves no room for "
+                          f"a prompt in {window.engine_source} ({window.engine} tokens)")
+    return PromptLimit(prompt_counter(cfg), window.longest, window.describe())
+
+
+def prompt_counter(cfg: RunConfig) -> PromptTokens | None:
+    """A prompt's length in tokens as the run's workers lay it out: the run's tokenizer, the
+    chat template applied as a worker applies it. None for the tiny model."""
+    if isinstance(cfg.model, TinyModel):
         return None
     from transformers import AutoTokenizer
 
     from relayrl.models.loading import encode_problem
     from relayrl.models.smollm2 import ensure_smollm2
 
-    window = cfg.prompt_window()
-    if window.longest < 1:
-        raise ConfigError(f"rollout.max_new_tokens: {window.max_new_tokens} leaves no room for "
-                          f"a prompt in {window.engine_source} ({window.engine} tokens)")
     path = ensure_smollm2(cfg.model.cache_dir) if isinstance(cfg.model, PretrainedModel) \
         else cfg.model.directory()  # converted or fetched once, as every service would
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return PromptLimit(lambda text, messages: len(encode_problem(tokenizer, text, messages)),
-                       window.longest, window.describe())
+    return lambda text, messages: len(encode_problem(tokenizer, text, messages))
 
 
 def make_run_task(cfg: RunConfig) -> Task:

@@ -60,8 +60,9 @@ def prefill_states(model, contexts: list[list[int]], pad_id: int, version: int,
     states: list[SequenceKV | None] = [None] * len(contexts)
     for bucket in plan_runs([len(c) for c in contexts], CALL_COST_TOKENS):
         ids, mask = left_pad([contexts[i] for i in bucket], pad_id, model_device(model))
-        out = model(input_ids=ids, attention_mask=mask,
-                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
+        out = model(input_ids=ids, attention_mask=mask,  # the cache is wanted, not logits
+                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+                    logits_to_keep=1)
         split = kv_batch.split(out.past_key_values, mask, [contexts[i] for i in bucket],
                                version, fingerprint)
         for i, state in zip(bucket, split, strict=True):

@@ -105,14 +105,17 @@ def sample_with_kv(
         if t == 0 and shared is not None:
             first, inverse = (t.to(device) for t in shared)
             out = model(input_ids=step_ids[first], attention_mask=mask[first],
-                        position_ids=step_pos[first], use_cache=True)
+                        position_ids=step_pos[first], use_cache=True, logits_to_keep=1)
             past = out.past_key_values
             past.batch_select_indices(inverse)
             logits = out.logits[inverse, -1, :]
         else:
+            # the next token's logits only: a prefill or a tool result fed at once would
+            # otherwise make [rows, tokens, vocabulary] (5 GB for 64 rows of 400 SmolLM2
+            # tokens)
             out = model(
                 input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                past_key_values=past, use_cache=True,
+                past_key_values=past, use_cache=True, logits_to_keep=1,
             )
             past = out.past_key_values
             logits = out.logits[:, -1, :]

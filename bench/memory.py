@@ -5,8 +5,8 @@
 Runs the config's stack (relayrl up's launcher, every service its own process, embedded
 Redis) for `--steps` trainer steps and samples each service's memory, its child processes
 included (vLLM's engine core runs in one), every `--sample-s` seconds. Prints each
-service's peak resident memory (RSS) beside the weights and caches `relayrl check` plans
-for it, and the stack's peak as a ratio to TARGET_GIB.
+service's peak resident memory (RSS) beside what `relayrl check` plans for it, and the
+stack's peak as a ratio to TARGET_GIB.
 
 The stack's memory is the RAM it holds: the peak of the processes' summed proportional set
 sizes (PSS: each page shared by n processes counted 1/n in each), the zygote the services
@@ -87,8 +87,8 @@ def measured_config(base: RunConfig, run_dir: Path, steps: int) -> RunConfig:
 
 
 def planned(cfg: RunConfig) -> dict[str, float]:
-    """MiB per process that `relayrl check` plans (weights and caches only), for the model
-    the run prepared."""
+    """MiB per process that `relayrl check` plans (weights, caches and activations), for
+    the model the run prepared."""
     from relayrl.config import HfModel, PretrainedModel
     from relayrl.models.cache import tiny_model_dir
     from relayrl_ops.check import planned_memory
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         plan = planned(cfg)
     for name, mib in m["peak_rss_mib"].items():
         print(f"{name:<14} peak RSS {mib:8.0f} MiB, PSS {m['peak_pss_mib'][name]:8.0f} MiB   "
-              f"planned weights and caches {plan.get(service(name), 0):8.0f} MiB", flush=True)
+              f"planned {plan.get(service(name), 0):8.0f} MiB", flush=True)
     stack = m["stack_pss_mib"] / 1024
     print(f"stack peak {stack:.2f} GiB (summed PSS, shared memory once; summed RSS "
           f"{m['stack_rss_mib'] / 1024:.2f} GiB) = {stack / TARGET_GIB:.2f} of the "

@@ -17,8 +17,8 @@ Every bench takes
 
 `report` prints the record as the run's last stdout line, one JSON dict, and appends it to
 the results file together with what it takes to reproduce and compare it: the command, the
-commit (with "+dirty" when a tracked file differs from it), the UTC date and the machine. A
-results file only grows, so it is the bench's history. `skip` ends a smoke run that cannot
+commit (with "+dirty" when a tracked file other than a bench's output differs from it), the
+UTC date and the machine. A results file only grows, so it is the bench's history. `skip` ends a smoke run that cannot
 take its real path here (no GPU, no benches' venv) the same way, with the reason.
 """
 
@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+OUTPUTS = ("bench/results", "docs/results")  # what benches write, relative to ROOT
 DOCS_RESULTS = ROOT / "docs" / "results"
 
 
@@ -94,8 +95,11 @@ def skip(args: argparse.Namespace, reason: str) -> None:
 def commit() -> str:
     try:
         head = _git("rev-parse", "HEAD")
-        # tracked files only: a bench writes its own pictures and reports before its record
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        # tracked files only, and none of what benches write (their records and pictures):
+        # benches run one after another in one tree, and an earlier one's output is no change
+        # to what a later one measures
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                     *(f":(exclude){p}" for p in OUTPUTS))
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")

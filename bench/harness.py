@@ -18,8 +18,9 @@ Every bench takes
 `report` prints the record as the run's last stdout line, one JSON dict, and appends it to
 the results file together with what it takes to reproduce and compare it: the command, the
 commit (with "+dirty" when a tracked file other than a bench's output differs from it), the
-UTC date and the machine. A results file only grows, so it is the bench's history. `skip` ends a smoke run that cannot
-take its real path here (no GPU, no benches' venv) the same way, with the reason.
+UTC date and the machine. A results file only grows, so it is the bench's history. `skip`
+ends a smoke run that cannot take its real path here (no GPU, no benches' venv) the same
+way, with the reason.
 """
 
 from __future__ import annotations

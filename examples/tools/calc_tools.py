@@ -19,6 +19,7 @@ import time
 
 from relayrl.plugins.envs import ToolEnvironment
 from relayrl.plugins.envs.calculator import evaluate, show
+from relayrl.plugins.tasks.problem import Problem
 
 MEDIAN_S = 0.3  # of one call's latency
 SIGMA = 1.2  # of its logarithm: one call in ten takes over 4.7x the median
@@ -40,5 +41,32 @@ def calculate(expression: str) -> str:
     return show(evaluate(expression))  # a bad expression raises: the model is told why
 
 
+# Worked calls opened before the question: the model sees calls, their tool turns and the
+# answers laid out as its own episodes will be (a 135M model seldom calls a tool from the
+# declaration alone).
+EXAMPLE = [
+    {"role": "user", "content": "Calculate 17 * 3 - 5."},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculate", "arguments": '
+                                     '{"expression": "17 * 3 - 5"}}\n</tool_call>'},
+    {"role": "tool", "content": "46"},
+    {"role": "assistant", "content": "46"},
+    {"role": "user", "content": "Calculate -( 8 + -3 ) * 6."},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculate", "arguments": '
+                                     '{"expression": "-( 8 + -3 ) * 6"}}\n</tool_call>'},
+    {"role": "tool", "content": "-30"},
+    {"role": "assistant", "content": "-30"},
+    {"role": "user", "content": "Calculate 91 - 12 * 4."},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculate", "arguments": '
+                                     '{"expression": "91 - 12 * 4"}}\n</tool_call>'},
+    {"role": "tool", "content": "43"},
+    {"role": "assistant", "content": "43"},
+]
+
+
 class CalcTools(ToolEnvironment):
     tools = [calculate]
+
+    def reset(self, problem: Problem) -> list[dict[str, str]]:
+        messages = super().reset(problem)
+        at = 1 if messages[0]["role"] == "system" else 0  # after the system message
+        return [*messages[:at], *EXAMPLE, *messages[at:]]

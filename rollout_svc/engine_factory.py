@@ -36,4 +36,5 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                       tensor_parallel_size=e.tensor_parallel_size,
                       kv_transfer_port=(e.kv_transfer_base_port + r.worker_index
                                         if e.kv_transfer_base_port else 0),
-                      port_range=e.port_range, lora=cfg.trainer.lora)
+                      port_range=e.port_range, lora=cfg.trainer.lora,
+                      lora_serving=e.lora_serving)

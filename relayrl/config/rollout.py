@@ -90,6 +90,14 @@ class VllmEngineConfig(EngineBase):
         True, description="Run vLLM eagerly: starts in seconds; False compiles (and on GPUs "
         "captures CUDA graphs) for throughput.",
     )
+    lora_serving: Literal["auto", "adapter", "merged"] = Field(
+        "auto", description="How an adapter version (trainer.lora) reaches vLLM: adapter: "
+        "vLLM's LoRA support serves it beside the unchanged base weights (a few MB a "
+        "version); merged: the worker adds it into the base weights, read from the model "
+        "directory, and reloads them (a whole-weight copy a version, decoding at the base "
+        "model's speed); auto: merged on CPU, where vLLM's LoRA layers slow decoding by "
+        "about a third, adapter on GPUs.",
+    )
     kv_transfer_base_port: int = Field(
         0, ge=0, le=65535,
         description="Move a repacked sequence to its next worker with its KV cache over NIXL "

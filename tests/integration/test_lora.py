@@ -127,9 +127,11 @@ def test_a_checkpoint_holds_the_adapter_and_resumes_it_exactly(env):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
-def test_vllm_serves_each_adapter_version_as_the_trainers_model(tmp_path):
-    """vLLM applies adapter versions through its LoRA support, the base untouched: its
-    log-probabilities are the peft model's, version after version."""
+@pytest.mark.parametrize("serving", ["adapter", "merged"])
+def test_vllm_serves_each_adapter_version_as_the_trainers_model(tmp_path, serving):
+    """vLLM applies adapter versions through its LoRA support (the base untouched) or merged
+    into the base weights read afresh: either way its log-probabilities are the peft
+    model's, version after version, and a version that is not the adapter is refused."""
     from relayrl.config import LoraConfig, TinyModel
     from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
@@ -143,8 +145,9 @@ def test_vllm_serves_each_adapter_version_as_the_trainers_model(tmp_path):
     lora = LoraConfig(**LORA)
     trained = with_lora(AutoModelForCausalLM.from_pretrained(tmp_path), lora).eval()
     lm = load_model(tmp_path)
-    engine = VllmEngine(tmp_path, kv_cache_gib=0.0625, lora=lora)
-    try:
+    engine = VllmEngine(tmp_path, kv_cache_gib=0.0625, lora=lora, lora_serving=serving)
+    try:  # merged: vLLM runs without its LoRA layers
+        assert (engine.llm.llm_engine.vllm_config.lora_config is None) == (serving == "merged")
         prompts = [lm.encode_prompt(p) for p in ("3+4=", "12+9=", "7+7=")]
         for version in (1, 2):
             torch.manual_seed(version)

@@ -1,7 +1,8 @@
 """model.dtype bfloat16: the trainer keeps float32 master weights and ships each version in
-bfloat16 (half the bytes), an engine loaded in bfloat16 takes it, and the engine/trainer
-log-probability gap stays small. auto reads the checkpoint's own dtype."""
+bfloat16 (half the bytes), an engine loaded in bfloat16 (torch or vLLM) takes it, and the
+engine/trainer log-probability gap stays small. auto reads the checkpoint's own dtype."""
 
+import importlib.util
 import json
 import threading
 
@@ -73,3 +74,41 @@ def test_auto_reads_the_checkpoints_dtype(tmp_path):
     assert model.dtype_name() == "float32"
     tiny = RunConfig.model_validate({}).model
     assert tiny.dtype_name() == "float32"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_a_bfloat16_vllm_engine_takes_bfloat16_versions(tmp_path):
+    """vLLM computing in bfloat16 loads the versions shipped in it (their log-probabilities
+    are the shipped model's, within bfloat16's rounding) and refuses a float32 one."""
+    from relayrl.config import TinyModel
+    from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
+    from relayrl.plugins.tasks import AdditionTask
+    from rollout_svc.engine_api import SamplingSpec
+    from rollout_svc.vllm_engine import VllmEngine
+
+    build_tokenizer(AdditionTask.alphabet, tmp_path)  # head size 32: vLLM's CPU smallest
+    model = build_model(TinyModel(hidden_size=128, num_layers=2, num_heads=4),
+                        len(SPECIALS) + len(set(AdditionTask.alphabet)), tmp_path)
+    model.save_pretrained(tmp_path)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    version = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    shipped = model.to(torch.bfloat16).eval()
+    lm = load_model(tmp_path)
+    engine = VllmEngine(tmp_path, kv_cache_gib=0.0625, dtype="bfloat16")
+    try:
+        engine.load_weights(version, 1)
+        prompts = [lm.encode_prompt(p) for p in ("3+4=", "12+9=")]
+        for prompt, out in zip(prompts, engine.generate(
+                prompts, SamplingSpec(max_new_tokens=4, temperature=1.0)), strict=True):
+            ids = torch.tensor([prompt + out.tokens])
+            want = logprobs(shipped, ids)[0, len(prompt) - 1:-1].gather(
+                -1, ids[0, len(prompt):, None])[:, 0]
+            assert torch.allclose(torch.tensor(out.logprobs), want, atol=0.1)
+        with pytest.raises(ValueError, match="float32"):
+            engine.load_weights({k: v.float() for k, v in version.items()}, 2)
+        assert engine.version == 1
+    finally:
+        engine.close()

@@ -164,9 +164,7 @@ class VllmEngine(Engine):
         self._expected, self._tied = expected_state(config, shipped)
         # trainer.lora: versions are adapters, served by vLLM's LoRA support or merged into
         # the base weights (vllm_lora)
-        if lora_serving not in ("auto", "adapter", "merged"):
-            raise ConfigError(f"rollout.engine.lora_serving: {lora_serving!r} is not one of "
-                              "auto, adapter, merged")
+        assert lora_serving in ("auto", "adapter", "merged"), lora_serving  # the config's
         serve = bool(lora) and (lora_serving == "adapter"
                                 or (lora_serving == "auto" and on_gpu))
         self._adapters = AdapterVersions(path, lora, shipped) if lora and serve else None

@@ -98,9 +98,9 @@ class MergedVersions:
 
     def __init__(self, model_dir: Path, cfg: LoraConfig, dtype: torch.dtype):
         self.expected, config = expected_adapter(model_dir, cfg, dtype)
-        if config.get("use_rslora") or config.get("use_dora") or config.get("fan_in_fan_out"):
-            raise ValueError("rollout.engine.lora_serving merged: the adapter's peft config "
-                             "is not a plain LoRA; use lora_serving adapter")
+        # trainer.lora makes plain adapters only: the update is (alpha / rank) B A
+        assert not (config.get("use_rslora") or config.get("use_dora")
+                    or config.get("fan_in_fan_out")), config
         self.scale = cfg.alpha / cfg.rank
         self.dtype = dtype
         self.files = sorted(Path(model_dir).glob("*.safetensors"))

@@ -448,16 +448,25 @@ def memory_plan(cfg: RunConfig, params: int, adapter: int = 0,
     bytes) the trainer's largest pass, and with `kv_per_token` (kv_values_per_token) the
     KV cache the evaluation decodes with, for sequences of `row` tokens (row_tokens by
     default)."""
+    from relayrl.runtime.devices import resolve_device
+
     tc, shipped = cfg.trainer, DTYPE_BYTES[cfg.model.dtype_name()]
     trained = adapter or params
     version = trained * shipped  # what one version weighs on the wire and in the relay
+    # A CPU trainer publishing through shared memory writes each version straight into its
+    # file and re-scores under float32 versions read from theirs (trainer_svc.publisher)
+    stages = tc.publish_plane == "shm" and resolve_device(tc.device, "trainer.device").type \
+        == "cpu"
+    past = tc.engine_check_versions if tc.engine_check_seqs else 0
+    if stages and shipped == 4 and not tc.lora:  # those the relay lets go, held on here
+        past = max(0, past - (cfg.relay.keep_versions - 1))
     trainer = [("float32 weights", params * 4),
                ("gradients and Adam moments", trained * 12),
                ("KL reference (trainer.loss.kl_coef)",
                 params * 4 if tc.loss.kl_coef > 0 and not tc.lora else 0),
                ("past versions for the engine check (trainer.engine_check_versions)",
-                trained * 4 * tc.engine_check_versions if tc.engine_check_seqs else 0),
-               ("two publish snapshots", 2 * version)]
+                trained * 4 * past),
+               ("two publish snapshots", 0 if stages else 2 * version)]
     if activations is not None:
         tokens, size = activations
         how = ("trainer.micro_batch_tokens, activation_checkpointing on"

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from relayrl.weights.shm_handoff import StagedVersion
+
 
 def _gap(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor):
     n = mask.sum()
@@ -57,36 +59,69 @@ def logprob_gaps(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: to
 class VersionHistory:
     """The trained parameters of the last few versions the trainer held, so tokens sampled by
     an older version can be re-scored under exactly that version (the frozen rest, a LoRA
-    run's base, is the same in every version and is not copied). Buffers are allocated once
-    and reused; memory is `keep` copies of the trained parameters."""
+    run's base, is the same in every version and is not copied). A version published
+    through shared memory is read from its file, shared with the relay (no copy); otherwise
+    its parameters are copied into buffers allocated once and reused, `keep` copies of the
+    trained parameters at most."""
 
     def __init__(self, keep: int):
         self.keep = keep
-        self._slots: list[tuple[int, dict[str, torch.Tensor]]] = []
+        # (version, parameters, the staged file they view or None for copies)
+        self._slots: list[tuple[int, dict[str, torch.Tensor], StagedVersion | None]] = []
 
     @torch.no_grad()
-    def remember(self, version: int, model: torch.nn.Module) -> None:
+    def remember(self, version: int, model: torch.nn.Module,
+                 shipped: StagedVersion | None = None) -> None:
+        """`shipped`: `version` as published, held for this history (which releases it):
+        kept in place of a copy when it holds every trained parameter in its dtype and
+        shape (a float32 version of the whole model)."""
+        params = {k: v for k, v in model.named_parameters() if v.requires_grad}
+        viewed = _views(shipped, params) if shipped is not None and self.keep else None
+        if shipped is not None and viewed is None:
+            shipped.release()
         if self.keep == 0:
             return
-        params = {k: v for k, v in model.named_parameters() if v.requires_grad}
         # a version trained again (its step was skipped as non-finite) keeps one slot
-        same = [i for i, (v, _) in enumerate(self._slots) if v == version]
-        if same:
-            slot = self._slots.pop(same[0])[1]
-        elif len(self._slots) < self.keep:
-            slot = {k: torch.empty_like(v) for k, v in params.items()}
-        else:
-            slot = self._slots.pop(0)[1]
+        same = [i for i, (v, _, _) in enumerate(self._slots) if v == version]
+        old = self._slots.pop(same[0]) if same else \
+            self._slots.pop(0) if len(self._slots) == self.keep else None
+        if old is not None and old[2] is not None:
+            old[2].release()
+        if viewed is not None:
+            self._slots.append((version, viewed, shipped))
+            return
+        slot = old[1] if old is not None and old[2] is None else \
+            {k: torch.empty_like(v) for k, v in params.items()}
         for name, value in params.items():
             slot[name].copy_(value)
-        self._slots.append((version, slot))
+        self._slots.append((version, slot, None))
 
     def get(self, version: int) -> dict[str, torch.Tensor] | None:
-        return next((p for v, p in self._slots if v == version), None)
+        return next((p for v, p, _ in self._slots if v == version), None)
 
     @property
     def versions(self) -> list[int]:
-        return [v for v, _ in self._slots]
+        return [v for v, _, _ in self._slots]
+
+    @property
+    def copies(self) -> int:
+        """Versions held as copies of their own (not viewing a shipped file)."""
+        return sum(held is None for _, _, held in self._slots)
+
+    def close(self) -> None:
+        for _, _, held in self._slots:
+            if held is not None:
+                held.release()
+        self._slots.clear()
+
+
+def _views(shipped: StagedVersion, params: dict[str, torch.Tensor]
+           ) -> dict[str, torch.Tensor] | None:
+    tensors = shipped.tensors()
+    if all(n in tensors and tensors[n].dtype == p.dtype and tensors[n].shape == p.shape
+           for n, p in params.items()):
+        return {n: tensors[n] for n in params}
+    return None
 
 
 @torch.no_grad()

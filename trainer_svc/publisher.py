@@ -7,7 +7,10 @@ snapshots to the relay. While one set is being sent, the next snapshot goes into
 if another snapshot arrives before that one was sent, it replaces it (rollouts only ever want
 the newest version), so a slow relay never stalls training. Weights on a GPU are copied into
 pinned host buffers on a CUDA stream of their own (trainer_svc.snapshot): the relay only ever
-gets CPU tensors, and only finite ones.
+gets CPU tensors, and only finite ones. Weights on the CPU publishing through shared memory
+skip the snapshot: the version is written straight into its handoff file
+(relayrl.weights.shm_handoff.StagedVersion), which then stands in for the snapshot, so the
+trainer holds no host copy of its weights besides the version the relay keeps anyway.
 
 Latest wins, and is never lost: a send that fails because the relay is unreachable or hung
 (relayrl.runtime.outage.is_outage) is tried again with jittered backoff until it goes through or a
@@ -25,6 +28,7 @@ import torch
 
 from relayrl.runtime.outage import Outage, is_outage
 from relayrl.weights import WeightPlane
+from relayrl.weights.shm_handoff import StagedVersion
 from trainer_svc.finite import NonFiniteError, check_finite
 from trainer_svc.snapshot import Snapshot, ready_event
 
@@ -41,8 +45,10 @@ class AsyncPublisher:
         self._cond = threading.Condition()
         self._request: tuple[int, int, dict[str, torch.Tensor], torch.cuda.Event | None] \
             | None = None
-        self._pending: Snapshot | None = None   # snapshotted, waiting to be sent
-        self._sending: Snapshot | None = None
+        self._pending: Snapshot | StagedVersion | None = None  # taken, waiting to be sent
+        self._sending: Snapshot | StagedVersion | None = None
+        self._stages = True  # until the plane turns out to take no staged versions
+        self._newest: StagedVersion | None = None  # the newest staged version, held
         self._snapshotted = threading.Event()
         self._snapshotted.set()
         self._closed = False
@@ -92,22 +98,61 @@ class AsyncPublisher:
                     self._pending = None
                     self.versions_skipped += 1
             t0 = time.perf_counter()
-            refused = None
+            refused, taken = None, None
             try:
-                target.fill(version, step, state, ready)
-                check_finite(target.buffers, f"publish version {version}")
+                taken = self._stage(version, step, state)
+                if taken is None:
+                    target.fill(version, step, state, ready)
+                    taken = target
+                check_finite(taken.buffers if taken is target else taken.tensors(),
+                             f"publish version {version}")
             except NonFiniteError as err:  # never sent; publish() and wait() raise it
                 refused = err
             finally:
                 self.last_copy_s = time.perf_counter() - t0
                 with self._cond:
                     self._request = None
-                    if refused is None:
-                        self._pending = target
-                    else:
+                    if refused is None and taken is not None:
+                        if self._pending is not None:  # never sent: this one replaces it
+                            self._drop(self._pending)
+                            self.versions_skipped += 1
+                        self._pending = taken
+                    elif refused is not None:
                         self.refused, self.failures = refused, self.failures + 1
+                        if isinstance(taken, StagedVersion):
+                            taken.release()
                     self._snapshotted.set()
                     self._cond.notify_all()
+
+    def _stage(self, version: int, step: int, state: dict[str, torch.Tensor]
+               ) -> StagedVersion | None:
+        """The version written where the plane takes it from (CPU weights only), kept as
+        the newest for `shipped`; None where it must be snapshotted."""
+        if not self._stages or any(t.device.type != "cpu" for t in state.values()):
+            return None
+        staged = self.plane.stage(version, step, state, self._sets[0].dtype)
+        if staged is None:
+            self._stages = False
+            return None
+        with self._cond:
+            if self._newest is not None:
+                self._newest.release()
+            self._newest = staged.retain()
+        return staged
+
+    def shipped(self, version: int) -> StagedVersion | None:
+        """`version` as shipped, its tensors viewing its staged file (no copy), held for the
+        caller to release; None unless `version` is the newest staged."""
+        with self._cond:
+            staged = self._newest
+            if staged is None or staged.version != version:
+                return None
+            return staged.retain()
+
+    def _drop(self, item: Snapshot | StagedVersion) -> None:
+        """An item taken and never sent (a snapshot's buffers are reused)."""
+        if isinstance(item, StagedVersion):
+            item.release()
 
     def _send_loop(self) -> None:
         while True:
@@ -125,7 +170,10 @@ class AsyncPublisher:
         one, or a newer one that replaced it), or None."""
         t0 = time.perf_counter()
         try:
-            self.plane.publish(snap.version, snap.step, snap.buffers)
+            if isinstance(snap, StagedVersion):
+                self.plane.send_staged(snap)
+            else:
+                self.plane.publish(snap.version, snap.step, snap.buffers)
         except Exception as err:  # a failed publish must not kill training
             with self._cond:
                 self.failures += 1
@@ -133,9 +181,11 @@ class AsyncPublisher:
                 return self._after_outage(snap, self.relay.failed(err))
             log.error("the relay refused version %d; it is not sent again (the next version "
                       "will be): %s", snap.version, err)
+            self._drop(snap)
             self._sent(None, 0.0)
             return None
         self.relay.recovered()
+        self._drop(snap)
         self._sent(snap, time.perf_counter() - t0)
         return None
 
@@ -155,10 +205,13 @@ class AsyncPublisher:
             self._cond.wait_for(lambda: self._give_up, timeout=delay_s)
             if not self._give_up:
                 if self._pending is not None:  # never sent: the newer version replaces it
+                    self._drop(snap)
                     snap, self._pending = self._pending, None
                     self._sending = snap
                     self.versions_skipped += 1
                 return snap
+            for item in {id(x): x for x in (self._pending, self._sending) if x}.values():
+                self._drop(item)
             self._pending = self._sending = None
             self._cond.notify_all()
         self.relay.abandon()
@@ -200,6 +253,9 @@ class AsyncPublisher:
             with self._cond:
                 self._closed = True
                 given_up = self._give_up
+                if self._newest is not None:
+                    self._newest.release()
+                    self._newest = None
                 self._cond.notify_all()
             for t in self._threads:  # a given-up send may be in a call the relay never
                 if not (given_up and t.name == "publish"):  # answers, until its deadline

@@ -213,6 +213,7 @@ def serve(cfg: RunConfig) -> None:
         # Only after a clean stop: on an error the followers may be inside a collective, and
         # torchrun ends them when rank 0 exits.
         trainer.learner.stop_followers()
+        trainer.history.close()
         publisher.close()
         trainer.metrics.close()
         close_world(world)

@@ -180,7 +180,7 @@ class Trainer:
                 return self.set_aside.nonfinite_step(entry_id, batch, kept, update, record)
             record = record.updated(update)
         else:  # no update: the version about to be published holds these very weights
-            self.history.remember(version, self.lm.model)
+            self._remember(version)
         books.ledger.consumed.extend(g.prompt_id for g in kept)
         self.set_aside.passed()
         books.step += 1
@@ -198,6 +198,13 @@ class Trainer:
             now - self.started, 1e-9)
         return record
 
+    def _remember(self, version: int) -> None:
+        """Keep `version`'s parameters for the engine check: its published file where there
+        is one (shared with the relay), else a copy."""
+        if self.history.keep:
+            self.publisher.fence()
+            self.history.remember(version, self.lm.model, self.publisher.shipped(version))
+
     def _optimize(self, groups, version: int) -> tuple[StepRecord, bool]:
         """(the step's figures, True), or (the loss's statistics, False) for a step not taken
         because its loss or gradient norm was not finite."""
@@ -214,7 +221,7 @@ class Trainer:
         def before_first_step() -> None:
             self.publisher.fence()  # the last published snapshot must be taken first
             if self.tc.max_staleness > 0:  # at 0 no kept token is older than its batch
-                self.history.remember(version, model)
+                self._remember(version)
 
         result = self.learner.update(tb, before_first_step)
         loss_stats = StepRecord.from_json({f"train/{k}": v for k, v in result.stats.items()})

@@ -3,7 +3,6 @@ several data planes for the bytes of a version's flat buffer."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from relayrl.weights.hostid import host_id
 from relayrl.weights.layout import flat_size, unpack
 from relayrl.weights.manifest import Manifest, WeightError, build_manifest, tensor_bytes
 from relayrl.weights.plane import WeightPlane
-from relayrl.weights.shm_handoff import write_handoff
+from relayrl.weights.shm_handoff import StagedVersion
 from relayrl.weights.wire import decode_bytes_chunk, encode_publish_chunk, iter_chunks
 
 log = logging.getLogger(__name__)
@@ -74,40 +73,56 @@ class RelayClient(WeightPlane):
                 yield encode_publish_chunk(name, offset, piece)
 
     def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
+        staged = self.stage(version, step, tensors)
+        if staged is not None:
+            try:
+                return self.send_staged(staged)
+            finally:
+                staged.release()
         manifest = build_manifest(version, step, tensors)
-        if self.publish_shm_dir is not None and self._publish_shm(manifest, tensors):
-            return manifest
         try:
             self._publish_raw(self._messages(manifest, tensors), timeout=self.timeout_s)
         except grpc.RpcError as err:
             raise self._error(f"publish of version {version}", err) from err
         return manifest
 
-    def _publish_shm(self, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> bool:
-        """Hand the version over in a file; False if this relay cannot take one."""
+    def stage(self, version: int, step: int, tensors: dict[str, torch.Tensor],
+              dtype: torch.dtype | None = None) -> StagedVersion | None:
+        """The version written into a handoff file in the relay's shm_dir, for send_staged;
+        None when this client does not publish through shared memory, or no file can be
+        written here (then never again: publish sends the bytes over gRPC)."""
+        if self.publish_shm_dir is None:
+            return None
         try:
-            path = write_handoff(self.publish_shm_dir, manifest, tensors)
+            return StagedVersion.write(self.publish_shm_dir, version, step, tensors, dtype)
         except OSError as err:  # no such directory here, or it is full
             log.warning("publishing over gRPC from now on: no handoff file can be written in "
                         "%s (%s)", self.publish_shm_dir, err)
             self.publish_shm_dir = None
-            return False
-        handoff = relay_pb2.ShmHandoff(file_name=os.path.basename(path), host_id=host_id())
+            return None
+
+    def send_staged(self, staged: StagedVersion) -> Manifest:
+        """Hand `staged`'s file to the relay; a relay that cannot take it gets its bytes over
+        gRPC instead, read back from the file (and every later version over gRPC)."""
+        manifest = staged.manifest
+        handoff = relay_pb2.ShmHandoff(file_name=os.path.basename(staged.path),
+                                       host_id=host_id())
         messages = [relay_pb2.PublishMessage(manifest=manifest.to_proto()),
                     relay_pb2.PublishMessage(shm=handoff)]
         try:
             self._stub.Publish(iter(messages), timeout=self.timeout_s)
+            return manifest
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise self._error(f"publish of version {manifest.version}", err) from err
             log.warning("publishing over gRPC from now on: the relay at %s takes no "
                         "shared-memory handoff (%s)", self.address, err.details())
             self.publish_shm_dir = None
-            return False
-        finally:
-            with contextlib.suppress(FileNotFoundError):  # gone if the relay took it over
-                os.unlink(path)
-        return True
+        try:
+            self._publish_raw(self._messages(manifest, staged.tensors()), timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise self._error(f"publish of version {manifest.version}", err) from err
+        return manifest
 
     # -- pulling -------------------------------------------------------------------------
 

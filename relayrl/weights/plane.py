@@ -8,12 +8,23 @@ from abc import ABC, abstractmethod
 import torch
 
 from relayrl.weights.manifest import Manifest
+from relayrl.weights.shm_handoff import StagedVersion
 
 
 class WeightPlane(ABC):
     @abstractmethod
     def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
         """Store a new immutable version; versions must increase."""
+
+    def stage(self, version: int, step: int, tensors: dict[str, torch.Tensor],
+              dtype: torch.dtype | None = None) -> StagedVersion | None:
+        """The version written where this plane takes it from without another copy
+        (relayrl.weights.shm_handoff), to send with send_staged; None where a plane has no
+        such place (the caller then snapshots and publishes)."""
+        return None
+
+    def send_staged(self, staged: StagedVersion) -> Manifest:
+        raise NotImplementedError(f"{type(self).__name__} stages no versions")
 
     @abstractmethod
     def manifest(self, version: int = 0) -> Manifest | None:

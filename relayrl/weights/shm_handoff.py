@@ -17,20 +17,30 @@ again when one is waiting. Writing a version into fresh tmpfs pages cost 0.2-1.6
 SmolLM2 (538 MB) on this VM during a run, into a spare's 0.12 s. A reader still copying the
 old version out of a recycled file gets torn bytes, which its checksums refuse (a pull is
 verified), and it pulls again.
+
+A trainer on the CPU writes each version straight from its live weights
+(`StagedVersion.write`): no host snapshot of the weights is kept beside the file. It keeps the
+file mapped and holds a shared lock on it (flock) while it reads the version back (to re-score
+older tokens under it); a relay letting go of a file so held removes it instead of recycling
+it, so the bytes under the mapping never change.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
+import mmap
 import os
 import re
 import stat
+import threading
 import uuid
 
 import torch
 
 from relayrl.weights.layout import flat_size, shard_offsets
-from relayrl.weights.manifest import Manifest, tensor_bytes
+from relayrl.weights.manifest import Manifest, ShardInfo, checksum, tensor_bytes, torch_dtype
 
 HANDOFF_NAME = re.compile(r"relayrl-\d+-v\d+-pub[0-9a-f]{16}")
 SPARES = "relayrl-*-v0-spare*"  # glob; v0 so the orphan sweep (relayrl-<pid>-v*) takes them
@@ -58,6 +68,87 @@ def write_handoff(shm_dir: str, manifest: Manifest, tensors: dict[str, torch.Ten
     finally:
         os.close(fd)
     return path
+
+
+class StagedVersion:
+    """A version written into a handoff file of its own, before and after the relay takes it
+    over (by renaming: the inode, and so this mapping, stays the same). Held by whoever
+    `retain`s it until each `release`s it; the last release unmaps it and drops the lock."""
+
+    def __init__(self, manifest: Manifest, path: str, fd: int):
+        self.manifest = manifest
+        self.path = path
+        self._fd: int | None = fd
+        fcntl.flock(fd, fcntl.LOCK_SH)  # before any relay sees it: never recycled while held
+        self._map = mmap.mmap(fd, max(flat_size(manifest), 1))
+        self._holders = 1
+        self._lock = threading.Lock()
+
+    @classmethod
+    def write(cls, shm_dir: str, version: int, step: int, tensors: dict[str, torch.Tensor],
+              dtype: torch.dtype | None = None) -> StagedVersion:
+        """`tensors` (CPU), floating-point ones cast to `dtype` one tensor at a time, written
+        at their layout offsets into a new handoff file in `shm_dir`, checksummed on the way.
+        OSError when the file cannot be had; nothing is left at its path then."""
+        cast = {name: dtype if dtype is not None and t.is_floating_point() else t.dtype
+                for name, t in tensors.items()}
+        sized = Manifest(version, step, tuple(
+            ShardInfo(name, str(cast[name]).removeprefix("torch."), tuple(t.shape),
+                      t.numel() * cast[name].itemsize, "") for name, t in tensors.items()))
+        path = os.path.join(shm_dir, handoff_name(version))
+        fd = claim_file(path, flat_size(sized))
+        shards = []
+        try:
+            for info, offset in zip(sized.shards, shard_offsets(sized).values(), strict=True):
+                t = tensors[info.name].detach()
+                data = tensor_bytes(t.to(cast[info.name]) if t.dtype != cast[info.name] else t)
+                _write_all(fd, data, offset)
+                shards.append(ShardInfo(info.name, info.dtype, info.shape, info.nbytes,
+                                        checksum(data)))
+            return cls(Manifest(version, step, tuple(shards)), path, fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @property
+    def step(self) -> int:
+        return self.manifest.step
+
+    @property
+    def nbytes(self) -> int:
+        return self.manifest.total_bytes
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The version's tensors, viewing the file (no copy); valid while it is held."""
+        flat = torch.frombuffer(self._map, dtype=torch.uint8)
+        return {s.name: flat[off:off + s.nbytes].view(torch_dtype(s.dtype)).view(s.shape)
+                for s, off in zip(self.manifest.shards, shard_offsets(self.manifest).values(),
+                                  strict=True)}
+
+    def retain(self) -> StagedVersion:
+        with self._lock:
+            assert self._holders > 0, "retained after its last release"
+            self._holders += 1
+        return self
+
+    def release(self) -> None:
+        """One holder less. The last one removes the file if no relay took it over, closes
+        it and leaves the mapping to its last tensor (the lock goes with the file)."""
+        with self._lock:
+            self._holders -= 1
+            if self._holders:
+                return
+            fd, self._fd = self._fd, None
+        with contextlib.suppress(FileNotFoundError):  # gone if the relay took it over
+            os.unlink(self.path)
+        if fd is not None:
+            os.close(fd)
+        self._map = None
 
 
 def _write_all(fd: int, data: memoryview, offset: int) -> None:
@@ -108,16 +199,27 @@ def _take_spare(spare: str, path: str) -> int | None:
 
 def recycle(path: str) -> None:
     """Let go of a version's file: kept as a spare for the next version while fewer than
-    MAX_SPARES wait, else removed."""
+    MAX_SPARES wait and no process holds it (StagedVersion's lock), else removed."""
     shm_dir = os.path.dirname(path)
     try:
-        if len(glob.glob(os.path.join(shm_dir, SPARES))) < MAX_SPARES:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = True
+        except BlockingIOError:
+            free = False
+        if free and len(glob.glob(os.path.join(shm_dir, SPARES))) < MAX_SPARES:
             os.rename(path, os.path.join(shm_dir, f"relayrl-{os.getpid()}-v0-spare"
                                                   f"{uuid.uuid4().hex[:16]}"))
         else:
             os.unlink(path)
     except FileNotFoundError:
         pass
+    finally:
+        os.close(fd)
 
 
 def remove_spares(shm_dir: str, pid: int) -> None:

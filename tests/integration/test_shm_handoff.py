@@ -179,3 +179,22 @@ def test_the_shm_publish_plane_is_a_configuration_choice():
     cfg = RunConfig(relay={"data_planes": ["grpc", "shm"], "shm_dir": "/dev/shm"},
                     trainer={"publish_plane": "shm"})
     assert cfg.trainer.publish_plane == "shm"
+
+
+def test_a_file_its_publisher_still_holds_is_removed_not_recycled(relay):
+    """A trainer re-scoring under a version it published keeps that version's file mapped
+    (relayrl.weights.shm_handoff.StagedVersion): when the relay lets the version go, the
+    file is removed rather than recycled, so the held bytes stay that version's."""
+    address, store = relay
+    client = RelayClient(address, timeout_s=10, plane="shm", publish_shm_dir=store.shm_dir)
+    held = client.stage(1, 1, weights(1))
+    client.send_staged(held)
+    inode = os.stat(store.get(1).shm_path).st_ino
+    for v in (2, 3, 4):  # keep 2: version 1 is let go, and later versions need files
+        client.publish(v, v, weights(v))
+    spares = [os.stat(os.path.join(store.shm_dir, n)).st_ino
+              for n in os.listdir(store.shm_dir) if "-spare" in n]
+    assert inode not in spares
+    assert all(os.stat(store.get(v).shm_path).st_ino != inode for v in (3, 4))
+    assert all(torch.equal(held.tensors()[k], t) for k, t in weights(1).items())
+    held.release()

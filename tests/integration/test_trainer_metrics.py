@@ -27,8 +27,10 @@ STEPS, GROUP, RESPONSE = 3, 2, 3
 
 
 def in_process_trainer(tmp_path, model_path, run_id: str, groups_per_batch: int,
-                       trainer: dict, eval_every: int) -> tuple[Trainer, EmbeddedRedis]:
-    """A trainer on embedded Redis publishing into an in-process version store."""
+                       trainer: dict, eval_every: int, plane=None
+                       ) -> tuple[Trainer, EmbeddedRedis]:
+    """A trainer on embedded Redis publishing into `plane`, by default an in-process
+    version store."""
     server = EmbeddedRedis(tmp_path)
     cfg = RunConfig.model_validate({
         "run_id": run_id, "run_dir": str(tmp_path / "run"), "redis": {"url": server.url},
@@ -40,7 +42,7 @@ def in_process_trainer(tmp_path, model_path, run_id: str, groups_per_batch: int,
     })
     torch.manual_seed(0)
     return Trainer(cfg, load_model(model_path), connect(server.url),
-                   AsyncPublisher(VersionStore(8))), server
+                   AsyncPublisher(plane or VersionStore(8))), server
 
 
 def add_batch(t: Trainer, name: str, prompt_ids: list[int], version: int = 0) -> None:

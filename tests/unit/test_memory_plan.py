@@ -143,3 +143,15 @@ def test_evaluation_plans_its_kv_cache_where_it_runs():
     assert inline["trainer"][f"{kv}, between steps"] == 8 * row * per_token * 4
     assert "evaluator" not in plan({"eval": {"mode": "separate", "every": 0}},
                                    kv_per_token=per_token)
+
+
+def test_a_cpu_trainer_publishing_through_shared_memory_keeps_no_copies_of_its_own():
+    """Versions are written straight into their files, and the engine check's float32
+    versions are read from those the relay still keeps."""
+    shm = {"relay": {"data_planes": ["grpc", "shm"], "shm_dir": "/dev/shm", "keep_versions": 2},
+           "trainer": {"publish_plane": "shm", "device": "cpu", "engine_check_versions": 2}}
+    trainer = plan(shm)["trainer"]
+    assert trainer["two publish snapshots"] == 0
+    past = "past versions for the engine check (trainer.engine_check_versions)"
+    assert trainer[past] == 4 * P  # one of the two the relay has let go
+    assert plan({**shm, "model": {"dtype": "bfloat16"}})["trainer"][past] == 2 * 4 * P

@@ -1,4 +1,5 @@
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -101,3 +102,43 @@ def test_history_keeps_the_newest_versions_in_reused_buffers():
     assert VersionHistory(keep=0).versions == []
     history.remember(3, model)  # the same version again keeps one slot
     assert history.versions == [2, 3]
+
+
+def test_a_version_published_through_shared_memory_is_read_from_its_file(tmp_path):
+    """A float32 version staged into a handoff file is kept by viewing that file (no copy of
+    its own), re-scores as the copy would, and is let go (file and lock) when evicted; a
+    version whose file holds other dtypes is copied."""
+    import copy
+
+    from relayrl.weights.shm_handoff import StagedVersion
+    from relayrl.weights.tied import without
+    from trainer_svc.batching import token_logprobs
+    from trainer_svc.parity import VersionHistory, rescore_older_tokens
+
+    model = tiny_llama()
+    v5 = copy.deepcopy(model)
+
+    def staged(version, dtype=None):
+        state = without(model.state_dict(), {"lm_head.weight": "model.embed_tokens.weight"})
+        return StagedVersion.write(str(tmp_path), version, version, state, dtype)
+
+    history = VersionHistory(keep=1)
+    five = staged(5)
+    history.remember(5, model, five)
+    assert history.copies == 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1)
+    ids = torch.randint(0, 16, (1, 6))
+    mask, versions = torch.ones((1, 5)), torch.full((1, 5), 5)
+    logp, scored = rescore_older_tokens(model, history, ids, torch.ones_like(ids), mask,
+                                        versions, temperature=1.0, max_seqs=1)
+    batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert scored.all()
+    assert torch.allclose(logp, token_logprobs(v5, batch, 1.0).detach(), atol=1e-5)
+
+    history.remember(6, model, staged(6, torch.bfloat16))  # not the trained dtype: copied
+    assert history.versions == [6] and history.copies == 1
+    assert not os.path.exists(five.path) and five._fd is None  # version 5 let go
+    assert os.listdir(tmp_path) == []  # 6's file too: it was released at once
+    history.close()

@@ -66,3 +66,49 @@ def test_a_failed_send_is_counted_and_the_next_version_goes_through():
     pub.wait()
     assert store.versions() == [2, 3] and pub.published_version == 3
     pub.close()
+
+
+class StagingStore(GatedStore):
+    """A gated relay that takes versions staged into files in `directory`, as a relay on
+    the trainer's host takes them from shared memory."""
+
+    def __init__(self, directory):
+        super().__init__()
+        self.directory = str(directory)
+
+    def stage(self, version, step, tensors, dtype=None):
+        from relayrl.weights.shm_handoff import StagedVersion
+
+        return StagedVersion.write(self.directory, version, step, tensors, dtype)
+
+    def send_staged(self, staged):
+        return self.publish(staged.version, staged.step, staged.tensors())
+
+
+def test_staged_versions_replace_the_snapshot_and_are_let_go_once_sent_or_replaced(tmp_path):
+    """Weights on the CPU are written straight into the plane's file: no snapshot buffer is
+    filled, the newest version still wins while the relay is slow, and no file is left once
+    the publisher closes."""
+    store = StagingStore(tmp_path)
+    pub = AsyncPublisher(store, dtype=torch.bfloat16)
+    w = {"w": torch.zeros(10), "steps": torch.tensor([0])}
+    pub.publish(1, 1, w)
+    assert store.started.wait(10)
+    for v in (2, 3, 4):
+        pub.fence()
+        w["w"].fill_(float(v - 1))
+        pub.publish(v, v, w)
+    pub.fence()
+    store.gate.set()
+    pub.wait()
+    assert store.versions() == [1, 4] and pub.versions_skipped == 2
+    pulled = store.pull(4)
+    assert pulled["w"].dtype == torch.bfloat16 and torch.equal(pulled["w"].float(), w["w"])
+    assert pulled["steps"].dtype == torch.int64  # only floating-point weights are cast
+    assert all(not s.buffers for s in pub._sets)
+    held = pub.shipped(4)
+    assert held is not None and pub.shipped(3) is None
+    assert torch.equal(held.tensors()["w"].float(), w["w"])
+    held.release()
+    pub.close()
+    assert sorted(tmp_path.iterdir()) == []

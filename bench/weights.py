@@ -15,7 +15,8 @@ GPUs).
 Then a LoRA adapter against the whole model (`--lora-model`, SmolLM2-135M by default, rank
 16 on every linear layer): the bytes of one version of each, and the time from publish
 until a torch engine has applied the version pulled from a relay (publish, pull, check,
-load), each the fastest of three, and the trainer's stall per adapter publish. Ends with one
+load), each the fastest of three, and the trainer's stall per adapter publish (its stand-in
+step the whole model's: LoRA still runs every layer forward and backward). Ends with one
 JSON line.
 """
 
@@ -153,10 +154,12 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
         publisher = AsyncPublisher(RelayClient(address, timeout_s=300))
         out.update(publish_stall(publisher, payload))
         publisher.close()
-        # versions shipped in bfloat16 from float32 master weights: the snapshot casts
+        # versions shipped in bfloat16 from float32 master weights: the snapshot casts; the
+        # step it hides under is the same float32 model's as above
         publisher = AsyncPublisher(RelayClient(address, timeout_s=300), dtype=torch.bfloat16)
         out.update({f"bf16_{k}": v for k, v in
-                    publish_stall(publisher, payload, torch.bfloat16, 4).items()})
+                    publish_stall(publisher, payload, torch.bfloat16, 4,
+                                  step_s=2 * out["copy_s"]).items()})
         publisher.close()
         del publisher  # its snapshot buffers: at 2 GB, memory the fan-out below needs
         if "shm" in planes:
@@ -203,23 +206,30 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
     return out
 
 
-def publish_stall(publisher: AsyncPublisher, payload: dict[str, torch.Tensor],
-                  dtype: torch.dtype | None = None, first_version: int = 1) -> dict:
-    """The training loop's stall per publish: publish() plus the fence before the next
-    optimizer update, with a stand-in forward/backward of twice the copy time in between;
-    against a plain copy into buffers of the versions' `dtype` (the payload's by default)."""
+def copy_time(payload: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> float:
+    """Seconds of a plain copy of `payload` into buffers of `dtype` (the payload's by
+    default)."""
     snapshot = {k: torch.empty_like(v, dtype=dtype) for k, v in payload.items()}
     t0 = time.perf_counter()
     for k, v in payload.items():
         snapshot[k].copy_(v)
-    copy_s = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def publish_stall(publisher: AsyncPublisher, payload: dict[str, torch.Tensor],
+                  dtype: torch.dtype | None = None, first_version: int = 1,
+                  step_s: float | None = None) -> dict:
+    """The training loop's stall per publish: publish() plus the fence before the next
+    optimizer update, with a stand-in forward/backward of `step_s` in between (twice the
+    copy time by default); against a plain copy into buffers of the versions' `dtype`."""
+    copy_s = copy_time(payload, dtype)
     a = torch.randn(256, 256)
     stalls = []
     for version in range(first_version, first_version + 3):
         t0 = time.perf_counter()
         publisher.publish(version, version, payload)
         stall = time.perf_counter() - t0
-        busy_until = time.perf_counter() + 2 * copy_s
+        busy_until = time.perf_counter() + (step_s or 2 * copy_s)
         while time.perf_counter() < busy_until:  # forward and backward of the next step
             a = torch.tanh(a @ a)
         t0 = time.perf_counter()
@@ -275,7 +285,10 @@ def adapter_vs_full(model_dir: Path, tmp: Path, rank: int) -> dict:
     try:
         publisher = AsyncPublisher(RelayClient(address, timeout_s=300))
         print("[lora] the trainer's stall per adapter publish:", flush=True)
-        stall = publish_stall(publisher, {k: v.clone() for k, v in adapter.items()})
+        # an adapter's step still runs the whole model forward and backward: its stand-in
+        # is the whole model's (twice the full version's copy), not twice the adapter's copy
+        stall = publish_stall(publisher, {k: v.clone() for k, v in adapter.items()},
+                              step_s=2 * copy_time(full))
         out["adapter_stall_over_copy"] = stall["stall_over_copy"]
         publisher.close()
         version = 4

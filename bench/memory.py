@@ -91,12 +91,14 @@ def planned(cfg: RunConfig) -> dict[str, float]:
     the model the run prepared."""
     from relayrl.config import HfModel, PretrainedModel
     from relayrl.models.cache import tiny_model_dir
-    from relayrl_ops.check import planned_memory
+    from relayrl.plugins.tasks import make_run_task
+    from relayrl_ops.check import longest_prompt, planned_memory
 
     m = cfg.model
     where = (Path(m.path) if isinstance(m, HfModel) else m.converted_dir
              if isinstance(m, PretrainedModel) else tiny_model_dir(m, cfg.task))
-    plan = planned_memory(cfg, where) or []
+    # rows as long as the task's prompts make them, as relayrl check sizes them
+    plan = planned_memory(cfg, where, longest_prompt(cfg, make_run_task(cfg))) or []
     names = {"rollout worker": "rollout"}
     return {names.get(name, name): round(sum(b for _, b in parts) / MIB, 1)
             for name, _, parts in plan}

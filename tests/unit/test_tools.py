@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 import time
 
@@ -317,3 +318,25 @@ def test_a_template_that_ignores_tools_gets_them_in_the_system_message():
     assert out.startswith("<system>Be brief.\n\nYou can call functions")
     assert json.dumps(WEATHER) in out and "<tool_call>" in out
     assert with_tool_prompt([], [WEATHER])[0]["role"] == "system"
+
+
+def test_the_example_calculator_s_latency_is_an_option_checked_where_it_is_given(
+        monkeypatch):
+    from examples.tools import calc_tools
+
+    slept: list[float] = []
+    monkeypatch.setattr(calc_tools.time, "sleep", slept.append)
+    monkeypatch.setattr(calc_tools, "random", random.Random(0))
+    try:
+        env = calc_tools.CalcTools(median_s=2.0, max_s=3.0)
+        for _ in range(50):
+            assert calc_tools.calculate("6 * 7") == "42"
+        assert max(slept) == 3.0 and min(slept) < 2.0 < sorted(slept)[-5]
+        assert env.tool_timeout_s == 10.0
+        with pytest.raises(ConfigError, match=r"options\.median_s: -1 must be"):
+            calc_tools.CalcTools(median_s=-1)
+        with pytest.raises(ConfigError, match=r"options\.max_s: 12 must be below "
+                                              r"tool_timeout_s \(10\)"):
+            calc_tools.CalcTools(max_s=12)
+    finally:
+        calc_tools.LATENCY.update(median_s=calc_tools.MEDIAN_S, max_s=calc_tools.MAX_S)

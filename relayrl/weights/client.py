@@ -103,7 +103,8 @@ class RelayClient(WeightPlane):
 
     def send_staged(self, staged: StagedVersion) -> Manifest:
         """Hand `staged`'s file to the relay; a relay that cannot take it gets its bytes over
-        gRPC instead, read back from the file (and every later version over gRPC)."""
+        gRPC instead, read back from the file (and every later version over gRPC, unless
+        the file was only gone: a relay that took it and lost it restarting)."""
         manifest = staged.manifest
         handoff = relay_pb2.ShmHandoff(file_name=os.path.basename(staged.path),
                                        host_id=host_id())
@@ -115,9 +116,13 @@ class RelayClient(WeightPlane):
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise self._error(f"publish of version {manifest.version}", err) from err
-            log.warning("publishing over gRPC from now on: the relay at %s takes no "
-                        "shared-memory handoff (%s)", self.address, err.details())
-            self.publish_shm_dir = None
+            if os.path.exists(staged.path):
+                log.warning("publishing over gRPC from now on: the relay at %s takes no "
+                            "shared-memory handoff (%s)", self.address, err.details())
+                self.publish_shm_dir = None
+            else:
+                log.warning("version %d goes over gRPC: its file is no longer there to hand "
+                            "over (%s)", manifest.version, err.details())
         try:
             self._publish_raw(self._messages(manifest, staged.tensors()), timeout=self.timeout_s)
         except grpc.RpcError as err:

@@ -198,3 +198,21 @@ def test_a_file_its_publisher_still_holds_is_removed_not_recycled(relay):
     assert all(os.stat(store.get(v).shm_path).st_ino != inode for v in (3, 4))
     assert all(torch.equal(held.tensors()[k], t) for k, t in weights(1).items())
     held.release()
+
+
+def test_a_staged_file_gone_before_its_retry_is_sent_over_grpc_once(relay, caplog):
+    """A relay that took a version's file and lost it (restarted before answering) is sent
+    that version's bytes over gRPC, read back from the mapping; later versions still go
+    through shared memory."""
+    address, store = relay
+    client = RelayClient(address, timeout_s=10, publish_shm_dir=store.shm_dir)
+    staged = client.stage(1, 1, weights(1))
+    os.unlink(staged.path)  # the relay renamed it, then lost it
+    with caplog.at_level(logging.WARNING):
+        client.send_staged(staged)
+    staged.release()
+    assert "version 1 goes over gRPC" in caplog.text
+    assert client.publish_shm_dir == store.shm_dir
+    assert all(torch.equal(client.pull(1)[k], t) for k, t in weights(1).items())
+    client.publish(2, 2, weights(2))
+    assert store.versions() == [1, 2] and "from now on" not in caplog.text

@@ -51,25 +51,6 @@ def handoff_name(version: int) -> str:
     return f"relayrl-{os.getpid()}-v{version}-pub{uuid.uuid4().hex[:16]}"
 
 
-def write_handoff(shm_dir: str, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> str:
-    """Write `tensors` at their layout offsets into a new file in `shm_dir`; its path. The
-    caller unlinks it once the relay has answered (after a handoff the name is gone: the
-    relay renamed it). Written with pwrite, not through a mapping: half the CPU time (no
-    fault per page)."""
-    path = os.path.join(shm_dir, handoff_name(manifest.version))
-    fd = claim_file(path, flat_size(manifest))
-    try:
-        for shard, offset in zip(manifest.shards, shard_offsets(manifest).values(),
-                                 strict=True):
-            _write_all(fd, tensor_bytes(tensors[shard.name]), offset)
-    except BaseException:
-        os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
-    return path
-
-
 class StagedVersion:
     """A version written into a handoff file of its own, before and after the relay takes it
     over (by renaming: the inode, and so this mapping, stays the same). Held by whoever

@@ -17,7 +17,7 @@ from relayrl.runtime.grpc_util import channel
 from relayrl.weights.client import RelayClient
 from relayrl.weights.hostid import host_id
 from relayrl.weights.manifest import build_manifest
-from relayrl.weights.shm_handoff import handoff_name, write_handoff
+from relayrl.weights.shm_handoff import StagedVersion, handoff_name
 from tests.integration.test_weight_plane import start_relay, weights
 
 
@@ -26,6 +26,15 @@ def relay(tmp_path):
     address, store, stop = start_relay(tmp_path, ["grpc", "shm"])
     yield address, store
     stop()
+
+
+def written(directory: str, tensors) -> str:
+    """A handoff file of version 1 holding `tensors`, left for the test to hand over."""
+    staged = StagedVersion.write(directory, 1, 1, tensors)
+    os.link(staged.path, kept := staged.path + "k")
+    staged.release()  # removes its name: the link keeps the file, unlocked
+    os.rename(kept, staged.path)
+    return staged.path
 
 
 def publish_file(address: str, name: str, version: int, host: str | None = None):
@@ -81,7 +90,7 @@ def test_a_let_go_version_s_file_is_the_next_version_s_and_none_outlives_the_rel
 
 def test_a_file_whose_bytes_do_not_match_the_manifest_is_refused_and_removed(relay):
     address, store = relay
-    path = write_handoff(store.shm_dir, build_manifest(1, 1, weights(2)), weights(2))
+    path = written(store.shm_dir, weights(2))
     before = set(os.listdir(store.shm_dir))
     code, details = publish_file(address, os.path.basename(path), 1)  # weights(1)'s manifest
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "checksum mismatch" in details
@@ -91,7 +100,6 @@ def test_a_file_whose_bytes_do_not_match_the_manifest_is_refused_and_removed(rel
 
 def test_names_sizes_and_links_that_are_not_a_handoff_are_refused(relay, tmp_path):
     address, store = relay
-    right = build_manifest(1, 1, weights(1))
     for bad in ("../etc/passwd", "relayrl-1-v1-0123abcd", "x" * 300):
         code, details = publish_file(address, bad, 1)
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "not a handoff name" in details
@@ -101,7 +109,7 @@ def test_names_sizes_and_links_that_are_not_a_handoff_are_refused(relay, tmp_pat
     code, details = publish_file(address, os.path.basename(short), 1)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "holds 10 bytes" in details
     os.unlink(short)
-    target = write_handoff(str(tmp_path), right, weights(1))
+    target = written(str(tmp_path), weights(1))
     link = os.path.join(store.shm_dir, handoff_name(1))
     os.symlink(target, link)
     try:
@@ -114,7 +122,7 @@ def test_names_sizes_and_links_that_are_not_a_handoff_are_refused(relay, tmp_pat
 
 def test_a_handoff_from_another_host_or_a_missing_file_is_a_precondition(relay):
     address, store = relay
-    path = write_handoff(store.shm_dir, build_manifest(1, 1, weights(1)), weights(1))
+    path = written(store.shm_dir, weights(1))
     try:
         code, details = publish_file(address, os.path.basename(path), 1, host="elsewhere/1")
         assert code == grpc.StatusCode.FAILED_PRECONDITION
@@ -161,7 +169,7 @@ def test_a_publisher_that_cannot_write_the_file_sends_the_bytes_over_grpc(relay,
 def test_nothing_may_follow_a_handoff(relay):
     address, store = relay
     manifest = build_manifest(1, 1, weights(1))
-    path = write_handoff(store.shm_dir, manifest, weights(1))
+    path = written(store.shm_dir, weights(1))
     stub = relay_pb2_grpc.RelayStub(channel(address))
     messages = [relay_pb2.PublishMessage(manifest=manifest.to_proto()),
                 relay_pb2.PublishMessage(shm=relay_pb2.ShmHandoff(

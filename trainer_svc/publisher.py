@@ -48,7 +48,7 @@ class AsyncPublisher:
         self._pending: Snapshot | StagedVersion | None = None  # taken, waiting to be sent
         self._sending: Snapshot | StagedVersion | None = None
         self._stages = True  # until the plane turns out to take no staged versions
-        self._newest: StagedVersion | None = None  # the newest staged version, held
+        self._newest: StagedVersion | None = None  # the newest finite staged version, held
         self._snapshotted = threading.Event()
         self._snapshotted.set()
         self._closed = False
@@ -117,6 +117,10 @@ class AsyncPublisher:
                             self._drop(self._pending)
                             self.versions_skipped += 1
                         self._pending = taken
+                        if isinstance(taken, StagedVersion):  # the newest, for `shipped`
+                            if self._newest is not None:
+                                self._newest.release()
+                            self._newest = taken.retain()
                     elif refused is not None:
                         self.refused, self.failures = refused, self.failures + 1
                         if isinstance(taken, StagedVersion):
@@ -126,18 +130,13 @@ class AsyncPublisher:
 
     def _stage(self, version: int, step: int, state: dict[str, torch.Tensor]
                ) -> StagedVersion | None:
-        """The version written where the plane takes it from (CPU weights only), kept as
-        the newest for `shipped`; None where it must be snapshotted."""
+        """The version written where the plane takes it from (CPU weights only); None where
+        it must be snapshotted."""
         if not self._stages or any(t.device.type != "cpu" for t in state.values()):
             return None
         staged = self.plane.stage(version, step, state, self._sets[0].dtype)
         if staged is None:
             self._stages = False
-            return None
-        with self._cond:
-            if self._newest is not None:
-                self._newest.release()
-            self._newest = staged.retain()
         return staged
 
     def shipped(self, version: int) -> StagedVersion | None:

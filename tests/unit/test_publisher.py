@@ -3,6 +3,7 @@ block training, and a version that could not be sent in time gives way to a newe
 
 import threading
 
+import pytest
 import torch
 
 from relay_svc.version_store import VersionStore
@@ -112,3 +113,19 @@ def test_staged_versions_replace_the_snapshot_and_are_let_go_once_sent_or_replac
     held.release()
     pub.close()
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_staged_version_that_is_not_finite_is_never_sent_nor_kept(tmp_path):
+    from trainer_svc.finite import NonFiniteError
+
+    store = StagingStore(tmp_path)
+    store.gate.set()
+    pub = AsyncPublisher(store)
+    pub.publish(1, 1, {"w": torch.tensor([1.0, float("nan")])})
+    pub.fence()
+    with pytest.raises(NonFiniteError, match="publish version 1"):
+        pub.wait()
+    assert store.versions() == [] and pub.shipped(1) is None
+    assert sorted(tmp_path.iterdir()) == []  # its file is gone with it
+    with pytest.raises(NonFiniteError):
+        pub.close()

@@ -6,11 +6,14 @@ most of it padding. Sorted by length and split, it costs little more than its re
 The split is the one that minimises padded tokens plus a fixed cost per pass, with no part
 over `trainer.micro_batch_tokens` (which also bounds a pass's activations). Under the
 shared-prefix pass (trainer_svc.shared_prefix) a part costs its distinct prompts once plus
-rows x its longest response, so the split is planned on response lengths, and every pass
-costs the batch's distinct prompts again (a part that holds fewer costs less: the plan errs
-towards fewer passes). For SmolLM2's chat sums (32 rows, 44-token prompts, 6-16-token
-answers) the plain plan cut a step into two passes that took 5.4-6.3 s against 4.0-4.4 s
-for one.
+rows x its longest response. Two plans are weighed by that cost: rows of like response
+length across prompts (each pass paying for every prompt it touches), and each prompt's rows
+kept together, several prompts to a pass where they fit. Short prompts favour the first:
+for SmolLM2's chat sums (32 rows, 44-token prompts, 6-16-token answers) it is one pass, where
+the plain plan on whole rows cut a step into two that took 5.4-6.3 s against 4.0-4.4 s.
+Long ones favour the second: a tool episode's prompt (a system message declaring the tools,
+worked calls) is several times its answers, and paid again in every pass that holds one of
+its rows it would be most of the step.
 
 Every loss is a sum over rows divided by the batch's normaliser (its response tokens, or
 its sequences: trainer_svc.distributed.normaliser), so a part's loss weighted by its share
@@ -57,15 +60,77 @@ def plan_parts(lengths: list[int], max_tokens: int, prefix_tokens: int = 0
     return plan_runs(lengths, PASS_COST_TOKENS + prefix_tokens, max_tokens)
 
 
+def shared_cost(parts: list[list[int]], windows: list[int], prompt_of: list[int],
+                prompt_tokens: list[int]) -> int:
+    """What the shared-prefix passes over `parts` cost in tokens: each part its distinct
+    prompts once, rows x its longest response window, and the pass cost."""
+    return sum(PASS_COST_TOKENS + sum(prompt_tokens[p] for p in {prompt_of[i] for i in part})
+               + len(part) * max(windows[i] for i in part) for part in parts)
+
+
+def plan_shared_parts(windows: list[int], prompt_of: list[int], prompt_tokens: list[int],
+                      max_tokens: int) -> list[list[int]]:
+    """Rows (response `windows`, row i's prompt `prompt_of[i]` of `prompt_tokens[...]`
+    tokens) grouped into shared-prefix passes of at most `max_tokens` response tokens each
+    (padded; a row longer than that alone): the cheaper, by shared_cost, of rows of like
+    length across prompts and each prompt's rows kept together."""
+    if max_tokens <= 0 or len(windows) <= 1:
+        return plan_parts(windows, max_tokens)
+    across = plan_parts(windows, max_tokens, sum(prompt_tokens))
+    together = _pack([[rows[j] for j in chunk]
+                      for p, rows in _rows_by_prompt(prompt_of).items()
+                      for chunk in plan_runs([windows[i] for i in rows],
+                                             PASS_COST_TOKENS + prompt_tokens[p], max_tokens)],
+                     windows, prompt_of, prompt_tokens, max_tokens)
+    return min((across, together),
+               key=lambda plan: shared_cost(plan, windows, prompt_of, prompt_tokens))
+
+
+def _rows_by_prompt(prompt_of: list[int]) -> dict[int, list[int]]:
+    rows: dict[int, list[int]] = {}
+    for i, p in enumerate(prompt_of):
+        rows.setdefault(p, []).append(i)
+    return rows
+
+
+def _pack(units: list[list[int]], windows: list[int], prompt_of: list[int],
+          prompt_tokens: list[int], max_tokens: int) -> list[list[int]]:
+    """Units of rows (one prompt's each) put into passes, several to a pass where they fit:
+    ordered by their longest window and cut into consecutive runs minimising the runs'
+    shared_cost (as relayrl.sampling.length_split plans rows)."""
+    units = sorted(units, key=lambda u: (-max(windows[i] for i in u), u[0]))
+    longest = [max(windows[i] for i in u) for u in units]
+    prompts = [prompt_tokens[prompt_of[u[0]]] for u in units]
+    n = len(units)
+    best, start = [0] + [None] * n, [0] * (n + 1)
+    for end in range(1, n + 1):
+        rows = prompt = 0
+        for a in range(end - 1, -1, -1):  # the last run: units a..end-1, longest first
+            rows += len(units[a])
+            prompt += prompts[a]
+            padded = rows * longest[a]
+            if padded > max_tokens and end - a > 1:
+                break  # a longer run only pads more
+            cost = best[a] + PASS_COST_TOKENS + prompt + padded
+            if best[end] is None or cost < best[end]:
+                best[end], start[end] = cost, a
+    runs, end = [], n
+    while end > 0:
+        runs.append([i for u in units[start[end]:end] for i in u])
+        end = start[end]
+    return runs[::-1]
+
+
 def split_batch(tb: TrainBatch, max_tokens: int, aggregation: str,
                 shared_prefix: bool = False) -> list[MicroBatch]:
     """`shared_prefix`: the parts will take the shared-prefix pass (planned as above)."""
     row_lengths = tb.attention_mask.sum(dim=1)  # right-padded: a row's real length
     lengths = row_lengths.tolist()
     if shared_prefix:
-        first, _ = prompt_sharing(tb)
+        first, inverse = prompt_sharing(tb)
         windows = (row_lengths - tb.prompt_lengths).tolist()
-        plan = plan_parts(windows, max_tokens, int(tb.prompt_lengths[first].sum()))
+        plan = plan_shared_parts(windows, inverse.tolist(), tb.prompt_lengths[first].tolist(),
+                                 max_tokens)
     else:
         plan = plan_parts(lengths, max_tokens)
     if len(plan) == 1:

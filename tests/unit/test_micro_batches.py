@@ -6,11 +6,20 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relayrl.config import TrainerConfig
 from tests.unit.test_losses_trainer import MAX_NEW_TOKENS, tiny_batch
 from trainer_svc.losses import LOSSES
-from trainer_svc.micro_batches import PASS_COST_TOKENS, assemble, plan_parts, split_batch
+from trainer_svc.micro_batches import (
+    PASS_COST_TOKENS,
+    assemble,
+    plan_parts,
+    plan_shared_parts,
+    shared_cost,
+    split_batch,
+)
 from trainer_svc.objective import Objective
 
 
@@ -36,6 +45,41 @@ def test_under_a_shared_prefix_short_answers_stay_one_pass_and_a_long_tail_split
     assert len(plan_parts(answers, 8192, prompts)) == 1
     tail = [2000] + [20] * 31
     assert [len(p) for p in plan_parts(tail, 8192, prompts)] == [1, 31]
+
+
+def test_long_prompts_keep_their_rows_together():
+    """A tool episode's prompt (tools declared, worked calls: 350 tokens) against answers of
+    30-120: split by length across prompts, each of three passes runs all four prompts; kept
+    together, each prompt runs once and the step costs a fifth fewer tokens."""
+    windows = [120, 30, 45, 60, 90, 35, 50, 80] * 4
+    prompt_of = [i // 8 for i in range(32)]
+    prompts = [350] * 4
+    across = plan_parts(windows, 1024, sum(prompts))
+    plan = plan_shared_parts(windows, prompt_of, prompts, 1024)
+    assert len(across) == 3 and all({prompt_of[i] for i in p} == {0, 1, 2, 3} for p in across)
+    assert sorted(len({prompt_of[i] for i in p}) for p in plan) == [1, 1, 1, 1]
+    assert shared_cost(plan, windows, prompt_of, prompts) < \
+        0.85 * shared_cost(across, windows, prompt_of, prompts)
+
+
+def test_short_prompts_and_like_answers_stay_one_pass():
+    assert len(plan_shared_parts([10] * 32, [i // 8 for i in range(32)], [44] * 4, 8192)) == 1
+    assert len(plan_shared_parts([10] * 32, [i // 8 for i in range(32)], [44] * 4, 0)) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(0, 5)), min_size=1, max_size=40),
+       st.lists(st.integers(1, 600), min_size=6, max_size=6), st.integers(1, 4096))
+def test_a_shared_plan_covers_every_row_once_within_budget_at_no_more_cost(rows, prompts,
+                                                                          budget):
+    windows, prompt_of = [w for w, _ in rows], [p for _, p in rows]
+    plan = plan_shared_parts(windows, prompt_of, prompts, budget)
+    assert sorted(i for part in plan for i in part) == list(range(len(rows)))
+    for part in plan:
+        assert len(part) == 1 or len(part) * max(windows[i] for i in part) <= budget
+    across = plan_parts(windows, budget, sum(prompts))
+    assert shared_cost(plan, windows, prompt_of, prompts) <= \
+        shared_cost(across, windows, prompt_of, prompts)
 
 
 def test_parts_are_the_batch_rows_cut_to_their_longest(tiny_lm):

@@ -8,10 +8,8 @@ over `trainer.micro_batch_tokens` (which also bounds a pass's activations). Unde
 shared-prefix pass (trainer_svc.shared_prefix) a part costs its distinct prompts once plus
 rows x its longest response. Two plans are weighed by that cost: rows of like response
 length across prompts (each pass paying for every prompt it touches), and each prompt's rows
-kept together, several prompts to a pass where they fit. Short prompts favour the first:
-for SmolLM2's chat sums (32 rows, 44-token prompts, 6-16-token answers) it is one pass, where
-the plain plan on whole rows cut a step into two that took 5.4-6.3 s against 4.0-4.4 s.
-Long ones favour the second: a tool episode's prompt (a system message declaring the tools,
+kept together, several prompts to a pass where they fit. Short prompts mostly favour the
+first; long ones the second: a tool episode's prompt (a system message declaring the tools,
 worked calls) is several times its answers, and paid again in every pass that holds one of
 its rows it would be most of the step.
 

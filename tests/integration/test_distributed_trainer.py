@@ -53,10 +53,18 @@ def two_ranks(tmp_path_factory, tiny_lm, redis_url):
     return {"runs": torch.load(out, weights_only=False), "run_dir": tmp / "run"}
 
 
+# Adam moves a weight by about lr a step whatever its gradient's size, so where a gradient
+# is near zero the float rounding of two ways of summing it becomes part of the step: the
+# weights agree to a hundredth of how far the three steps at lr 1e-2 can move one (a few
+# such weights differ by 1e-4), not to float precision. A wrong gradient moves most
+# weights by a step's size.
+WEIGHT_ATOL = 3 * 1e-2 / 100
+
+
 def assert_same_weights(two: dict, one: dict) -> None:
     assert sorted(two) == sorted(one)
     for key in one:
-        torch.testing.assert_close(two[key], one[key], atol=1e-5, rtol=0, msg=key)
+        torch.testing.assert_close(two[key], one[key], atol=WEIGHT_ATOL, rtol=0, msg=key)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -67,10 +75,13 @@ def test_two_ranks_train_like_one_process(two_ranks, tiny_lm, name):
     torch.testing.assert_close(two["old_logprobs"], one["old_logprobs"], atol=1e-6, rtol=0)
     for key, state in one["objective"].items():  # PPO's value head
         assert_same_weights(two["objective"][key], state)
-    for step_two, step_one in zip(two["stats"], one["stats"], strict=True):
+    for step, (step_two, step_one) in enumerate(zip(two["stats"], one["stats"], strict=True)):
+        # the first step's from the same weights; the later ones' from weights that agree
+        # to WEIGHT_ATOL
+        rel, abs_ = (1e-5, 1e-7) if step == 0 else (1e-3, 1e-6)
         for key in ("loss", "grad_norm", "policy_loss"):
-            assert step_two[key] == pytest.approx(step_one[key], rel=1e-5, abs=1e-7,
-                                                  nan_ok=True), key
+            assert step_two[key] == pytest.approx(step_one[key], rel=rel, abs=abs_,
+                                                  nan_ok=True), (step, key)
     # a step whose loss is not finite is skipped on every rank alike (trainer_svc.finite)
     assert two["nonfinite"] == one["nonfinite"] == ["nonfinite" in name, False, False]
     moved = [k for k, v in one["weights"].items()

@@ -46,6 +46,8 @@ def test_the_grpo_step_is_the_reference_step(tiny_lm):
     reference_step(ref, tb)
     moved = 0
     for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-6), name
+        # to a hundredth of AdamW's step: where a gradient is near zero, float rounding of
+        # the two passes is part of the step it takes
+        assert torch.allclose(a, b, atol=LR / 100), name
         moved += int(not torch.equal(a, start[name]))
     assert moved > len(start) // 2  # the step changed the weights: the comparison means something

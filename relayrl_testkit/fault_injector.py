@@ -6,7 +6,9 @@ kills and watches.
 Recovery seconds: from the kill until both the process answers again (a new process
 healthy on its address; Redis answering a ping) and the trainer has recorded a step past
 the one it was at when the kill landed. A killed trainer resumes from its last checkpoint,
-so its recovery includes replaying the steps since then.
+so its recovery includes replaying the steps since then. A kill that lands once the trainer
+has recorded its last step leaves no later step to show: there the process serving again is
+the recovery.
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ class FaultInjector:
                 return None
             time.sleep(POLL_S)
         left = deadline - time.monotonic()
-        step = self._wait_step(lambda s: s > at_step, stop, left)
+        last = self.launcher.cfg.trainer.max_steps
+        step = self._wait_step(lambda s: s > at_step or s >= last, stop, left)
         if step is None:
             return None
         outcome.recovery_s = round(time.monotonic() - t0, 2)

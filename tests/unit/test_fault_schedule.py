@@ -1,9 +1,17 @@
-"""The fault schedule is drawn from its seed alone, and the restart budget is bounded."""
+"""The fault schedule is drawn from its seed alone, the restart budget is bounded, and a
+kill's recovery is measured even when it lands on the run's last step."""
+
+import signal
+import subprocess
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from relayrl.config.restarts import RestartConfig
 from relayrl_ops.restarts import RestartBudget
+from relayrl_testkit.fault_injector import FaultInjector
 from relayrl_testkit.fault_schedule import KINDS, draw_schedule, due_steps, steps_needed
 
 
@@ -64,3 +72,36 @@ def test_restarts_back_off_doubling_up_to_the_cap_and_stop_at_the_limit():
 def test_backoff_bounds_must_be_ordered():
     with pytest.raises(ValueError, match="backoff_max_s"):
         RestartConfig(backoff_s=5, backoff_max_s=1)
+
+
+class _LastStepInjector(FaultInjector):
+    """An injector over a run whose trainer already stands at its last step, killing a real
+    process that a new one replaces at once."""
+
+    def __init__(self, max_steps: int):
+        launcher = SimpleNamespace(cfg=SimpleNamespace(trainer=SimpleNamespace(
+            max_steps=max_steps)))
+        super().__init__(launcher, [], [], recovery_timeout_s=5.0)
+        self.trainer_step = max_steps
+        self.proc = subprocess.Popen(["sleep", "30"])
+
+    def step(self) -> int:
+        return self.trainer_step
+
+    def _pid(self, target: str) -> int:
+        return self.proc.pid
+
+    def _serving_again(self, target: str, killed_pid: int) -> bool:
+        return self.proc.poll() is not None  # the launcher would have started another
+
+
+def test_a_kill_on_the_runs_last_step_recovers_once_the_process_serves_again():
+    injector = _LastStepInjector(max_steps=7)
+    fault = draw_schedule(0, 1, 2)[-1]
+    stop = threading.Event()
+    t0 = time.monotonic()
+    assert injector._inject(fault, stop) == 7
+    [outcome] = injector.outcomes
+    assert outcome.at_step == 7 and outcome.recovery_s is not None
+    assert time.monotonic() - t0 < injector.recovery_timeout_s
+    assert injector.proc.wait(5) == -signal.SIGKILL

@@ -27,9 +27,14 @@ def benchmarks() -> list[str]:
 def test_smoke(name: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     results = tmp_path / f"{name}.jsonl"
-    proc = subprocess.run([sys.executable, f"bench/{name}.py", "--smoke", "--results",
-                           str(results)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    try:
+        proc = subprocess.run([sys.executable, f"bench/{name}.py", "--smoke", "--results",
+                               str(results)], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as err:  # where it was when stopped, not a bare timeout
+        out = [(b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-3000:]
+               for b in (err.stdout, err.stderr)]
+        pytest.fail(f"bench/{name}.py --smoke ran past {TIMEOUT_S} s\n" + "\n".join(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines, proc.stderr[-3000:]

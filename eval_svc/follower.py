@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 import time
 
@@ -140,21 +139,3 @@ def serve(cfg: RunConfig) -> None:
         writer.close()
         for relay in relays:
             relay.close()
-
-
-def main() -> None:
-    from relayrl.runtime.cli_args import install_run_credentials, parse_service_args
-    from relayrl.runtime.procs import die_with_launcher
-
-    die_with_launcher()
-    cfg, _ = parse_service_args("eval_svc")
-    if cfg.eval.mode != "separate":  # the trainer evaluates these versions itself
-        print(f"eval.mode is {cfg.eval.mode!r}: the evaluator runs with eval.mode separate "
-              "only", file=sys.stderr)
-        raise SystemExit(2)
-    install_run_credentials(cfg)
-    serve(cfg)
-
-
-if __name__ == "__main__":
-    main()

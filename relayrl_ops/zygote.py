@@ -13,17 +13,18 @@ children with it.
 
 A forked service is `python -m <module>` in all but its exec: its environment, stdio, argv
 and signal dispositions are set first and it runs through runpy, outside every frame of the
-zygote's loop. /proc/PID/cmdline shows that command line (setproctitle); /proc/PID/environ
-shows the zygote's exec environment, which holds no trainer token (or the part of it the
-title overwrote), never what the service was given. Each child dies with the
-zygote, which dies with the launcher (relayrl.runtime.procs). The launcher's end,
-relayrl_ops.zygote_client, starts it as `python -u -m relayrl_ops.zygote LAUNCHER_PID
-RUN_DIR MODULE...` (the run directory only names it in `ps`; the modules are imported
-before the first fork).
+zygote's loop; it ends as the interpreter would, less the teardown of its modules (_exit).
+/proc/PID/cmdline shows that command line (setproctitle); /proc/PID/environ shows the
+zygote's exec environment, which holds no trainer token (or the part of it the title
+overwrote), never what the service was given. Each child dies with the zygote, which dies
+with the launcher (relayrl.runtime.procs). The launcher's end, relayrl_ops.zygote_client,
+starts it as `python -u -m relayrl_ops.zygote LAUNCHER_PID RUN_DIR MODULE...` (the run
+directory only names it in `ps`; the modules are imported before the first fork).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -31,6 +32,8 @@ import runpy
 import select
 import signal
 import sys
+import threading
+import traceback
 
 from setproctitle import setproctitle
 
@@ -110,7 +113,43 @@ def run_child(request: dict) -> None:
     os.environ.update(request["env"])
     os.environ[PARENT_ENV] = str(zygote)
     sys.argv = [request["module"], *request["argv"]]
-    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as end:
+        code = _exit_status(end.code)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    _exit(code)
+
+
+def _exit_status(code: object) -> int:
+    """The status `sys.exit(code)` gives a process."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _exit(code: int) -> None:
+    """End a forked service as the interpreter would (its other threads joined, exit
+    handlers run, output flushed) but without tearing down its modules: that teardown drops
+    a reference to every object the zygote imported, writing to each page the child shares
+    with the zygote and so copying it, which took seconds per service when a run's services
+    stopped together. multiprocessing ends its forked children the same way."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def main() -> None:
@@ -128,6 +167,9 @@ def main() -> None:
     request = serve(set())
     if request is not None:
         run_child(request)
+    # stdin closed: the children die with this process; nothing of its own needs tearing down
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,16 @@ def test_a_failure_exits_1_with_its_traceback_in_the_log(zygote, tmp_path):
     proc.kill()  # after its exit: nothing is signalled, nothing raises
 
 
+def test_a_child_ends_as_the_interpreter_would_end_it(zygote, tmp_path):
+    """Its other threads finish, its exit handlers run and its output is flushed; a
+    message given to sys.exit is printed and exits 1."""
+    proc, log = spawn(zygote, tmp_path, "finish")
+    assert proc.wait(timeout=30) == 1
+    lines = log.read_text().splitlines()
+    assert "a message" in lines
+    assert lines.index("the thread finished") < lines.index("the exit handler ran")
+
+
 def test_stderr_may_stay_the_launchers(zygote, tmp_path):
     proc, log = spawn(zygote, tmp_path, "exit", "0", stderr_to_log=False)
     assert proc.wait(timeout=30) == 0

@@ -1,10 +1,13 @@
 """A service stand-in for tests/unit/test_zygote.py, forked by a zygote as
 `python -m tests.unit.zygote_child MODE [ARG]`: reports what it was given, then exits (exit
-ARG), raises (raise) or sleeps (sleep)."""
+ARG), raises (raise), sleeps (sleep) or leaves a thread still writing and an exit handler
+behind and exits with a message (finish)."""
 
+import atexit
 import json
 import os
 import sys
+import threading
 import time
 
 print(json.dumps({"argv": sys.argv, "name": __name__, "env": dict(os.environ),
@@ -17,3 +20,11 @@ if mode == "raise":
     raise RuntimeError("the service failed")
 if mode == "sleep":
     time.sleep(120)
+if mode == "finish":
+    def late_line():
+        time.sleep(0.5)
+        print("the thread finished", flush=True)
+
+    threading.Thread(target=late_line).start()
+    atexit.register(print, "the exit handler ran")
+    sys.exit("a message")

@@ -56,7 +56,7 @@ def config(run_dir: Path, models: Path, steps: int, rounds: int) -> RunConfig:
 
 
 def render(result: FaultRunResult, command: str, seed: int, rounds: int,
-           cfg: RunConfig, steps_per_restart: int) -> str:
+           cfg: RunConfig, steps_per_restart: int, slack: int, max_delay_s: float) -> str:
     a = result.audit
     lines = [
         "# Reliability: process faults on the real stack",
@@ -69,11 +69,11 @@ def render(result: FaultRunResult, command: str, seed: int, rounds: int,
         "in turn (the relay, the buffer, the scheduler, the trainer, the embedded Redis, a "
         "random rollout worker), the launcher restarting it. Each fault is due at a fixed "
         "trainer step: the previous one's, plus a random 1-3 steps, one step to show the run "
-        f"recovered, {LANDING_SLACK_STEPS} steps of slack for a kill that lands late and, "
+        f"recovered, {slack} steps of slack for a kill that lands late and, "
         f"after a worker or relay kill (the run goes on meanwhile), {steps_per_restart} steps "
         "for its restart. It fires at that step (or, if the previous fault has not yet "
-        "recovered, the first step after it has), plus a random 0-1 s. Redis runs with "
-        "append-only "
+        f"recovered, the first step after it has), plus a random 0-{max_delay_s:g} s. Redis "
+        "runs with append-only "
         f"persistence (appendfsync {cfg.redis.appendfsync}) and comes back on the same data "
         "and socket.",
         "",
@@ -153,20 +153,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="run in this directory and keep it (logs, checkpoints, Redis data)")
     p.add_argument("--models", type=Path, default=ROOT / ".cache" / "relayrl" / "models")
     args = p.parse_args(argv)
-    if args.smoke:
-        args.rounds, args.steps_per_restart = 1, 3
+    max_delay_s, slack = 1.0, LANDING_SLACK_STEPS
+    if args.smoke:  # kills that land within a few steps of their due step: a third the steps
+        args.rounds, args.steps_per_restart, max_delay_s, slack = 1, 3, 0.2, 8
         args.out = ROOT / "runs" / "faults_smoke" / "reliability.md"
         args.out.parent.mkdir(parents=True, exist_ok=True)
-    schedule = draw_schedule(args.seed, args.rounds, WORKERS)
+    schedule = draw_schedule(args.seed, args.rounds, WORKERS, max_delay_s=max_delay_s)
     with tempfile.TemporaryDirectory(prefix="relayrl-faults-") as tmp:
         run_dir = args.keep_run or Path(tmp) / "run"
-        steps = steps_needed(schedule, args.steps_per_restart)
+        steps = steps_needed(schedule, args.steps_per_restart, slack)
         cfg = config(run_dir, args.models, steps, args.rounds)
-        result = run_with_faults(cfg, schedule, args.steps_per_restart)
+        result = run_with_faults(cfg, schedule, args.steps_per_restart, slack)
     out = args.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(result, args.command, args.seed, args.rounds, cfg,
-                          args.steps_per_restart))
+                          args.steps_per_restart, slack, max_delay_s))
     print(out.read_text())
     harness.report(args, figures(result, args.seed, args.rounds, cfg))
     return 0 if result.clean else 1

@@ -13,7 +13,7 @@ from relayrl.runtime.redis_conn import connect
 from relayrl_ops.audit import AuditReport, audit_redis
 from relayrl_ops.launcher import Launcher
 from relayrl_testkit.fault_injector import FaultInjector, Outcome
-from relayrl_testkit.fault_schedule import Fault, due_steps
+from relayrl_testkit.fault_schedule import LANDING_SLACK_STEPS, Fault, due_steps
 
 
 @dataclass
@@ -51,14 +51,14 @@ class FaultRunResult:
 
 
 def run_with_faults(cfg: RunConfig, schedule: list[Fault], steps_per_restart: int,
-                    timeout_s: float = 900.0, recovery_timeout_s: float = 180.0
-                    ) -> FaultRunResult:
+                    slack: int = LANDING_SLACK_STEPS, timeout_s: float = 900.0,
+                    recovery_timeout_s: float = 180.0) -> FaultRunResult:
     """Run `cfg` to its end while `schedule` is carried out, each fault at its due step
-    (relayrl_testkit.fault_schedule.due_steps). TimeoutError if the run has not ended after
-    `timeout_s` (a wedged run must not hang its caller)."""
+    (relayrl_testkit.fault_schedule.due_steps, with `slack`). TimeoutError if the run has not
+    ended after `timeout_s` (a wedged run must not hang its caller)."""
     t0 = time.monotonic()
     launcher = Launcher(cfg, show_trainer_output=False)
-    injector = FaultInjector(launcher, schedule, due_steps(schedule, steps_per_restart),
+    injector = FaultInjector(launcher, schedule, due_steps(schedule, steps_per_restart, slack),
                              recovery_timeout_s)
     ended, stop = threading.Event(), threading.Event()
     # watching from before the start: the run may be steps in by the time every service has

@@ -3,6 +3,7 @@ reward, environment, empty file or over-long prompts fail naming what is wrong."
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -38,9 +39,15 @@ def own_task(tmp_path: Path, **changes) -> Path:
     return path
 
 
+@functools.cache
+def check_example(name: str) -> subprocess.CompletedProcess:
+    """`relayrl check examples/NAME`, run once however many tests read it."""
+    return check(ROOT / "examples" / name)
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_every_shipped_example_passes(example):
-    out = check(ROOT / "examples" / example)
+    out = check_example(example)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "check: every step passed" in out.stdout
     for heading in ("model: kind", "engine:", "  window:", "  prompts: at most", "task:",
@@ -49,7 +56,7 @@ def test_every_shipped_example_passes(example):
 
 
 def test_own_task_reports_its_window_rows_and_reward():
-    out = check(ROOT / "examples/own_task.yaml")
+    out = check_example("own_task.yaml")
     assert "window: 512 tokens (rollout.engine.max_model_len)" in out.stdout
     assert "prompts: at most 464 tokens" in out.stdout
     assert "rows: 1872 to train on, 128 held out" in out.stdout

@@ -69,8 +69,9 @@ def test_a_failure_exits_1_with_its_traceback_in_the_log(zygote, tmp_path):
 
 
 def test_a_child_ends_as_the_interpreter_would_end_it(zygote, tmp_path):
-    """Its other threads finish, its exit handlers run and its output is flushed; a
-    message given to sys.exit is printed and exits 1."""
+    """Its other threads finish, a thread pool it never shut down lets it go, its exit
+    handlers run and its output is flushed; a message given to sys.exit is printed and
+    exits 1."""
     proc, log = spawn(zygote, tmp_path, "finish")
     assert proc.wait(timeout=30) == 1
     lines = log.read_text().splitlines()

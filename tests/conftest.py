@@ -23,10 +23,29 @@ from relayrl.contracts.proto.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
+from relayrl.runtime import grpc_util
 from relayrl.runtime.grpc_util import channel, free_ports  # noqa: F401 (tests import it from here)
 from relayrl_ops.audit import audit_redis
 
 TIERS = ("unit", "integration", "chaos")
+
+
+def _own_port_range() -> None:
+    """Under pytest-xdist each worker (and every process it starts) draws free ports from
+    its own slice of the range: workers drawing from one range could both pick a port that
+    neither had bound yet, and one run's worker then called the other's server."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(
+        "PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or grpc_util.PORT_RANGE_ENV in os.environ:
+        return
+    low, high = grpc_util.port_range()
+    size = (high - low) // int(count)
+    first = low + int(worker.removeprefix("gw")) * size
+    os.environ[grpc_util.PORT_RANGE_ENV] = f"{first}-{first + size - grpc_util.PORT_SPAN}"
+
+
+_own_port_range()
+
 
 # One tiny-model cache for the session: the warm start is most of a small stack's start-up,
 # and a model's directory is named by its settings, so tests never see another's model. A

@@ -123,9 +123,26 @@ def reserve_ports(ports: list[int]) -> bool:
         return True
 
 
-def _unassigned_range() -> tuple[int, int]:
+# "LOW-HIGH": where free_ports draws instead. Processes that start stacks side by side (test
+# workers, and the benches they run) each take a slice of their own, so one never draws a
+# port another drew and has not bound yet.
+PORT_RANGE_ENV = "RELAYRL_PORT_RANGE"
+
+
+def port_range() -> tuple[int, int]:
     """Ports the kernel never gives an outgoing connection: below its ephemeral range, less
     a margin for the ports a service derives from a base (worker i serves on base + i)."""
+    import os
+
+    if os.environ.get(PORT_RANGE_ENV):
+        text = os.environ[PORT_RANGE_ENV]
+        try:
+            low, high = (int(part) for part in text.split("-"))
+        except ValueError:
+            raise ValueError(f"${PORT_RANGE_ENV}: {text!r} is not LOW-HIGH") from None
+        if not 1024 <= low < high <= 65535:
+            raise ValueError(f"${PORT_RANGE_ENV}: {text!r}; need 1024 <= LOW < HIGH <= 65535")
+        return low, high
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             ephemeral = int(f.read().split()[0])
@@ -143,7 +160,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     import random
     import socket
 
-    low, high = _unassigned_range()
+    low, high = port_range()
     draw = random.Random()  # seeded from the OS: parallel test processes draw apart
     socks: list[socket.socket] = []
     ports: list[int] = []

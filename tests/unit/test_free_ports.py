@@ -3,7 +3,7 @@ config assembled from several picks never uses a port twice (a run refuses that)
 
 import pytest
 
-from relayrl.runtime.grpc_util import PORT_SPAN, free_ports, reserve_ports
+from relayrl.runtime.grpc_util import PORT_RANGE_ENV, PORT_SPAN, free_ports, reserve_ports
 from relayrl_testkit.ports import free_port_block
 
 pytestmark = pytest.mark.unit
@@ -42,3 +42,13 @@ def test_ports_lie_below_the_range_outgoing_connections_get():
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         ephemeral = int(f.read().split()[0])
     assert all(p < ephemeral - 256 for _ in range(50) for p in free_ports(4))
+
+
+def test_picks_stay_in_the_range_the_environment_gives(monkeypatch):
+    """Parallel test workers each draw from their own slice, so they never pick alike."""
+    monkeypatch.setenv(PORT_RANGE_ENV, "40000-40400")
+    assert all(40000 <= p < 40400 for p in free_ports(10))
+    for bad, named in (("40000", "not LOW-HIGH"), ("500-600", "1024 <= LOW < HIGH")):
+        monkeypatch.setenv(PORT_RANGE_ENV, bad)
+        with pytest.raises(ValueError, match=f"RELAYRL_PORT_RANGE: '{bad}'.*{named}"):
+            free_ports(1)

@@ -130,8 +130,9 @@ PORT_RANGE_ENV = "RELAYRL_PORT_RANGE"
 
 
 def port_range() -> tuple[int, int]:
-    """Ports the kernel never gives an outgoing connection: below its ephemeral range, less
-    a margin for the ports a service derives from a base (worker i serves on base + i)."""
+    """The ports free_ports draws from: $RELAYRL_PORT_RANGE's when set, else those the
+    kernel never gives an outgoing connection: below its ephemeral range, less a margin for
+    the ports a service derives from a base (worker i serves on base + i)."""
     import os
 
     if os.environ.get(PORT_RANGE_ENV):

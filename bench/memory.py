@@ -110,7 +110,8 @@ def measure(cfg: RunConfig, sample_s: float, timeout_s: float) -> dict:
     launcher = Launcher(cfg, show_trainer_output=False)
     rss_peaks: dict[str, int] = {}
     pss_peaks: dict[str, int] = {}
-    stack_pss = stack_rss = 0
+    private_at_peak: dict[str, int] = {}  # PSS less shared memory, at the stack's peak
+    stack_pss = stack_rss = shm_at_peak = 0
     shm_before = shmem()
     try:
         launcher.start()
@@ -119,7 +120,8 @@ def measure(cfg: RunConfig, sample_s: float, timeout_s: float) -> dict:
         pids["zygote"] = launcher.zygote.proc.pid
         deadline = time.monotonic() + timeout_s
         while launcher.supervise() is None and time.monotonic() < deadline:
-            total_rss, total_pss = 0, max(shmem() - shm_before, 0)  # shared memory, once
+            shm = max(shmem() - shm_before, 0)
+            total_rss, total_pss, private = 0, shm, {}  # shared memory, once
             for name, pid in pids.items():
                 # the zygote's own pages only: its children are the services
                 got = tree_memory(pid, children=name != "zygote")
@@ -129,13 +131,18 @@ def measure(cfg: RunConfig, sample_s: float, timeout_s: float) -> dict:
                 rss_peaks[name] = max(rss_peaks.get(name, 0), rss)
                 pss_peaks[name] = max(pss_peaks.get(name, 0), pss)
                 total_rss, total_pss = total_rss + rss, total_pss + pss - pss_shmem
-            stack_rss, stack_pss = max(stack_rss, total_rss), max(stack_pss, total_pss)
+                private[name] = pss - pss_shmem
+            if total_pss > stack_pss:
+                stack_pss, shm_at_peak, private_at_peak = total_pss, shm, private
+            stack_rss = max(stack_rss, total_rss)
             time.sleep(sample_s)
     finally:
         launcher.shutdown()
     mib = lambda d: {k: round(v / MIB, 1) for k, v in sorted(d.items())}  # noqa: E731
     return {"peak_rss_mib": mib(rss_peaks), "peak_pss_mib": mib(pss_peaks),
             "stack_pss_mib": round(stack_pss / MIB, 1),
+            "at_peak_mib": {"shared memory": round(shm_at_peak / MIB, 1),
+                            **mib(private_at_peak)},
             "stack_rss_mib": round(stack_rss / MIB, 1),
             "steps": _last_step(Path(cfg.run_dir) / "metrics.jsonl")}
 
@@ -157,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<14} peak RSS {mib:8.0f} MiB, PSS {m['peak_pss_mib'][name]:8.0f} MiB   "
               f"planned {plan.get(service(name), 0):8.0f} MiB", flush=True)
     stack = m["stack_pss_mib"] / 1024
+    print("at the stack's peak: " + ", ".join(f"{k} {v:.0f}" for k, v in
+                                             m["at_peak_mib"].items()) + " MiB", flush=True)
     print(f"stack peak {stack:.2f} GiB (summed PSS, shared memory once; summed RSS "
           f"{m['stack_rss_mib'] / 1024:.2f} GiB) = {stack / TARGET_GIB:.2f} of the "
           f"{TARGET_GIB:g} GiB target", flush=True)
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
                           "steps": m["steps"], "peak_rss_mib": m["peak_rss_mib"],
                           "peak_pss_mib": m["peak_pss_mib"], "planned_mib": plan,
                           "stack_peak_gib": round(stack, 2),
+                          "at_stack_peak_mib": m["at_peak_mib"],
                           "stack_rss_sum_gib": round(m["stack_rss_mib"] / 1024, 2),
                           "target_gib": TARGET_GIB,
                           "ratio_to_target": round(stack / TARGET_GIB, 3)})

@@ -350,14 +350,18 @@ def pass_shape(cfg: RunConfig, longest_prompt: int | None = None) -> tuple[int, 
 def pass_activations(model, tokens: int, rows: int, checkpointing: bool) -> int:
     """Bytes autograd keeps for the backward of one training pass of `rows` rows, `tokens`
     in all, besides the weights, through `model` on the meta device (nothing is computed or
-    allocated), plus the backward's largest transient (two [tokens, vocabulary] float32
-    gradients of the log-softmax). With `checkpointing` a decoder layer keeps only its
-    input, and one layer's activations exist at a time (recomputed in the backward).
+    allocated), plus the backward's largest transient: two [tokens, vocabulary] float32
+    gradients of the log-softmax, or where the trainer runs the output layer a chunk of
+    positions at a time (trainer_svc.output_layer), three chunks. With `checkpointing` a
+    decoder layer keeps only its input, and one layer's activations exist at a time
+    (recomputed in the backward).
     Counted in float32, the trainer's precision on the CPU; under bfloat16 autocast most
     of what the layers keep is half as large."""
     import torch
     from torch.autograd.graph import saved_tensors_hooks
     from transformers import AttentionInterface
+
+    from trainer_svc import output_layer
 
     class FusedAttention(torch.autograd.Function):
         """What a fused attention kernel (SDPA's flash kernels, on CPU and GPU) keeps for
@@ -398,10 +402,15 @@ def pass_activations(model, tokens: int, rows: int, checkpointing: bool) -> int:
         layer.register_forward_hook(lambda *_: inside.update(layer=False)))]
     model.train()
     ids = torch.zeros(rows, max(2, tokens // rows), dtype=torch.long, device="meta")
+    vocabulary = model.get_output_embeddings().weight.shape[0]
+    chunked = output_layer.chunks(model, ids.numel())
     try:
         with saved_tensors_hooks(pack, lambda t: t):
-            logits = model(input_ids=ids).logits[:, :-1]
-            torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None])
+            if chunked:  # the output layer keeps the hidden states alone
+                model.get_decoder()(input_ids=ids)
+            else:
+                logits = model(input_ids=ids).logits[:, :-1]
+                torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None])
     finally:
         for h in hooks:
             h.remove()
@@ -410,7 +419,9 @@ def pass_activations(model, tokens: int, rows: int, checkpointing: bool) -> int:
     if checkpointing:
         hidden = model.config.get_text_config().hidden_size
         in_layers = len(layers) * ids.numel() * hidden * 4 + in_layers // max(len(layers), 1)
-    return outside + in_layers + 2 * ids.numel() * logits.shape[-1] * 4
+    transient = (3 * output_layer.CHUNK_ELEMENTS if chunked
+                 else 2 * ids.numel() * vocabulary) * 4
+    return outside + in_layers + transient
 
 
 def _memory(cfg: RunConfig, model_dir: Path | None, report: Report, task: Any) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from relayrl.config import ConfigError
 from relayrl.runtime.outage import Outage, is_outage
+from relayrl.runtime.procs import release_freed_memory
 from relayrl.weights import WeightError, WeightPlane
 from relayrl.weights.layout import flat_size
 from rollout_svc.engine_api import Engine
@@ -64,6 +65,8 @@ class WeightRefresher:
                 tensors = relay.pull(manifest.version, staging=self._staging)
                 t_pulled = time.monotonic()
                 self.engine.load_weights(tensors, manifest.version)
+                del tensors
+                release_freed_memory()  # the load's temporaries
             except (WeightError, ValueError, grpc.RpcError) as err:
                 self.pull_failures += 1
                 if is_outage(err):  # logged once, by the outage, if no relay answers

@@ -10,6 +10,7 @@ import torch
 from relayrl.contracts.messages import Batch, Group
 from trainer_svc.losses.advantages import group_advantages, is_uniform
 from trainer_svc.losses.regularizers import entropy_from_logprobs
+from trainer_svc.output_layer import decoder_hidden, output_weight, token_stats
 
 
 @dataclass
@@ -155,6 +156,14 @@ def policy_outputs(model, batch: TrainBatch, temperature: float, *, entropy_grad
     """One forward pass: next-token log-probabilities, the entropy of each next-token
     distribution (with a gradient only if `entropy_grad`), and optionally the last hidden
     state on the same positions."""
+    weight = output_weight(model, batch.input_ids.numel())
+    if weight is not None:  # the output layer a chunk of positions at a time
+        h, _ = decoder_hidden(model, input_ids=batch.input_ids,
+                              attention_mask=batch.attention_mask)
+        h = h[:, :-1]
+        logprobs, entropy = token_stats(h, weight, batch.input_ids[:, 1:], temperature,
+                                        entropy_grad)
+        return PolicyOutputs(logprobs=logprobs, entropy=entropy, hidden=h if hidden else None)
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                 output_hidden_states=hidden)
     logprobs, entropy = next_token_stats(out.logits[:, :-1], batch.input_ids[:, 1:],

@@ -18,6 +18,7 @@ from relayrl.models.loading import load_model
 from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.metrics import StepRecord
+from relayrl.runtime.procs import release_freed_memory
 from relayrl.runtime.redis_conn import redis_session
 from relayrl.runtime.service import ServiceRunner
 from relayrl.sampling.sampler import Stopped
@@ -137,6 +138,7 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
             record = trainer.train_step(*got)
         except StoppedWaiting:  # told to stop while Redis was away: the checkpoint decides
             break
+        release_freed_memory()  # the step's activations, about 1 GB for SmolLM2
         if trainer.step == before:  # skipped: not finite (trainer_svc.finite); no new version
             trainer.metrics.write(record)
             operator.publish(record.to_json())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from trainer_svc.batching import PolicyOutputs, TrainBatch, next_token_stats
+from trainer_svc.output_layer import decoder_hidden, output_weight, token_stats
 
 
 def prompt_sharing(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,36 +63,45 @@ def shared_prefix_outputs(model, batch: TrainBatch, temperature: float,
 
     # the prompts, right-padded: what follows a prompt in its first row is masked out
     p_mask = (torch.arange(p, device=device) < prompt_len[first, None]).long()
-    cache = DynamicCache(config=model.config)
-    # a prompt's logits are read at its last position alone: the output layer runs on those
-    # positions only (a few instead of every prompt token, [tokens, vocabulary] each)
-    ends, end_of = torch.unique(prompt_len[first] - 1, return_inverse=True)
-    prompts = model(input_ids=batch.input_ids[first, :p], attention_mask=p_mask,
-                    past_key_values=cache, use_cache=True, output_hidden_states=hidden,
-                    logits_to_keep=ends)
-    cache = prompts.past_key_values
-    cache.batch_select_indices(inverse)
-
     j = torch.arange(r, device=device)
     at = prompt_len[:, None] + j  # where response token j sits in the row
     r_mask = (at < lengths[:, None]).long()
-    responses = model(input_ids=batch.input_ids.gather(1, at.clamp(max=width - 1)),
-                      attention_mask=torch.cat([p_mask[inverse], r_mask], dim=1),
-                      position_ids=at, past_key_values=cache, use_cache=True,
-                      output_hidden_states=hidden)
+    targets = batch.input_ids.gather(1, at.clamp(max=width - 1))
+    prompt_inputs = {"input_ids": batch.input_ids[first, :p], "attention_mask": p_mask,
+                     "past_key_values": DynamicCache(config=model.config), "use_cache": True}
+    response_inputs = {"input_ids": targets, "position_ids": at, "use_cache": True,
+                       "attention_mask": torch.cat([p_mask[inverse], r_mask], dim=1)}
 
     def window(last: torch.Tensor, response_out: torch.Tensor) -> torch.Tensor:
         """Per-position outputs that predict response tokens 0..r-1: each row's prompt's
         last position (`last`, [B, ...]), then the responses' own positions but the last."""
         return torch.cat([last[:, None], response_out[:, :-1]], dim=1)
 
+    def in_rows(window: torch.Tensor) -> torch.Tensor:
+        return _into_rows(window, prompt_len - 1, width - 1)
+
+    weight = output_weight(model, targets.numel())
+    if weight is not None:  # the output layer a chunk of positions at a time
+        prompt_h, cache = decoder_hidden(model, **prompt_inputs)
+        cache.batch_select_indices(inverse)
+        response_h, _ = decoder_hidden(model, **response_inputs, past_key_values=cache)
+        h = window(prompt_h[inverse, prompt_len - 1], response_h)
+        taken, entropy = token_stats(h, weight, targets, temperature, entropy_grad)
+        return PolicyOutputs(logprobs=in_rows(taken * r_mask), entropy=in_rows(entropy),
+                             hidden=in_rows(h) if hidden else None)
+
+    # a prompt's logits are read at its last position alone: the output layer runs on those
+    # positions only (a few instead of every prompt token, [tokens, vocabulary] each)
+    ends, end_of = torch.unique(prompt_len[first] - 1, return_inverse=True)
+    prompts = model(**prompt_inputs, output_hidden_states=hidden, logits_to_keep=ends)
+    cache = prompts.past_key_values
+    cache.batch_select_indices(inverse)
+    responses = model(**response_inputs, past_key_values=cache, output_hidden_states=hidden)
     taken, entropy = next_token_stats(
-        window(prompts.logits[inverse, end_of[inverse]], responses.logits),
-        batch.input_ids.gather(1, at.clamp(max=width - 1)), temperature, entropy_grad)
+        window(prompts.logits[inverse, end_of[inverse]], responses.logits), targets,
+        temperature, entropy_grad)
     return PolicyOutputs(
-        logprobs=_into_rows(taken * r_mask, prompt_len - 1, width - 1),
-        entropy=_into_rows(entropy, prompt_len - 1, width - 1),
-        hidden=_into_rows(window(prompts.hidden_states[-1][inverse, prompt_len - 1],
-                                 responses.hidden_states[-1]),
-                          prompt_len - 1, width - 1) if hidden else None,
+        logprobs=in_rows(taken * r_mask), entropy=in_rows(entropy),
+        hidden=in_rows(window(prompts.hidden_states[-1][inverse, prompt_len - 1],
+                              responses.hidden_states[-1])) if hidden else None,
     )

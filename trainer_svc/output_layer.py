@@ -114,6 +114,7 @@ class _TokenStats(torch.autograd.Function):
         taken = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(taken)
         lse = torch.empty_like(taken)
+        ctx.matmul_dtype = hidden.dtype  # what the chunks' products come out in, below
         for c in _chunks(hidden.shape[0], weight.shape[0]):
             z = hidden[c] @ weight.T  # under autocast in its dtype, as the plain head's
             ctx.matmul_dtype = z.dtype

@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
 from relayrl.config import load_run_config  # noqa: E402
-from relayrl.models import resolve_model_path  # noqa: E402
-from relayrl.models.loading import load_model  # noqa: E402
 from relayrl_sim.costs import fit_decode_cost, save_costs  # noqa: E402
+from relayrl_torch.models import resolve_model_path  # noqa: E402
+from relayrl_torch.models.loading import load_model  # noqa: E402
 from rollout_svc.engine_api import SamplingSpec  # noqa: E402
 from rollout_svc.engine_factory import make_engine  # noqa: E402
 

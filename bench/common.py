@@ -72,7 +72,7 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: Path) -> dict[str, float]:
     import torch
 
     from eval_svc.offline import load_checkpoint
-    from relayrl.evaluation import build_sets, evaluate_sets
+    from relayrl_torch.evaluation import build_sets, evaluate_sets
 
     torch.set_num_threads(cfg.trainer.torch_threads)
     record, _ = evaluate_sets(load_checkpoint(cfg, checkpoint), build_sets(cfg),
@@ -142,7 +142,7 @@ def fastest_pull_s(client, repeats: int = 3) -> float:
 
     import torch
 
-    from relayrl.weights.layout import flat_size
+    from relayrl_torch.weights.layout import flat_size
 
     staging = torch.zeros(flat_size(client.manifest(0)), dtype=torch.uint8)
     times = []

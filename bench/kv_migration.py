@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         args.lengths, args.rounds = "128", 1
     from transformers import AutoConfig
 
-    from relayrl.models.cache import resolve_model_path
+    from relayrl_torch.models.cache import resolve_model_path
 
     cfg = load_run_config(args.config)
     model = str(resolve_model_path(cfg.model, cfg.task))

@@ -106,8 +106,8 @@ def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path, round_: int) ->
     settings, for bench/peers_trl.py."""
     from transformers import AutoTokenizer
 
-    from relayrl.models.cache import resolve_model_path
     from relayrl.plugins.tasks import make_task
+    from relayrl_torch.models.cache import resolve_model_path
 
     model = resolve_model_path(cfg.model, cfg.task)
     bos = AutoTokenizer.from_pretrained(model).bos_token or ""  # relayrl prefixes raw text
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     first = bench_config(path, steps, every, work / "relayrl_0", 0, eval_samples,
                          args.overrides)
     key = f"eval/{first.eval.sets[0].name}/pass@1"
-    from relayrl.models.cache import resolve_model_path
+    from relayrl_torch.models.cache import resolve_model_path
 
     start = evaluate_checkpoint(first, resolve_model_path(first.model, first.task))[key]
     print(f"{args.setup}: the warm start's {key} is {start:.3f}", flush=True)

@@ -42,11 +42,11 @@ BUCKETS: list[tuple[str, str]] = [
     ("evaluation", r"eval_svc/"),
     ("checkpoint", r"trainer_svc/checkpoint\.py"),
     ("weight publish", r"trainer_svc/publisher\.py|relay_svc/"),
-    ("weight pull", r"rollout_svc/weight_refresh\.py|relayrl/weights?/"),
+    ("weight pull", r"rollout_svc/weight_refresh\.py|relayrl_torch/weights?/"),
     ("metrics, plots, logs", r"relayrl/runtime/metrics\.py|telemetry\.py|matplotlib|prometheus|"
                              r"trainer_svc/plots\.py|logging/__init__\.py|tqdm"),
     ("engine (generate)", r"rollout_svc/(torch_engine|vllm_engine|batcher)\.py|"
-                          r"relayrl/sampling/"),
+                          r"relayrl_torch/sampling/"),
     ("reward", r"relayrl/plugins/rewards/"),
     ("engine/trainer log-prob check", r"trainer_svc/parity\.py"),
     ("trainer forward/backward", r"trainer_svc/(objective|learner|losses/)|"

@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def smoke_model(tmp: Path) -> Path:
-    from relayrl.models.smollm2 import ensure_smollm2
     from relayrl_testkit.families import build_family
+    from relayrl_torch.models.smollm2 import ensure_smollm2
 
     return build_family("llama", tmp / "llama", ensure_smollm2(ROOT / ".cache/relayrl/models"))
 

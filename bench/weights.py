@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 from bench import harness, weights_nccl, weights_publish  # noqa: E402
 from bench.common import fastest_pull_s, spawn_service  # noqa: E402
 from relayrl.runtime.grpc_util import free_ports  # noqa: E402
-from relayrl.weights import nixl_plane  # noqa: E402
-from relayrl.weights.client import RelayClient  # noqa: E402
-from relayrl.weights.layout import flat_size  # noqa: E402
+from relayrl_torch.weights import nixl_plane  # noqa: E402
+from relayrl_torch.weights.client import RelayClient  # noqa: E402
+from relayrl_torch.weights.layout import flat_size  # noqa: E402
 from trainer_svc.publisher import AsyncPublisher  # noqa: E402
 
 SHM_DIR = "/dev/shm"
@@ -265,9 +265,9 @@ def publish_to_applied_s(address: str, engine, tensors: dict[str, torch.Tensor],
 def adapter_vs_full(model_dir: Path, tmp: Path, rank: int) -> dict:
     """One LoRA version against one whole-model version of the same model."""
     from relayrl.config import LoraConfig
-    from relayrl.models.loading import load_model
-    from relayrl.models.lora import adapter_state, with_lora
-    from relayrl.weights.tied import tied_aliases, without
+    from relayrl_torch.models.loading import load_model
+    from relayrl_torch.models.lora import adapter_state, with_lora
+    from relayrl_torch.weights.tied import tied_aliases, without
     from rollout_svc.torch_engine import TorchEngine
 
     lora = LoraConfig(rank=rank, alpha=2 * rank, target_modules="all-linear")
@@ -316,12 +316,12 @@ def adapter_vs_full(model_dir: Path, tmp: Path, rank: int) -> dict:
 def lora_model(tmp: Path, smoke: bool) -> Path:
     """SmolLM2-135M-Instruct (converted once), or in the smoke run the tiny model."""
     if not smoke:
-        from relayrl.models.smollm2 import ensure_smollm2
+        from relayrl_torch.models.smollm2 import ensure_smollm2
 
         return ensure_smollm2(ROOT / ".cache/relayrl/models")
     from relayrl.config import TinyModel
-    from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
+    from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
 
     out = tmp / "tiny"
     out.mkdir()

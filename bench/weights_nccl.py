@@ -17,8 +17,8 @@ import torch
 
 from bench.common import fastest_pull_s
 from relayrl.runtime.grpc_util import free_ports
-from relayrl.weights.client import RelayClient
-from relayrl.weights.collective import two_rank_group
+from relayrl_torch.weights.client import RelayClient
+from relayrl_torch.weights.collective import two_rank_group
 
 RELAY_GPU, WORKER_GPU = "cuda:0", "cuda:1"
 TIMEOUT = datetime.timedelta(seconds=300)

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from relayrl.weights.client import RelayClient
+from relayrl_torch.weights.client import RelayClient
 
 
 def _cpu_s(pid: int) -> float:

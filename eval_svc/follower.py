@@ -22,16 +22,16 @@ import time
 import grpc
 
 from relayrl.config import RunConfig
-from relayrl.evaluation.runner import evaluate_sets
-from relayrl.evaluation.sets import build_sets
-from relayrl.models.loading import LoadedModel
-from relayrl.models.lora import is_lora, load_adapter, with_lora
 from relayrl.runtime.metrics import MetricsWriter, StepRecord, open_run_metrics, read_records
-from relayrl.sampling.sampler import Stopped
-from relayrl.weights.client import RelayClient
-from relayrl.weights.collective import worker_device
-from relayrl.weights.manifest import WeightError
-from relayrl.weights.tied import load_published
+from relayrl_torch.evaluation.runner import evaluate_sets
+from relayrl_torch.evaluation.sets import build_sets
+from relayrl_torch.models.loading import LoadedModel
+from relayrl_torch.models.lora import is_lora, load_adapter, with_lora
+from relayrl_torch.sampling.sampler import Stopped
+from relayrl_torch.weights.client import RelayClient
+from relayrl_torch.weights.collective import worker_device
+from relayrl_torch.weights.manifest import WeightError
+from relayrl_torch.weights.tied import load_published
 
 log = logging.getLogger(__name__)
 EVAL_FILE = "eval.jsonl"
@@ -53,7 +53,7 @@ class Follower:
         self.last = max(done) if done else -1  # the newest version evaluated
 
     def evaluate(self, version: int, stop: threading.Event | None = None) -> StepRecord:
-        """The version's record, written; relayrl.sampling.sampler.Stopped (nothing
+        """The version's record, written; relayrl_torch.sampling.sampler.Stopped (nothing
         written) once `stop` is set."""
         t0 = time.monotonic()
         figures, _ = evaluate_sets(self.lm, self.sets, seed=self.cfg.eval.seed,
@@ -117,9 +117,9 @@ class Follower:
 def serve(cfg: RunConfig) -> None:
     import torch
 
-    from relayrl.models import resolve_model_path
-    from relayrl.models.loading import load_model
     from relayrl.runtime.logs import setup_logging
+    from relayrl_torch.models import resolve_model_path
+    from relayrl_torch.models.loading import load_model
 
     setup_logging("evaluator")
     torch.set_num_threads(cfg.rollout.torch_threads)

@@ -19,17 +19,17 @@ from dataclasses import asdict
 from pathlib import Path
 
 from relayrl.config import RunConfig
-from relayrl.evaluation.runner import SetResult, evaluate_sets
-from relayrl.evaluation.sets import build_sets
-from relayrl.models.loading import LoadedModel
-from relayrl.models.lora import is_adapter_dir, merged_from
+from relayrl_torch.evaluation.runner import SetResult, evaluate_sets
+from relayrl_torch.evaluation.sets import build_sets
+from relayrl_torch.models.loading import LoadedModel
+from relayrl_torch.models.lora import is_adapter_dir, merged_from
 
 
 def load_checkpoint(cfg: RunConfig, checkpoint: Path) -> LoadedModel:
     """The checkpoint's weights with its own tokenizer, or the run model's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from relayrl.models import resolve_model_path
+    from relayrl_torch.models import resolve_model_path
 
     adapter = is_adapter_dir(checkpoint)
     if not adapter and not (checkpoint / "config.json").is_file():

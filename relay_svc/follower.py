@@ -14,8 +14,8 @@ from relay_svc.version_store import VersionStore
 from relayrl.config import ConfigError
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime.grpc_util import channel
-from relayrl.weights import Manifest, WeightError
-from relayrl.weights.wire import decode_bytes_chunk
+from relayrl_torch.weights import Manifest, WeightError
+from relayrl_torch.weights.wire import decode_bytes_chunk
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The relay's side of the NIXL data plane (relayrl/weights/nixl_plane.py): each complete
+"""The relay's side of the NIXL data plane (relayrl_torch/weights/nixl_plane.py): each complete
 version's flat buffer registered with the relay's agent, and tickets a worker READs it by."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from relay_svc.stored_version import StoredVersion
 from relayrl.contracts.proto.v1 import relay_pb2
-from relayrl.weights.manifest import WeightError
-from relayrl.weights.nixl_plane import DESCRIPTOR, make_agent, nixl_api, nixl_errors
+from relayrl_torch.weights.manifest import WeightError
+from relayrl_torch.weights.nixl_plane import DESCRIPTOR, make_agent, nixl_api, nixl_errors
 
 
 @dataclass

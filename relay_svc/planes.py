@@ -11,10 +11,10 @@ import torch
 
 from relay_svc.stored_version import StoredVersion
 from relayrl.contracts.proto.v1 import relay_pb2
-from relayrl.weights import WeightError
-from relayrl.weights.collective import backend_for, broadcast, nccl_device, two_rank_group
-from relayrl.weights.hostid import host_id
-from relayrl.weights.nixl_plane import nixl_api
+from relayrl_torch.weights import WeightError
+from relayrl_torch.weights.collective import backend_for, broadcast, nccl_device, two_rank_group
+from relayrl_torch.weights.hostid import host_id
+from relayrl_torch.weights.nixl_plane import nixl_api
 
 log = logging.getLogger(__name__)
 

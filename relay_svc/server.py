@@ -18,9 +18,9 @@ from relayrl.config.relay import RelayConfig
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.service import ServiceRunner
-from relayrl.weights import Manifest, WeightError
-from relayrl.weights.hostid import host_id
-from relayrl.weights.wire import with_fast_pull_bytes
+from relayrl_torch.weights import Manifest, WeightError
+from relayrl_torch.weights.hostid import host_id
+from relayrl_torch.weights.wire import with_fast_pull_bytes
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_GAP = RelayConfig.model_fields["max_version_gap"].default

@@ -14,9 +14,9 @@ from enum import Enum
 
 import torch
 
-from relayrl.weights.layout import ALIGN, flat_size, shard_offsets
-from relayrl.weights.manifest import Manifest, WeightError, checksum
-from relayrl.weights.shm_handoff import HANDOFF_NAME, claim_file, recycle
+from relayrl_torch.weights.layout import ALIGN, flat_size, shard_offsets
+from relayrl_torch.weights.manifest import Manifest, WeightError, checksum
+from relayrl_torch.weights.shm_handoff import HANDOFF_NAME, claim_file, recycle
 
 
 class HandoffRefused(WeightError):
@@ -32,7 +32,7 @@ class State(Enum):
 
 class StoredVersion:
     """`adopt`: the name of a file in `shm_dir` a publisher on this host filled
-    (relayrl.weights.shm_handoff); the version is then whole on arrival, still unverified."""
+    (relayrl_torch.weights.shm_handoff); the version is then whole on arrival, still unverified."""
 
     def __init__(self, manifest: Manifest, shm_dir: str | None = None,
                  adopt: str | None = None):
@@ -121,7 +121,7 @@ class StoredVersion:
     def release(self, recycle_file: bool = False) -> None:
         """Drop the shared-memory name and the device copy; readers that mapped the one or
         hold the other keep theirs. `recycle_file`: keep the file as a spare for a later
-        version (relayrl.weights.shm_handoff.recycle), a reader still copying from it then
+        version (relayrl_torch.weights.shm_handoff.recycle), a reader still copying from it then
         getting bytes its checksums refuse."""
         self.released = True
         with self._device_lock:

@@ -13,10 +13,10 @@ import torch
 
 from relay_svc.stored_version import State, StoredVersion
 from relayrl.config import ConfigError
-from relayrl.weights.layout import pack, unpack
-from relayrl.weights.manifest import Manifest, WeightError, build_manifest
-from relayrl.weights.plane import WeightPlane
-from relayrl.weights.shm_handoff import remove_spares
+from relayrl_torch.weights.layout import pack, unpack
+from relayrl_torch.weights.manifest import Manifest, WeightError, build_manifest
+from relayrl_torch.weights.plane import WeightPlane
+from relayrl_torch.weights.shm_handoff import remove_spares
 
 
 class AlreadyHeld(WeightError):

@@ -83,11 +83,11 @@ def _model(cfg: RunConfig, report: Report) -> Path | None:
     if isinstance(m, HfModel):
         where = Path(m.path)
     elif isinstance(m, PretrainedModel):  # converted once, as every service would
-        from relayrl.models import resolve_model_path
+        from relayrl_torch.models import resolve_model_path
 
         where = report.step("model", lambda: resolve_model_path(m, cfg.task)) or m.converted_dir
     else:
-        from relayrl.models.cache import tiny_model_dir
+        from relayrl_torch.models.cache import tiny_model_dir
 
         where = tiny_model_dir(m, cfg.task)
     built = (where / "config.json").is_file()
@@ -114,7 +114,7 @@ def _meta_model(cfg: RunConfig, model_dir: Path | None) -> Any:
     if model_dir is not None:
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     if isinstance(cfg.model, TinyModel):
-        from relayrl.models.tiny import build_model
+        from relayrl_torch.models.tiny import build_model
 
         return build_model(cfg.model, cfg.model.limits().vocab_size, Path("."))
     # a pretrained model not yet converted: its known shape is not at hand
@@ -163,12 +163,12 @@ def _engine(cfg: RunConfig, report: Report) -> None:
 # The task, its reward and environment -----------------------------------------------------
 
 def _task(cfg: RunConfig, report: Report) -> Any:
-    from relayrl.plugins.tasks import make_run_task
+    from relayrl_torch.models import load_run_task
 
     t = cfg.task
     where = getattr(t, "path", None) or getattr(t, "hub", None) or getattr(t, "generator", "")
     report.line(f"task: {t.source}{' ' + str(where) if where else ''}")
-    task = report.step("task", lambda: make_run_task(cfg))
+    task = report.step("task", lambda: load_run_task(cfg))
     if task is None:
         return None
     train = getattr(task, "_train", None)
@@ -312,8 +312,9 @@ def longest_prompt(cfg: RunConfig, task: Any, sample: int = 256) -> int | None:
     """The longest prompt in tokens, as the run's workers lay it out, over the held-out
     problems and the first `sample` training problems; None for the tiny model."""
     from relayrl.plugins.tasks.registry import prompt_counter
+    from relayrl_torch.models import tokenizer_dir
 
-    count = prompt_counter(cfg)
+    count = prompt_counter(cfg, tokenizer_dir(cfg))
     if count is None:
         return None
     problems = [*task.eval_problems(), *_sample_problems(task, sample)]
@@ -459,7 +460,7 @@ def memory_plan(cfg: RunConfig, params: int, adapter: int = 0,
     bytes) the trainer's largest pass, and with `kv_per_token` (kv_values_per_token) the
     KV cache the evaluation decodes with, for sequences of `row` tokens (row_tokens by
     default)."""
-    from relayrl.runtime.devices import resolve_device
+    from relayrl_torch.devices import resolve_device
 
     tc, shipped = cfg.trainer, DTYPE_BYTES[cfg.model.dtype_name()]
     trained = adapter or params
@@ -509,7 +510,7 @@ def _adapter_parameters(cfg: RunConfig, model_dir: Path | None) -> int:
     """The LoRA adapter's parameters, counted on the meta device."""
     import torch
 
-    from relayrl.models.lora import with_lora
+    from relayrl_torch.models.lora import with_lora
 
     with torch.device("meta"):
         model = _meta_model(cfg, model_dir)

@@ -68,7 +68,7 @@ def cmd_check(args) -> int:
 def cmd_prepare(args) -> int:
     """Build and cache the config's model and print its directory."""
     cfg = _load(args)
-    from relayrl.models import resolve_model_path
+    from relayrl_torch.models import resolve_model_path
 
     print(resolve_model_path(cfg.model, cfg.task))
     return 0

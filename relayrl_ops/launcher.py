@@ -138,8 +138,8 @@ class Launcher:
     def prepare(self) -> None:
         """Set up the run directory and credentials, start the zygote and an embedded Redis
         when no `redis.url` is set, resolve the model, and write the run's config.yaml."""
-        from relayrl.models import resolve_model_path
         from relayrl_ops.redis_server import RedisServer
+        from relayrl_torch.models import resolve_model_path
 
         self._warn_of_settings_that_stall()
 

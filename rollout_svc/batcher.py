@@ -15,7 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from relayrl.sampling.sampler import Completion
+from relayrl_torch.sampling.sampler import Completion
 from rollout_svc.engine_api import Engine, SamplingSpec
 
 

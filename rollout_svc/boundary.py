@@ -24,9 +24,9 @@ from relayrl.contracts.leases import LeaseClient, LeasedPrompt
 from relayrl.contracts.messages import Group, Sample, validate_sample
 from relayrl.contracts.partial import PartialGroup
 from relayrl.contracts.streams import TrajectoryWriter
-from relayrl.models.loading import LoadedModel
 from relayrl.plugins.rewards import get_reward, score_group
 from relayrl.rules.repack import is_tail
+from relayrl_torch.models.loading import LoadedModel
 from rollout_svc.engine_api import Engine
 from rollout_svc.episodes import EpisodeGroup, episode_samples
 from rollout_svc.group_generator import GroupGenerator

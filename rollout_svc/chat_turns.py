@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from relayrl.models.chat import ToolCall, hermes_text
+from relayrl.plugins.chat import ToolCall, hermes_text
 from relayrl.plugins.envs.turns import TurnGlue
 
 MAX_TURNS = 4096  # assistant turns remembered, at most (4 bytes a token)

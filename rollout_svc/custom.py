@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from relayrl.config import RolloutConfig
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
-from relayrl.models.loading import LoadedModel
-from relayrl.sampling.sampler import Completion
+from relayrl_torch.models.loading import LoadedModel
+from relayrl_torch.sampling.sampler import Completion
 from rollout_svc.batcher import RequestBatcher
 from rollout_svc.engine_api import Engine, SamplingSpec
 

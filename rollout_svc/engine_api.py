@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
-from relayrl.sampling.kv_state import SequenceKV
-from relayrl.sampling.sampler import Completion
+from relayrl_torch.sampling.kv_state import SequenceKV
+from relayrl_torch.sampling.sampler import Completion
 
 __all__ = ["Completion", "Engine", "SamplingSpec"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from relayrl.config import ConfigError, RunConfig, TorchEngineConfig
-from relayrl.models.loading import LoadedModel
-from relayrl.models.lora import with_lora
-from relayrl.runtime.devices import resolve_device
+from relayrl_torch.devices import resolve_device
+from relayrl_torch.models.loading import LoadedModel
+from relayrl_torch.models.lora import with_lora
 from rollout_svc.engine_api import Engine
 from rollout_svc.torch_engine import TorchEngine
 

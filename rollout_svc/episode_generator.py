@@ -28,7 +28,6 @@ from collections import Counter
 from relayrl.config import RunConfig
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.streams import TrajectoryWriter
-from relayrl.models.loading import LoadedModel
 from relayrl.plugins.envs import TurnGlue, load_environment, make_environment
 from relayrl.plugins.envs.calls import EnvCalls
 from relayrl.plugins.envs.play import (
@@ -43,6 +42,7 @@ from relayrl.plugins.envs.play import (
 from relayrl.plugins.envs.tools import ToolEnvironment, check_deadlines, declared_tools
 from relayrl.plugins.tasks.problem import Problem
 from relayrl.rules.staleness import must_restart
+from relayrl_torch.models.loading import LoadedModel
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.episodes import Episode, EpisodeGroup
 from rollout_svc.group_generator import GroupGenerator

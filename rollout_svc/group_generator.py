@@ -14,8 +14,8 @@ from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.partial import PartialGroup, PartialSequence
 from relayrl.contracts.streams import TrajectoryWriter
-from relayrl.models.loading import LoadedModel
 from relayrl.rules.staleness import must_restart
+from relayrl_torch.models.loading import LoadedModel
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.lengths import target_length
 

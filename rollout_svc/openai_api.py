@@ -4,7 +4,7 @@ episodes: /v1/completions, /v1/chat/completions, /v1/models and /tokenize.
 Responses follow OpenAI's shapes, plus what RL needs and OpenAI does not give: each choice's
 `token_ids` and `policy_versions`, the response's `prompt_token_ids` and `policy_version`.
 Chat requests may declare `tools` (rendered through the model's chat template,
-relayrl.models.chat); calls the model writes come back as the message's `tool_calls`. An
+relayrl.plugins.chat); calls the model writes come back as the message's `tool_calls`. An
 assistant turn sent back is rendered as the tokens the model wrote (rollout_svc.chat_turns),
 so each turn's `prompt_token_ids` extends the turn before it and its completion exactly:
 relayrl.plugins.buffer_client.trajectory_from_turns makes them one trainable trajectory.
@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from relayrl.models.chat import parse_tool_calls
+from relayrl.plugins.chat import parse_tool_calls
 from relayrl.plugins.envs.turns import TurnGlue
 from relayrl.runtime import auth
 from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard

@@ -21,11 +21,11 @@ import time
 
 import torch
 
-from relayrl.models.loading import LoadedModel
-from relayrl.models.lora import is_lora, load_adapter
-from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, windowed
-from relayrl.sampling.sampler import Completion, sample_with_kv
-from relayrl.weights.tied import check_state_dict, load_published, tied_aliases, without
+from relayrl_torch.models.loading import LoadedModel
+from relayrl_torch.models.lora import is_lora, load_adapter
+from relayrl_torch.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, windowed
+from relayrl_torch.sampling.sampler import Completion, sample_with_kv
+from relayrl_torch.weights.tied import check_state_dict, load_published, tied_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
 
 log = logging.getLogger(__name__)

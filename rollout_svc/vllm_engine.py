@@ -37,9 +37,9 @@ from typing import Any
 import torch
 
 from relayrl.config import ConfigError, LoraConfig
-from relayrl.models.loading import eos_ids as model_eos_ids
-from relayrl.sampling.sampler import Completion
-from relayrl.weights.tied import check_state_dict, tied_aliases, with_aliases, without
+from relayrl_torch.models.loading import eos_ids as model_eos_ids
+from relayrl_torch.sampling.sampler import Completion
+from relayrl_torch.weights.tied import check_state_dict, tied_aliases, with_aliases, without
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.vllm_kv import KVTicket, park_params, pull_params, transfer_config
 from rollout_svc.vllm_lora import AdapterVersions, MergedVersions
@@ -110,7 +110,7 @@ def _reload(worker, items: list[tuple[str, torch.Tensor]]) -> None:
 def expected_state(config: Any, dtype: torch.dtype = torch.float32
                    ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The Hugging Face state dict (names, shapes, dtypes) of a model with this config, on
-    the meta device, less its tied aliases (relayrl.weights.tied), and those aliases: what
+    the meta device, less its tied aliases (relayrl_torch.weights.tied), and those aliases: what
     the trainer publishes and a version must match."""
     from transformers import AutoModelForCausalLM
 

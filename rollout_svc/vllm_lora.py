@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from relayrl.config import LoraConfig
-from relayrl.weights.tied import check_state_dict
+from relayrl_torch.weights.tied import check_state_dict
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # what peft puts before the base model's own names
@@ -47,7 +47,7 @@ def expected_adapter(model_dir: Path, cfg: LoraConfig, dtype: torch.dtype
     model names it, and its peft config as adapter_config.json holds it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from relayrl.models.lora import adapter_state, with_lora
+    from relayrl_torch.models.lora import adapter_state, with_lora
 
     with torch.device("meta"):
         base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir),

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relayrl.sampling.sampler import Completion
+from relayrl_torch.sampling.sampler import Completion
 from rollout_svc.engine_api import SamplingSpec
 
 GREEDY_TEMPERATURE_KEY = "relayrl_greedy_temperature"

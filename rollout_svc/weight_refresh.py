@@ -18,8 +18,8 @@ import torch
 from relayrl.config import ConfigError
 from relayrl.runtime.outage import Outage, is_outage
 from relayrl.runtime.procs import release_freed_memory
-from relayrl.weights import WeightError, WeightPlane
-from relayrl.weights.layout import flat_size
+from relayrl_torch.weights import WeightError, WeightPlane
+from relayrl_torch.weights.layout import flat_size
 from rollout_svc.engine_api import Engine
 
 log = logging.getLogger(__name__)

@@ -29,12 +29,12 @@ from relayrl.config import RunConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.leases import LeaseClient, LeasedPrompt
 from relayrl.contracts.streams import TrajectoryWriter
-from relayrl.models.loading import LoadedModel
 from relayrl.rules.staleness import behind
 from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.outage import Outage, is_outage, ride_out
 from relayrl.runtime.progress import StepWaiter
-from relayrl.weights import WeightPlane
+from relayrl_torch.models.loading import LoadedModel
+from relayrl_torch.weights import WeightPlane
 from rollout_svc.boundary import ActiveGroup, SegmentBoundary
 from rollout_svc.engine_api import Engine
 from rollout_svc.episode_generator import EpisodeGenerator

@@ -20,10 +20,10 @@ from relayrl.contracts import control, ledger
 from relayrl.contracts.control import LiveSettings, RunState, SettingsChange
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.leases import LeaseBatch, LeaseClient, LeasedPrompt
-from relayrl.plugins.tasks import make_run_task
 from relayrl.rules.repack import Move
 from relayrl.rules.staleness import inflight_prompts, oldest_startable
 from relayrl.runtime.backpressure import is_oom
+from relayrl_torch.models import load_run_task
 from scheduler_svc.idempotency import check_id
 from scheduler_svc.policy import LeasePolicy
 from scheduler_svc.saved_progress import SavedProgress
@@ -60,7 +60,7 @@ class SchedulerCore(SavedProgress, LeaseClient):
         self.progress_unread = False  # the last read of the trainer's progress failed
         self.redis = redis
         self.keys = RunKeys(cfg.run_id)
-        self.task = make_run_task(cfg)
+        self.task = load_run_task(cfg)
         self.clock = clock
         self.lock = threading.Lock()
         # saved token state of prompts generated in segments, mirrored to Redis

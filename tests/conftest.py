@@ -108,9 +108,9 @@ def tiny_lm(tmp_path_factory):
     import torch
 
     from relayrl.config import TinyModel
-    from relayrl.models.loading import load_model
-    from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
+    from relayrl_torch.models.loading import load_model
+    from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
 
     out = tmp_path_factory.mktemp("tiny_lm")
     build_tokenizer(AdditionTask.alphabet, out)
@@ -125,7 +125,7 @@ def chat_lm(tiny_lm):
     """The tiny model with TEMPLATE as its chat template (multi-turn episodes)."""
     from transformers import AutoTokenizer
 
-    from relayrl.models.loading import LoadedModel
+    from relayrl_torch.models.loading import LoadedModel
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm.path)
     tokenizer.chat_template = TEMPLATE

@@ -81,7 +81,7 @@ def latest(ckpt_dir: Path) -> Path | None:
 
 def load_weights(path: Path, adapter: bool) -> dict[str, torch.Tensor]:
     """A checkpoint's model tensors: the whole model's, or with trainer.lora its adapter's
-    (peft's adapter_model.safetensors, by the names relayrl.models.lora uses)."""
+    (peft's adapter_model.safetensors, by the names relayrl_torch.models.lora uses)."""
     if adapter:
         from safetensors.torch import load_file
 

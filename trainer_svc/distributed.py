@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from relayrl.config import ConfigError
-from relayrl.runtime.devices import resolve_device
+from relayrl_torch.devices import resolve_device
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -55,7 +55,7 @@ class World:
 def init_world(device: str = "auto") -> World:
     """The world torchrun describes in the environment, with its process group started
     (NCCL on GPUs, gloo on CPUs); a world of one when WORLD_SIZE is unset or 1. `device` is
-    trainer.device, resolved here once (relayrl.runtime.devices): under torchrun a rank's GPU is
+    trainer.device, resolved here once (relayrl_torch.devices): under torchrun a rank's GPU is
     cuda:LOCAL_RANK, so a fixed cuda:N is refused there."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from relayrl.config import ConfigError, RunConfig
-from relayrl.models.loading import LoadedModel
-from relayrl.models.lora import adapter_state, load_adapter, with_lora
-from relayrl.weights.tied import tied_aliases, without
+from relayrl_torch.models.loading import LoadedModel
+from relayrl_torch.models.lora import adapter_state, load_adapter, with_lora
+from relayrl_torch.weights.tied import tied_aliases, without
 from trainer_svc.batching import TrainBatch
 from trainer_svc.distributed import Parallel
 from trainer_svc.objective import Objective, UpdateResult
@@ -77,7 +77,7 @@ class Learner:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """What a version ships: the policy's whole weights, each tied tensor once
-        (relayrl.weights.tied), or with trainer.lora the adapter alone; in one process the
+        (relayrl_torch.weights.tied), or with trainer.lora the adapter alone; in one process the
         live tensors."""
         self.parallel.lead("weights")
         if self.lora:

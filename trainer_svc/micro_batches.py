@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from relayrl.sampling.length_split import plan_runs
+from relayrl_torch.sampling.length_split import plan_runs
 from trainer_svc.batching import TrainBatch, select_rows
 from trainer_svc.distributed import normaliser
 from trainer_svc.shared_prefix import prompt_sharing
@@ -50,9 +50,9 @@ class MicroBatch:
 
 def plan_parts(lengths: list[int], max_tokens: int, prefix_tokens: int = 0
                ) -> list[list[int]]:
-    """Rows grouped into parts (relayrl.sampling.length_split) within `max_tokens` padded tokens
-    each (a row longer than that alone); `max_tokens` 0: one part. `prefix_tokens`: what every
-    pass runs besides its rows' `lengths` (the shared-prefix pass's prompts)."""
+    """Rows grouped into parts (relayrl_torch.sampling.length_split) within `max_tokens` padded
+    tokens each (a row longer than that alone); `max_tokens` 0: one part. `prefix_tokens`: what
+    every pass runs besides its rows' `lengths` (the shared-prefix pass's prompts)."""
     if max_tokens <= 0 or len(lengths) <= 1:
         return [sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))]
     return plan_runs(lengths, PASS_COST_TOKENS + prefix_tokens, max_tokens)
@@ -95,7 +95,7 @@ def _pack(units: list[list[int]], windows: list[int], prompt_of: list[int],
           prompt_tokens: list[int], max_tokens: int) -> list[list[int]]:
     """Units of rows (one prompt's each) put into passes, several to a pass where they fit:
     ordered by their longest window and cut into consecutive runs minimising the runs'
-    shared_cost (as relayrl.sampling.length_split plans rows)."""
+    shared_cost (as relayrl_torch.sampling.length_split plans rows)."""
     units = sorted(units, key=lambda u: (-max(windows[i] for i in u), u[0]))
     longest = [max(windows[i] for i in u) for u in units]
     prompts = [prompt_tokens[prompt_of[u[0]]] for u in units]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.weights.shm_handoff import StagedVersion
+from relayrl_torch.weights.shm_handoff import StagedVersion
 
 
 def _gap(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor):

@@ -9,7 +9,7 @@ the newest version), so a slow relay never stalls training. Weights on a GPU are
 pinned host buffers on a CUDA stream of their own (trainer_svc.snapshot): the relay only ever
 gets CPU tensors, and only finite ones. Weights on the CPU publishing through shared memory
 skip the snapshot: the version is written straight into its handoff file
-(relayrl.weights.shm_handoff.StagedVersion), which then stands in for the snapshot, so the
+(relayrl_torch.weights.shm_handoff.StagedVersion), which then stands in for the snapshot, so the
 trainer holds no host copy of its weights besides the version the relay keeps anyway.
 
 Latest wins, and is never lost: a send that fails because the relay is unreachable or hung
@@ -27,8 +27,8 @@ import time
 import torch
 
 from relayrl.runtime.outage import Outage, is_outage
-from relayrl.weights import WeightPlane
-from relayrl.weights.shm_handoff import StagedVersion
+from relayrl_torch.weights import WeightPlane
+from relayrl_torch.weights.shm_handoff import StagedVersion
 from trainer_svc.finite import NonFiniteError, check_finite
 from trainer_svc.snapshot import Snapshot, ready_event
 

@@ -12,17 +12,17 @@ import torch
 
 from relayrl.config import RunConfig
 from relayrl.contracts.proto.v1 import trainer_pb2, trainer_pb2_grpc
-from relayrl.evaluation.runner import sequences
-from relayrl.models import resolve_model_path
-from relayrl.models.loading import load_model
 from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.metrics import StepRecord
 from relayrl.runtime.procs import release_freed_memory
 from relayrl.runtime.redis_conn import redis_session
 from relayrl.runtime.service import ServiceRunner
-from relayrl.sampling.sampler import Stopped
-from relayrl.weights.client import RelayClient
+from relayrl_torch.evaluation.runner import sequences
+from relayrl_torch.models import resolve_model_path
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.sampling.sampler import Stopped
+from relayrl_torch.weights.client import RelayClient
 from trainer_svc.distributed import Parallel, close_world, init_world
 from trainer_svc.learner import Learner
 from trainer_svc.operator import OperatorSignals

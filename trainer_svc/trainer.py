@@ -11,13 +11,11 @@ import threading
 import time
 from pathlib import Path
 
-from relayrl.config import RunConfig
+from relayrl.config import RunConfig, TinyModel
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys, is_external
 from relayrl.contracts.messages import decode_batch
 from relayrl.contracts.streams import ensure_group, read_group
-from relayrl.evaluation import build_sets, evaluate_sets
-from relayrl.models.loading import LoadedModel
 from relayrl.plugins.tasks import make_run_task
 from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.metrics import (  # noqa: F401 (tests import open_metrics)
@@ -27,6 +25,8 @@ from relayrl.runtime.metrics import (  # noqa: F401 (tests import open_metrics)
     open_run_metrics,
 )
 from relayrl.runtime.outage import ride_out
+from relayrl_torch.evaluation import build_sets, evaluate_sets
+from relayrl_torch.models.loading import LoadedModel
 from trainer_svc.batching import (
     collate,
     lag_histogram,
@@ -68,7 +68,7 @@ class Trainer:
         if self.learner.parallel.active:
             log.warning("under torchrun the trainer runs no eval and no engine check "
                         "(eval.every, trainer.engine_check_seqs); eval.mode separate does")
-        self.task = make_run_task(cfg)
+        self.task = make_run_task(cfg, None if isinstance(cfg.model, TinyModel) else lm.path)
         # built at start-up, so a bad eval set stops the trainer before the first step
         self.eval_sets = build_sets(cfg, self.task) if self.evaluates else []
         self.run_dir = Path(cfg.run_dir)
@@ -248,7 +248,7 @@ class Trainer:
 
     def run_eval(self, on_update=None, stop: threading.Event | None = None) -> StepRecord:
         """Every eval set's metrics for the current weights (eval.mode inline);
-        relayrl.sampling.sampler.Stopped once `stop` is set."""
+        relayrl_torch.sampling.sampler.Stopped once `stop` is set."""
         t0 = time.monotonic()
         record, _ = evaluate_sets(self.lm, self.eval_sets, seed=self.cfg.eval.seed,
                                   batch_size=self.cfg.eval.batch_size, on_update=on_update,

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 M = TypeVar("M", bound=BaseModel)
 
 # a device spec's spelling; what it names is resolved where the service runs
-# (relayrl.runtime.devices)
+# (relayrl_torch.devices)
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 DEVICE_HELP = ("auto (CUDA when present, else the CPU), cpu, cuda (cuda:LOCAL_RANK under "
                "torchrun, else cuda:0) or cuda:N")

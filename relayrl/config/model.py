@@ -99,7 +99,7 @@ class ModelBase(StrictModel):
 
 
 class TinyModel(ModelBase):
-    """The tiny Llama-architecture model of the addition task (relayrl.models.tiny): its
+    """The tiny Llama-architecture model of the addition task (relayrl_torch.models.tiny): its
     tokenizer is the special tokens, then one token per character of the task's alphabet."""
 
     SPECIALS: ClassVar[tuple[str, ...]] = ("<pad>", "<bos>", "<eos>")
@@ -166,13 +166,13 @@ class HfModel(ModelBase):
 
 class PretrainedModel(ModelBase):
     # (vocab_size, max_position_embeddings) of each model's config.json as converted
-    # (relayrl.models.smollm2), for a service that starts before the conversion
+    # (relayrl_torch.models.smollm2), for a service that starts before the conversion
     KNOWN: ClassVar[dict[str, tuple[int, int]]] = {"smollm2-135m-instruct": (49152, 8192)}
 
     kind: Literal["pretrained"] = "pretrained"
     name: Literal["smollm2-135m-instruct"] = Field(
         "smollm2-135m-instruct", description="A pretrained model converted once from its PyPI "
-        "package into cache_dir (relayrl.models.smollm2).")
+        "package into cache_dir (relayrl_torch.models.smollm2).")
     cache_dir: str = _CACHE_DIR
 
     @property

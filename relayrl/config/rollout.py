@@ -298,8 +298,8 @@ class RolloutConfig(StrictModel):
 
     @property
     def weight_device(self) -> str:
-        """Where the nccl weight plane receives (relayrl.weights.collective.worker_device): the
-        torch engine's device; vLLM picks its own GPU, so auto."""
+        """Where the nccl weight plane receives (relayrl_torch.weights.collective
+        .worker_device): the torch engine's device; vLLM picks its own GPU, so auto."""
         return self.engine.device if isinstance(self.engine, TorchEngineConfig) else "auto"
 
     def with_engine(self, kind: str) -> RolloutConfig:

@@ -142,8 +142,8 @@ class TrainerConfig(StrictModel):
     publish_plane: Literal["grpc", "shm"] = Field(
         "grpc", description="How versions reach the relay. shm, for a trainer on the relay's "
         "host: each version is written into a file in relay.shm_dir that the relay takes "
-        "over (relayrl.weights.shm_handoff), instead of streamed through gRPC; needs 'shm' in "
-        "relay.data_planes. A relay that cannot take the file gets the bytes over gRPC.",
+        "over (relayrl_torch.weights.shm_handoff), instead of streamed through gRPC; needs "
+        "'shm' in relay.data_planes. A relay that cannot take the file gets the bytes over gRPC.",
     )
     device: str = Field(
         "auto", pattern=DEVICE_PATTERN,

@@ -2,7 +2,7 @@
 checked in (tiny_grpo.json), so that a refactor that changes the numerics shows up.
 
 One process drives the project's own pieces as the services do, minus the transport: the
-tiny model builder (relayrl.models.tiny, a short warm start so rewards vary), the torch
+tiny model builder (relayrl_torch.models.tiny, a short warm start so rewards vary), the torch
 engine the rollout worker samples with (rollout_svc.torch_engine, weights loaded into it
 each step as from the relay), the task's reward through the worker's scoring
 (relayrl.plugins.rewards.score), the wire codec (relayrl.contracts.messages), and the trainer's
@@ -39,10 +39,10 @@ import torch
 
 from relayrl.config import RunConfig
 from relayrl.contracts.messages import Batch, Group, Sample, decode_batch, encode_batch
-from relayrl.models.loading import load_model
-from relayrl.models.tiny import build_model, build_tokenizer, warm_start
 from relayrl.plugins.rewards import get_reward, score
 from relayrl.plugins.tasks import make_task
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.models.tiny import build_model, build_tokenizer, warm_start
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
 from trainer_svc.batching import collate, split_stale

@@ -21,8 +21,8 @@ from relayrl.config import RunConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
-from relayrl.models.loading import load_model
 from relayrl.runtime.redis_conn import connect
+from relayrl_torch.models.loading import load_model
 from trainer_svc.batching import collate
 from trainer_svc.distributed import Parallel, World, close_world, init_world
 from trainer_svc.learner import Learner

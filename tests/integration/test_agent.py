@@ -15,10 +15,10 @@ import redis as redis_lib
 from relayrl.config import RunConfig
 from relayrl.contracts import ledger
 from relayrl.contracts.keys import RunKeys, is_external
-from relayrl.models.smollm2 import ensure_smollm2
 from relayrl.runtime.metrics import read_metrics
 from relayrl_ops.launcher import Launcher
 from relayrl_testkit.families import build_family
+from relayrl_torch.models.smollm2 import ensure_smollm2
 from tests.conftest import free_ports, small_stack_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.models.smollm2 import ensure_smollm2
 from relayrl.runtime.metrics import read_metrics
 from relayrl_testkit.families import build_family
+from relayrl_torch.models.smollm2 import ensure_smollm2
 from tests.conftest import free_ports, run_to_end, small_stack_config
 
 pytest.importorskip("verifiers")

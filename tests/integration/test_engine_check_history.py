@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from relayrl.runtime.metrics import read_metrics
-from relayrl.weights.client import RelayClient
+from relayrl_torch.weights.client import RelayClient
 from tests.integration.test_trainer_metrics import add_batch, in_process_trainer
 from tests.integration.test_weight_plane import start_relay
 from trainer_svc.server import run_loop

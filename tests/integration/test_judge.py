@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from relayrl.config import RolloutConfig
-from relayrl.models.loading import load_model
-from relayrl.models.smollm2 import ensure_smollm2
 from relayrl.plugins.rewards import score_group
 from relayrl.plugins.rewards.judge import JudgeError, JudgeReward, parse_score, parse_verdict
 from relayrl.plugins.rewards.scoring import reward_error_kind
 from relayrl.runtime.auth import Credentials
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.models.smollm2 import ensure_smollm2
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.openai_api import OpenAIServer
 from rollout_svc.torch_engine import TorchEngine

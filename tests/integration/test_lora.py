@@ -15,10 +15,10 @@ from relayrl.config import HfModel, RunConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import encode_batch
 from relayrl.contracts.streams import FIELD
-from relayrl.models.loading import load_model
-from relayrl.models.lora import adapter_state, is_lora, with_lora
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_ops.export import export
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.models.lora import adapter_state, is_lora, with_lora
 from rollout_svc.torch_engine import TorchEngine
 from tests.integration.test_trainer_resume import make_batch
 from trainer_svc import checkpoint
@@ -133,8 +133,8 @@ def test_vllm_serves_each_adapter_version_as_the_trainers_model(tmp_path, servin
     into the base weights read afresh: either way its log-probabilities are the peft
     model's, version after version, and a version that is not the adapter is refused."""
     from relayrl.config import LoraConfig, TinyModel
-    from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
+    from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
     from rollout_svc.engine_api import SamplingSpec
     from rollout_svc.vllm_engine import VllmEngine
 

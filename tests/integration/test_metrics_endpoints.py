@@ -16,12 +16,12 @@ from relayrl.config import RunConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.leases import GrpcLeaseClient
 from relayrl.contracts.streams import TrajectoryWriter
-from relayrl.models.loading import load_model
 from relayrl.runtime.auth import install_launcher_credentials
 from relayrl.runtime.exporter import MetricsEndpoint
 from relayrl.runtime.grpc_util import check_health
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
-from relayrl.weights.client import RelayClient
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.weights.client import RelayClient
 from rollout_svc.batcher import RequestBatcher
 from rollout_svc.telemetry import rollout_metrics
 from rollout_svc.torch_engine import TorchEngine

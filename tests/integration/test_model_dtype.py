@@ -14,8 +14,8 @@ from relayrl.config import RunConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import encode_batch
 from relayrl.contracts.streams import FIELD
-from relayrl.models.loading import load_model
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
+from relayrl_torch.models.loading import load_model
 from rollout_svc.torch_engine import TorchEngine
 from tests.integration.test_trainer_resume import make_batch
 from trainer_svc.publisher import AsyncPublisher
@@ -81,8 +81,8 @@ def test_a_bfloat16_vllm_engine_takes_bfloat16_versions(tmp_path):
     """vLLM computing in bfloat16 loads the versions shipped in it (their log-probabilities
     are the shipped model's, within bfloat16's rounding) and refuses a float32 one."""
     from relayrl.config import TinyModel
-    from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
+    from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
     from rollout_svc.engine_api import SamplingSpec
     from rollout_svc.vllm_engine import VllmEngine
 

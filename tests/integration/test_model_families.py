@@ -18,10 +18,10 @@ from relayrl.config import RunConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
-from relayrl.models.loading import load_model
-from relayrl.models.smollm2 import ensure_smollm2
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_testkit.families import FAMILIES, build_family
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.models.smollm2 import ensure_smollm2
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
 from trainer_svc.publisher import AsyncPublisher

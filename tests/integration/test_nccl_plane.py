@@ -12,10 +12,10 @@ from relay_svc.planes import RelayPlanes
 from relayrl.config import RunConfig
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime.grpc_util import channel
-from relayrl.weights import WeightError
-from relayrl.weights.client import RelayClient
-from relayrl.weights.collective import worker_device
-from relayrl.weights.fetchers import fetch_torch_dist
+from relayrl_torch.weights import WeightError
+from relayrl_torch.weights.client import RelayClient
+from relayrl_torch.weights.collective import worker_device
+from relayrl_torch.weights.fetchers import fetch_torch_dist
 from tests.integration.test_weight_plane import CPU, start_relay, weights
 
 

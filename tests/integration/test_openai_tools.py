@@ -15,12 +15,12 @@ import openai
 import pytest
 
 from relayrl.config import RolloutConfig
-from relayrl.models.chat import ToolCall, hermes_text
-from relayrl.models.loading import load_model
-from relayrl.models.smollm2 import ensure_smollm2
 from relayrl.plugins.buffer_client import ChatTurn, trajectory_from_turns
+from relayrl.plugins.chat import ToolCall, hermes_text
 from relayrl.runtime import auth
 from relayrl_testkit.families import build_family
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.models.smollm2 import ensure_smollm2
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.openai_api import OpenAIServer
 from rollout_svc.torch_engine import TorchEngine

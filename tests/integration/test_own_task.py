@@ -6,8 +6,8 @@ and the trainer counts it as train/reward_errors."""
 import json
 
 from relayrl.config import AdditionTaskConfig, RunConfig, TinyModel
-from relayrl.models.cache import resolve_model_path
 from relayrl.runtime.metrics import read_metrics
+from relayrl_torch.models.cache import resolve_model_path
 from tests.conftest import run_to_end, small_stack_config
 
 STEPS = 4

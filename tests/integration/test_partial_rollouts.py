@@ -13,9 +13,9 @@ from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import Batch, Group, decode_group
 from relayrl.contracts.partial import PartialGroup
 from relayrl.contracts.streams import TrajectoryWriter
-from relayrl.models.loading import load_model
 from relayrl.plugins.rewards import REWARDS, register
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
+from relayrl_torch.models.loading import load_model
 from rollout_svc.torch_engine import TorchEngine
 from rollout_svc.worker import RolloutWorker
 from scheduler_svc.core import SchedulerCore

@@ -13,9 +13,9 @@ from relay_svc.server import RelayServicer, add_relay_servicer
 from relay_svc.version_store import VersionStore
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime.grpc_util import channel, make_server
-from relayrl.weights import WeightError, build_manifest
-from relayrl.weights.client import RelayClient
-from relayrl.weights.wire import decode_bytes_chunk
+from relayrl_torch.weights import WeightError, build_manifest
+from relayrl_torch.weights.client import RelayClient
+from relayrl_torch.weights.wire import decode_bytes_chunk
 from tests.conftest import free_ports
 
 CHUNK = 4096

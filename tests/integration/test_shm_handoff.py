@@ -1,4 +1,4 @@
-"""Publishing through shared memory (relayrl.weights.shm_handoff, trainer.publish_plane shm)
+"""Publishing through shared memory (relayrl_torch.weights.shm_handoff, trainer.publish_plane shm)
 beyond the shared contract (test_weight_plane.py runs that for it): the relay takes the
 publisher's file over, refuses files that are not a handoff or do not match the manifest,
 recycles the files of versions it lets go, and a relay that cannot take one gets the bytes
@@ -14,10 +14,10 @@ import torch
 from relayrl.config import RunConfig
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime.grpc_util import channel
-from relayrl.weights.client import RelayClient
-from relayrl.weights.hostid import host_id
-from relayrl.weights.manifest import build_manifest
-from relayrl.weights.shm_handoff import StagedVersion, handoff_name
+from relayrl_torch.weights.client import RelayClient
+from relayrl_torch.weights.hostid import host_id
+from relayrl_torch.weights.manifest import build_manifest
+from relayrl_torch.weights.shm_handoff import StagedVersion, handoff_name
 from tests.integration.test_weight_plane import start_relay, weights
 
 
@@ -70,7 +70,7 @@ def test_the_relay_takes_the_file_over_and_serves_it(relay):
 
 
 def test_a_let_go_version_s_file_is_the_next_version_s_and_none_outlives_the_relay(relay):
-    """Recycling (relayrl.weights.shm_handoff): version 1's file, let go when version 3
+    """Recycling (relayrl_torch.weights.shm_handoff): version 1's file, let go when version 3
     arrives (keep 2), holds version 4; closing the relay removes its spares."""
     address, store = relay
     client = RelayClient(address, timeout_s=10, plane="shm", publish_shm_dir=store.shm_dir)
@@ -191,7 +191,7 @@ def test_the_shm_publish_plane_is_a_configuration_choice():
 
 def test_a_file_its_publisher_still_holds_is_removed_not_recycled(relay):
     """A trainer re-scoring under a version it published keeps that version's file mapped
-    (relayrl.weights.shm_handoff.StagedVersion): when the relay lets the version go, the
+    (relayrl_torch.weights.shm_handoff.StagedVersion): when the relay lets the version go, the
     file is removed rather than recycled, so the held bytes stay that version's."""
     address, store = relay
     client = RelayClient(address, timeout_s=10, plane="shm", publish_shm_dir=store.shm_dir)

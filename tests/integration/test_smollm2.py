@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relayrl.models.loading import load_model
-from relayrl.models.smollm2 import MARKER, ensure_smollm2, find_gguf
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.models.smollm2 import MARKER, ensure_smollm2, find_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache/relayrl/models"  # the examples' cache: converted once per checkout
@@ -23,7 +23,7 @@ QUESTION = "What is 2+3? Reply with the number only."
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    out = subprocess.run([sys.executable, "-m", "relayrl.models.smollm2", "--cache-dir",
+    out = subprocess.run([sys.executable, "-m", "relayrl_torch.models.smollm2", "--cache-dir",
                           str(CACHE)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     path = Path(out.stdout.strip().splitlines()[-1])
@@ -58,7 +58,7 @@ def test_chat_prompts_use_the_template_and_greedy_answers_a_sum(lm):
     ids = lm.encode_problem("", [{"role": "user", "content": QUESTION}])
     text = lm.tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
-    from relayrl.sampling.sampler import sample
+    from relayrl_torch.sampling.sampler import sample
 
     out = sample(lm.model, [ids], max_new_tokens=8, eos_ids=lm.eos_ids, pad_id=lm.pad_id,
                  temperature=1.0, greedy=True, generator=torch.Generator().manual_seed(0))

@@ -16,13 +16,13 @@ from transformers import AutoTokenizer
 from relayrl.config import RunConfig
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import validate_sample
-from relayrl.models.chat import ToolCall, hermes_text
-from relayrl.models.loading import load_model
-from relayrl.models.smollm2 import ensure_smollm2
+from relayrl.plugins.chat import ToolCall, hermes_text
 from relayrl.plugins.envs import ToolEnvironment, TurnGlue
 from relayrl.plugins.envs.tools import declared_tools
 from relayrl.plugins.rewards import get_reward
 from relayrl_testkit.families import build_family
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.models.smollm2 import ensure_smollm2
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.episodes import episode_samples
 from rollout_svc.torch_engine import TorchEngine

@@ -13,10 +13,10 @@ from relayrl.config import RunConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
-from relayrl.models.loading import load_model
 from relayrl.runtime.exporter import MetricsEndpoint
 from relayrl.runtime.metrics import read_metrics
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
+from relayrl_torch.models.loading import load_model
 from tests.conftest import free_ports
 from trainer_svc import checkpoint
 from trainer_svc.publisher import AsyncPublisher

@@ -18,9 +18,9 @@ from relayrl.contracts import ledger
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys
 from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
-from relayrl.models.loading import load_model
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_ops.audit import audit_redis, read_quarantine
+from relayrl_torch.models.loading import load_model
 from trainer_svc import checkpoint
 from trainer_svc.finite import NonFiniteError
 from trainer_svc.publisher import AsyncPublisher

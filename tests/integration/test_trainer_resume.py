@@ -12,8 +12,8 @@ from relayrl.contracts import ledger
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys
 from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
-from relayrl.models.loading import load_model
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
+from relayrl_torch.models.loading import load_model
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.trainer import Trainer
 

@@ -12,8 +12,8 @@ import torch
 
 from relayrl.config import RunConfig
 from relayrl.contracts.messages import Group, Sample
-from relayrl.sampling.prefill import left_pad
-from relayrl.sampling.sampler import Completion
+from relayrl_torch.sampling.prefill import left_pad
+from relayrl_torch.sampling.sampler import Completion
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.engine_factory import make_engine
 from rollout_svc.torch_engine import TorchEngine
@@ -33,8 +33,8 @@ PARITY_TOL = 1e-4
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from relayrl.config import TinyModel
-    from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
+    from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
 
     out = tmp_path_factory.mktemp("vllm_tiny")
     build_tokenizer(AdditionTask.alphabet, out)
@@ -45,7 +45,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lm(model_dir):
-    from relayrl.models.loading import load_model
+    from relayrl_torch.models.loading import load_model
 
     return load_model(model_dir)
 
@@ -332,8 +332,8 @@ def test_episodes_run_on_vllm_with_masked_environment_tokens(engine, lm, base_we
     from transformers import AutoTokenizer
 
     from relayrl.contracts.leases import LeasedPrompt
-    from relayrl.models.loading import LoadedModel
     from relayrl.plugins.rewards import get_reward
+    from relayrl_torch.models.loading import LoadedModel
     from rollout_svc.episode_generator import EpisodeGenerator
     from rollout_svc.episodes import episode_samples
     from tests.conftest import TEMPLATE

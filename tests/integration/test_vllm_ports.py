@@ -26,8 +26,8 @@ PROBE = textwrap.dedent('''
     import psutil
     import torch.distributed as dist
     from relayrl.config import RunConfig, TinyModel
-    from relayrl.models.loading import load_model
-    from relayrl.models.tiny import SPECIALS, build_model, build_tokenizer
+    from relayrl_torch.models.loading import load_model
+    from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl.plugins.tasks import AdditionTask
     from rollout_svc.engine_factory import make_engine
 

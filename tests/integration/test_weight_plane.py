@@ -19,8 +19,8 @@ from relay_svc.server import RelayServicer, add_relay_servicer
 from relay_svc.version_store import VersionStore
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime.grpc_util import channel, make_server
-from relayrl.weights import WeightError
-from relayrl.weights.client import RelayClient
+from relayrl_torch.weights import WeightError
+from relayrl_torch.weights.client import RelayClient
 from tests.conftest import free_ports
 
 KEEP = 2
@@ -164,7 +164,7 @@ def test_relay_refuses_a_stream_without_manifest(relay_server):
 
 
 def test_verify_rejects_truncated_and_altered_bytes():
-    from relayrl.weights import build_manifest, verify_shard
+    from relayrl_torch.weights import build_manifest, verify_shard
 
     t = torch.arange(6, dtype=torch.float32)
     info = build_manifest(1, 1, {"t": t}).shard("t")

@@ -10,9 +10,9 @@ import torch
 from relay_svc.server import RelayServicer, add_relay_servicer
 from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
-from relayrl.models.loading import load_model
 from relayrl.runtime.grpc_util import make_server
-from relayrl.weights.client import RelayClient
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.weights.client import RelayClient
 from rollout_svc.torch_engine import TorchEngine
 from rollout_svc.worker import RolloutWorker
 from tests.conftest import free_ports

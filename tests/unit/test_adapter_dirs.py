@@ -5,8 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relayrl.models.smollm2 import ensure_smollm2
 from relayrl_testkit.families import build_family
+from relayrl_torch.models.smollm2 import ensure_smollm2
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from relayrl.sampling.sampler import Completion
+from relayrl_torch.sampling.sampler import Completion
 from rollout_svc.batcher import RequestBatcher
 from rollout_svc.engine_api import Engine, SamplingSpec
 

@@ -10,7 +10,7 @@ from hypothesis.extra import numpy as hnp
 from relayrl.contracts.codec import CodecError, decode, decode_array, encode, encode_array
 from relayrl.contracts.messages import Batch, Group, Sample, decode_batch, decode_group
 from relayrl.contracts.partial import PartialGroup
-from relayrl.sampling.kv_state import SequenceKV
+from relayrl_torch.sampling.kv_state import SequenceKV
 
 DTYPES = ["int32", "int64", "float16", "float32", "float64", "uint8", "bool"]
 FAST = settings(max_examples=300, deadline=None,

@@ -1,4 +1,4 @@
-"""Device resolution (relayrl.runtime.devices), the device and precision config fields, and the
+"""Device resolution (relayrl_torch.devices), the device and precision config fields, and the
 trainer's precision policy (trainer_svc.precision) for every branch, CUDA faked where the
 branch needs a GPU."""
 
@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from relayrl.config import ConfigError, TorchEngineConfig, TrainerConfig, load_run_config
-from relayrl.runtime.devices import model_device, resolve_device
+from relayrl_torch.devices import model_device, resolve_device
 from trainer_svc import precision as precision_mod
 from trainer_svc.distributed import World, init_world
 from trainer_svc.precision import resolve_precision

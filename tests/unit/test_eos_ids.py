@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from relayrl.models.loading import eos_ids
-from relayrl.sampling.sampler import sample
+from relayrl_torch.models.loading import eos_ids
+from relayrl_torch.sampling.sampler import sample
 
 
 def test_the_ids_come_from_the_tokenizer_generation_config_and_config(tmp_path):

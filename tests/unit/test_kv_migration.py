@@ -6,9 +6,9 @@ import torch
 
 from relayrl.config import TinyModel
 from relayrl.contracts.codec import CodecError
-from relayrl.models.loading import load_model
-from relayrl.models.tiny import build_model
-from relayrl.sampling.kv_state import SequenceKV
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.models.tiny import build_model
+from relayrl_torch.sampling.kv_state import SequenceKV
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
 

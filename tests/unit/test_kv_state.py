@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from relayrl.contracts.codec import CodecError
-from relayrl.sampling.kv_batch import assemble, split
-from relayrl.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, checksum_of
-from relayrl.sampling.sampler import sample_with_kv
+from relayrl_torch.sampling.kv_batch import assemble, split
+from relayrl_torch.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, checksum_of
+from relayrl_torch.sampling.sampler import sample_with_kv
 
 FP = ModelFingerprint("llama", num_layers=2, kv_heads=2, head_dim=4, hidden_size=8,
                       vocab_size=15, dtype="float32")

@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayrl.sampling.length_split import padded_cost, plan_runs
+from relayrl_torch.sampling.length_split import padded_cost, plan_runs
 
 
 def cost(lengths, runs, pass_cost):

@@ -8,7 +8,6 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 
 from relayrl.config import RunConfig, TinyModel
-from relayrl.models.tiny import build_model
 from relayrl_ops.check import (
     memory_plan,
     pass_activations,
@@ -16,6 +15,7 @@ from relayrl_ops.check import (
     prompt_tokens,
     row_tokens,
 )
+from relayrl_torch.models.tiny import build_model
 
 P = 1_000_000
 

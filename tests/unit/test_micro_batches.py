@@ -1,6 +1,6 @@
-"""Micro-batches: the split of a batch's rows (relayrl.sampling.length_split, tested on its own in
-test_length_split.py) under the trainer's budget, and the update through parts, which must
-equal the update through the whole padded batch."""
+"""Micro-batches: the split of a batch's rows (relayrl_torch.sampling.length_split, tested on
+its own in test_length_split.py) under the trainer's budget, and the update through parts,
+which must equal the update through the whole padded batch."""
 
 import copy
 

@@ -110,8 +110,8 @@ def test_a_version_published_through_shared_memory_is_read_from_its_file(tmp_pat
     version whose file holds other dtypes is copied."""
     import copy
 
-    from relayrl.weights.shm_handoff import StagedVersion
-    from relayrl.weights.tied import without
+    from relayrl_torch.weights.shm_handoff import StagedVersion
+    from relayrl_torch.weights.tied import without
     from trainer_svc.batching import token_logprobs
     from trainer_svc.parity import VersionHistory, rescore_older_tokens
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayrl.sampling import prefill
-from relayrl.sampling.prefill import worth_bucketing
-from relayrl.sampling.sampler import sample_with_kv
+from relayrl_torch.sampling import prefill
+from relayrl_torch.sampling.prefill import worth_bucketing
+from relayrl_torch.sampling.sampler import sample_with_kv
 
 
 def test_bucketing_is_chosen_only_when_it_beats_one_padded_forward():

@@ -78,7 +78,7 @@ class StagingStore(GatedStore):
         self.directory = str(directory)
 
     def stage(self, version, step, tensors, dtype=None):
-        from relayrl.weights.shm_handoff import StagedVersion
+        from relayrl_torch.weights.shm_handoff import StagedVersion
 
         return StagedVersion.write(self.directory, version, step, tensors, dtype)
 

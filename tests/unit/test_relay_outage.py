@@ -13,13 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from relay_svc.server import RelayServicer, add_relay_servicer
 from relay_svc.version_store import VersionStore
-from relayrl.models.loading import load_model
 from relayrl.runtime.grpc_util import channel, check_health, free_ports, make_server
 from relayrl.runtime.outage import JitteredBackoff, Outage, Readiness, is_outage, readiness
 from relayrl.runtime.service import LIVENESS, ServiceRunner
-from relayrl.weights import WeightError
-from relayrl.weights.client import RelayClient
-from relayrl.weights.manifest import build_manifest
+from relayrl_torch.models.loading import load_model
+from relayrl_torch.weights import WeightError
+from relayrl_torch.weights.client import RelayClient
+from relayrl_torch.weights.manifest import build_manifest
 from rollout_svc.torch_engine import TorchEngine
 from rollout_svc.weight_refresh import WeightRefresher
 from trainer_svc.publisher import AsyncPublisher

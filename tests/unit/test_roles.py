@@ -20,7 +20,7 @@ from relayrl.contracts.proto.v1 import (
 )
 from relayrl.runtime import auth, roles
 from relayrl.runtime.roles import AGENT, OPERATOR, SERVICE, TRAINER, method_roles
-from relayrl.weights import WeightError, build_manifest
+from relayrl_torch.weights import WeightError, build_manifest
 
 MODULES = (buffer_pb2, relay_pb2, reward_pb2, rollout_pb2, scheduler_pb2, trainer_pb2)
 ROLE_VARS = ("RELAYRL_TOKEN", "RELAYRL_AGENT_TOKEN", "RELAYRL_OPERATOR_TOKEN",
@@ -162,7 +162,7 @@ def test_a_store_bounds_how_far_a_publish_may_jump():
 
 
 def _filled(stored):
-    from relayrl.weights.layout import pack
+    from relayrl_torch.weights.layout import pack
 
     pack(stored.manifest, {"w": torch.ones(2)}, stored.flat)
     stored.filled = stored.size

@@ -3,7 +3,7 @@
 import torch
 
 from relayrl.contracts.messages import Group, Sample
-from relayrl.sampling.sampler import sample
+from relayrl_torch.sampling.sampler import sample
 from trainer_svc.batching import collate, token_logprobs
 
 
@@ -37,7 +37,7 @@ def test_greedy_is_deterministic_and_respects_the_length_cap(tiny_lm):
 def test_repeated_prompts_are_prefilled_once_and_sample_as_if_apart(tiny_lm, monkeypatch):
     """A group's samples share their prompt: the sampler prefills each distinct context
     once; tokens and log-probabilities are those of the rows run apart."""
-    from relayrl.sampling import sampler
+    from relayrl_torch.sampling import sampler
 
     texts = ["1+2=", "35+47=", "1+2=", "9+80=", "35+47=", "1+2="]
     prompts = [tiny_lm.encode_prompt(t) for t in texts]

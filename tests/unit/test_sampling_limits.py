@@ -15,7 +15,7 @@ from relayrl.config import RolloutConfig, RunConfig
 from relayrl.config.rollout import MAX_SEED, MIN_TEMPERATURE
 from relayrl.contracts import control
 from relayrl.contracts.leases import LeasedPrompt
-from relayrl.sampling.sampler import sample
+from relayrl_torch.sampling.sampler import sample
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.group_generator import GroupGenerator, PromptTooLong

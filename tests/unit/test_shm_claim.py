@@ -1,4 +1,4 @@
-"""relayrl.weights.shm_handoff.claim_file: a spare is reused only when it is a regular file
+"""relayrl_torch.weights.shm_handoff.claim_file: a spare is reused only when it is a regular file
 of ours, anything else under a spare's name keeps that name, and a claim that fails leaves
 nothing behind."""
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from relayrl.weights.shm_handoff import claim_file
+from relayrl_torch.weights.shm_handoff import claim_file
 
 
 def test_a_spare_is_claimed_and_sized(tmp_path):

@@ -214,7 +214,7 @@ def test_model_limits_come_from_config_json_or_the_run_config(tmp_path, tiny_lm)
         {"vocab_size": 49152, "max_position_embeddings": 8192}))
     assert limits(read_model_limits(tmp_path)) == (49152, 8192)
     cfg = RunConfig()
-    # the tiny model, known before it is built, is the one relayrl.models.tiny builds
+    # the tiny model, known before it is built, is the one relayrl_torch.models.tiny builds
     assert limits(cfg.model.limits()) == (15, 256)
     # a pretrained model not yet converted: its known numbers
     assert limits(PretrainedModel(cache_dir=str(tmp_path / "none")).limits()) == (49152, 8192)

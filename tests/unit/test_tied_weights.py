@@ -1,4 +1,4 @@
-"""Tied parameters travel once (relayrl.weights.tied): the trainer publishes a tied output
+"""Tied parameters travel once (relayrl_torch.weights.tied): the trainer publishes a tied output
 embedding under its first name only, and every consumer (the torch engine, the evaluation
 follower) loads it whole from that, and still refuses a version missing anything else."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relayrl.config import RunConfig
-from relayrl.weights.tied import load_published, tied_aliases, without
+from relayrl_torch.weights.tied import load_published, tied_aliases, without
 from rollout_svc.torch_engine import TorchEngine
 from trainer_svc.learner import Learner
 

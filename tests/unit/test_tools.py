@@ -15,7 +15,7 @@ import time
 import pytest
 
 from relayrl.config import ConfigError
-from relayrl.models.chat import (
+from relayrl.plugins.chat import (
     ToolCall,
     hermes_text,
     parse_tool_calls,

@@ -3,8 +3,8 @@
 import pytest
 
 from relayrl.contracts.proto.v1 import relay_pb2
-from relayrl.weights import WeightError
-from relayrl.weights.wire import decode_bytes_chunk, encode_bytes_chunk, encode_publish_chunk
+from relayrl_torch.weights import WeightError
+from relayrl_torch.weights.wire import decode_bytes_chunk, encode_bytes_chunk, encode_publish_chunk
 
 
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 16_383, 16_384, 1 << 20])

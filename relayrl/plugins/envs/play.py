@@ -1,6 +1,6 @@
 """One episode's moves that do not depend on who samples the model: opening it, and answering
 a reply of the model. The rollout worker (rollout_svc/episode_generator.py) and the
-evaluator (relayrl/evaluation/episodes.py) both play episodes through these, so an evaluated
+evaluator (relayrl_torch/evaluation/episodes.py) both play episodes through these, so an evaluated
 episode ends and is scored by the same rule as a trained one.
 
     calls = EnvCalls(cfg.max_stuck_calls)                 # one per process that plays

@@ -21,7 +21,7 @@ it), or a `Tool(schema, fn)` pairing an OpenAI-style JSON schema with the functi
 it; functions may be `async`.
 
 The episode opens with the task's prompt, the tools declared through the model's chat
-template (relayrl.models.chat: in the system message when the template ignores `tools=`).
+template (relayrl.plugins.chat: in the system message when the template ignores `tools=`).
 Each reply of the model is read for tool calls (Hermes/Qwen, Mistral and Llama 3 formats).
 Its calls run at once on threads, at most `max_concurrent_tools` at a time in the process,
 each waited for up to `tool_timeout_s`, and their results come back as `tool` messages in the
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from relayrl.config import ConfigError
-from relayrl.models.chat import Schema, ToolCall, parse_tool_calls
+from relayrl.plugins.chat import Schema, ToolCall, parse_tool_calls
 from relayrl.plugins.envs.calls import Done, EnvCalls, Overran
 from relayrl.plugins.envs.protocol import Environment, Message, Step
 from relayrl.plugins.tasks.problem import Problem

@@ -16,8 +16,8 @@ checked to extend it exactly (ValueError when a template rewrites earlier turns)
 The closing of the assistant turn: when the model produced the end-of-turn token itself
 (`stopped`) it is kept as the model's and the template's copy is left out; when the turn
 was cut, the template's closing tokens are appended as environment tokens. A tokenizer with
-no chat template lays messages end to end (relayrl.models.loading.encode_chat). Every
-rendering declares the environment's tools (relayrl.models.chat.render_chat).
+no chat template lays messages end to end (relayrl.plugins.chat.encode_chat). Every
+rendering declares the environment's tools (relayrl.plugins.chat.render_chat).
 
 Renderings are remembered (the latest, up to RENDERED_TOKENS tokens in all): a turn's
 opening is the previous turn's closing rendering, and a group's episodes share theirs until
@@ -29,8 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from relayrl.models.chat import Schema, render_chat, with_tool_prompt
-from relayrl.models.loading import encode_text
+from relayrl.plugins.chat import Schema, encode_text, render_chat, with_tool_prompt
 
 Message = Mapping[str, str]
 PROBE = ({"role": "user", "content": "1+1"},)

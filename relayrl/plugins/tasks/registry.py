@@ -3,9 +3,11 @@ verifiers environment's dataset."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
-from relayrl.config import ConfigError, PretrainedModel, RunConfig, TaskConfig, TinyModel
+from relayrl.config import ConfigError, RunConfig, TaskConfig, TinyModel
+from relayrl.plugins.chat import encode_problem
 from relayrl.plugins.tasks.addition import AdditionTask
 from relayrl.plugins.tasks.dataset import DatasetTask, PromptLimit, PromptTokens
 from relayrl.plugins.tasks.problem import Problem
@@ -61,7 +63,7 @@ def make_task(cfg: TaskConfig, limit: PromptLimit | None = None) -> Task:
     return ReasoningGymTask(cfg, limit)
 
 
-def prompt_limit(cfg: RunConfig) -> PromptLimit | None:
+def prompt_limit(cfg: RunConfig, model_dir: Path | None) -> PromptLimit | None:
     """The longest prompt the run's engine takes (RunConfig.prompt_window) and how a prompt is
     counted there (prompt_counter). None for the addition task, whose short prompts are not
     read from anywhere."""
@@ -71,27 +73,26 @@ def prompt_limit(cfg: RunConfig) -> PromptLimit | None:
     if window.longest < 1:
         raise ConfigError(f"rollout.max_new_tokens: {window.max_new_tokens} leaves no room for "
                           f"a prompt in {window.engine_source} ({window.engine} tokens)")
-    return PromptLimit(prompt_counter(cfg), window.longest, window.describe())
+    return PromptLimit(prompt_counter(cfg, model_dir), window.longest, window.describe())
 
 
-def prompt_counter(cfg: RunConfig) -> PromptTokens | None:
-    """A prompt's length in tokens as the run's workers lay it out: the run's tokenizer, the
-    chat template applied as a worker applies it. None for the tiny model."""
+def prompt_counter(cfg: RunConfig, model_dir: Path | None) -> PromptTokens | None:
+    """A prompt's length in tokens as the run's workers lay it out: the tokenizer in
+    `model_dir` (the run's model directory), the chat template applied as a worker applies
+    it. None for the tiny model."""
     if isinstance(cfg.model, TinyModel):
         return None
+    if model_dir is None:
+        raise ValueError("prompt_counter: the run's model directory is needed to count prompts")
     from transformers import AutoTokenizer
 
-    from relayrl.models.loading import encode_problem
-    from relayrl.models.smollm2 import ensure_smollm2
-
-    path = ensure_smollm2(cfg.model.cache_dir) if isinstance(cfg.model, PretrainedModel) \
-        else cfg.model.directory()  # converted or fetched once, as every service would
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return lambda text, messages: len(encode_problem(tokenizer, text, messages))
 
 
-def make_run_task(cfg: RunConfig) -> Task:
+def make_run_task(cfg: RunConfig, model_dir: Path | None) -> Task:
     """The run's task, every prompt it reads measured once, chat template applied, against the
     longest prompt the configured engine takes (prompt_limit); task.long_prompts says whether
-    a longer one is skipped and counted or refused."""
-    return make_task(cfg.task, prompt_limit(cfg))
+    a longer one is skipped and counted or refused. `model_dir`: the run's model directory,
+    whose tokenizer counts (None for the tiny model)."""
+    return make_task(cfg.task, prompt_limit(cfg, model_dir))

@@ -8,15 +8,15 @@ import pytest
 import yaml
 
 from relayrl.config import RunConfig
-from relayrl.models import resolve_model_path
 from relayrl_ops.cli import main
+from relayrl_torch.models import resolve_model_path
 from tests.conftest import MODEL_CACHE
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """(config path, checkpoint directory)."""
-    from relayrl.models.loading import load_model
+    from relayrl_torch.models.loading import load_model
 
     tmp = tmp_path_factory.mktemp("evalcli")
     doc = {"run_id": "evalcli", "run_dir": str(tmp / "run"),

@@ -7,7 +7,7 @@ import pytest
 
 from relayrl.config import ConfigError, RunConfig
 from relayrl.config.base import load_model
-from relayrl.evaluation import pass_at_k
+from relayrl_torch.evaluation import pass_at_k
 
 
 def load(data: dict) -> RunConfig:

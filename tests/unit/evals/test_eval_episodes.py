@@ -6,9 +6,9 @@ turn. On the tiny model with a chat template (tests/conftest.py's chat_lm)."""
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.evaluation import build_sets, evaluate_sets
 from relayrl.plugins.envs import Environment, Step
 from relayrl.plugins.rewards import REWARDS, register
+from relayrl_torch.evaluation import build_sets, evaluate_sets
 
 if "evals_test_zero" not in REWARDS:
     register("evals_test_zero")(lambda completion, reference: 0.0)

@@ -4,8 +4,8 @@ the legacy keys of the first set, pass@k from k samples, and errors naming the s
 import pytest
 
 from relayrl.config import RunConfig
-from relayrl.evaluation import build_sets, evaluate_sets
 from relayrl.plugins.rewards import REWARDS, register
+from relayrl_torch.evaluation import build_sets, evaluate_sets
 
 if "evals_test_one" not in REWARDS:
     register("evals_test_one")(lambda completion, reference: 1.0)

@@ -151,7 +151,7 @@ Global___ShardChunk: _TypeAlias = ShardChunk  # noqa: Y015
 @_typing.final
 class ShmHandoff(_message.Message):
     """A version handed over through shared memory: a publisher on the relay's host wrote its
-    flat buffer (relayrl.weights.layout) into a file in the relay's shm_dir, and the relay
+    flat buffer (relayrl_torch.weights.layout) into a file in the relay's shm_dir, and the relay
     takes the file over instead of receiving the bytes.
     """
 
@@ -162,7 +162,7 @@ class ShmHandoff(_message.Message):
     file_name: _builtins.str
     """relayrl-<pid>-v<version>-pub<16 hex>, inside relay.shm_dir"""
     host_id: _builtins.str
-    """the publisher's host and boot (relayrl.weights.hostid)"""
+    """the publisher's host and boot (relayrl_torch.weights.hostid)"""
     def __init__(
         self,
         *,
@@ -335,7 +335,7 @@ Global___ListVersionsResponse: _TypeAlias = ListVersionsResponse  # noqa: Y015
 @_typing.final
 class PullBytesRequest(_message.Message):
     """A byte range of a version's flat buffer: shards packed in manifest order, each starting
-    at a multiple of 64 bytes (see relayrl/weights/layout.py). end = 0 means to the end.
+    at a multiple of 64 bytes (see relayrl_torch/weights/layout.py). end = 0 means to the end.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -151,7 +151,7 @@ class Lease(_message.Message):
     def prompt(self) -> Global___Prompt: ...
     @_builtins.property
     def kv_states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
-        """KV states (relayrl.sampling.kv_state) of its unfinished sequences, from the worker a
+        """KV states (relayrl_torch.sampling.kv_state) of its unfinished sequences, from the worker a
         repack took it from: a taker whose engine holds the same version skips re-prefilling them
         """
 

@@ -1,0 +1,216 @@
+"""The networked implementation of the weight plane: gRPC to a relay for control, and one of
+several data planes for the bytes of a version's flat buffer."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+
+import grpc
+import torch
+
+from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
+from relayrl.runtime.deadlines import TRANSFER_S
+from relayrl.runtime.grpc_util import channel
+from relayrl_torch.weights import fetchers
+from relayrl_torch.weights.hostid import host_id
+from relayrl_torch.weights.layout import flat_size, unpack
+from relayrl_torch.weights.manifest import Manifest, WeightError, build_manifest, tensor_bytes
+from relayrl_torch.weights.plane import WeightPlane
+from relayrl_torch.weights.shm_handoff import StagedVersion
+from relayrl_torch.weights.wire import decode_bytes_chunk, encode_publish_chunk, iter_chunks
+
+log = logging.getLogger(__name__)
+DATA_PLANES = ("grpc", "shm", "torch_dist", "nixl", "nccl")
+
+
+class RelayClient(WeightPlane):
+    """`device`: where the nccl plane receives (a GPU, from collective.worker_device; a test's
+    CPU has gloo stand in); the other planes receive into host memory and ignore it.
+    `publish_shm_dir`: the relay's shm_dir, to publish through shared memory
+    (relayrl_torch.weights.shm_handoff); a relay that cannot take a handoff gets the bytes over
+    gRPC instead, from then on."""
+
+    def __init__(self, address: str, chunk_bytes: int = 1 << 20, timeout_s: float = TRANSFER_S,
+                 plane: str = "grpc", device: torch.device | None = None,
+                 publish_shm_dir: str | None = None):
+        if plane not in DATA_PLANES:
+            raise ValueError(f"data plane must be one of {DATA_PLANES}, got {plane!r}")
+        if plane == "nccl" and device is None:
+            raise ValueError("RelayClient: the nccl plane needs the device to receive on")
+        self.device = device
+        self.address = address
+        self.chunk_bytes = chunk_bytes
+        self.timeout_s = timeout_s
+        self.plane = plane
+        self.publish_shm_dir = publish_shm_dir
+        self._channel = channel(address)  # a trainer's publishes carry its own token
+        self._stub = relay_pb2_grpc.RelayStub(self._channel)
+        self._pull_bytes = self._channel.unary_stream(
+            "/relayrl.v1.Relay/PullBytes",
+            request_serializer=relay_pb2.PullBytesRequest.SerializeToString,
+            response_deserializer=decode_bytes_chunk)
+        self._publish_raw = self._channel.stream_unary(
+            "/relayrl.v1.Relay/Publish", request_serializer=lambda raw: raw,
+            response_deserializer=relay_pb2.PublishResponse.FromString)
+        self._nixl: fetchers.NixlFetcher | None = None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _error(self, what: str, err: grpc.RpcError) -> WeightError:
+        """Raised `from err`: relayrl.runtime.outage.is_outage reads the status code of the
+        cause."""
+        return WeightError(f"{what} ({self.address}, {self.plane}): {err.details()}")
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def _messages(self, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> Iterator[bytes]:
+        yield relay_pb2.PublishMessage(manifest=manifest.to_proto()).SerializeToString()
+        for name, t in tensors.items():
+            for offset, piece in iter_chunks(tensor_bytes(t), self.chunk_bytes):
+                yield encode_publish_chunk(name, offset, piece)
+
+    def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
+        staged = self.stage(version, step, tensors)
+        if staged is not None:
+            try:
+                return self.send_staged(staged)
+            finally:
+                staged.release()
+        manifest = build_manifest(version, step, tensors)
+        try:
+            self._publish_raw(self._messages(manifest, tensors), timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise self._error(f"publish of version {version}", err) from err
+        return manifest
+
+    def stage(self, version: int, step: int, tensors: dict[str, torch.Tensor],
+              dtype: torch.dtype | None = None) -> StagedVersion | None:
+        """The version written into a handoff file in the relay's shm_dir, for send_staged;
+        None when this client does not publish through shared memory, or no file can be
+        written here (then never again: publish sends the bytes over gRPC)."""
+        if self.publish_shm_dir is None:
+            return None
+        try:
+            return StagedVersion.write(self.publish_shm_dir, version, step, tensors, dtype)
+        except OSError as err:  # no such directory here, or it is full
+            log.warning("publishing over gRPC from now on: no handoff file can be written in "
+                        "%s (%s)", self.publish_shm_dir, err)
+            self.publish_shm_dir = None
+            return None
+
+    def send_staged(self, staged: StagedVersion) -> Manifest:
+        """Hand `staged`'s file to the relay; a relay that cannot take it gets its bytes over
+        gRPC instead, read back from the file (and every later version over gRPC, unless
+        the file was only gone: a relay that took it and lost it restarting)."""
+        manifest = staged.manifest
+        handoff = relay_pb2.ShmHandoff(file_name=os.path.basename(staged.path),
+                                       host_id=host_id())
+        messages = [relay_pb2.PublishMessage(manifest=manifest.to_proto()),
+                    relay_pb2.PublishMessage(shm=handoff)]
+        try:
+            self._stub.Publish(iter(messages), timeout=self.timeout_s)
+            return manifest
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise self._error(f"publish of version {manifest.version}", err) from err
+            if os.path.exists(staged.path):
+                log.warning("publishing over gRPC from now on: the relay at %s takes no "
+                            "shared-memory handoff (%s)", self.address, err.details())
+                self.publish_shm_dir = None
+            else:
+                log.warning("version %d goes over gRPC: its file is no longer there to hand "
+                            "over (%s)", manifest.version, err.details())
+        try:
+            self._publish_raw(self._messages(manifest, staged.tensors()), timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise self._error(f"publish of version {manifest.version}", err) from err
+        return manifest
+
+    # -- pulling -------------------------------------------------------------------------
+
+    def manifest(self, version: int = 0) -> Manifest | None:
+        try:
+            m = self._stub.GetManifest(relay_pb2.GetManifestRequest(version=version),
+                                       timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND and version == 0:
+                return None
+            raise self._error(f"manifest of version {version}", err) from err
+        return Manifest.from_proto(m)
+
+    def pull(self, version: int, staging: torch.Tensor | None = None
+             ) -> dict[str, torch.Tensor]:
+        """Every shard of `version` (0: the latest), verified. With `staging` (a uint8 buffer
+        the caller reuses), the gRPC, torch.distributed and NIXL planes receive into it and the
+        tensors view it: fresh memory costs a page fault per 4 KiB, a large share of a
+        loopback transfer. The nccl plane's tensors view a fresh buffer on `device`, and
+        `staging` holds the host copy their checksums are computed on."""
+        try:
+            if self.plane == "grpc":
+                manifest = self.manifest(version)
+                if manifest is None:
+                    raise WeightError(f"relay {self.address} holds no version")
+                flat = self._pull_grpc(manifest, staging)
+            else:
+                manifest, flat = self._pull_ticketed(version, staging)
+        except grpc.RpcError as err:
+            raise self._error(f"pull of version {version}", err) from err
+        return unpack(manifest, flat, staging)  # nccl: staging holds the host copy checked
+
+    def _pull_grpc(self, manifest: Manifest, staging: torch.Tensor | None) -> torch.Tensor:
+        size = flat_size(manifest)
+        flat = _receive_buffer(size, staging)
+        view, pos = memoryview(flat.numpy()), 0
+        request = relay_pb2.PullBytesRequest(version=manifest.version)
+        for piece in self._pull_bytes(request, timeout=self.timeout_s):
+            end = pos + len(piece)
+            if end > size:
+                raise WeightError(f"version {manifest.version}: relay sent more than its "
+                                  f"{size} bytes")
+            view[pos:end] = piece
+            pos = end
+        if pos != size:
+            raise WeightError(f"version {manifest.version}: received {pos} of {size} bytes")
+        return flat
+
+    def _pull_ticketed(self, version: int, staging: torch.Tensor | None
+                       ) -> tuple[Manifest, torch.Tensor]:
+        plane = relay_pb2.DataPlane.Value(f"DATA_PLANE_{self.plane.upper()}")
+        ticket = self._stub.OpenPull(
+            relay_pb2.OpenPullRequest(version=version, plane=plane,
+                                      host_id=fetchers.host_id()), timeout=self.timeout_s)
+        manifest = Manifest.from_proto(ticket.manifest)
+        if ticket.flat_size != flat_size(manifest):
+            raise WeightError(f"OpenPull: flat_size {ticket.flat_size} does not match the "
+                              f"manifest's layout ({flat_size(manifest)})")
+        if self.plane == "shm":
+            return manifest, fetchers.fetch_shm(ticket.shm, ticket.flat_size)
+        if self.plane == "torch_dist":
+            return manifest, fetchers.fetch_torch_dist(
+                ticket.torch_dist, _receive_buffer(ticket.flat_size, staging))
+        if self.plane == "nccl":  # a fresh buffer: the engine may keep the tensors it gets
+            return manifest, fetchers.fetch_torch_dist(
+                ticket.torch_dist,
+                torch.empty(ticket.flat_size, dtype=torch.uint8, device=self.device))
+        if self._nixl is None:
+            self._nixl = fetchers.NixlFetcher()
+        try:
+            return manifest, self._nixl.fetch(ticket.nixl, ticket.flat_size, self.timeout_s,
+                                              staging)
+        finally:
+            self._stub.ClosePull(relay_pb2.ClosePullRequest(
+                version=manifest.version, plane=plane, agent_name=self._nixl.name),
+                timeout=self.timeout_s)
+
+    def versions(self) -> list[int]:
+        resp = self._stub.ListVersions(relay_pb2.ListVersionsRequest(), timeout=self.timeout_s)
+        return list(resp.versions)
+
+
+def _receive_buffer(size: int, staging: torch.Tensor | None) -> torch.Tensor:
+    if staging is not None and staging.numel() >= size:
+        return staging[:size]
+    return torch.empty(size, dtype=torch.uint8)

@@ -1,0 +1,66 @@
+"""The worker's side of the non-gRPC data planes: fetch a version's flat buffer given the
+ticket the relay handed out over gRPC."""
+
+from __future__ import annotations
+
+import datetime
+import mmap
+import os
+
+import torch
+
+from relayrl.contracts.proto.v1 import relay_pb2
+from relayrl_torch.weights.collective import backend_for, broadcast, two_rank_group
+from relayrl_torch.weights.hostid import host_id
+from relayrl_torch.weights.manifest import WeightError
+
+__all__ = ["NixlFetcher", "fetch_shm", "fetch_torch_dist", "host_id"]
+
+
+def fetch_shm(ticket: relay_pb2.ShmTicket, size: int) -> torch.Tensor:
+    """Map the relay's file copy-on-write: no copy is made, later writes stay private, and
+    the mapping outlives the relay unlinking the file when it drops the version."""
+    try:
+        fd = os.open(ticket.path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise WeightError(f"shared-memory file {ticket.path} is gone (version dropped)") from None
+    try:
+        if os.fstat(fd).st_size < size:
+            raise WeightError(f"shared-memory file {ticket.path} holds fewer than {size} bytes")
+        mapped = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_PRIVATE,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    return torch.frombuffer(mapped, dtype=torch.uint8)[:size]
+
+
+def fetch_torch_dist(ticket: relay_pb2.TorchDistTicket, flat: torch.Tensor) -> torch.Tensor:
+    """Join a two-rank group with the relay and receive its broadcast into `flat`, whose
+    device must call for the backend the relay offers (torch_dist: gloo into host memory;
+    nccl: NCCL into GPU memory, or gloo standing in where the relay has no CUDA)."""
+    import torch.distributed as dist
+
+    if ticket.backend != backend_for(flat.device):
+        raise WeightError(f"the relay offers a {ticket.backend} broadcast, and this worker "
+                          f"receives on {flat.device}, which needs {backend_for(flat.device)}")
+    timeout = datetime.timedelta(seconds=ticket.timeout_s)
+    store = dist.TCPStore(ticket.store_host, ticket.store_port, 2, False, timeout=timeout)
+    try:
+        broadcast(two_rank_group(store, 1, ticket.backend, timeout), flat)
+    except RuntimeError as err:
+        raise WeightError(f"torch.distributed receive failed: {err}") from None
+    return flat
+
+
+class NixlFetcher:
+    """One NIXL agent per client, kept across pulls (agent creation costs a UCX context)."""
+
+    def __init__(self):
+        from relayrl_torch.weights.nixl_plane import NixlClient
+
+        self._client = NixlClient()
+        self.name = self._client.name
+
+    def fetch(self, ticket: relay_pb2.NixlTicket, size: int, timeout_s: float,
+              staging: torch.Tensor | None = None) -> torch.Tensor:
+        return self._client.read(ticket, size, timeout_s, staging)

@@ -31,7 +31,7 @@ from bench import harness  # noqa: E402
 from relayrl.config import RunConfig, TinyModel  # noqa: E402
 from relayrl.contracts.leases import LeasedPrompt  # noqa: E402
 from relayrl.plugins.envs import Environment, Step  # noqa: E402
-from relayrl.plugins.tasks import AdditionTask  # noqa: E402
+from relayrl_tasks.tasks import AdditionTask  # noqa: E402
 from relayrl_torch.models.loading import LoadedModel, load_model  # noqa: E402
 from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer  # noqa: E402
 from rollout_svc.episode_generator import EpisodeGenerator  # noqa: E402

@@ -106,7 +106,7 @@ def trl_spec(cfg: RunConfig, steps: int, every: int, work: Path, round_: int) ->
     settings, for bench/peers_trl.py."""
     from transformers import AutoTokenizer
 
-    from relayrl.plugins.tasks import make_task
+    from relayrl_tasks.tasks import make_task
     from relayrl_torch.models.cache import resolve_model_path
 
     model = resolve_model_path(cfg.model, cfg.task)

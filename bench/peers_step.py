@@ -35,9 +35,9 @@ from bench.peers import SETUPS, bench_config, trl_spec  # noqa: E402
 from bench.tools_venv import bench_python  # noqa: E402
 from relayrl.config import RunConfig  # noqa: E402
 from relayrl.contracts.messages import Batch, Group, Sample, decode_batch, encode_batch  # noqa: E402
-from relayrl.plugins.rewards.scoring import score_group  # noqa: E402
-from relayrl.plugins.rewards.spec import get_reward  # noqa: E402
-from relayrl.plugins.tasks import make_task  # noqa: E402
+from relayrl_tasks.rewards.scoring import score_group  # noqa: E402
+from relayrl_tasks.rewards.spec import get_reward  # noqa: E402
+from relayrl_tasks.tasks import make_task  # noqa: E402
 from relayrl_torch.models.cache import resolve_model_path  # noqa: E402
 from relayrl_torch.models.loading import LoadedModel, load_model  # noqa: E402
 from relayrl_torch.sampling.sampler import sample  # noqa: E402

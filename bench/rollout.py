@@ -41,8 +41,8 @@ from bench import harness  # noqa: E402
 from bench.common import spawn_service  # noqa: E402
 from relayrl.config import load_run_config  # noqa: E402
 from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc  # noqa: E402
-from relayrl.plugins.tasks import make_task  # noqa: E402
 from relayrl.runtime.grpc_util import channel, free_ports  # noqa: E402
+from relayrl_tasks.tasks import make_task  # noqa: E402
 from relayrl_torch.models import resolve_model_path  # noqa: E402
 from relayrl_torch.models.loading import load_model  # noqa: E402
 from relayrl_torch.weights.client import RelayClient  # noqa: E402

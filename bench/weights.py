@@ -320,7 +320,7 @@ def lora_model(tmp: Path, smoke: bool) -> Path:
 
         return ensure_smollm2(ROOT / ".cache/relayrl/models")
     from relayrl.config import TinyModel
-    from relayrl.plugins.tasks import AdditionTask
+    from relayrl_tasks.tasks import AdditionTask
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
 
     out = tmp / "tiny"

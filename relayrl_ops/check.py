@@ -201,8 +201,8 @@ def _sample_problems(task: Any, n: int) -> list[Any]:
 
 
 def _reward(cfg: RunConfig, task: Any, report: Report) -> None:
-    from relayrl.plugins.rewards import get_reward, score_group
-    from relayrl.plugins.tasks import reward_spec
+    from relayrl_tasks.rewards import get_reward, score_group
+    from relayrl_tasks.tasks import reward_spec
 
     spec = reward_spec(cfg.task)
     fn = report.step("reward", lambda: get_reward(spec))
@@ -226,12 +226,8 @@ def _reward(cfg: RunConfig, task: Any, report: Report) -> None:
 
 
 def _environment(cfg: RunConfig, task: Any, report: Report) -> None:
-    from relayrl.plugins.envs.protocol import (
-        as_step,
-        check_messages,
-        load_environment,
-        make_environment,
-    )
+    from relayrl.plugins.envs.protocol import as_step, check_messages
+    from relayrl_tasks.envs.loading import load_environment, make_environment
 
     env_cfg = cfg.rollout.environment
     assert env_cfg is not None
@@ -311,7 +307,7 @@ def prompt_tokens(cfg: RunConfig, longest_prompt: int | None = None) -> int:
 def longest_prompt(cfg: RunConfig, task: Any, sample: int = 256) -> int | None:
     """The longest prompt in tokens, as the run's workers lay it out, over the held-out
     problems and the first `sample` training problems; None for the tiny model."""
-    from relayrl.plugins.tasks.registry import prompt_counter
+    from relayrl_tasks.tasks.registry import prompt_counter
     from relayrl_torch.models import tokenizer_dir
 
     count = prompt_counter(cfg, tokenizer_dir(cfg))

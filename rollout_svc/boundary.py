@@ -24,8 +24,8 @@ from relayrl.contracts.leases import LeaseClient, LeasedPrompt
 from relayrl.contracts.messages import Group, Sample, validate_sample
 from relayrl.contracts.partial import PartialGroup
 from relayrl.contracts.streams import TrajectoryWriter
-from relayrl.plugins.rewards import get_reward, score_group
 from relayrl.rules.repack import is_tail
+from relayrl_tasks.rewards import get_reward, score_group
 from relayrl_torch.models.loading import LoadedModel
 from rollout_svc.engine_api import Engine
 from rollout_svc.episodes import EpisodeGroup, episode_samples

@@ -5,7 +5,7 @@ episode per sample (a fresh environment instance, `reset` with the problem); eac
 `generate_segment` runs one turn of every unfinished episode in a single engine call, then
 steps each episode's environment with the model's reply and appends the template's glue
 around the observation as environment tokens (rollout_svc/episodes.py,
-relayrl/plugins/envs/turns.py).
+relayrl_tasks/envs/turns.py).
 Turns of one episode may run under different weights: every token keeps its own version.
 
 An episode ends when the environment says done (or gives no observation), after
@@ -13,7 +13,7 @@ rollout.environment.max_turns model turns, when the model's tokens over all its 
 rollout.max_new_tokens (finish "length", the reply cut, no step), or when the next turn would
 not fit the model's context, or with an error: the environment raised, returned too much,
 ran past its time limit or the episode's environment-token budget (rollout.environment's
-bounds; relayrl/plugins/envs/play.py lists the errors). The environment calls of a group's
+bounds; relayrl_tasks/envs/play.py lists the errors). The environment calls of a group's
 resets, and of a turn's steps, run at once on threads, each with its deadline
 (relayrl/plugins/envs/calls.py): a slow call holds the worker for one deadline at most,
 ends its own episode, and the others go on. Each error is logged and counted per kind.
@@ -28,9 +28,12 @@ from collections import Counter
 from relayrl.config import RunConfig
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.streams import TrajectoryWriter
-from relayrl.plugins.envs import TurnGlue, load_environment, make_environment
 from relayrl.plugins.envs.calls import EnvCalls
-from relayrl.plugins.envs.play import (
+from relayrl.plugins.envs.tools import ToolEnvironment, check_deadlines, declared_tools
+from relayrl.plugins.tasks.problem import Problem
+from relayrl.rules.staleness import must_restart
+from relayrl_tasks.envs import TurnGlue, load_environment, make_environment
+from relayrl_tasks.envs.play import (
     Move,
     Turn,
     answer_all,
@@ -39,9 +42,6 @@ from relayrl.plugins.envs.play import (
     goes_on,
     open_episodes,
 )
-from relayrl.plugins.envs.tools import ToolEnvironment, check_deadlines, declared_tools
-from relayrl.plugins.tasks.problem import Problem
-from relayrl.rules.staleness import must_restart
 from relayrl_torch.models.loading import LoadedModel
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.episodes import Episode, EpisodeGroup

@@ -3,7 +3,7 @@
 Each sample of the group plays its own episode against its own environment instance
 (relayrl.plugins.envs.protocol). Its response is one token sequence: the model's tokens of every
 turn as sampled, with their log-probabilities and versions, and between turns the environment's
-tokens (the chat template's glue around the observation, relayrl.plugins.envs.turns), which carry
+tokens (the chat template's glue around the observation, relayrl_tasks.envs.turns), which carry
 loss_mask 0, log-probability 0 and the version of the turn before them: values the trainer
 never reads, under the mask.
 
@@ -23,8 +23,9 @@ from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import FinishReason, Sample
 from relayrl.contracts.partial import PartialSequence
 from relayrl.plugins.envs import Environment
-from relayrl.plugins.envs.play import conversation, environment_total
-from relayrl.plugins.rewards import RewardFn, score_group
+from relayrl.plugins.rewards import RewardFn
+from relayrl_tasks.envs.play import conversation, environment_total
+from relayrl_tasks.rewards import score_group
 
 
 @dataclass

@@ -13,10 +13,10 @@ from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.leases import GrpcLeaseClient
 from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from relayrl.contracts.streams import TrajectoryWriter
-from relayrl.plugins.tasks import check_reward
 from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.redis_conn import redis_session
 from relayrl.runtime.service import ServiceRunner
+from relayrl_tasks.tasks import check_reward
 from relayrl_torch.models import resolve_model_path
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient

@@ -108,7 +108,7 @@ def tiny_lm(tmp_path_factory):
     import torch
 
     from relayrl.config import TinyModel
-    from relayrl.plugins.tasks import AdditionTask
+    from relayrl_tasks.tasks import AdditionTask
     from relayrl_torch.models.loading import load_model
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
 

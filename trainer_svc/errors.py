@@ -2,8 +2,8 @@
 
 A sample whose reward raised or was refused, or whose environment failed, is scored 0 and
 carries the error as text (`Sample.reward_error`). The text's form names its kind: an
-environment's `environment: <Class>.<method>: <kind>: <detail>` (relayrl.plugins.envs.play),
-else one of the reward's (relayrl.plugins.rewards.scoring). Each step counts them per kind
+environment's `environment: <Class>.<method>: <kind>: <detail>` (relayrl_tasks.envs.play),
+else one of the reward's (relayrl_tasks.rewards.scoring). Each step counts them per kind
 into metrics.jsonl (`errors/reward_error_kinds/<kind>`, `errors/env_error_kinds/<kind>`) and
 logs one example of each kind, so a run that fails in two ways says so twice, not once.
 """
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from relayrl.contracts.messages import Sample
-from relayrl.plugins.envs.play import error_kind as environment_error_kind
-from relayrl.plugins.rewards.scoring import reward_error_kind
+from relayrl_tasks.envs.play import error_kind as environment_error_kind
+from relayrl_tasks.rewards.scoring import reward_error_kind
 
 log = logging.getLogger(__name__)
 

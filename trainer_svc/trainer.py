@@ -16,7 +16,6 @@ from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys, is_external
 from relayrl.contracts.messages import decode_batch
 from relayrl.contracts.streams import ensure_group, read_group
-from relayrl.plugins.tasks import make_run_task
 from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.metrics import (  # noqa: F401 (tests import open_metrics)
     StepFigures,
@@ -25,6 +24,7 @@ from relayrl.runtime.metrics import (  # noqa: F401 (tests import open_metrics)
     open_run_metrics,
 )
 from relayrl.runtime.outage import ride_out
+from relayrl_tasks.tasks import make_run_task
 from relayrl_torch.evaluation import build_sets, evaluate_sets
 from relayrl_torch.models.loading import LoadedModel
 from trainer_svc.batching import (

@@ -3,7 +3,7 @@ final number of the completion against the reference, plus a small bonus for a r
 given briefly (the record's other columns arrive as `metadata`). The bonus is only for right
 answers: paid for any short reply, it taught the model short wrong ones."""
 
-from relayrl.plugins.rewards import math_verify
+from relayrl_tasks.rewards import math_verify
 
 
 def correct(completion: str, reference: str, metadata: dict) -> float:

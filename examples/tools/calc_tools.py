@@ -21,8 +21,8 @@ import time
 
 from relayrl.config import ConfigError
 from relayrl.plugins.envs import ToolEnvironment
-from relayrl.plugins.envs.calculator import evaluate, show
 from relayrl.plugins.tasks.problem import Problem
+from relayrl_tasks.envs.calculator import evaluate, show
 
 MEDIAN_S = 0.3  # of one call's latency
 SIGMA = 1.2  # of its logarithm: one call in ten takes over 4.7x the median

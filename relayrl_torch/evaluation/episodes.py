@@ -3,7 +3,7 @@ run that trains with a tool is evaluated with it.
 
 Turns are batched across episodes: each round samples one turn of every unfinished episode
 (relayrl_torch.sampling.sampler), then steps their environments through
-relayrl.plugins.envs.play, the rule the rollout worker follows: the same opening, the same end
+relayrl_tasks.envs.play, the rule the rollout worker follows: the same opening, the same end
 (done, max_turns, the max_new_tokens budget over all turns, the model's context,
 rollout.environment's bounds) and the same reward (the sum of the environment's rewards, else
 the set's reward on the final message, 0 on an error).
@@ -17,9 +17,13 @@ from dataclasses import dataclass, field
 import torch
 
 from relayrl.config.environment import EnvironmentConfig
-from relayrl.plugins.envs import Environment, TurnGlue, load_environment
+from relayrl.plugins.envs import Environment
 from relayrl.plugins.envs.calls import EnvCalls
-from relayrl.plugins.envs.play import (
+from relayrl.plugins.envs.tools import declared_tools
+from relayrl.plugins.rewards import RewardFn
+from relayrl.plugins.tasks.problem import Problem
+from relayrl_tasks.envs import TurnGlue, load_environment
+from relayrl_tasks.envs.play import (
     Move,
     Turn,
     answer_all,
@@ -28,9 +32,7 @@ from relayrl.plugins.envs.play import (
     goes_on,
     open_episodes,
 )
-from relayrl.plugins.envs.tools import declared_tools
-from relayrl.plugins.rewards import RewardFn, score
-from relayrl.plugins.tasks.problem import Problem
+from relayrl_tasks.rewards import score
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.sampling.sampler import sample
 

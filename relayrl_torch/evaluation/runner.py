@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl.plugins.rewards import score
+from relayrl_tasks.rewards import score
 from relayrl_torch.evaluation.episodes import play
 from relayrl_torch.evaluation.sets import EvalSet
 from relayrl_torch.models.loading import LoadedModel

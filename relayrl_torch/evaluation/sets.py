@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from relayrl.config import RunConfig
 from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalSetConfig
-from relayrl.plugins.envs import load_environment, make_environment
-from relayrl.plugins.rewards import RewardFn, get_reward
+from relayrl.plugins.rewards import RewardFn
 from relayrl.plugins.tasks import Problem, Task
+from relayrl_tasks.envs import load_environment, make_environment
+from relayrl_tasks.rewards import get_reward
 from relayrl_torch.models import load_run_task
 
 

@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 from relayrl.config import HfModel, ModelConfig, PretrainedModel, RunConfig, TaskConfig, TinyModel
-from relayrl.plugins.tasks import Task, make_run_task
+from relayrl.plugins.tasks import Task
+from relayrl_tasks.tasks import make_run_task
 
 TINY_BUILD_VERSION = 1  # raise when the tiny model's build changes, so caches are rebuilt
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from relayrl.config import TaskConfig, TinyModel
-from relayrl.plugins.tasks import make_task
+from relayrl_tasks.tasks import make_task
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.sampling.evaluation import evaluate
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.plugins.rewards import get_reward, score
 from relayrl.plugins.tasks import Problem
+from relayrl_tasks.rewards import get_reward, score
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.sampling.sampler import sample
 

@@ -39,8 +39,8 @@ import torch
 
 from relayrl.config import RunConfig
 from relayrl.contracts.messages import Batch, Group, Sample, decode_batch, encode_batch
-from relayrl.plugins.rewards import get_reward, score
-from relayrl.plugins.tasks import make_task
+from relayrl_tasks.rewards import get_reward, score
+from relayrl_tasks.tasks import make_task
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.tiny import build_model, build_tokenizer, warm_start
 from rollout_svc.engine_api import SamplingSpec

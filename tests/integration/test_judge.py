@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from relayrl.config import RolloutConfig
-from relayrl.plugins.rewards import score_group
-from relayrl.plugins.rewards.judge import JudgeError, JudgeReward, parse_score, parse_verdict
-from relayrl.plugins.rewards.scoring import reward_error_kind
 from relayrl.runtime.auth import Credentials
+from relayrl_tasks.rewards import score_group
+from relayrl_tasks.rewards.judge import JudgeError, JudgeReward, parse_score, parse_verdict
+from relayrl_tasks.rewards.scoring import reward_error_kind
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.smollm2 import ensure_smollm2
 from rollout_svc.custom import CustomGenerator

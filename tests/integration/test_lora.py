@@ -133,7 +133,7 @@ def test_vllm_serves_each_adapter_version_as_the_trainers_model(tmp_path, servin
     into the base weights read afresh: either way its log-probabilities are the peft
     model's, version after version, and a version that is not the adapter is refused."""
     from relayrl.config import LoraConfig, TinyModel
-    from relayrl.plugins.tasks import AdditionTask
+    from relayrl_tasks.tasks import AdditionTask
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
     from rollout_svc.engine_api import SamplingSpec
     from rollout_svc.vllm_engine import VllmEngine

@@ -81,7 +81,7 @@ def test_a_bfloat16_vllm_engine_takes_bfloat16_versions(tmp_path):
     """vLLM computing in bfloat16 loads the versions shipped in it (their log-probabilities
     are the shipped model's, within bfloat16's rounding) and refuses a float32 one."""
     from relayrl.config import TinyModel
-    from relayrl.plugins.tasks import AdditionTask
+    from relayrl_tasks.tasks import AdditionTask
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
     from rollout_svc.engine_api import SamplingSpec
     from rollout_svc.vllm_engine import VllmEngine

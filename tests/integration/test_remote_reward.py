@@ -6,7 +6,8 @@ import grpc
 import pytest
 
 from relayrl.contracts.proto.v1 import reward_pb2, reward_pb2_grpc
-from relayrl.plugins.rewards import (
+from relayrl.runtime.grpc_util import channel, make_server
+from relayrl_tasks.rewards import (
     RemoteReward,
     RemoteRewardError,
     get_reward,
@@ -14,7 +15,6 @@ from relayrl.plugins.rewards import (
     score,
     serve_reward_model,
 )
-from relayrl.runtime.grpc_util import channel, make_server
 from tests.conftest import free_ports
 
 

@@ -17,9 +17,10 @@ from relayrl.config import RunConfig
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import validate_sample
 from relayrl.plugins.chat import ToolCall, hermes_text
-from relayrl.plugins.envs import ToolEnvironment, TurnGlue
+from relayrl.plugins.envs import ToolEnvironment
 from relayrl.plugins.envs.tools import declared_tools
-from relayrl.plugins.rewards import get_reward
+from relayrl_tasks.envs import TurnGlue
+from relayrl_tasks.rewards import get_reward
 from relayrl_testkit.families import build_family
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.smollm2 import ensure_smollm2

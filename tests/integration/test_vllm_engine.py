@@ -33,7 +33,7 @@ PARITY_TOL = 1e-4
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from relayrl.config import TinyModel
-    from relayrl.plugins.tasks import AdditionTask
+    from relayrl_tasks.tasks import AdditionTask
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
 
     out = tmp_path_factory.mktemp("vllm_tiny")
@@ -332,7 +332,7 @@ def test_episodes_run_on_vllm_with_masked_environment_tokens(engine, lm, base_we
     from transformers import AutoTokenizer
 
     from relayrl.contracts.leases import LeasedPrompt
-    from relayrl.plugins.rewards import get_reward
+    from relayrl_tasks.rewards import get_reward
     from relayrl_torch.models.loading import LoadedModel
     from rollout_svc.episode_generator import EpisodeGenerator
     from rollout_svc.episodes import episode_samples

@@ -57,7 +57,7 @@ def destination(model_dir: str, port: int, inbox: mp.Queue, out: mp.Queue) -> No
 
 def test_a_moved_sequence_continues_from_the_pulled_blocks(tmp_path):
     from relayrl.config import TinyModel
-    from relayrl.plugins.tasks import AdditionTask
+    from relayrl_tasks.tasks import AdditionTask
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
     from tests.integration.test_vllm_engine import HEADS, HIDDEN, LAYERS
 

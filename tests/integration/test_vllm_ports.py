@@ -28,7 +28,7 @@ PROBE = textwrap.dedent('''
     from relayrl.config import RunConfig, TinyModel
     from relayrl_torch.models.loading import load_model
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
-    from relayrl.plugins.tasks import AdditionTask
+    from relayrl_tasks.tasks import AdditionTask
     from rollout_svc.engine_factory import make_engine
 
     out = Path(sys.argv[1])

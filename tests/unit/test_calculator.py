@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from relayrl.plugins.envs import Step, as_step, load_environment, make_environment
-from relayrl.plugins.envs.calculator import INSTRUCTIONS, CalcError, Calculator, evaluate, show
+from relayrl.plugins.envs import Step, as_step
 from relayrl.plugins.tasks.problem import Problem
+from relayrl_tasks.envs import load_environment, make_environment
+from relayrl_tasks.envs.calculator import INSTRUCTIONS, CalcError, Calculator, evaluate, show
 
 
 @pytest.mark.parametrize("text,value", [

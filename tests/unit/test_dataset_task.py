@@ -1,12 +1,12 @@
 """Dataset tasks: every file format, field mapping, bad rows, held-out splits and the
-prompt-id -> record mapping (relayrl/plugins/tasks/dataset.py)."""
+prompt-id -> record mapping (relayrl_tasks/tasks/dataset.py)."""
 
 import json
 
 import pytest
 
 from relayrl.config import DatasetTaskConfig, RunConfig
-from relayrl.plugins.tasks import DatasetTask, PromptLimit, make_task
+from relayrl_tasks.tasks import DatasetTask, PromptLimit, make_task
 
 pytestmark = pytest.mark.unit
 

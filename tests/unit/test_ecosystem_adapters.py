@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import pytest
 
 from relayrl.config import ConfigError, RunConfig
-from relayrl.plugins.envs.protocol import load_environment, make_environment
-from relayrl.plugins.tasks import make_task
 from relayrl.plugins.tasks.problem import Problem
+from relayrl_tasks.envs.loading import load_environment, make_environment
+from relayrl_tasks.tasks import make_task
 
 pytest.importorskip("verifiers")
 openenv = pytest.importorskip("openenv_core")
@@ -106,7 +106,7 @@ def test_an_environment_error_fails_the_step_naming_it():
 
 
 def test_a_left_episode_has_its_rollout_cancelled():
-    from relayrl.plugins.envs.verifiers_env import event_loop
+    from relayrl_tasks.envs.verifiers_env import event_loop
 
     cfg = verifiers_config(env_args={"case": "echo"})
     env = episode(cfg)

@@ -20,9 +20,10 @@ from transformers import AutoTokenizer
 from relayrl.config import RunConfig
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import validate_sample
-from relayrl.plugins.envs import Environment, Step, TurnGlue
-from relayrl.plugins.envs.play import error_kind
-from relayrl.plugins.rewards import get_reward
+from relayrl.plugins.envs import Environment, Step
+from relayrl_tasks.envs import TurnGlue
+from relayrl_tasks.envs.play import error_kind
+from relayrl_tasks.rewards import get_reward
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.episodes import episode_samples
 from rollout_svc.torch_engine import TorchEngine

@@ -10,8 +10,9 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("relayrl", "relayrl_torch", "relayrl_ops", "relayrl_sim", "relayrl_testkit",
-            "trainer_svc", "relay_svc", "rollout_svc", "scheduler_svc", "buffer_svc", "eval_svc")
+PACKAGES = ("relayrl", "relayrl_tasks", "relayrl_torch", "relayrl_ops", "relayrl_sim",
+            "relayrl_testkit", "trainer_svc", "relay_svc", "rollout_svc", "scheduler_svc",
+            "buffer_svc", "eval_svc")
 
 
 def circles(graph) -> list[list[str]]:

@@ -128,7 +128,7 @@ def test_a_measured_prompt_sizes_the_rows_unless_an_environment_plays_them():
                                   cfg.prompt_window().longest + 20)
     env = RunConfig.model_validate({"rollout": {
         "max_new_tokens": 20,
-        "environment": {"cls": "relayrl.plugins.envs.calculator:Calculator"}}})
+        "environment": {"cls": "relayrl_tasks.envs.calculator:Calculator"}}})
     assert row_tokens(env, longest_prompt=30) == env.prompt_window().engine
 
 

@@ -1,11 +1,11 @@
 """reasoning-gym tasks: deterministic problems by id, held-out ones never trained on, and the
-generator's own scorer as the reward (relayrl/plugins/tasks/reasoning_gym.py)."""
+generator's own scorer as the reward (relayrl_tasks/tasks/reasoning_gym.py)."""
 
 import pytest
 
 from relayrl.config import ReasoningGymTaskConfig
-from relayrl.plugins.rewards import get_reward
-from relayrl.plugins.tasks import make_task
+from relayrl_tasks.rewards import get_reward
+from relayrl_tasks.tasks import make_task
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def test_the_prompt_asks_for_answer_tags_and_the_scorer_reads_them():
     assert p.messages[0]["role"] == "system" and "<answer>" in p.messages[0]["content"]
     assert p.messages[-1]["content"] == p.metadata["question"]
     reward = get_reward(task.reward_name)
-    from relayrl.plugins.rewards import score
+    from relayrl_tasks.rewards import score
 
     right = f"thinking... <answer>{p.reference}</answer>"
     assert score(reward, right, p.reference, metadata=p.metadata) == (1.0, "")

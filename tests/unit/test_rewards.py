@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from relayrl.plugins.rewards import (
-    REWARDS,
+from relayrl.plugins.rewards import REWARDS, register
+from relayrl_tasks.rewards import (
     RemoteReward,
     WeightedReward,
     exact_match,
@@ -13,7 +13,6 @@ from relayrl.plugins.rewards import (
     format_think,
     get_reward,
     math_verify,
-    register,
     score,
     weighted,
 )
@@ -166,7 +165,7 @@ def test_a_reward_whose_library_is_missing_is_refused_when_its_spec_resolves():
     machine without math-verify)."""
     from relayrl.config import RunConfig
     from relayrl.plugins.rewards.registry import REQUIRES
-    from relayrl.plugins.tasks import check_reward
+    from relayrl_tasks.tasks import check_reward
 
     register("test_needs_a_library", requires=(("relayrl_no_such_module", "no-such==1.0"),))(
         lambda c, r: 1.0)

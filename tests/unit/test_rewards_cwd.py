@@ -11,7 +11,7 @@ def test_a_reward_module_under_the_working_directory_imports_from_a_console_scri
     directory that `python -m` adds: a user's reward beside the config must still import."""
     import sys
 
-    from relayrl.plugins.rewards import get_reward, score
+    from relayrl_tasks.rewards import get_reward, score
 
     (tmp_path / "cwd_reward_mod.py").write_text(
         "def check(completion, reference):\n    return float(completion == reference)\n")

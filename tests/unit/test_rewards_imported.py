@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from relayrl.plugins.rewards import ImportedReward, WeightedReward, get_reward, score, score_group
+from relayrl_tasks.rewards import ImportedReward, WeightedReward, get_reward, score, score_group
 
 REWARDS_SOURCE = '''
 import math

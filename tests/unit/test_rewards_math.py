@@ -1,4 +1,4 @@
-"""math_verify (Hugging Face's math-verify behind relayrl.plugins.rewards.answers) beyond plain
+"""math_verify (Hugging Face's math-verify behind relayrl_tasks.rewards.answers) beyond plain
 numbers, and from the worker threads rewards are scored in."""
 
 import threading
@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from relayrl.plugins.rewards import get_reward, math_verify, score, score_group
-from relayrl.plugins.rewards.answers import after_thinking, answer_text, too_large
+from relayrl_tasks.rewards import get_reward, math_verify, score, score_group
+from relayrl_tasks.rewards.answers import after_thinking, answer_text, too_large
 
 GSM8K_SOLUTION = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
                   "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")

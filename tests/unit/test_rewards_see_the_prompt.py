@@ -4,9 +4,9 @@ batched, and through weighted sums and `module:function` specs alike."""
 
 from __future__ import annotations
 
-from relayrl.plugins.envs.play import conversation
-from relayrl.plugins.rewards import score, score_group, weighted
-from relayrl.plugins.rewards.calling import conversation_of
+from relayrl_tasks.envs.play import conversation
+from relayrl_tasks.rewards import score, score_group, weighted
+from relayrl_tasks.rewards.calling import conversation_of
 
 CHAT = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"})
 

@@ -8,9 +8,9 @@ import logging
 import numpy as np
 
 from relayrl.contracts.messages import Sample
-from relayrl.plugins.envs.play import failure
-from relayrl.plugins.rewards import score
-from relayrl.plugins.rewards.scoring import reward_error_kind
+from relayrl_tasks.envs.play import failure
+from relayrl_tasks.rewards import score
+from relayrl_tasks.rewards.scoring import reward_error_kind
 from trainer_svc.errors import count_errors, episode_counts
 
 

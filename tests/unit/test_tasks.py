@@ -1,7 +1,7 @@
 import pytest
 
 from relayrl.config import AdditionTaskConfig as TaskConfig
-from relayrl.plugins.tasks import make_task
+from relayrl_tasks.tasks import make_task
 
 pytestmark = pytest.mark.unit
 

@@ -1,19 +1,9 @@
-"""Multi-turn environments: the protocol a user implements (relayrl.plugins.envs.protocol), the
-token bookkeeping between turns (relayrl.plugins.envs.turns), environments whose model calls
-functions (relayrl.plugins.envs.tools) and the built-in calculator."""
+"""Multi-turn environments: the protocol a user implements (relayrl.plugins.envs.protocol),
+environments whose model calls functions (relayrl.plugins.envs.tools) and the deadlines their
+calls run under (relayrl.plugins.envs.calls). The environments RelayRL ships and the rule
+that plays an episode are relayrl_tasks.envs."""
 
-from relayrl.plugins.envs.protocol import (
-    BUILTIN,
-    Environment,
-    Message,
-    Step,
-    as_step,
-    load_environment,
-    make_environment,
-)
+from relayrl.plugins.envs.protocol import Environment, Message, Step, as_step
 from relayrl.plugins.envs.tools import Tool, ToolEnvironment
-from relayrl.plugins.envs.turns import TurnGlue
 
-__all__ = ["BUILTIN", "Environment", "Message", "Step", "Tool", "ToolEnvironment", "TurnGlue",
-           "as_step",
-           "load_environment", "make_environment"]
+__all__ = ["Environment", "Message", "Step", "Tool", "ToolEnvironment", "as_step"]

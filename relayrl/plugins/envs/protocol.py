@@ -1,4 +1,4 @@
-"""The environment protocol: what a multi-turn task implements, and how a run loads one.
+"""The environment protocol: what a multi-turn task implements.
 
 An environment plays one episode against the policy. The rollout worker makes one instance
 per sample (each of a group's samples is its own episode), calls `reset` once with the
@@ -33,18 +33,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from relayrl.config import ConfigError
-from relayrl.plugins.rewards.calling import as_reward
-from relayrl.plugins.rewards.imported import import_user_module
+from relayrl.plugins.rewards import as_reward
 from relayrl.plugins.tasks.problem import ROLES, Problem
 
 Message = Mapping[str, str]  # {"role": ..., "content": ...}
-
-# short names for the environments shipped with relayrl
-BUILTIN = {"calculator": "relayrl.plugins.envs.calculator:Calculator",
-           "verifiers": "relayrl.plugins.envs.verifiers_env:VerifiersEnvironment",
-           "openenv": "relayrl.plugins.envs.openenv_env:OpenEnvEnvironment"}
-
 
 class Step(NamedTuple):
     """What an environment answers a reply with: messages for the model, a reward, done."""
@@ -119,31 +111,3 @@ def _contents(messages: Sequence[Any]) -> list[str]:
     """The string contents of `messages`, for the size of an oversized observation."""
     return [m["content"] for m in messages
             if isinstance(m, Mapping) and isinstance(m.get("content"), str)]
-
-
-def load_environment(spec: str) -> type[Environment]:
-    """The class named by `package.module:Class` (or a BUILTIN short name)."""
-    target = BUILTIN.get(spec, spec)
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"rollout.environment.cls: {spec!r} is not 'package.module:Class' "
-                         f"or one of {sorted(BUILTIN)}")
-    try:
-        module = import_user_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"rollout.environment.cls: cannot import {module_name!r} ({err})"
-                         ) from None
-    cls = getattr(module, attr, None)
-    if not isinstance(cls, type) or not callable(getattr(cls, "step", None)):
-        raise ConfigError(f"rollout.environment.cls: {target!r} is not a class with a step() "
-                         "method")
-    return cls
-
-
-def make_environment(cls: type[Environment], options: Mapping[str, Any]) -> Environment:
-    """An instance of `cls` built with the configured options; ValueError naming what failed."""
-    try:
-        return cls(**options)
-    except TypeError as err:
-        raise ConfigError(f"rollout.environment.options do not fit {cls.__name__}: {err}"
-                         ) from None

@@ -1,9 +1,7 @@
-"""What the run trains on: the addition example, a dataset's records, reasoning-gym."""
+"""What a task is: its problems (Problem) and the protocol every task follows (Task). The
+tasks RelayRL ships (the addition example, datasets, reasoning-gym, verifiers) and the
+factory that builds the run's are relayrl_tasks.tasks."""
 
-from relayrl.plugins.tasks.addition import AdditionTask
-from relayrl.plugins.tasks.dataset import DatasetTask, PromptLimit
-from relayrl.plugins.tasks.problem import Problem
-from relayrl.plugins.tasks.registry import Task, check_reward, make_run_task, make_task, reward_spec
+from relayrl.plugins.tasks.problem import Problem, Task
 
-__all__ = ["AdditionTask", "DatasetTask", "Problem", "PromptLimit", "Task", "check_reward",
-           "make_run_task", "make_task", "reward_spec"]
+__all__ = ["Problem", "Task"]

@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from relayrl.config.task import PromptConfig
 
@@ -112,3 +112,14 @@ def metadata_of(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def _what(value: Any) -> str:
     return "missing" if value is None else f"a {type(value).__name__}"
+
+
+class Task(Protocol):
+    """What every task gives: its problems by prompt id, and its held-out set."""
+    reward_name: str
+
+    def problem(self, prompt_id: int) -> Problem:
+        """Training problem `prompt_id` (>= 0): the same problem for the same id, always."""
+
+    def eval_problems(self) -> list[Problem]:
+        """The held-out problems (ids -1, -2, ...), never among the training ones."""

@@ -1,5 +1,5 @@
 """The `reasoning_gym` reward: a reasoning-gym generator's own scorer
-(relayrl.plugins.tasks.reasoning_gym
+(relayrl_tasks.tasks.reasoning_gym
 hands out the problems, with the generator's entry as the metadata this reads)."""
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
     spec   := term ("+" term)*
     term   := [weight "*"] ref          weight: a finite number, default 1
     ref    := NAME                      a registered reward, e.g. math_verify
-            | "remote:" HOST ":" PORT   a reward server, see relayrl.plugins.rewards.remote
-            | MODULE ":" FUNCTION       a user's Python, see relayrl.plugins.rewards.imported
+            | "remote:" HOST ":" PORT   a reward server, see relayrl_tasks.rewards.remote
+            | MODULE ":" FUNCTION       a user's Python, see relayrl_tasks.rewards.imported
 
 e.g. "math_verify+0.1*format_boxed", "remote:127.0.0.1:50570+0.1*format_think",
 "my_rewards:score+0.1*format_boxed". Spaces around the operators are allowed. Every part is
@@ -17,10 +17,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from relayrl.plugins.rewards.calling import Metadata, call_group, call_one, name_of, plan_call
-from relayrl.plugins.rewards.imported import load_reward
 from relayrl.plugins.rewards.registry import REWARDS, RewardFn, check_installed
-from relayrl.plugins.rewards.remote import RemoteReward
+from relayrl_tasks.rewards.calling import Metadata, call_group, call_one, name_of, plan_call
+from relayrl_tasks.rewards.imported import load_reward
+from relayrl_tasks.rewards.remote import RemoteReward
 
 REMOTE_PREFIX = "remote:"
 
@@ -28,7 +28,7 @@ REMOTE_PREFIX = "remote:"
 class WeightedReward:
     """sum(weight * fn(completion, reference)). A term that raises fails the whole sum, so a
     partial reward is never mistaken for a real one. Terms may mix batched and per-completion
-    functions (relayrl.plugins.rewards.calling); each gets the metadata if it declares it."""
+    functions (relayrl_tasks.rewards.calling); each gets the metadata if it declares it."""
 
     def __init__(self, terms: Sequence[tuple[float, RewardFn]], name: str = ""):
         if not terms:

@@ -46,11 +46,11 @@ from relayrl.plugins.envs.protocol import (
     TooLarge,
     as_step,
     check_messages,
-    make_environment,
 )
-from relayrl.plugins.envs.turns import TurnGlue
-from relayrl.plugins.rewards import score
 from relayrl.plugins.tasks.problem import Problem
+from relayrl_tasks.envs.loading import make_environment
+from relayrl_tasks.envs.turns import TurnGlue
+from relayrl_tasks.rewards import score
 
 KINDS = ("raised", "invalid", "max_observation_chars", "max_env_tokens", "reset_timeout_s",
          "step_timeout_s", "max_stuck_calls", "prompt_window")

@@ -4,11 +4,11 @@
 
 `verifiers.load_environment(env_id, **env_args)` builds the environment once per process
 (load_env); its dataset's rows are the training problems, read as a dataset task reads a file
-(relayrl.plugins.tasks.dataset: every row checked once, shuffled per epoch by task.seed), and
+(relayrl_tasks.tasks.dataset: every row checked once, shuffled per epoch by task.seed), and
 its eval dataset, or a seeded share of the rows, the held-out ones. A row's `prompt` messages
 are the problem's prompt, its `answer` the reference, and the whole row (info, task,
 example_id) its metadata, which the episode hands back to the environment
-(relayrl.plugins.envs.verifiers_env plays the episodes and scores them with the rubric).
+(relayrl_tasks.envs.verifiers_env plays the episodes and scores them with the rubric).
 
 Needs the verifiers extra: `pip install 'relayrl[verifiers]'` (the classic API of verifiers
 0.3: `vf.load_environment`, `vf.SingleTurnEnv`, `vf.MultiTurnEnv`, `vf.Rubric`).
@@ -23,8 +23,8 @@ from typing import Any
 
 from relayrl.config import ConfigError
 from relayrl.config.task import DatasetTaskConfig, PromptConfig, VerifiersTaskConfig
-from relayrl.plugins.rewards.imported import import_user_module
-from relayrl.plugins.tasks.dataset import DatasetTask, PromptLimit
+from relayrl_tasks.rewards.imported import import_user_module
+from relayrl_tasks.tasks.dataset import DatasetTask, PromptLimit
 
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}

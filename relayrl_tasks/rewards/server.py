@@ -14,8 +14,8 @@ from collections.abc import Callable
 import grpc
 
 from relayrl.contracts.proto.v1 import reward_pb2, reward_pb2_grpc
-from relayrl.plugins.rewards.scoring import score
 from relayrl.runtime.grpc_util import make_server
+from relayrl_tasks.rewards.scoring import score
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from relayrl.plugins.rewards.calling import (
+from relayrl_tasks.rewards.calling import (
     Conversation,
     Metadata,
     Prompt,
@@ -31,7 +31,7 @@ def score_group(reward: Callable, completions: Sequence[str], reference: str,
                 conversations: Sequence[Conversation] | None = None
                 ) -> list[tuple[float, str]]:
     """(reward, error) per completion, in order; never raises. `prompt` and `conversations`
-    reach the rewards that declare them (relayrl.plugins.rewards.calling)."""
+    reach the rewards that declare them (relayrl_tasks.rewards.calling)."""
     raw = call_group(reward, list(completions), reference, readonly(metadata), prompt=prompt,
                      conversations=conversations)
     return [_checked(value, error, reward_range) for value, error in raw]

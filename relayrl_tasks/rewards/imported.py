@@ -6,7 +6,7 @@ The module must be importable by every process that scores (the rollout workers,
 evaluator): installed, on PYTHONPATH, or under the directory the run was started from (the
 working directory is searched too, as `python -m` does, so the `relayrl` command finds
 `examples.own_task.reward` from the repository root). The function's parameter names decide
-how it is called (see relayrl.plugins.rewards.calling):
+how it is called (see relayrl_tasks.rewards.calling):
 
     def score(completion, reference, metadata): ...        # one completion -> float
     def score(completions, reference, metadata): ...       # a group -> list of floats
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from relayrl.plugins.rewards.calling import CallPlan, Metadata, call_group, call_one, plan_call
+from relayrl_tasks.rewards.calling import CallPlan, Metadata, call_group, call_one, plan_call
 
 _IDENT = r"[^\W\d]\w*"
 REF = re.compile(rf"(?P<module>{_IDENT}(?:\.{_IDENT})*):(?P<attr>{_IDENT}(?:\.{_IDENT})*)")

@@ -20,8 +20,8 @@ import numpy as np
 
 from relayrl.config import ConfigError
 from relayrl.config.task import ReasoningGymTaskConfig
-from relayrl.plugins.tasks.dataset import PromptLimit
 from relayrl.plugins.tasks.problem import BadRecord, Problem, build_prompt
+from relayrl_tasks.tasks.dataset import PromptLimit
 
 EVAL_STREAM = 2**62  # the held-out generator's epoch number: never a training epoch
 MAX_REDRAWS = 1000

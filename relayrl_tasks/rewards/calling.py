@@ -1,42 +1,15 @@
-"""How a reward function is called, decided once from its parameter names (inspect.signature).
-
-    per completion  fn(completion[, reference][, metadata][, prompt][, conversation])
-                    -> number
-    per group       fn(completions[, reference][, metadata][, prompt][, prompts]
-                       [, conversations]) -> one number per completion
-
-Only the parameters a function declares are passed, by keyword (a `**kwargs` takes them
-all). A group's samples share one prompt, so one reference and one metadata: a batched
-function (first parameter named `completions`, as TRL's reward functions) is called once per
-group with the list of its completions.
-
-- `reference`: the task's answer.
-- `metadata`: every field of the task record (its prompt and answer columns too), a
-  read-only mapping of str to JSON-like values; its nested lists and dicts are shared, do not
-  change them.
-- `prompt`: the prompt as the task gave it: its text, or its chat messages (a tuple of
-  {"role", "content"} dicts). `prompts` is the same, once per completion, as TRL passes it.
-- `conversation`: the whole conversation of one completion as messages, the prompt's and
-  the model's (every turn's, and the environment's between them, for a multi-turn
-  episode); `conversations` one per completion.
-
-Registered rewards and callables handed to score() directly may also keep the older
-positional form `fn(completion, reference)` under any parameter names (`lambda c, r: ...`),
-and get `metadata=` as well when they declare it. A `package.module:function` spec must use
-the names above (see relayrl.plugins.rewards.imported).
-"""
+"""How a reward function is called, decided once from its parameter names (inspect.signature):
+the convention relayrl.plugins.rewards describes, carried out."""
 
 from __future__ import annotations
 
 import inspect
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-Metadata = Mapping[str, Any]
-"""The task record's other columns (str -> JSON-like values), read-only."""
+from relayrl.plugins.rewards import Metadata, as_reward
 
 EMPTY: Metadata = MappingProxyType({})
 _PER_COMPLETION = ("reference", "metadata", "prompt", "conversation")
@@ -185,18 +158,6 @@ def checked_batch(result: Any, n: int) -> list[float]:
             raise ValueError(f"batched reward returned a non-number at [{i}]: "
                              f"{type(item).__name__} {item!r:.80}") from None
     return values
-
-
-def as_reward(value: Any) -> float:
-    """A reward as a float. Rewards are real numbers: Python's or numpy's, or a tensor or
-    array holding one. A bool or a string is refused (TypeError) rather than read as 1.0:
-    `True` or `"1.0"` from a reward is a bug in the reward, not a score. Finiteness and
-    range are the caller's checks."""
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()  # a 0-d tensor or array
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"reward returned {type(value).__name__} {value!r:.80}, not a number")
-    return float(value)
 
 
 def describe(err: BaseException) -> str:

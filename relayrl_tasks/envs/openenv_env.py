@@ -42,8 +42,8 @@ from typing import Any
 
 from relayrl.config import ConfigError
 from relayrl.plugins.envs.protocol import Environment, Step
-from relayrl.plugins.rewards.imported import import_user_module
 from relayrl.plugins.tasks.problem import Problem
+from relayrl_tasks.rewards.imported import import_user_module
 
 BASE_FIELDS = ("metadata", "done", "reward")  # what every Action and Observation has
 ACQUIRE_TIMEOUT_S = 60.0

@@ -30,8 +30,8 @@ from relayrl.plugins.tasks.problem import (
     metadata_of,
     reference_of,
 )
-from relayrl.plugins.tasks.sources import format_of, open_rows
-from relayrl.plugins.tasks.stream import StreamedRows
+from relayrl_tasks.tasks.sources import format_of, open_rows
+from relayrl_tasks.tasks.stream import StreamedRows
 
 log = logging.getLogger(__name__)
 

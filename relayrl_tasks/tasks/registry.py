@@ -4,24 +4,12 @@ verifiers environment's dataset."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
 
 from relayrl.config import ConfigError, RunConfig, TaskConfig, TinyModel
 from relayrl.plugins.chat import encode_problem
-from relayrl.plugins.tasks.addition import AdditionTask
-from relayrl.plugins.tasks.dataset import DatasetTask, PromptLimit, PromptTokens
-from relayrl.plugins.tasks.problem import Problem
-
-
-class Task(Protocol):
-    """What every task gives: its problems by prompt id, and its held-out set."""
-    reward_name: str
-
-    def problem(self, prompt_id: int) -> Problem:
-        """Training problem `prompt_id` (>= 0): the same problem for the same id, always."""
-
-    def eval_problems(self) -> list[Problem]:
-        """The held-out problems (ids -1, -2, ...), never among the training ones."""
+from relayrl.plugins.tasks import Task
+from relayrl_tasks.tasks.addition import AdditionTask
+from relayrl_tasks.tasks.dataset import DatasetTask, PromptLimit, PromptTokens
 
 
 def reward_spec(cfg: TaskConfig) -> str:
@@ -35,7 +23,7 @@ def reward_spec(cfg: TaskConfig) -> str:
 
 def check_reward(cfg: TaskConfig) -> str:
     """reward_spec(cfg), resolved once so a bad spec fails at start-up naming task.reward."""
-    from relayrl.plugins.rewards import get_reward
+    from relayrl_tasks.rewards import get_reward
 
     spec = reward_spec(cfg)
     try:
@@ -55,10 +43,10 @@ def make_task(cfg: TaskConfig, limit: PromptLimit | None = None) -> Task:
     if cfg.source == "dataset":
         return DatasetTask(cfg, limit)
     if cfg.source == "verifiers":
-        from relayrl.plugins.tasks.verifiers_task import verifiers_task
+        from relayrl_tasks.tasks.verifiers_task import verifiers_task
 
         return verifiers_task(cfg, limit)
-    from relayrl.plugins.tasks.reasoning_gym import ReasoningGymTask
+    from relayrl_tasks.tasks.reasoning_gym import ReasoningGymTask
 
     return ReasoningGymTask(cfg, limit)
 

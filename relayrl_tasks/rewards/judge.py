@@ -3,7 +3,7 @@ chat endpoint (vLLM's, RelayRL's own worker, a hosted API) with a rubric, and th
 its reply is the reward.
 
     # my_rewards.py
-    from relayrl.plugins.rewards.judge import JudgeReward
+    from relayrl_tasks.rewards.judge import JudgeReward
 
     judge = JudgeReward("http://127.0.0.1:8000/v1", model="Qwen/Qwen2.5-7B-Instruct",
                         rubric="Question: {prompt}\\nAnswer: {completion}\\nReference: "
@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from relayrl.plugins.rewards.calling import Conversation, Metadata, Prompt, conversation_of
+from relayrl_tasks.rewards.calling import Conversation, Metadata, Prompt, conversation_of
 
 DEFAULT_RUBRIC = ("You are grading an answer.\nQuestion: {prompt}\nAnswer: {completion}\n"
                   "Reference answer: {reference}\nGive a score from 0 to 10 for how correct "

@@ -6,7 +6,7 @@ without a tool call (that reply is its answer, scored against the problem's refe
 `reward`, math_verify by default), or at rollout.environment.max_turns.
 
     rollout:
-      environment: {cls: calculator, max_turns: 4}   # relayrl.plugins.envs.calculator:Calculator
+      environment: {cls: calculator, max_turns: 4}   # relayrl_tasks.envs.calculator:Calculator
 
 Expressions are parsed with `ast` and evaluated node by node over numbers and + - * / // %
 ** only: no names, calls or attributes, and no result past MAX_BITS (`9**9**9` is refused,
@@ -110,7 +110,7 @@ class Calculator(Environment):
 
     def __init__(self, reward: str = "math_verify", role: str = "user",
                  instructions: bool = True):
-        from relayrl.plugins.rewards import get_reward
+        from relayrl_tasks.rewards import get_reward
 
         self.reward_fn = get_reward(reward)
         self.role = role
@@ -135,7 +135,7 @@ class Calculator(Environment):
     def step(self, message: str) -> Step:
         """Answer each `<calc>...</calc>` call in the model's message with its result; a
         message without a call is the final answer, scored by the reward, and ends the episode."""
-        from relayrl.plugins.rewards import score
+        from relayrl_tasks.rewards import score
 
         calls = CALL.findall(message)
         if not calls:  # the final answer

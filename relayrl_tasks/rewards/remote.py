@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 
 from relayrl.contracts.proto.v1 import reward_pb2, reward_pb2_grpc
-from relayrl.plugins.rewards.calling import Prompt
 from relayrl.runtime.deadlines import REWARD_CALL_S
 from relayrl.runtime.grpc_util import channel
+from relayrl_tasks.rewards.calling import Prompt
 
 DEFAULT_TIMEOUT_S = REWARD_CALL_S
 
@@ -58,7 +58,7 @@ class RemoteReward:
     def group_scores(self, completions: Sequence[str], reference: str,
                      metadata: Mapping | None = None, prompt: Prompt = "",
                      **_: Any) -> list[tuple[float, str]]:
-        """One request for a group (see relayrl.plugins.rewards.calling), with the prompt:
+        """One request for a group (see relayrl_tasks.rewards.calling), with the prompt:
         its text, or its chat messages as JSON. Metadata and conversations are not sent."""
         text = prompt if isinstance(prompt, str) else json.dumps([dict(m) for m in prompt])
         n = len(completions)

@@ -30,7 +30,7 @@ from typing import Any
 
 from relayrl.plugins.envs.protocol import Environment, Step
 from relayrl.plugins.tasks.problem import Problem
-from relayrl.plugins.tasks.verifiers_task import load_env
+from relayrl_tasks.tasks.verifiers_task import load_env
 
 _loop_lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None

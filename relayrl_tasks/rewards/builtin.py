@@ -7,8 +7,8 @@ import functools
 import logging
 import re
 
-from relayrl.plugins.rewards.answers import answer_text, boxed_contents, too_large
 from relayrl.plugins.rewards.registry import register
+from relayrl_tasks.rewards.answers import answer_text, boxed_contents, too_large
 
 # Nothing before the reasoning; what the block holds and what follows are checked after.
 _THINK_THEN_ANSWER = re.compile(r"\s*<think>(?P<thought>.*?)</think>(?P<answer>.*)", re.DOTALL)
@@ -26,7 +26,7 @@ def exact_match(completion: str, reference: str) -> float:
 def math_verify(completion: str, reference: str) -> float:
     """1 when the completion's answer equals the reference's, by Hugging Face's math-verify
     (numbers, fractions, percentages, LaTeX, expressions, sets), behind the layer in
-    relayrl.plugins.rewards.answers (<think> blocks, the "####" marker, a sign plus, a size guard).
+    relayrl_tasks.rewards.answers (<think> blocks, the "####" marker, a sign plus, a size guard).
 
     A reference with no answer is a data error and raises, so it is reported with the sample
     instead of quietly scoring every completion 0. An answer too large to evaluate scores 0,

@@ -333,6 +333,9 @@ def test_dockerfile_is_multistage_nonroot_cpu_torch():
     include = re.search(r"^include = (\[[^]]*\])$", pyproject, re.M).group(1)
     installed = {p.split(".")[0] for p in find_packages(str(ROOT), include=yaml.safe_load(include))}
     assert installed and installed <= copied, f"the image lacks {sorted(installed - copied)}"
+    roots = re.search(r"^root_packages = (\[[^]]*\])$", pyproject, re.M).group(1)
+    shipped = set(yaml.safe_load(roots)) - {"relayrl_testkit"}  # test support: never installed
+    assert installed == shipped, f"not installed: {sorted(shipped - installed)}"
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert not copied & ignored and {".venv", "runs", ".cache"} <= ignored
 

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from relayrl.config import RunConfig, TinyModel
+from relayrl.config import RunConfig
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys, is_external
 from relayrl.contracts.messages import decode_batch
@@ -24,8 +24,8 @@ from relayrl.runtime.metrics import (  # noqa: F401 (tests import open_metrics)
     open_run_metrics,
 )
 from relayrl.runtime.outage import ride_out
-from relayrl_tasks.tasks import make_run_task
 from relayrl_torch.evaluation import build_sets, evaluate_sets
+from relayrl_torch.models import load_run_task
 from relayrl_torch.models.loading import LoadedModel
 from trainer_svc.batching import (
     collate,
@@ -68,7 +68,7 @@ class Trainer:
         if self.learner.parallel.active:
             log.warning("under torchrun the trainer runs no eval and no engine check "
                         "(eval.every, trainer.engine_check_seqs); eval.mode separate does")
-        self.task = make_run_task(cfg, None if isinstance(cfg.model, TinyModel) else lm.path)
+        self.task = load_run_task(cfg)
         # built at start-up, so a bad eval set stops the trainer before the first step
         self.eval_sets = build_sets(cfg, self.task) if self.evaluates else []
         self.run_dir = Path(cfg.run_dir)

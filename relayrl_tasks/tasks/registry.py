@@ -70,8 +70,7 @@ def prompt_counter(cfg: RunConfig, model_dir: Path | None) -> PromptTokens | Non
     it. None for the tiny model."""
     if isinstance(cfg.model, TinyModel):
         return None
-    if model_dir is None:
-        raise ValueError("prompt_counter: the run's model directory is needed to count prompts")
+    assert model_dir is not None, "a model other than the tiny one has a directory"
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -469,7 +469,10 @@ def memory_plan(cfg: RunConfig, params: int, adapter: int = 0,
     if stages and shipped == 4 and not tc.lora:  # those the relay lets go, held on here
         past = max(0, past - (cfg.relay.keep_versions - 1))
     trainer = [("float32 weights", params * 4),
-               ("gradients and Adam moments", trained * 12),
+               ("gradients", trained * 4),
+               # Adafactor's factored moments are a row and a column per matrix: ~0 here
+               ("AdamW moments (trainer.optimizer)",
+                trained * 8 if tc.optimizer.kind == "adamw" else 0),
                ("KL reference (trainer.loss.kl_coef)",
                 params * 4 if tc.loss.kl_coef > 0 and not tc.lora else 0),
                ("past versions for the engine check (trainer.engine_check_versions)",

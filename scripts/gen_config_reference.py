@@ -9,6 +9,7 @@ A choice between variants (`model.kind`, `rollout.engine.kind`, `task.source`,
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 import typing
@@ -91,7 +92,7 @@ def describe(model: type[BaseModel], path: str, out: list[str], seen: set) -> No
             rows.append(f"| `{name}` | {type_name(field.annotation)} | {default_of(field)} | "
                         f"{text} |")
     level = "#" * min(2 + path.count("."), 4)
-    doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    doc = " ".join(inspect.cleandoc(model.__doc__ or "").split("\n\n")[0].split())
     out += [f"{level} `{path}`" + (f" ({model.__name__})" if path != "run" else ""), ""]
     if doc and model is not RunConfig:
         out += [doc, ""]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from relayrl.config import ConfigError, RunConfig
+from relayrl.config import AdafactorConfig, ConfigError, OptimizerConfig, RunConfig
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.models.lora import adapter_state, load_adapter, with_lora
 from relayrl_torch.weights.tied import tied_aliases, without
@@ -54,13 +54,10 @@ class Learner:
         self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,
                                    cfg.rollout.temperature, self.parallel)
         self.parallel.shard(lm.model)
-        # fused: one vectorized, threaded kernel over every tensor, where the default loops
-        # over them in Python (SmolLM2 on 2 cores: 0.09 s a step against 0.3); sharded
-        # (DTensor) parameters keep the default
         trained = [p for p in lm.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            [*trained, *self.objective.parameters()], lr=tc.optimizer.lr,
-            weight_decay=tc.optimizer.weight_decay, fused=not self.parallel.active)
+        self.optimizer_kind = tc.optimizer.kind
+        self.optimizer = build_optimizer(tc.optimizer, [*trained, *self.objective.parameters()],
+                                         sharded=self.parallel.active)
         # the optimizer's modules by name, which key its whole state under torchrun
         heads = {"value_head": self.objective.value_head} if self.objective.value_head else {}
         self.trainable = nn.ModuleDict({"policy": lm.model, **heads})
@@ -102,6 +99,11 @@ class Learner:
             raise ValueError("the checkpoint's optimizer state was written by a "
                              f"{'torchrun' if optimizer_by_name else 'one-process'} trainer; "
                              "resume it the same way")
+        kind, written = self.optimizer_kind, checkpoint_optimizer_kind(optimizer or {})
+        if self.parallel.world.is_main and written not in (None, kind):
+            raise ValueError(f"the checkpoint's optimizer state is {written}'s and "
+                             f"trainer.optimizer.kind is {kind!r}; resume with kind {written!r}, "
+                             "or start a new run_dir")
         self.parallel.lead("restore", objective)
         if self.lora:
             load_adapter(self.lm.model, model or {}, version=-1)
@@ -122,6 +124,29 @@ class Learner:
 
     def stop_followers(self) -> None:
         self.parallel.lead("stop")
+
+
+def build_optimizer(oc: OptimizerConfig, params: list[nn.Parameter],
+                    sharded: bool = False) -> torch.optim.Optimizer:
+    """trainer.optimizer's optimizer over `params`."""
+    if isinstance(oc, AdafactorConfig):
+        # foreach=False: one tensor's temporaries at a time (a squared gradient the size of
+        # the embedding), where foreach would hold every tensor's at once
+        return torch.optim.Adafactor(params, lr=oc.lr, beta2_decay=oc.beta2_decay,
+                                     weight_decay=oc.weight_decay, foreach=False)
+    # fused: one vectorized, threaded kernel over every tensor, where the default loops over
+    # them in Python (SmolLM2 on 2 cores: 0.09 s a step against 0.3); sharded (DTensor)
+    # parameters keep the default
+    return torch.optim.AdamW(params, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay,
+                             fused=not sharded)
+
+
+def checkpoint_optimizer_kind(state: dict) -> str | None:
+    """Which optimizer wrote `state` (an optimizer's state dict), from its hyperparameters;
+    None when it holds no groups."""
+    groups = state.get("param_groups") or [{}]
+    return ("adafactor" if "beta2_decay" in groups[0] else "adamw" if "betas" in groups[0]
+            else None)
 
 
 def to_cpu(tree):

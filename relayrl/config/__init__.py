@@ -26,6 +26,8 @@ from relayrl.config.task import (
     VerifiersTaskConfig,
 )
 from relayrl.config.trainer import (
+    AdafactorConfig,
+    AdamWConfig,
     CheckpointConfig,
     LoraConfig,
     OptimizerConfig,
@@ -34,6 +36,8 @@ from relayrl.config.trainer import (
 )
 
 __all__ = [
+    "AdafactorConfig",
+    "AdamWConfig",
     "OptimizerConfig",
     "CheckpointConfig",
     "LoraConfig",

@@ -3,11 +3,17 @@ reporting."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from relayrl.config.base import DEVICE_HELP, DEVICE_PATTERN, Endpoint, StrictModel
+from relayrl.config.base import (
+    DEVICE_HELP,
+    DEVICE_PATTERN,
+    Endpoint,
+    StrictModel,
+    refuse_foreign_fields,
+)
 from relayrl.config.loss import RECIPES, GrpoLoss, LossConfig, shorthand
 
 # Fields that lived flat on the trainer before each loss recipe had its own model.
@@ -23,12 +29,59 @@ MOVED_OUT = {"eval_every": "eval.every", "lr": "trainer.optimizer.lr",
              "keep_checkpoints": "trainer.checkpoint.keep"}
 
 
-class OptimizerConfig(StrictModel):
-    """AdamW over the policy's parameters."""
-
-    lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0, le=1.0, description="AdamW weight decay.")
+class OptimizerBase(StrictModel):
+    kind: str
+    lr: float = Field(1e-3, gt=0, le=1.0, description="Learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1.0, description="Decoupled weight decay.")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Gradient-norm clip.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_other_optimizers_fields(cls, data: Any) -> Any:
+        """A key this optimizer lacks is refused naming the optimizers that have it."""
+        return refuse_foreign_fields(data, cls, OPTIMIZERS, "kind", "optimizer")
+
+
+class AdamWConfig(OptimizerBase):
+    """AdamW: two float32 moments per trained parameter, 8 bytes each beside its gradient."""
+
+    kind: Literal["adamw"] = "adamw"
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Decay of the first and "
+                                       "second moments, each in [0, 1).")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        for beta in value:
+            if not 0 <= beta < 1:
+                raise ValueError(f"each beta must be in [0, 1), got {beta}")
+        return value
+
+
+class AdafactorConfig(OptimizerBase):
+    """torch.optim.Adafactor: no first moment and a second moment factored into a row and a
+    column per matrix, so its state is a few bytes per row where AdamW's is 8 per
+    parameter. Its steps are relative: `lr` caps the step as a fraction of each tensor's
+    root mean square, and takes larger values than AdamW's (1e-3 to 1e-2)."""
+
+    kind: Literal["adafactor"] = "adafactor"
+    lr: float = Field(1e-2, gt=0, le=1.0, description="Relative step size cap.")
+    beta2_decay: float = Field(-0.8, ge=-1.0, le=0.0, description="The second moment's "
+                               "decay at step t is 1 - t**beta2_decay.")
+
+
+OPTIMIZERS: dict[str, type[OptimizerBase]] = {
+    c.model_fields["kind"].default: c for c in (AdamWConfig, AdafactorConfig)}
+OptimizerConfig = Annotated[AdamWConfig | AdafactorConfig, Field(discriminator="kind")]
+
+
+def optimizer_shorthand(value: Any) -> Any:
+    """`adafactor` -> {kind: adafactor}; a mapping without a kind is AdamW's."""
+    if isinstance(value, str):
+        return {"kind": value}
+    if isinstance(value, dict) and "kind" not in value:
+        return {"kind": "adamw", **value}
+    return value
 
 
 class CheckpointConfig(StrictModel):
@@ -71,8 +124,10 @@ class TrainerConfig(StrictModel):
         "the registry in trainer_svc/losses (README: Algorithms) with its own fields "
         "(relayrl/config/loss.py).",
     )
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig,
-                                       description="AdamW's settings.")
+    optimizer: OptimizerConfig = Field(
+        default_factory=AdamWConfig, description="Optimizer, picked by `kind` (adamw or "
+        "adafactor) with its own fields; `optimizer: adafactor` is short for "
+        "{kind: adafactor}, and a mapping without a kind is AdamW's.")
     lora: LoraConfig | None = Field(
         None, description="Train a LoRA adapter instead of the whole model (needs peft, the "
         "relayrl[lora] extra); unset: full fine-tuning.")
@@ -198,3 +253,8 @@ class TrainerConfig(StrictModel):
     @classmethod
     def _loss_shorthand(cls, value: Any) -> Any:
         return shorthand(value)
+
+    @field_validator("optimizer", mode="before")
+    @classmethod
+    def _optimizer_shorthand(cls, value: Any) -> Any:
+        return optimizer_shorthand(value)

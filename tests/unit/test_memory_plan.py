@@ -1,7 +1,8 @@
 """The memory plan `relayrl check` prints names every copy of the weights each service
 keeps, and follows the settings that keep them: the dtype versions ship in, a LoRA adapter,
-the KL reference, the engine check's past versions, the relay's kept versions. The trainer's
-activations, counted on the meta device, are what a real pass keeps for its backward."""
+the KL reference, the engine check's past versions, the relay's kept versions, AdamW's
+moments (none under Adafactor). The trainer's activations, counted on the meta device, are
+what a real pass keeps for its backward."""
 
 import pytest
 import torch
@@ -31,7 +32,8 @@ def test_full_fine_tuning_in_float32():
     got = plan({"trainer": {"engine_check_versions": 2}, "relay": {"keep_versions": 3}})
     trainer = got["trainer"]
     assert trainer["float32 weights"] == 4 * P
-    assert trainer["gradients and Adam moments"] == 12 * P
+    assert trainer["gradients"] == 4 * P
+    assert trainer["AdamW moments (trainer.optimizer)"] == 8 * P
     assert trainer["past versions for the engine check (trainer.engine_check_versions)"] \
         == 2 * 4 * P
     assert trainer["two publish snapshots"] == 2 * 4 * P
@@ -50,10 +52,17 @@ def test_an_adapter_run_trains_and_ships_the_adapter_and_keeps_no_reference_copy
     got = plan({"trainer": {"lora": {"rank": 4}, "loss": {"name": "grpo", "kl_coef": 0.1}}},
                adapter=P // 100)
     trainer = got["trainer"]
-    assert trainer["gradients and Adam moments"] == 12 * P // 100
+    assert trainer["gradients"] + trainer["AdamW moments (trainer.optimizer)"] \
+        == 12 * P // 100
     assert trainer["KL reference (trainer.loss.kl_coef)"] == 0
     full = plan({"trainer": {"loss": {"name": "grpo", "kl_coef": 0.1}}})
     assert full["trainer"]["KL reference (trainer.loss.kl_coef)"] == 4 * P
+
+
+def test_adafactor_keeps_no_moment_per_parameter():
+    trainer = plan({"trainer": {"optimizer": "adafactor"}})["trainer"]
+    assert trainer["gradients"] == 4 * P
+    assert trainer["AdamW moments (trainer.optimizer)"] == 0
 
 
 def tiny(layers: int = 2):

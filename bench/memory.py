@@ -1,6 +1,7 @@
 """Peak memory of every service of a real run, against what `relayrl check` plans for it.
 
-    python bench/memory.py [--config examples/smollm2_cpu.yaml] [--steps 6] [--sample-s 0.5]
+    python bench/memory.py [--config examples/smollm2_cpu.yaml] [--set key=value ...]
+                           [--steps 6] [--sample-s 0.5]
 
 Runs the config's stack (relayrl up's launcher, every service its own process, embedded
 Redis) for `--steps` trainer steps and samples each service's memory, its child processes
@@ -150,6 +151,8 @@ def measure(cfg: RunConfig, sample_s: float, timeout_s: float) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = harness.parser("memory", __doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "examples/smollm2_cpu.yaml"))
+    parser.add_argument("--set", action="append", default=[], dest="overrides",
+                        help="a config override, as relayrl up --set takes it")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--sample-s", type=float, default=0.5)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
@@ -157,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         args.config, args.steps, args.sample_s = str(ROOT / "examples/tiny_cpu.yaml"), 2, 0.2
     with tempfile.TemporaryDirectory(prefix="relayrl-memory-") as tmp:
-        cfg = measured_config(load_run_config(args.config), Path(tmp) / "run", args.steps)
+        cfg = measured_config(load_run_config(args.config, args.overrides), Path(tmp) / "run",
+                              args.steps)
         m = measure(cfg, args.sample_s, args.timeout_s)
         plan = planned(cfg)
     for name, mib in m["peak_rss_mib"].items():
@@ -170,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{m['stack_rss_mib'] / 1024:.2f} GiB) = {stack / TARGET_GIB:.2f} of the "
           f"{TARGET_GIB:g} GiB target", flush=True)
     harness.report(args, {"bench": "memory", "config": Path(args.config).name,
+                          "overrides": args.overrides,
                           "steps": m["steps"], "peak_rss_mib": m["peak_rss_mib"],
                           "peak_pss_mib": m["peak_pss_mib"], "planned_mib": plan,
                           "stack_peak_gib": round(stack, 2),

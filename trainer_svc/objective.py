@@ -205,6 +205,8 @@ class Objective:
             if i == 0:
                 before_first_step()
             optimizer.step()
+        # the gradients' memory (the weights' size) is free again until the next backward
+        optimizer.zero_grad(set_to_none=True)
         stats = {**combine_stats(per_part), "grad_norm": grad_norm.item(),
                  "micro_batches": float(real)}
         if self.parallel.active:

@@ -15,7 +15,6 @@ from relayrl.contracts.proto.v1 import trainer_pb2, trainer_pb2_grpc
 from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.metrics import StepRecord
-from relayrl.runtime.procs import release_freed_memory
 from relayrl.runtime.redis_conn import redis_session
 from relayrl.runtime.service import ServiceRunner
 from relayrl_torch.evaluation.runner import sequences
@@ -138,7 +137,6 @@ def run_loop(trainer: Trainer, stop: threading.Event) -> None:
             record = trainer.train_step(*got)
         except StoppedWaiting:  # told to stop while Redis was away: the checkpoint decides
             break
-        release_freed_memory()  # the step's activations, about 1 GB for SmolLM2
         if trainer.step == before:  # skipped: not finite (trainer_svc.finite); no new version
             trainer.metrics.write(record)
             operator.publish(record.to_json())

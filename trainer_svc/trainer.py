@@ -24,6 +24,7 @@ from relayrl.runtime.metrics import (  # noqa: F401 (tests import open_metrics)
     open_run_metrics,
 )
 from relayrl.runtime.outage import ride_out
+from relayrl.runtime.procs import release_freed_memory
 from relayrl_torch.evaluation import build_sets, evaluate_sets
 from relayrl_torch.models import load_run_task
 from relayrl_torch.models.loading import LoadedModel
@@ -224,6 +225,9 @@ class Trainer:
                 self._remember(version)
 
         result = self.learner.update(tb, before_first_step)
+        # the pass's freed activations (about 1 GB for SmolLM2) go back to the system before
+        # the version is staged into shared memory beside them
+        release_freed_memory()
         loss_stats = StepRecord.from_json({f"train/{k}": v for k, v in result.stats.items()})
         if result.nonfinite:
             return loss_stats, False

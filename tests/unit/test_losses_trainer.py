@@ -1,5 +1,6 @@
 """Every loss end to end on a tiny model, through the same update the trainer runs
-(trainer_svc.objective.Objective.update): one optimizer step, nothing NaN, weights moved."""
+(trainer_svc.objective.Objective.update): one optimizer step, nothing NaN, weights moved,
+no gradient left held once the step is taken."""
 
 import copy
 
@@ -59,6 +60,7 @@ def test_every_loss_takes_a_finite_step_that_moves_the_weights(tiny_lm, loss):
     after = model.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())
     assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in [*model.parameters(), *objective.parameters()])
     if LOSSES[loss].uses_value_model:
         assert "value_loss" in result.stats
         assert any(not torch.equal(a, b) for a, b in zip(heads_before, objective.parameters(),

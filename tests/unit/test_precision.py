@@ -29,6 +29,10 @@ def one_update(lm, precision: str, **settings):
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0)
     optimizer = torch.optim.AdamW([*model.parameters(), *objective.parameters()],
                                   lr=tc.optimizer.lr)
+    # the update frees the gradients after its step: their dtypes are read just before it
+    optimizer.grad_dtypes = set()
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: opt.grad_dtypes.update(
+        p.grad.dtype for g in opt.param_groups for p in g["params"] if p.grad is not None))
     model.train()
     result = objective.update(model, optimizer, varied_batch(lm))
     model.eval()
@@ -38,7 +42,7 @@ def one_update(lm, precision: str, **settings):
 def assert_float32_state(model, optimizer) -> None:
     """What the bf16 policy keeps in float32: parameters, gradients, AdamW's moments."""
     assert {p.dtype for p in model.parameters()} == {torch.float32}
-    assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == {torch.float32}
+    assert optimizer.grad_dtypes == {torch.float32}
     assert {v.dtype for s in optimizer.state.values() for k, v in s.items()
             if k != "step"} == {torch.float32}
 

@@ -15,6 +15,7 @@ from relayrl.contracts.proto.v1 import trainer_pb2, trainer_pb2_grpc
 from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.metrics import StepRecord
+from relayrl.runtime.procs import set_mmap_threshold
 from relayrl.runtime.redis_conn import redis_session
 from relayrl.runtime.service import ServiceRunner
 from relayrl_torch.evaluation.runner import sequences
@@ -192,6 +193,10 @@ def serve(cfg: RunConfig) -> None:
     parallel = Parallel(world, cfg.trainer.fsdp)
     torch.set_num_threads(cfg.trainer.torch_threads)
     torch.manual_seed(cfg.trainer.seed)
+    threshold = cfg.trainer.mmap_threshold_mib
+    if threshold is not None and not set_mmap_threshold(threshold):
+        log.warning("trainer.mmap_threshold_mib %d not applied: this C library has no "
+                    "glibc mallopt, or refused it", threshold)
     lm = load_model(resolve_model_path(cfg.model, cfg.task))
     if not world.is_main:
         follow(cfg, lm, parallel)

@@ -50,6 +50,19 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def set_mmap_threshold(mib: int) -> bool:
+    """Give every allocation of at least `mib` MiB its own mapping, unmapped when freed
+    (glibc's M_MMAP_THRESHOLD, at most 32 MiB). By default glibc raises its threshold to
+    the largest block freed so far, so a training pass's large temporaries come from the
+    heap and stay resident after they are freed, until a trim; with a fixed threshold they
+    go back at once. False where libc has no mallopt or refuses the value."""
+    mallopt = getattr(_libc(), "mallopt", None)
+    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, mib << 20) == 1
+
+
 def _libc():
     try:
         return ctypes.CDLL("libc.so.6")

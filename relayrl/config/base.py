@@ -130,6 +130,16 @@ def load_model(cls: type[M], data: dict[str, Any], source: str) -> M:
         raise ConfigError(format_validation_error(err, source, data)) from None
 
 
+def tagged_shorthand(value: Any, tag: str, default: str) -> Any:
+    """For a tagged union's field: a bare name is short for {tag: name}, and a mapping
+    without the tag is the `default` member's."""
+    if isinstance(value, str):
+        return {tag: value}
+    if isinstance(value, dict) and tag not in value:
+        return {tag: default, **value}
+    return value
+
+
 def refuse_foreign_fields(data: Any, model: type[BaseModel], members: dict[str, Any],
                           tag: str, kind: str) -> Any:
     """For a tagged union's member `model` (`tag` its discriminator, `members` every member

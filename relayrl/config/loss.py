@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, model_validator
 
-from relayrl.config.base import StrictModel, refuse_foreign_fields
+from relayrl.config.base import StrictModel, refuse_foreign_fields, tagged_shorthand
 
 
 class LossBase(StrictModel):
@@ -147,11 +147,7 @@ _ADAPTER: TypeAdapter[LossConfig] = TypeAdapter(LossConfig)
 
 def shorthand(value: Any) -> Any:
     """`dapo` -> {name: dapo}; a mapping without a name gets the default recipe's."""
-    if isinstance(value, str):
-        return {"name": value}
-    if isinstance(value, dict) and "name" not in value:
-        return {"name": DEFAULT_LOSS, **value}
-    return value
+    return tagged_shorthand(value, "name", DEFAULT_LOSS)
 
 
 def loss_config(name: str = DEFAULT_LOSS, **fields: Any) -> LossConfig:

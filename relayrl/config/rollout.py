@@ -12,6 +12,7 @@ from relayrl.config.base import (
     Endpoint,
     StrictModel,
     refuse_foreign_fields,
+    tagged_shorthand,
 )
 from relayrl.config.environment import EnvironmentConfig
 
@@ -138,11 +139,7 @@ MOVED_TO_ENGINE = {
 
 def engine_shorthand(value: Any) -> Any:
     """`vllm` -> {kind: vllm}; a mapping without a kind is the torch engine's."""
-    if isinstance(value, str):
-        return {"kind": value}
-    if isinstance(value, dict) and "kind" not in value:
-        return {"kind": "torch", **value}
-    return value
+    return tagged_shorthand(value, "kind", "torch")
 
 
 class RolloutConfig(StrictModel):

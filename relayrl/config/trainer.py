@@ -13,6 +13,7 @@ from relayrl.config.base import (
     Endpoint,
     StrictModel,
     refuse_foreign_fields,
+    tagged_shorthand,
 )
 from relayrl.config.loss import RECIPES, GrpoLoss, LossConfig, shorthand
 
@@ -73,15 +74,6 @@ class AdafactorConfig(OptimizerBase):
 OPTIMIZERS: dict[str, type[OptimizerBase]] = {
     c.model_fields["kind"].default: c for c in (AdamWConfig, AdafactorConfig)}
 OptimizerConfig = Annotated[AdamWConfig | AdafactorConfig, Field(discriminator="kind")]
-
-
-def optimizer_shorthand(value: Any) -> Any:
-    """`adafactor` -> {kind: adafactor}; a mapping without a kind is AdamW's."""
-    if isinstance(value, str):
-        return {"kind": value}
-    if isinstance(value, dict) and "kind" not in value:
-        return {"kind": "adamw", **value}
-    return value
 
 
 class CheckpointConfig(StrictModel):
@@ -265,4 +257,5 @@ class TrainerConfig(StrictModel):
     @field_validator("optimizer", mode="before")
     @classmethod
     def _optimizer_shorthand(cls, value: Any) -> Any:
-        return optimizer_shorthand(value)
+        """`adafactor` -> {kind: adafactor}; a mapping without a kind is AdamW's."""
+        return tagged_shorthand(value, "kind", "adamw")

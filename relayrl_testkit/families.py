@@ -6,7 +6,8 @@ trainer and both engines.
 
 Each is about 3-6 M parameters (the vocabulary dominates). Head size 32 and two heads: vLLM's
 CPU attention takes 32. Tied and untied output layers, sliding-window attention (Gemma 2 and
-3) and a mixture of experts (Qwen2-MoE) are all among them.
+3) and mixtures of experts (Qwen2-MoE with a shared expert, Qwen3-MoE, Mixtral) are all
+among them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "qwen2_moe")
+EXPERT_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")  # mixtures of experts
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", *EXPERT_FAMILIES)
 
 
 def family_config(name: str, tokenizer: Any) -> Any:
@@ -36,6 +38,11 @@ def family_config(name: str, tokenizer: Any) -> Any:
         "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
             **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
             shared_expert_intermediate_size=32),
+        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+            **common, head_dim=32, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32),
+        "mixtral": lambda: transformers.MixtralConfig(
+            **common, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
     }
     if name not in configs:
         raise ValueError(f"family: {name!r} is not one of {', '.join(FAMILIES)}")

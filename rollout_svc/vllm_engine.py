@@ -89,6 +89,19 @@ def _lora_request_class() -> Any:
     return LoRARequest
 
 
+def num_experts(config: Any) -> int:
+    """How many experts vLLM reads from a Hugging Face config (0: a dense model), through
+    vLLM's own reading of the config's many names for it."""
+    import vllm.config  # noqa: F401  (first: the modules below import each other through it)
+    from vllm.transformers_utils.config import get_hf_text_config
+    from vllm.transformers_utils.model_arch_config_convertor import (
+        ModelArchConfigConvertorBase,
+    )
+
+    return int(ModelArchConfigConvertorBase(config, get_hf_text_config(config))
+               .get_num_experts() or 0)
+
+
 def _has_modules(worker, names: list[str]) -> list[bool]:
     """Runs on the vLLM worker: whether its model has a module at each dotted path."""
     model = worker.model_runner.model
@@ -154,6 +167,16 @@ class VllmEngine(Engine):
         if port_range is not None:  # read whenever vLLM picks a port: from first upward
             os.environ["VLLM_PORT"] = str(port_range[0])
         vllm = _import_vllm()
+        experts = num_experts(config)
+        if experts and not on_gpu:
+            # vLLM's CPU experts repack their weights into a grouped-GEMM layout on the first
+            # load only; an in-place reload leaves them in the checkpoint's layout, and every
+            # version after the first would sample from scrambled experts (vLLM 0.32)
+            raise ConfigError(
+                f"rollout.engine.kind: vllm cannot swap the weights of {config.model_type} "
+                f"(a mixture of experts, {experts} experts) on CPU: vLLM's CPU "
+                "experts keep their first weights' layout; use rollout.engine.kind: torch "
+                "here, or vLLM on a GPU")
         self._SamplingParams = vllm.SamplingParams
         # with a port, sequences move to and from other engines with their KV (vllm_kv)
         transfer = ({"kv_transfer_config": transfer_config(

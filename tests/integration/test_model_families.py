@@ -1,9 +1,11 @@
 """Every family users bring trains with default settings: tiny random Llama, Qwen2, Qwen3,
-Mistral, Gemma 2 and 3, Phi-3 and Qwen2-MoE models with SmolLM2's tokenizer and chat
-template take a trainer step, ship the version, and an engine that applies it samples with
-the trainer's very log-probabilities. Tied and untied output layers, sliding windows (the
-torch engine turns its KV reuse off for them) and experts are among them; vLLM serves the
-families whose weights it names differently (Gemma's output layer is its embedding)."""
+Mistral, Gemma 2 and 3, Phi-3, Qwen2-MoE, Qwen3-MoE and Mixtral models with SmolLM2's
+tokenizer and chat template take a trainer step, ship the version, and each engine that
+applies it samples with the trainer's very log-probabilities. Tied and untied output layers
+(Gemma's is its embedding, with no lm_head of its own), sliding windows (the torch engine
+turns its KV reuse off for them) and experts are among them. vLLM's CPU build cannot swap a
+mixture of experts' weights, so it refuses those families by name and the torch engine
+serves them."""
 
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ import pytest
 import torch
 
 from relay_svc.version_store import VersionStore
-from relayrl.config import RunConfig
+from relayrl.config import ConfigError, RunConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
-from relayrl_testkit.families import FAMILIES, build_family
+from relayrl_testkit.families import EXPERT_FAMILIES, FAMILIES, build_family
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.smollm2 import ensure_smollm2
 from rollout_svc.engine_api import SamplingSpec
@@ -28,11 +30,6 @@ from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-# the family vLLM loads through another path than Llama's: an output layer that is the
-# embedding itself, with no lm_head of its own
-VLLM_FAMILIES = ("gemma2",)
-
-
 @pytest.fixture(scope="module")
 def families(tmp_path_factory) -> dict[str, Path]:
     tokenizer = ensure_smollm2(ROOT / ".cache/relayrl/models")
@@ -83,7 +80,7 @@ def test_a_family_trains_and_the_torch_engine_applies_its_versions(tmp_path, fam
                           atol=1e-4)
 
 
-@pytest.mark.parametrize("family", VLLM_FAMILIES)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in EXPERT_FAMILIES])
 def test_vllm_applies_a_familys_versions(tmp_path, families, family):
     pytest.importorskip("vllm")
     from rollout_svc.vllm_engine import VllmEngine
@@ -94,3 +91,16 @@ def test_vllm_applies_a_familys_versions(tmp_path, families, family):
     (out,) = engine.generate([prompt], SamplingSpec(max_new_tokens=4, temperature=1.0))
     assert torch.allclose(torch.tensor(out.logprobs), trainer_logprobs(t, prompt, out.tokens),
                           atol=1e-3)
+
+
+@pytest.mark.parametrize("family", EXPERT_FAMILIES)
+def test_vllm_on_cpu_refuses_a_mixture_of_experts_by_name(families, family):
+    pytest.importorskip("vllm")
+    from transformers import AutoConfig
+
+    from rollout_svc.vllm_engine import VllmEngine
+
+    model_type = AutoConfig.from_pretrained(families[family]).model_type
+    with pytest.raises(ConfigError, match=rf"weights of {model_type} \(a mixture of experts, "
+                                          r"4 experts\) on CPU.*rollout.engine.kind: torch"):
+        VllmEngine(families[family], kv_cache_gib=0.25)

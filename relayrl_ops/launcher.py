@@ -23,6 +23,7 @@ from relayrl.config import HfModel, RunConfig
 from relayrl.runtime.auth import current as current_credentials
 from relayrl.runtime.auth import install_launcher_credentials
 from relayrl.runtime.grpc_util import ExitedBeforeHealthy, wait_healthy
+from relayrl.runtime.metrics import read_records
 from relayrl.runtime.procs import child_env
 from relayrl_ops.restarts import RestartBudget
 from relayrl_ops.zygote_client import Forked, Zygote
@@ -45,6 +46,14 @@ def ended_by(code: int | None) -> str:
         return (f"was killed by {name} (unless someone sent it, the kernel's out-of-memory "
                 "killer: `relayrl check CONFIG` plans each service's memory)")
     return f"was killed by {name}"
+
+
+def trainer_stop_grace_s(metrics: Path, floor_s: float, recent: int = 10) -> float:
+    """How long a stopping trainer gets before it is killed: on SIGTERM it finishes the step
+    under way and writes a checkpoint, so `floor_s` plus twice its longest recent step (from
+    metrics.jsonl); `floor_s` alone before its first step."""
+    steps = [r.figures.step_s for r in read_records(metrics) if r.figures.step_s]
+    return floor_s + 2 * max(steps[-recent:], default=0.0)
 
 
 class StartFailed(RuntimeError):
@@ -264,17 +273,21 @@ class Launcher:
 
     def shutdown(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every service in reverse start order, SIGKILL those still running after
-        `timeout_s`, then stop the zygote and the embedded Redis."""
+        `timeout_s` (the trainer: after its step under way, trainer_stop_grace_s), then stop
+        the zygote and the embedded Redis."""
         for c in reversed(self.children):
             c.budget.due_at = None
             if c.proc and c.proc.poll() is None:
                 c.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
+        now = time.monotonic()
+        deadline = now + timeout_s
+        trainer_deadline = now + trainer_stop_grace_s(self.run_dir / "metrics.jsonl", timeout_s)
         for c in reversed(self.children):
             if c.proc is None:
                 continue
+            until = trainer_deadline if c.name == "trainer" else deadline
             try:
-                c.proc.wait(max(0.1, deadline - time.monotonic()))
+                c.proc.wait(max(0.1, until - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop in time; killing it", c.name)
                 c.proc.kill()

@@ -51,8 +51,14 @@ def ended_by(code: int | None) -> str:
 def trainer_stop_grace_s(metrics: Path, floor_s: float, recent: int = 10) -> float:
     """How long a stopping trainer gets before it is killed: on SIGTERM it finishes the step
     under way and writes a checkpoint, so `floor_s` plus twice its longest recent step (from
-    metrics.jsonl); `floor_s` alone before its first step."""
-    steps = [r.figures.step_s for r in read_records(metrics) if r.figures.step_s]
+    metrics.jsonl); `floor_s` alone before its first step, or when the file cannot be read
+    (a stop goes on whatever the file holds)."""
+    try:
+        steps = [r.figures.step_s for r in read_records(metrics) if r.figures.step_s]
+    except (OSError, ValueError) as err:
+        log.warning("stopping: %s unreadable (%s); the trainer gets %.0f s", metrics, err,
+                    floor_s)
+        return floor_s
     return floor_s + 2 * max(steps[-recent:], default=0.0)
 
 

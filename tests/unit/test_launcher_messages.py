@@ -39,3 +39,12 @@ def test_a_stopping_trainer_gets_twice_its_longest_recent_step(tmp_path):
     writer.close()
     assert trainer_stop_grace_s(metrics, 15.0) == 15.0 + 2 * 80.0
     assert trainer_stop_grace_s(metrics, 15.0, recent=2) == 15.0 + 2 * 30.0
+
+
+def test_an_unreadable_metrics_file_leaves_the_usual_grace(tmp_path):
+    """A stop never fails on the metrics file: a line that is not JSON gives the floor."""
+    from relayrl_ops.launcher import trainer_stop_grace_s
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "time/step_s": 30.0}\nnot json\n')
+    assert trainer_stop_grace_s(metrics, 15.0) == 15.0

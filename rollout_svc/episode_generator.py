@@ -1,11 +1,17 @@
-"""A worker's groups as multi-turn episodes: one engine call per turn, over every episode.
+"""A worker's groups as multi-turn episodes: one engine call per segment, over every episode
+whose turn it is.
 
 With rollout.environment set, the worker's GroupGenerator is this one. `start` opens one
 episode per sample (a fresh environment instance, `reset` with the problem); each
-`generate_segment` runs one turn of every unfinished episode in a single engine call, then
-steps each episode's environment with the model's reply and appends the template's glue
-around the observation as environment tokens (rollout_svc/episodes.py,
-relayrl_tasks/envs/turns.py).
+`generate_segment` runs one turn of every episode that is not waiting for its environment in
+a single engine call, then starts each episode's environment step on the model's reply, on
+a thread. A step that answers within STEP_GRACE_S is taken in the same segment; a slower one
+(a tool behind a network) is answered at the first segment after it returns, and its episode
+waits alone: the worker's other episodes take their turns meanwhile, new groups join, and the
+worker moves to newer weights between segments. Were every turn to wait for all steps, each
+turn would cost the slowest tool call among the worker's episodes, and a heavy tail would set
+the pace of the whole worker. The answer's observation is appended, inside the template's
+glue, as environment tokens (rollout_svc/episodes.py, relayrl_tasks/envs/turns.py).
 Turns of one episode may run under different weights: every token keeps its own version.
 
 An episode ends when the environment says done (or gives no observation), after
@@ -36,18 +42,26 @@ from relayrl_tasks.envs import TurnGlue, load_environment, make_environment
 from relayrl_tasks.envs.play import (
     Move,
     Turn,
-    answer_all,
+    answer,
     error_kind,
     failure,
     goes_on,
     open_episodes,
+    start_step,
 )
 from relayrl_torch.models.loading import LoadedModel
 from rollout_svc.engine_api import Engine, SamplingSpec
-from rollout_svc.episodes import Episode, EpisodeGroup
+from rollout_svc.episodes import Episode, EpisodeGroup, PendingStep
 from rollout_svc.group_generator import GroupGenerator
 
 log = logging.getLogger(__name__)
+
+# Seconds a segment waits for the steps it started: a quick environment's answer is taken at
+# once, as if stepping were part of the turn; a slower one is taken at a later segment.
+STEP_GRACE_S = 0.5
+# Seconds a segment with no episode ready waits for a step to answer, before the worker
+# looks for new prompts and newer weights again.
+IDLE_WAIT_S = 0.1
 
 
 class EpisodeGenerator(GroupGenerator):
@@ -111,21 +125,27 @@ class EpisodeGenerator(GroupGenerator):
                 self.groups_restarted_stale += 1
 
     def generate_segment(self, groups: list[EpisodeGroup]) -> None:  # type: ignore[override]
-        """One turn of every unfinished episode of `groups`, in one engine call."""
+        """One turn of every episode of `groups` that is ready (not finished, not waiting for
+        its environment), in one engine call; then their environments' steps, each taken in
+        this segment if it answers within STEP_GRACE_S, else at a later one."""
         self.read_live()
         self.restart_stale(groups)
-        todo = [(g, e, self._room(e)) for g in groups for e in g.episodes if not e.finished]
+        self._take_answers(groups)
+        todo = [(e, self._room(e)) for g in groups for e in g.episodes if e.ready]
         if not todo:
+            self.calls.settle([e.step.started for g in groups for e in g.episodes if e.step],
+                              self.env_cfg.step_timeout_s, IDLE_WAIT_S, every=False)
+            self._take_answers(groups)
             return
         # the engine keeps each sequence's KV state (torch: rollout.engine.kv_cache_tokens;
         # vLLM caches prefixes itself): the next turn prefills the environment's tokens only
-        spec = SamplingSpec(max_new_tokens=max(room for _, _, room in todo),
+        spec = SamplingSpec(max_new_tokens=max(room for _, room in todo),
                             temperature=self.temperature, keep_state=True, keep_stopped=True)
         with self.engine.lock:  # no swap between reading the version and sampling with it
             version = self.engine.version
-            outs = self.engine.generate([e.context for _, e, _ in todo], spec)
-        stepped = []  # (group, episode, reply): the episodes whose environment answers
-        for (g, e, room), out in zip(todo, outs, strict=True):
+            outs = self.engine.generate([e.context for e, _ in todo], spec)
+        started = []
+        for (e, room), out in zip(todo, outs, strict=True):
             tokens = out.tokens[:room]
             e.add_model_turn(tokens, out.logprobs[:room], version)
             e.last_reply = reply = self.lm.decode(tokens)
@@ -134,15 +154,27 @@ class EpisodeGenerator(GroupGenerator):
             elif e.env is None:
                 e.end("stop")
             else:
-                stepped.append((g, e, reply))
-        moves = answer_all([Turn(e.env, e.messages, reply, len(e.mask) - e.policy_tokens)
-                            for _, e, reply in stepped], self.glue, self.env_cfg, self.calls)
-        for (g, e, reply), move in zip(stepped, moves, strict=True):
-            self._after_step(g, e, reply, move, version)
+                turn = Turn(e.env, e.messages, reply, len(e.mask) - e.policy_tokens)
+                e.step = PendingStep(turn, start_step(turn, self.env_cfg, self.calls), version)
+                started.append(e.step.started)
+        self.calls.settle(started, self.env_cfg.step_timeout_s, STEP_GRACE_S, every=True)
+        self._take_answers(groups)
         self.turns += len(todo)
         self.segments += 1
         self.sequences_decoded += len(todo)
         self._count_tokens(sum(len(out.tokens) for out in outs))
+
+    def _take_answers(self, groups: list[EpisodeGroup]) -> None:
+        """Each step of `groups` that answered or ran past its deadline, made its episode's
+        move."""
+        for g in groups:
+            for e in g.episodes:
+                s = e.step
+                if s is None or not self.calls.due(s.started, self.env_cfg.step_timeout_s):
+                    continue
+                e.step = None
+                move = answer(s.turn, s.started, self.glue, self.env_cfg, self.calls)
+                self._after_step(g, e, s.turn.reply, move, s.version)
 
     def _room(self, e: Episode) -> int:
         """Tokens the episode's next turn may generate: what is left of max_new_tokens and

@@ -23,9 +23,18 @@ from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import FinishReason, Sample
 from relayrl.contracts.partial import PartialSequence
 from relayrl.plugins.envs import Environment
+from relayrl.plugins.envs.calls import Handle, Refused
 from relayrl.plugins.rewards import RewardFn
-from relayrl_tasks.envs.play import conversation, environment_total
+from relayrl_tasks.envs.play import Turn, conversation, environment_total
 from relayrl_tasks.rewards import score_group
+
+
+@dataclass
+class PendingStep:
+    """The environment's step on the model's last reply, running on a thread."""
+    turn: Turn
+    started: Handle | Refused
+    version: int  # of the weights the reply was sampled under
 
 
 @dataclass
@@ -39,10 +48,17 @@ class Episode:
     turns: int = 0
     last_reply: str = ""  # the model's final message, for the task's reward
     error: str = ""
+    step: PendingStep | None = None  # its environment is answering the model's last turn
 
     @property
     def finished(self) -> bool:
         return self.seq.finished
+
+    @property
+    def ready(self) -> bool:
+        """Whether the model takes the episode's next turn: it goes on, and is not waiting
+        for its environment."""
+        return not self.finished and self.step is None
 
     @property
     def context(self) -> list[int]:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from relayrl.config.environment import EnvironmentConfig
-from relayrl.plugins.envs.calls import Done, EnvCalls, Overran, Refused
+from relayrl.plugins.envs.calls import Done, EnvCalls, Handle, Overran, Refused
 from relayrl.plugins.envs.protocol import (
     Environment,
     Invalid,
@@ -162,16 +162,28 @@ def open_episodes(env_cls: type[Environment], cfg: EnvironmentConfig,
     return openings
 
 
+def start_step(turn: Turn, cfg: EnvironmentConfig, calls: EnvCalls) -> Handle | Refused:
+    """The environment's step on its model's (stopped) reply, started on a thread of
+    `calls`: `answer` makes it the episode's move once it returned or ran out of time
+    (`calls.due(started, cfg.step_timeout_s)`)."""
+    where = f"{type(turn.env).__name__}.step"
+    env, reply = turn.env, turn.reply
+    return calls.start(lambda: as_step(env.step(reply), where, cfg.max_observation_chars))
+
+
+def answer(turn: Turn, started: Handle | Refused, glue: TurnGlue, cfg: EnvironmentConfig,
+           calls: EnvCalls) -> Move:
+    """The move of a step `start_step` started, waited for until its deadline at most, and
+    the template's tokens around its observation when the episode goes on."""
+    return _move(turn, calls.wait(started, cfg.step_timeout_s), glue, cfg)
+
+
 def answer_all(turns: Sequence[Turn], glue: TurnGlue, cfg: EnvironmentConfig,
                calls: EnvCalls) -> list[Move]:
-    """Each environment's step on its model's (stopped) reply, all at once, and the
-    template's tokens around its observation when the episode goes on."""
-    def stepper(t: Turn) -> Callable[[], Step]:
-        where = f"{type(t.env).__name__}.step"
-        return lambda: as_step(t.env.step(t.reply), where, cfg.max_observation_chars)
-
-    outcomes = calls.call_all([stepper(t) for t in turns], cfg.step_timeout_s)
-    return [_move(t, outcome, glue, cfg) for t, outcome in zip(turns, outcomes, strict=True)]
+    """Each environment's step on its model's (stopped) reply, all at once (start_step,
+    answer)."""
+    started = [start_step(t, cfg, calls) for t in turns]
+    return [answer(t, s, glue, cfg, calls) for t, s in zip(turns, started, strict=True)]
 
 
 def _move(t: Turn, outcome: Done | Overran | Refused, glue: TurnGlue,

@@ -378,6 +378,31 @@ def test_the_steps_of_a_turn_run_at_once(chat_lm, unruly, caplog):
     assert gen.env_errors == 0 and all(s.reward == 1.0 for s in samples)
 
 
+def test_a_slow_step_holds_up_its_own_episode_alone(chat_lm, unruly):
+    """While one episode's environment has not answered, the others take all their turns;
+    the waiting one goes on once its answer comes, with no error."""
+    _, gen = generator(chat_lm, max_turns=3, env="tests.unit.test_episodes:Unruly",
+                       options={"plan": ["slow_step", "flood", "flood"]}, samples=3,
+                       step_timeout_s=30)
+    gen.engine.generate = stopping(gen.engine.generate)
+    group = gen.start(LEASE)
+    others = [e for e in group.episodes if e.env.kind == "flood"]
+    [waiting] = [e for e in group.episodes if e.env.kind == "slow_step"]
+    for _ in range(50):
+        if all(e.finished for e in others):
+            break
+        gen.generate_segment([group])
+    assert all(e.finished and e.turns == 3 for e in others)
+    assert not waiting.finished and waiting.step is not None and waiting.turns == 1
+    Unruly.release.set()
+    for _ in range(50):
+        if group.finished:
+            break
+        gen.generate_segment([group])
+    assert waiting.finished and waiting.turns == 1 and waiting.rewards == [1.0]
+    assert gen.env_errors == 0 and not any(e.error for e in group.episodes)
+
+
 def test_a_slow_reset_ends_its_own_episode(chat_lm, unruly, caplog):
     gen, samples = play_bounded(chat_lm, ["slow_reset", "", ""], caplog, reset_timeout_s=0.2)
     [error] = assert_only(gen, samples, 1, "reset_timeout_s", caplog)

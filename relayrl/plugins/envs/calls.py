@@ -9,6 +9,7 @@ costs at most that many threads, never a slower run.
     calls = EnvCalls(max_stuck=64)
     handles = [calls.start(fn) for fn in fns]         # all running at once
     results = [calls.wait(h, timeout_s) for h in handles]  # Done(value) / Overran / Refused
+    calls.due(h, timeout_s)                           # would wait(h) return at once?
 
 The waits of calls started together overlap: a batch of slow calls costs one deadline, not
 their sum. Threads are kept for reuse once their call returns (up to IDLE_THREADS idle), so
@@ -28,6 +29,7 @@ from typing import Any, NamedTuple
 log = logging.getLogger(__name__)
 
 IDLE_THREADS = 256  # threads kept waiting for the next call, at most
+POLL_S = 0.01  # how often wait_any looks at its calls
 
 
 class Done(NamedTuple):
@@ -122,6 +124,23 @@ class EnvCalls:
                       "(%s %d): new calls are refused, each answered with an error, until "
                       "some return", stuck, self.field, self.max_stuck)
         return Overran()
+
+    @staticmethod
+    def due(handle: Handle | Refused, timeout_s: float) -> bool:
+        """Whether `wait(handle, timeout_s)` would return at once: the call returned, was
+        refused, or is past its deadline."""
+        return (isinstance(handle, Refused) or handle.finished.is_set()
+                or time.monotonic() >= handle.started + timeout_s)
+
+    def settle(self, handles: list[Handle | Refused], timeout_s: float, within_s: float,
+               every: bool) -> None:
+        """Until one of `handles` is due (`due`), or each of them with `every`, for
+        `within_s` at most."""
+        settled = all if every else any
+        end = time.monotonic() + within_s
+        while handles and not settled(self.due(h, timeout_s) for h in handles) \
+                and time.monotonic() < end:
+            time.sleep(POLL_S)
 
     def call_all(self, fns: list[Callable[[], Any]], timeout_s: float
                  ) -> list[Done | Overran | Refused]:

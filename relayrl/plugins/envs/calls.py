@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 log = logging.getLogger(__name__)
 
 IDLE_THREADS = 256  # threads kept waiting for the next call, at most
-POLL_S = 0.01  # how often wait_any looks at its calls
+POLL_S = 0.01  # how often settle looks at its calls
 
 
 class Done(NamedTuple):

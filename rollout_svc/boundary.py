@@ -108,6 +108,7 @@ class SegmentBoundary:
                 self.leases.let_go([a.lease.lease_id])
             elif reply.release and self.hand_over(a):
                 let_go.add(a.lease.lease_id)
+        self.generator.drop([a.group for a in due if a.lease.lease_id in let_go])
         return [a for a in going if a.lease.lease_id not in let_go], delivered
 
     def _due_for_saving(self, going: list[ActiveGroup], now: float) -> list[ActiveGroup]:
@@ -165,6 +166,7 @@ class SegmentBoundary:
         """Hand unfinished groups back with their token state, for another worker."""
         for a in active:
             self.release(a.lease.lease_id, a.group.encode())
+        self.generator.drop([a.group for a in active])
 
     def release(self, lease_id: str, state: bytes = b"") -> bool:
         released = self.leases.hand_back(lease_id, state)
@@ -175,6 +177,7 @@ class SegmentBoundary:
         """Release abandoned leases without state, for another worker to take now. Once a
         call fails the rest are only let go: the scheduler re-issues them when this worker's
         heartbeats no longer name them."""
+        self.generator.drop([a.group for a in active])
         for i, a in enumerate(active):
             if not self.release(a.lease.lease_id):
                 self.leases.let_go(rest.lease.lease_id for rest in active[i + 1:])

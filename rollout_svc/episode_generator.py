@@ -120,9 +120,20 @@ class EpisodeGenerator(GroupGenerator):
             if must_restart((min(e.seq.versions) for e in group.episodes if e.seq.versions),
                             self.engine.version, self.trainer_version, self.max_staleness):
                 self.tokens_restarted_stale += sum(len(e.seq.tokens) for e in group.episodes)
+                self.drop([group])
                 fresh = self.start(group.lease)
                 group.episodes = fresh.episodes
                 self.groups_restarted_stale += 1
+
+    def drop(self, groups: list[EpisodeGroup]) -> None:  # type: ignore[override]
+        """The groups leave this worker unfinished: a step still running is nobody's to
+        wait for, so it counts as stuck until it returns (rollout.environment.max_stuck_calls
+        bounds such calls, as it bounds those past their deadlines)."""
+        for g in groups:
+            for e in g.episodes:
+                if e.step is not None:
+                    self.calls.drop(e.step.started)
+                    e.step = None
 
     def generate_segment(self, groups: list[EpisodeGroup]) -> None:  # type: ignore[override]
         """One turn of every episode of `groups` that is ready (not finished, not waiting for

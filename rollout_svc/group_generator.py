@@ -149,6 +149,10 @@ class GroupGenerator:
                 group.sequences = [PartialSequence() for _ in group.sequences]
                 self.groups_restarted_stale += 1
 
+    def drop(self, groups: list[PartialGroup]) -> None:
+        """The groups leave this worker unfinished (handed back, lapsed or abandoned): a
+        sequence holds nothing beyond its tokens, so there is nothing to let go."""
+
     def generate_segment(self, groups: list[PartialGroup]) -> None:
         """Extend every unfinished sequence of `groups` by at most one segment, in one engine
         call under the engine's current weights; every new token is tagged with that

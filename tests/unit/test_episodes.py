@@ -403,6 +403,28 @@ def test_a_slow_step_holds_up_its_own_episode_alone(chat_lm, unruly):
     assert gen.env_errors == 0 and not any(e.error for e in group.episodes)
 
 
+def test_a_step_still_running_when_its_group_is_dropped_counts_as_stuck(chat_lm, unruly):
+    """A group let go while its environment is answering (handed back, restarted as stale)
+    leaves that call running with nobody to wait for it: it counts against max_stuck_calls
+    until it returns, like a call past its deadline, and is not counted as an overrun."""
+    _, gen = generator(chat_lm, max_turns=3, env="tests.unit.test_episodes:Unruly",
+                       options={"plan": ["slow_step", ""]}, samples=2, step_timeout_s=30)
+    gen.engine.generate = stopping(gen.engine.generate)
+    group = gen.start(LEASE)
+    gen.generate_segment([group])
+    [waiting] = [e for e in group.episodes if e.step is not None]
+    gen.drop([group])
+    assert waiting.step is None and gen.calls.stuck == 1 and gen.calls.overruns == 0
+    gen.drop([group])  # dropping again counts nothing more
+    assert gen.calls.stuck == 1
+    Unruly.release.set()
+    for _ in range(200):
+        if not gen.calls.stuck:
+            break
+        time.sleep(0.01)
+    assert gen.calls.stuck == 0
+
+
 def test_a_slow_reset_ends_its_own_episode(chat_lm, unruly, caplog):
     gen, samples = play_bounded(chat_lm, ["slow_reset", "", ""], caplog, reset_timeout_s=0.2)
     [error] = assert_only(gen, samples, 1, "reset_timeout_s", caplog)

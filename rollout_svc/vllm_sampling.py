@@ -2,10 +2,13 @@
 
 Log-probabilities. vLLM runs with `logprobs_mode="processed_logprobs"`: the logprob it returns
 for a sampled token is taken from the distribution it sampled from, after temperature (raw
-mode would give the temperature-1 distribution). Greedy requests skip temperature in vLLM, so a
-small logits processor divides their logits by the spec's temperature first: argmax does not
-change, and the recorded logprobs are those at the spec temperature, as the torch engine
-records them.
+mode would give the temperature-1 distribution). Greedy requests skip temperature in vLLM (in
+both its model runners), so a small logits processor divides their logits by the spec's
+temperature first: argmax does not change, and the recorded logprobs are those at the spec
+temperature, as the torch engine records them. vLLM's two model runners load processors of
+two interfaces, and each refuses the other's, so there is one class per runner; the engine
+asks vLLM which runner it will use (rollout_svc.vllm_engine), and
+tests/unit/test_vllm_processors.py runs vLLM's own loaders on both.
 
 Seeds. Unseeded requests draw from the engine's own stream (seeded at start); a seeded call
 gives each of its requests a seed drawn from the call's. vLLM is imported only by the
@@ -21,36 +24,60 @@ from typing import Any
 import numpy as np
 import torch
 
+from relayrl.config.rollout import MAX_TEMPERATURE, MIN_TEMPERATURE
 from relayrl_torch.sampling.sampler import Completion
 from rollout_svc.engine_api import SamplingSpec
 
 GREEDY_TEMPERATURE_KEY = "relayrl_greedy_temperature"
 
-_processor_cls: type | None = None
+_processors: dict[bool, type] = {}
 
 
-def greedy_temperature_processor() -> type:
-    """A vLLM logits processor that divides a greedy request's logits by the temperature
-    in its extra_args, so its processed logprobs are those at that temperature."""
-    global _processor_cls
-    if _processor_cls is not None:
-        return _processor_cls
+def greedy_temperature_processor(v2: bool) -> type:
+    """The logits processor that divides a greedy request's logits by the temperature in its
+    extra_args, so its processed logprobs are those at that temperature, written to the
+    interface of the model runner vLLM runs: `v2`, its V2 runner (every machine where Triton
+    works, so every CUDA machine), whose loader refuses any other class; else the V1 runner
+    (vLLM's CPU build). Argmax does not change, so the greedy pick is the same."""
+    if v2 not in _processors:
+        _processors[v2] = _v2_processor() if v2 else _v1_processor()
+    return _processors[v2]
+
+
+def greedy_temperature(params: Any) -> float | None:
+    """The temperature a request's greedy logits are divided by; None for any other request.
+    ValueError naming the field for a value outside what RelayRL samples at."""
+    value = (params.extra_args or {}).get(GREEDY_TEMPERATURE_KEY)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not (isinstance(value, (int, float))
+                                       and MIN_TEMPERATURE <= value <= MAX_TEMPERATURE):
+        raise ValueError(f"extra_args.{GREEDY_TEMPERATURE_KEY}: {value!r} is not a temperature "
+                         f"in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]")
+    return float(value)
+
+
+def _v1_processor() -> type:
     from vllm.v1.sample.logits_processor import LogitsProcessor
     from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-    class GreedyTemperature(LogitsProcessor):
+    class GreedyTemperatureV1(LogitsProcessor):
+        """vLLM's V1 interface: state keyed by the batch row, kept by `update_state`."""
+
         def __init__(self, vllm_config, device, is_pin_memory):
             self.temperatures: dict[int, float] = {}
+
+        @classmethod
+        def validate_params(cls, sampling_params) -> None:
+            greedy_temperature(sampling_params)
 
         def is_argmax_invariant(self) -> bool:
             # it is, but only processors declared otherwise run before a greedy pick
             return False
 
         def update_state(self, batch_update) -> None:
-            process_dict_updates(
-                self.temperatures, batch_update,
-                lambda params, _, __: (params.extra_args or {}).get(GREEDY_TEMPERATURE_KEY),
-            )
+            process_dict_updates(self.temperatures, batch_update,
+                                 lambda params, _, __: greedy_temperature(params))
 
         def apply(self, logits: torch.Tensor) -> torch.Tensor:
             if self.temperatures:
@@ -60,8 +87,47 @@ def greedy_temperature_processor() -> type:
                 logits[rows] = logits[rows] / temps[:, None]
             return logits
 
-    _processor_cls = GreedyTemperature
-    return _processor_cls
+    return GreedyTemperatureV1
+
+
+def _v2_processor() -> type:
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor
+
+    class GreedyTemperatureV2(LogitsProcessor):
+        """vLLM's V2 interface: state keyed by the request's persistent slot, set in
+        `add_request`, flushed to the device once a step, applied before vLLM's own
+        temperature (which skips greedy rows) to every logits row of a greedy slot."""
+
+        def __init__(self, vllm_config, req_states):
+            self.divisors = np.ones(req_states.max_num_reqs, dtype=np.float32)  # 1: unchanged
+            self.on_device = torch.ones(req_states.max_num_reqs, dtype=torch.float32,
+                                        device=req_states.device)
+            self.changed = False
+
+        @classmethod
+        def validate_params(cls, sampling_params) -> None:
+            greedy_temperature(sampling_params)
+
+        def add_request(self, req_idx: int, sampling_params) -> bool:
+            temperature = greedy_temperature(sampling_params)
+            divisor = 1.0 if temperature is None else temperature
+            if self.divisors[req_idx] != divisor:  # a recycled slot is overwritten whole
+                self.divisors[req_idx] = divisor
+                self.changed = True
+            return temperature is not None
+
+        def apply_staged_writes(self) -> None:
+            if self.changed:
+                self.on_device.copy_(torch.from_numpy(self.divisors))
+                self.changed = False
+
+        def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
+            if np.all(self.divisors[ctx.idx_mapping_np] == 1.0):
+                return logits
+            # dividing the other rows by 1.0 leaves them exactly as they were
+            return logits.div_(self.on_device[ctx.expanded_idx_mapping].unsqueeze(1))
+
+    return GreedyTemperatureV2
 
 
 def sampling_params(params_cls: Any, spec: SamplingSpec, contexts: list[list[int]],

@@ -67,14 +67,18 @@ class VllmEngineConfig(EngineBase):
     kind: Literal["vllm"] = "vllm"
     kv_cache_gib: float = Field(
         1.0, gt=0, le=4096,
-        description="KV-cache memory each vLLM worker reserves, GiB; on CPU it comes out of RAM, "
-        "so keep num_workers times this well under the machine's memory.",
+        description="KV-cache memory each vLLM worker reserves, GiB: on the CPU out of RAM (keep "
+        "num_workers times this well under the machine's memory), on a GPU unless "
+        "gpu_memory_utilization is set.",
     )
     gpu_memory_utilization: float = Field(
         0.0, ge=0, le=1,
-        description="On a GPU: the share of its memory vLLM takes (weights, activations and "
-        "KV cache), as vLLM's gpu_memory_utilization; 0 reserves kv_cache_gib for the KV "
-        "cache instead, which is what a CPU machine takes.",
+        description="On a GPU, 0 reserves kv_cache_gib for the KV cache, and vLLM's start-up "
+        "check asks only that its weights and KV cache be free, so it starts beside a trainer "
+        "or other workers on the same GPU (the worker first checks that those and 1 GiB of "
+        "headroom are free, naming the numbers if not); above 0 it is vLLM's own "
+        "gpu_memory_utilization, the share of the whole GPU vLLM takes, its KV cache sized to "
+        "fill it, which must be free when it starts. Refused where vLLM runs on the CPU.",
     )
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="GPUs one vLLM worker shards its model over.",

@@ -1,17 +1,26 @@
 """What the run config asks of vLLM reaches vllm.LLM: a KV-cache budget in bytes on a CPU
-machine, a share of the GPU's memory and a tensor-parallel size on GPUs (refused where CUDA
-is absent), CUDA graphs when eager mode is off. vLLM itself is stood in for by a class that
-records its arguments; tests/integration/test_vllm_engine.py runs the real one."""
+machine; on a GPU, memory vLLM's start-up check accepts beside other processes on the same
+GPU (or a refusal naming the numbers), a tensor-parallel size and CUDA graphs when eager mode
+is off; GPU settings refused where vLLM's platform has no GPU; the logits processor of the
+model runner vLLM picks. vLLM itself is stood in for by a class that records its arguments
+and a platform that says where it runs; tests/integration/test_vllm_engine.py runs the real
+one."""
 
 import types
 
 import pytest
 
 from rollout_svc import vllm_engine
+from rollout_svc.vllm_engine import GIB, GPU_HEADROOM, gpu_memory_args
 
 
 class Recorded(Exception):
     pass
+
+
+def platform(device_type: str):
+    return types.SimpleNamespace(device_type=device_type,
+                                 is_cuda_alike=lambda: device_type == "cuda")
 
 
 @pytest.fixture
@@ -24,8 +33,19 @@ def llm_args(monkeypatch):
 
     monkeypatch.setattr(vllm_engine, "_import_vllm",
                         lambda: types.SimpleNamespace(LLM=record, SamplingParams=object))
-    monkeypatch.setattr(vllm_engine, "greedy_temperature_processor", lambda: object)
+    monkeypatch.setattr(vllm_engine, "runs_v2_model_runner", lambda args: False)
+    monkeypatch.setattr(vllm_engine, "_platform", lambda: platform("cpu"))
     return seen
+
+
+@pytest.fixture
+def on_gpu(monkeypatch, llm_args):
+    """vLLM on a CUDA GPU of 80 GiB with 60 GiB free, running its V2 model runner."""
+    monkeypatch.setattr(vllm_engine, "_platform", lambda: platform("cuda"))
+    monkeypatch.setattr(vllm_engine, "runs_v2_model_runner", lambda args: True)
+    monkeypatch.setattr(vllm_engine.torch.cuda, "mem_get_info",
+                        lambda i=0: (60 * GIB, 80 * GIB))
+    return llm_args
 
 
 def build(path, **kwargs):
@@ -33,20 +53,57 @@ def build(path, **kwargs):
         vllm_engine.VllmEngine(path, **kwargs)
 
 
-def test_a_cpu_machine_gets_a_kv_cache_budget(tiny_lm, llm_args):
+def test_a_cpu_machine_gets_a_kv_cache_budget_and_the_v1_processor(tiny_lm, llm_args):
     build(tiny_lm.path, kv_cache_gib=0.5)
     assert llm_args["kv_cache_memory_bytes"] == 1 << 29
     assert "gpu_memory_utilization" not in llm_args
     assert llm_args["tensor_parallel_size"] == 1 and llm_args["enforce_eager"] is True
+    (processor,) = llm_args["logits_processors"]
+    assert processor.__name__ == "GreedyTemperatureV1"
 
 
-def test_gpu_settings_reach_vllm_and_are_refused_without_cuda(tiny_lm, llm_args, monkeypatch):
-    with pytest.raises(ValueError, match="rollout.engine.gpu_memory_utilization"):
+def test_gpu_settings_are_refused_where_vllm_runs_on_the_cpu(tiny_lm, llm_args):
+    with pytest.raises(ValueError, match="rollout.engine.gpu_memory_utilization.*runs on cpu"):
         vllm_engine.VllmEngine(tiny_lm.path, gpu_memory_utilization=0.8)
-    with pytest.raises(ValueError, match="CUDA is not available"):
+    with pytest.raises(ValueError, match="runs on cpu"):
         vllm_engine.VllmEngine(tiny_lm.path, tensor_parallel_size=2)
-    monkeypatch.setattr(vllm_engine.torch.cuda, "is_available", lambda: True)
-    build(tiny_lm.path, gpu_memory_utilization=0.8, tensor_parallel_size=2, enforce_eager=False)
-    assert llm_args["gpu_memory_utilization"] == 0.8
-    assert "kv_cache_memory_bytes" not in llm_args
-    assert llm_args["tensor_parallel_size"] == 2 and llm_args["enforce_eager"] is False
+
+
+def test_on_a_gpu_the_kv_cache_is_reserved_and_vllm_checks_only_what_it_holds(tiny_lm,
+                                                                            on_gpu):
+    build(tiny_lm.path, kv_cache_gib=4)
+    assert on_gpu["kv_cache_memory_bytes"] == 4 * GIB
+    share = on_gpu["gpu_memory_utilization"]
+    assert 4 / 80 < share < 4.01 / 80  # the KV cache and the tiny model's weights
+    (processor,) = on_gpu["logits_processors"]
+    assert processor.__name__ == "GreedyTemperatureV2"
+
+
+def test_an_explicit_share_reaches_vllm_with_tensor_parallelism(tiny_lm, on_gpu):
+    build(tiny_lm.path, gpu_memory_utilization=0.7, tensor_parallel_size=2,
+          enforce_eager=False)
+    assert on_gpu["gpu_memory_utilization"] == 0.7
+    assert "kv_cache_memory_bytes" not in on_gpu
+    assert on_gpu["tensor_parallel_size"] == 2 and on_gpu["enforce_eager"] is False
+
+
+def test_vllm_start_up_check_passes_beside_a_trainer_holding_most_of_the_gpu():
+    # vLLM refuses unless free >= ceil(total x utilization): what it is given passes that
+    total, free = 80 * GIB, 12 * GIB  # a trainer holds 68 GiB
+    args = gpu_memory_args(free, total, weights=2 * GIB, kv_bytes=8 * GIB, utilization=0)
+    assert args["kv_cache_memory_bytes"] == 8 * GIB
+    assert -(-total * args["gpu_memory_utilization"] // 1) <= free
+    # vLLM's own default, 0.92, would have been refused there
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization: 0.92 of this GPU is 73.60 "
+                       r"GiB, and 12.00 GiB of the GPU's 80.00 GiB are free \(68.00 GiB held "
+                       r"elsewhere\).*at most 0.15"):
+        gpu_memory_args(free, total, 2 * GIB, 8 * GIB, utilization=0.92)
+
+
+def test_a_worker_that_cannot_fit_is_refused_before_vllm_starts_naming_the_numbers():
+    total, free = 80 * GIB, 10 * GIB
+    with pytest.raises(ValueError, match=r"kv_cache_gib: this worker needs 11.00 GiB of its "
+                       r"GPU \(weights 2.00 GiB, KV cache 8.00 GiB, 1.00 GiB for activations "
+                       r"and buffers\), and 10.00 GiB of the GPU's 80.00 GiB are free"):
+        gpu_memory_args(free, total, 2 * GIB, 8 * GIB, utilization=0)
+    assert GPU_HEADROOM == GIB

@@ -234,7 +234,7 @@ def serve(cfg: RunConfig) -> None:
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         svc = BufferService(cfg, redis)
         servicer = with_lost_replies(svc, "Buffer", LOSABLE_METHODS)
-        runner = ServiceRunner("buffer", cfg.buffer.endpoint.address,
+        runner = ServiceRunner("buffer", cfg.buffer.endpoint.bind_address,
                                [(buffer_pb2_grpc.add_BufferServicer_to_server, servicer)],
                                buffer_metrics(svc.stats_snapshot), cfg.buffer.metrics_port)
         runner.run(svc.run)

@@ -167,7 +167,7 @@ def serve(cfg: RunConfig) -> None:
     store = VersionStore(rc.keep_versions, shm_dir=rc.shm_dir, wait_timeout_s=rc.timeout_s)
     servicer = RelayServicer(store, rc.chunk_bytes, planes, rc.timeout_s, rc.max_version_gap,
                              rc.upstream)
-    runner = ServiceRunner("relay", rc.endpoint.address, [(add_relay_servicer, servicer)],
+    runner = ServiceRunner("relay", rc.endpoint.bind_address, [(add_relay_servicer, servicer)],
                            relay_metrics(store), rc.metrics_port)
     follower = None
     if rc.upstream:

@@ -70,7 +70,8 @@ def check(cfg: RunConfig, out: Callable[[str], None] = print) -> int:
         _reward(cfg, task, report)
         if cfg.rollout.environment is not None:
             _environment(cfg, task, report)
-    _memory(cfg, model_dir, report, task)
+    plan_rows = _memory(cfg, model_dir, report, task)
+    _placement(cfg, report, plan_rows)
     report.line("check: " + ("every step passed" if not report.failed
                              else f"{report.failed} step(s) FAILED"))
     return 1 if report.failed else 0
@@ -421,13 +422,14 @@ def pass_activations(model, tokens: int, rows: int, checkpointing: bool) -> int:
     return outside + in_layers + transient
 
 
-def _memory(cfg: RunConfig, model_dir: Path | None, report: Report, task: Any) -> None:
+def _memory(cfg: RunConfig, model_dir: Path | None, report: Report, task: Any
+            ) -> list[tuple[str, int, list[tuple[str, float]]]] | None:
     longest = (report.step("longest prompt", lambda: longest_prompt(cfg, task))
                if task is not None else None)
     plan = planned_memory(cfg, model_dir, longest)
     if plan is None:
         report.line("memory: not estimated (the parameter count is unknown)")
-        return
+        return None
     report.line("memory (rough: weights, gradients, optimizer state, kept copies, stored "
                 "versions, KV cache and the trainer's activations; framework and Python "
                 "overhead not counted):")
@@ -445,6 +447,98 @@ def _memory(cfg: RunConfig, model_dir: Path | None, report: Report, task: Any) -
         report.line(f"  {service}: {size / GIB:.2f} GiB{f' x {count}' if count > 1 else ''} "
                     f"({what})")
     report.line(f"  together: about {total / GIB:.2f} GiB")
+    return plan
+
+
+# Where each process runs ------------------------------------------------------------------
+
+def _placement(cfg: RunConfig, report: Report,
+               rows: list[tuple[str, int, list[tuple[str, float]]]] | None) -> None:
+    """The plan (relayrl_ops.plan): each process's node, GPUs, environment, command line,
+    ports and GPU memory; a GPU the plan fills past its memory fails the check."""
+    from relayrl_ops.plan import plan
+
+    processes = plan(cfg)
+    res = cfg.resources
+    if res is None:
+        report.line("placement: none (no resources section): every process sees every GPU "
+                    "of its machine, and CUDA gives each cuda:0")
+        return
+    config = str(Path(cfg.run_dir) / "config.yaml")
+    on_gpu = gpu_memory(cfg, rows, processes) if rows is not None else {}
+    report.line(f"placement: {len(res.nodes)} node(s), {len(processes)} process(es)")
+    for p in processes:
+        node = res.nodes[p.node]
+        held = (f", {on_gpu[p.name] / GIB:.2f} GiB on each" if p.name in on_gpu and p.gpus
+                else "")
+        report.line(f"  {p.name}: node {p.node} ({node.address}), GPUs "
+                    f"{list(p.gpus or ()) or 'none'}{held}"
+                    + (f", {p.ranks} torchrun ranks" if p.ranks > 1 else ""))
+        env = " ".join(f"{k}={v}" for k, v in p.env.items())
+        report.line(f"    {env} {' '.join(p.argv(config))}".rstrip())
+        if p.ports:
+            report.line("    ports: " + ", ".join(f"{v} ({k})" for k, v in p.ports.items()))
+    if not on_gpu:
+        return
+    for (node, gpu), (used, names) in sorted(gpu_loads(cfg, processes, on_gpu).items()):
+        limit = res.nodes[node].gpu_memory_gib * GIB
+        line = (f"  node {node} GPU {gpu}: {used / GIB:.2f} of {limit / GIB:.2f} GiB "
+                f"({', '.join(names)})")
+        if used > limit:
+            report.fail("placement", f"{line.strip()}: more than the GPU holds "
+                        f"(resources.nodes[{node}].gpu_memory_gib)")
+        else:
+            report.line(line)
+
+
+HOST_ONLY = ("two publish snapshots", "past versions for the engine check")  # never on a GPU
+
+
+def gpu_memory(cfg: RunConfig, rows: list[tuple[str, int, list[tuple[str, float]]]],
+               processes: list) -> dict[str, float]:
+    """Bytes each process with GPUs holds on each of them, from the memory plan's `rows`:
+    its service's parts but those kept in host memory, shared among a trainer's ranks
+    (FSDP2 shards weights, gradients and optimizer state; each rank passes its share of a
+    batch); a vLLM worker's weights over its tensor-parallel GPUs, its KV cache and
+    headroom, or its share of the GPU; a relay's kept versions only for the nccl plane."""
+    from rollout_svc.vllm_engine import GPU_HEADROOM
+
+    parts = {service: dict(p) for service, _, p in rows}
+
+    def device_bytes(service: str) -> float:
+        return sum(b for name, b in parts.get(service, {}).items()
+                   if not name.startswith(HOST_ONLY))
+
+    e, res = cfg.rollout.engine, cfg.resources
+    out: dict[str, float] = {}
+    for p in processes:
+        if not p.gpus:
+            continue
+        if p.name == "trainer":
+            out[p.name] = device_bytes("trainer") / (len(p.gpus) if cfg.trainer.fsdp else 1)
+        elif p.module == "relay_svc":
+            out[p.name] = device_bytes("relay") if "nccl" in cfg.relay.data_planes else 0.0
+        elif p.module == "rollout_svc" and isinstance(e, VllmEngineConfig):
+            share = e.gpu_memory_utilization * res.nodes[p.node].gpu_memory_gib * GIB
+            weights, kv = (sum(b for n, b in parts["rollout worker"].items() if n != "KV cache"),
+                           parts["rollout worker"]["KV cache"])
+            out[p.name] = share or weights / len(p.gpus) + kv + GPU_HEADROOM
+        elif p.module == "rollout_svc":
+            out[p.name] = device_bytes("rollout worker")
+        else:
+            out[p.name] = device_bytes("evaluator")
+    return out
+
+
+def gpu_loads(cfg: RunConfig, processes: list, on_gpu: dict[str, float]
+              ) -> dict[tuple[int, int], tuple[float, list[str]]]:
+    """(node, GPU) -> (bytes planned on it, the processes that hold them)."""
+    loads: dict[tuple[int, int], tuple[float, list[str]]] = {}
+    for p in processes:
+        for g in p.gpus or ():
+            used, names = loads.get((p.node, g), (0.0, []))
+            loads[(p.node, g)] = (used + on_gpu.get(p.name, 0.0), [*names, p.name])
+    return loads
 
 
 def memory_plan(cfg: RunConfig, params: int, adapter: int = 0,

@@ -45,8 +45,13 @@ def cmd_up(args) -> int:
     cfg = _load(args)
     from relayrl_ops.launcher import StartFailed, up
 
+    nodes = len(cfg.resources.nodes) if cfg.resources else 1
+    if not 0 <= args.node < nodes:
+        print(f"relayrl up: --node {args.node}: the run has {nodes} node(s) "
+              f"(resources.nodes), 0..{nodes - 1}", file=sys.stderr)
+        return 2
     try:
-        code = up(cfg)
+        code = up(cfg, args.node)
     except StartFailed as err:
         print(f"relayrl up: {err}", file=sys.stderr)
         return 1
@@ -233,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="SECTION.FIELD=VALUE", help="override a config field")
         p.set_defaults(fn=fn)
+        if name == "up":
+            p.add_argument("--node", type=int, default=0, metavar="K",
+                           help="start the processes the plan puts on node K of "
+                           "resources.nodes (default 0: on one node, all of them)")
     for name, text in (("status", "the run's state, step, reward, throughput and workers"),
                        ("pause", "hand out no lease until resumed (leases out finish)"),
                        ("resume", "hand out leases again after a pause"),

@@ -1,5 +1,7 @@
 """`relayrl up`: every service as its own local process, all started at once; with
 relay.children, child relays that follow the root relay and serve the workers (a relay tree).
+What runs, where and with which GPUs is the run's plan (relayrl_ops.plan); with several
+nodes, `relayrl up --node K` on each starts that node's share.
 
 The launcher owns the embedded Redis (when no URL is configured) and builds the model once
 before any service starts. Services are forked from a zygote that has imported torch and
@@ -25,12 +27,12 @@ from relayrl.runtime.auth import install_launcher_credentials
 from relayrl.runtime.grpc_util import ExitedBeforeHealthy, wait_healthy
 from relayrl.runtime.metrics import read_records
 from relayrl.runtime.procs import child_env
+from relayrl_ops.plan import EVALUATOR, Process, on_node, plan
 from relayrl_ops.restarts import RestartBudget
 from relayrl_ops.zygote_client import Forked, Zygote
 
 log = logging.getLogger(__name__)
 PUBLISH_PARTIES = ("trainer", "relay")  # the children that see the trainer token
-EVALUATOR = "evaluator"  # eval.mode separate: serves nothing, exits 0 after the last version
 
 
 def ended_by(code: int | None) -> str:
@@ -80,20 +82,23 @@ def log_tail(path: Path, lines: int = 6) -> str:
 
 @dataclass
 class Child:
-    """A service process the launcher started, and its restart budget."""
-    name: str
-    module: str
-    address: str
-    overrides: list[str]
+    """A process of the plan the launcher started, and its restart budget."""
+    process: Process
     budget: RestartBudget
     proc: Forked | None = None
 
+    @property
+    def name(self) -> str:
+        return self.process.name
+
 
 class Launcher:
-    """`relayrl up`: starts every service of a run as its own process, restarts those that
-    die within their budget, and stops them all on Ctrl-C or when training ends."""
-    def __init__(self, cfg: RunConfig, show_trainer_output: bool = True):
+    """`relayrl up`: starts every service of a run's node (`node`, of resources.nodes) as its
+    own process, restarts those that die within their budget, and stops them all on Ctrl-C
+    or when training ends."""
+    def __init__(self, cfg: RunConfig, show_trainer_output: bool = True, node: int = 0):
         self.cfg = cfg
+        self.node = node
         self.run_dir = Path(cfg.run_dir)
         self.show_trainer_output = show_trainer_output
         self.children: list[Child] = []
@@ -102,36 +107,12 @@ class Launcher:
         self.redis_budget = RestartBudget.of(cfg.restarts)
         self.config_path = self.run_dir / "config.yaml"
 
-    def _plan(self) -> list[list[Child]]:
+    def _children(self) -> list[Child]:
+        """This node's processes of the plan, each with its restart budget."""
         c = self.cfg
-
-        def service(name: str, address: str) -> Child:
-            return Child(name, f"{name}_svc", address, [], RestartBudget.of(c.restarts))
-
-        workers = [Child(f"rollout-{i}", "rollout_svc",
-                         f"{c.rollout.host}:{c.rollout.base_port + i}",
-                         [f"rollout.worker_index={i}"],
-                         RestartBudget.of(c.restarts, c.rollout.max_restarts))
-                   for i in range(c.rollout.num_workers)]
-        # a child relay follows the root and serves its share of the workers
-        # (RunConfig.relay_addresses); it publishes nothing, so it gets no trainer token
-        children = [Child(f"relay-child-{k}", "relay_svc", address,
-                          [f"relay.endpoint.port={address.rsplit(':', 1)[1]}",
-                           f"relay.upstream=[{c.relay.endpoint.address!r}]",
-                           "relay.children=0", "relay.metrics_port=0"],
-                          RestartBudget.of(c.restarts))
-                    for k, address in enumerate(c.child_relay_addresses)]
-        separate = c.eval.mode == "separate" and c.eval.every  # every 0: no evaluation
-        evaluator = [Child(EVALUATOR, "eval_svc", "", [],
-                           RestartBudget.of(c.restarts))] if separate else []
-        return [
-            [service("relay", c.relay.endpoint.address),
-             service("scheduler", c.scheduler.endpoint.address),
-             service("buffer", c.buffer.endpoint.address), *children],
-            [service("trainer", c.trainer.endpoint.address)],
-            workers,
-            evaluator,
-        ]
+        return [Child(p, RestartBudget.of(c.restarts, c.rollout.max_restarts)
+                      if p.module == "rollout_svc" else RestartBudget.of(c.restarts))
+                for p in on_node(plan(c), self.node)]
 
     def _warn_of_settings_that_stall(self) -> None:
         """Settings that are legal, since workers and groups may come from elsewhere (an
@@ -187,16 +168,14 @@ class Launcher:
 
     def _spawn(self, child: Child) -> None:
         log_path = self.run_dir / "logs" / f"{child.name}.log"
-        env = {**self._env(child), "RELAYRL_LOG_FILE": str(log_path)}
-        argv = ["--config", str(self.config_path)]
-        for o in child.overrides:
-            argv += ["--set", o]
+        env = {**self._env(child), "RELAYRL_LOG_FILE": str(log_path), **child.process.env}
+        module, argv = child.process.command(str(self.config_path))
         to_terminal = child.name == "trainer" and self.show_trainer_output
         if not self.zygote.alive():
             log.warning("the zygote %s; starting another", ended_by(self.zygote.proc.returncode))
             self.zygote.close()
             self.zygote = Zygote(self._env(), str(self.run_dir))
-        child.proc = self.zygote.spawn(child.name, child.module, argv, env, str(log_path),
+        child.proc = self.zygote.spawn(child.name, module, argv, env, str(log_path),
                                        stderr_to_log=not to_terminal)
         if child not in self.children:
             self.children.append(child)
@@ -205,21 +184,21 @@ class Launcher:
         """Every process at once: each waits out a peer that is not up yet (relayrl.runtime.outage),
         so start-up costs the slowest import and load, not their sum."""
         self.prepare()
-        children = [child for stage in self._plan() for child in stage]
+        children = self._children()
         for child in children:
             self._spawn(child)
         for child in children:
-            proc = child.proc
-            if not child.address:  # the evaluator: no server to ask
+            proc, address = child.proc, child.process.address
+            if not address:  # the evaluator: no server to ask
                 continue
             try:
-                wait_healthy(child.address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
+                wait_healthy(address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
             except ExitedBeforeHealthy:
                 path = self.run_dir / "logs" / f"{child.name}.log"
                 raise StartFailed(f"{child.name} {ended_by(proc.poll())} before serving "
-                                  f"on {child.address}; the end of {path}:\n"
+                                  f"on {address}; the end of {path}:\n"
                                   f"{log_tail(path)}") from None
-            log.info("%s healthy on %s (pid %d)", child.name, child.address, proc.pid)
+            log.info("%s healthy on %s (pid %d)", child.name, address, proc.pid)
 
     def wait(self, timeout_s: float | None = None) -> int:
         """Until the trainer exits with 0 (it reached max_steps) and the evaluator, if any, has
@@ -306,9 +285,10 @@ class Launcher:
             self.embedded = None
 
 
-def up(cfg: RunConfig) -> int:
-    """Run until the trainer finishes (0), a process fails (1) or Ctrl-C/SIGTERM (130)."""
-    launcher = Launcher(cfg)
+def up(cfg: RunConfig, node: int = 0) -> int:
+    """Run node `node`'s processes until the trainer finishes (0), a process fails (1) or
+    Ctrl-C/SIGTERM (130)."""
+    launcher = Launcher(cfg, node=node)
     interrupted = False
 
     def on_interrupt(signum, frame):

@@ -106,7 +106,7 @@ def serve(cfg: RunConfig) -> None:
                                                 cfg.buffer.max_pending_samples),
                                check_reward(cfg.task))
         generator = CustomGenerator(engine, lm, cfg.rollout)
-        runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.address,
+        runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.bind_address,
                                [(rollout_pb2_grpc.add_RolloutServicer_to_server,
                                  RolloutServicer(worker, generator))],
                                rollout_metrics(worker, generator.batcher), cfg.rollout.metrics_port,

@@ -111,7 +111,7 @@ def serve(cfg: RunConfig) -> None:
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         core = SchedulerCore(cfg, redis)
         servicer = with_lost_replies(SchedulerServicer(core), "Scheduler", LOSABLE_METHODS)
-        runner = ServiceRunner("scheduler", cfg.scheduler.endpoint.address,
+        runner = ServiceRunner("scheduler", cfg.scheduler.endpoint.bind_address,
                                [(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer)],
                                scheduler_metrics(core), cfg.scheduler.metrics_port)
 

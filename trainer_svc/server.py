@@ -210,7 +210,7 @@ def serve(cfg: RunConfig) -> None:
         log.info("trainer on %s, precision %s", world.device,
                  trainer.objective.precision.name)
         trainer.resume()
-        runner = ServiceRunner("trainer", cfg.trainer.endpoint.address,
+        runner = ServiceRunner("trainer", cfg.trainer.endpoint.bind_address,
                                [(trainer_pb2_grpc.add_TrainerServicer_to_server,
                                  TrainerStatusServicer(trainer))],
                                trainer_metrics_of(trainer), cfg.trainer.metrics_port)

@@ -24,13 +24,34 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
+
+
 class Endpoint(StrictModel):
-    host: str = Field("127.0.0.1", description="Interface to bind and to dial.")
+    host: str = Field(
+        "127.0.0.1", min_length=1, max_length=253,
+        description="Host every peer dials this server at (a name or address of the "
+        "network they share), which it binds too unless `bind` says otherwise.")
     port: int = Field(..., ge=1, le=65535, description="TCP port of the gRPC server.")
+    bind: str | None = Field(
+        None, max_length=253,
+        description="Interface the server binds, where it differs from `host` (0.0.0.0 "
+        "binds every interface, as a container does behind the name peers dial); None: host.")
 
     @property
     def address(self) -> str:
+        """host:port, where peers dial."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def bind_address(self) -> str:
+        """interface:port, where the server listens."""
+        return f"{self.bind or self.host}:{self.port}"
+
+    @property
+    def dialable(self) -> bool:
+        """Whether `host` names one machine a peer can dial (not a wildcard interface)."""
+        return self.host not in WILDCARD_HOSTS
 
 
 class ConfigError(ValueError):

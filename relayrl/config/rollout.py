@@ -147,7 +147,14 @@ def engine_shorthand(value: Any) -> Any:
 
 
 class RolloutConfig(StrictModel):
-    host: str = Field("127.0.0.1", description="Interface the worker's gRPC server binds.")
+    host: str = Field(
+        "127.0.0.1", min_length=1, max_length=253,
+        description="Host the worker's gRPC server is dialled at (and registered with the "
+        "scheduler as), which it binds too unless `bind` says otherwise.")
+    bind: str | None = Field(
+        None, max_length=253,
+        description="Interface the worker's gRPC server binds where it differs from `host` "
+        "(0.0.0.0: every interface); None: host.")
     base_port: int = Field(50560, ge=1, le=65000, description="Worker i listens on base+i.")
     num_workers: int = Field(2, ge=1, le=256, description="Workers `relayrl up` starts.")
     worker_index: int = Field(0, ge=0, le=255, description="This worker's index.")
@@ -316,7 +323,7 @@ class RolloutConfig(StrictModel):
 
     @property
     def endpoint(self) -> Endpoint:
-        return Endpoint(host=self.host, port=self.base_port + self.worker_index)
+        return Endpoint(host=self.host, port=self.base_port + self.worker_index, bind=self.bind)
 
     @property
     def metrics_port(self) -> int:

@@ -21,6 +21,7 @@ from relayrl.config.eval import EvalConfig
 from relayrl.config.model import ModelConfig, TinyModel, model_shorthand
 from relayrl.config.redis import RedisConfig
 from relayrl.config.relay import RelayConfig
+from relayrl.config.resources import Placement, ResourcesConfig
 from relayrl.config.restarts import RestartConfig
 from relayrl.config.rollout import RolloutConfig, VllmEngineConfig
 from relayrl.config.scheduler import SchedulerConfig
@@ -30,6 +31,7 @@ from relayrl.config.trainer import TrainerConfig
 from relayrl.rules.staleness import inflight_prompts
 from relayrl.runtime.deadlines import REDIS_BLOCK_MARGIN_S
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 VLLM_MAX_LORA_RANK = 512  # the largest LoRA rank vLLM serves
 # vLLM 0.32's CPU attention kernels (CPUAttentionBackend.get_supported_head_sizes)
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -84,6 +86,9 @@ class RunConfig(StrictModel):
                              description="Held-out evaluation (relayrl/config/eval.py).")
     restarts: RestartConfig = Field(default_factory=RestartConfig,
                                     description="How `relayrl up` restarts a service that dies.")
+    resources: ResourcesConfig | None = Field(
+        None, description="Nodes, GPUs and where each process goes (relayrl/config/"
+        "resources.py); None: every process sees every GPU of the machine it runs on.")
 
     @field_validator("task", mode="before")
     @classmethod
@@ -233,6 +238,19 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _relay_rendezvous_is_dialable(self) -> RunConfig:
+        """relay.data_planes torch_dist and nccl need relay.endpoint.host dialable: workers
+        meet the relay for each pull at that host."""
+        planes = sorted({"torch_dist", "nccl"} & set(self.relay.data_planes))
+        if planes and not self.relay.endpoint.dialable:
+            raise ValueError(
+                f"relay.endpoint.host {self.relay.endpoint.host!r} is no address a worker can "
+                f"dial, and relay.data_planes {planes} hand it to workers to meet the relay "
+                "at: set host to the address workers reach this relay at, and relay.endpoint"
+                ".bind to the interface it listens on (0.0.0.0 for every one)")
+        return self
+
+    @model_validator(mode="after")
     def _publish_plane_is_served(self) -> RunConfig:
         """trainer.publish_plane shm needs the relay's shm plane (and so its shm_dir)."""
         if self.trainer.publish_plane == "shm" and "shm" not in self.relay.data_planes:
@@ -258,6 +276,66 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _placed_workers_are_the_workers(self) -> RunConfig:
+        """resources.rollout places rollout.num_workers workers, each of
+        rollout.engine.tensor_parallel_size GPUs; resources.relay_children at most
+        relay.children child relays."""
+        res = self.resources
+        if res is None:
+            return self
+        if res.rollout:
+            placed = len(res.workers(self.gpus_per_worker))
+            if placed != self.rollout.num_workers:
+                raise ValueError(
+                    f"resources.rollout places {placed} worker(s) of {self.gpus_per_worker} "
+                    f"GPU(s), and rollout.num_workers is {self.rollout.num_workers}: make "
+                    "them agree")
+        if len(res.relay_children) > self.relay.children:
+            raise ValueError(f"resources.relay_children places {len(res.relay_children)} "
+                             f"child relays, and relay.children is {self.relay.children}")
+        return self
+
+    @model_validator(mode="after")
+    def _nccl_pairs_are_on_two_gpus(self) -> RunConfig:
+        """With rollout.weight_plane nccl and placed workers, each relay a worker pulls from
+        holds one GPU, which is not one of the worker's: NCCL refuses two ranks on one GPU."""
+        res = self.resources
+        if res is None or self.rollout.weight_plane != "nccl" or not res.rollout:
+            return self
+        for i, worker in enumerate(res.workers(self.gpus_per_worker)):
+            where, relay = self.serving_relay(i)
+            if len(relay.gpus) != 1:
+                raise ValueError(f"rollout.weight_plane nccl: resources.{where} holds "
+                                 f"{len(relay.gpus)} GPUs, and it sends rollout worker {i} "
+                                 "each version from a GPU of its own: give it one")
+            if relay.node == worker.node and relay.gpus[0] in worker.gpus:
+                raise ValueError(
+                    f"rollout.weight_plane nccl: resources.{where} and rollout worker {i} "
+                    f"are both on GPU {relay.gpus[0]} of node {relay.node}, and NCCL refuses "
+                    "two ranks on one GPU: give the relay a GPU of its own")
+        return self
+
+    @model_validator(mode="after")
+    def _nodes_can_reach_each_other(self) -> RunConfig:
+        """With several nodes, the services peers dial from other nodes are dialled at
+        addresses those nodes can reach, and Redis is a server all of them reach
+        (redis.url), not one embedded on a node."""
+        res = self.resources
+        if res is None or len(res.nodes) < 2:
+            return self
+        if not self.redis.url:
+            raise ValueError(f"resources.nodes: {len(res.nodes)} nodes share one Redis, which "
+                             "an embedded one is not: set redis.url")
+        for name in ("relay", "scheduler", "buffer", "trainer"):
+            host, node = getattr(self, name).endpoint.host, getattr(res, name).node
+            if host in LOOPBACK_HOSTS or not getattr(self, name).endpoint.dialable:
+                raise ValueError(
+                    f"{name}.endpoint.host {host!r} cannot be dialled from the run's other "
+                    f"nodes: set it to node {node}'s address, {res.nodes[node].address!r} "
+                    f"(resources.{name}.node)")
+        return self
+
+    @model_validator(mode="after")
     def _ports_are_distinct(self) -> RunConfig:
         """No two servers of the run (gRPC, REST, metrics, every rollout worker's) share a
         port."""
@@ -277,6 +355,8 @@ class RunConfig(StrictModel):
         }
         if self.scheduler.rest_port:
             ports["scheduler.rest_port"] = self.scheduler.rest_port
+        if self.resources is not None and len(self.resources.trainer.gpus) > 1:
+            ports["resources.torchrun_port"] = self.resources.torchrun_port
         for section in ("relay", "scheduler", "buffer", "trainer"):
             if port := getattr(self, section).metrics_port:
                 ports[f"{section}.metrics_port"] = port
@@ -298,10 +378,34 @@ class RunConfig(StrictModel):
         return ports
 
     @property
+    def gpus_per_worker(self) -> int:
+        """GPUs one rollout worker holds: vLLM's tensor-parallel size, or 1."""
+        e = self.rollout.engine
+        return e.tensor_parallel_size if isinstance(e, VllmEngineConfig) else 1
+
+    def serving_relay(self, worker: int) -> tuple[str, Placement]:
+        """(resources field, placement) of the relay worker `worker` pulls from first: its
+        child relay (worker i: child i mod relay.children), else the root."""
+        assert self.resources is not None
+        if self.rollout.relays or not self.relay.children:
+            return "relay", self.resources.relay
+        k = worker % self.relay.children
+        return f"relay_children[{k}]", self.resources.child_relay(k)
+
+    @property
     def child_relay_addresses(self) -> list[str]:
-        """host:port of the child relays `relayrl up` starts (relay.children)."""
-        host = self.relay.endpoint.host
-        return [f"{host}:{self.relay.children_base_port + k}" for k in range(self.relay.children)]
+        """host:port of the child relays `relayrl up` starts (relay.children): each on its
+        node's address when resources places it on another node than the root, else on the
+        root's host."""
+        out = []
+        for k in range(self.relay.children):
+            host = self.relay.endpoint.host
+            if self.resources is not None:
+                node = self.resources.child_relay(k).node
+                if node != self.resources.relay.node:
+                    host = self.resources.nodes[node].address
+            out.append(f"{host}:{self.relay.children_base_port + k}")
+        return out
 
     @property
     def relay_addresses(self) -> list[str]:

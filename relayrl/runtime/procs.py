@@ -14,6 +14,7 @@ import sys
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "RELAYRL_PARENT_PID"
+TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun's agent in every rank it starts
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -28,10 +29,12 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def die_with_launcher() -> None:
-    """For services: tie this process to the launcher that started it, if one did."""
+    """For services: tie this process to the launcher that started it, if one did. A rank
+    that torchrun started (a trainer on several GPUs) is tied to torchrun's agent, its
+    parent, which the launcher started and tied to itself."""
     parent = os.environ.get(PARENT_ENV)
     if parent:
-        die_with_parent(int(parent))
+        die_with_parent(os.getppid() if os.environ.get(TORCHRUN_ENV) else int(parent))
 
 
 def child_env() -> dict[str, str]:

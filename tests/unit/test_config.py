@@ -175,6 +175,25 @@ CROSS_CHECKS = {
     "_ports_are_distinct": (
         {"buffer": {"metrics_port": 50554}},
         "buffer.metrics_port and trainer.endpoint.port both use port 50554"),
+    "_relay_rendezvous_is_dialable": (
+        {"relay": {"endpoint": {"host": "0.0.0.0", "port": 50551}}},
+        r"relay.endpoint.host '0.0.0.0' is no address a worker can dial, and "
+        r"relay.data_planes \['torch_dist'\] hand it to workers"),
+    "_placed_workers_are_the_workers": (
+        {"resources": {"nodes": [{"gpus": 8}], "rollout": [{"gpus": [1, 2, 3]}]}},
+        r"resources.rollout places 3 worker\(s\) of 1 GPU\(s\), and rollout.num_workers is "
+        "2"),
+    "_nccl_pairs_are_on_two_gpus": (
+        {"resources": {"nodes": [{"gpus": 2}], "relay": {"gpus": [1]},
+                       "rollout": [{"gpus": [0, 1]}]},
+         "relay": {"data_planes": ["grpc", "nccl"]}, "rollout": {"weight_plane": "nccl"}},
+        "resources.relay and rollout worker 1 are both on GPU 1 of node 0, and NCCL refuses "
+        "two ranks on one GPU"),
+    "_nodes_can_reach_each_other": (
+        {"resources": {"nodes": [{"address": "10.0.0.1"}, {"address": "10.0.0.2"}]},
+         "redis": {"url": "redis://10.0.0.1:6379"}},
+        r"relay.endpoint.host '127.0.0.1' cannot be dialled from the run's other nodes: set "
+        r"it to node 0's address, '10.0.0.1' \(resources.relay.node\)"),
 }
 
 

@@ -167,8 +167,8 @@ def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
             # it exits 0 when done: a policy that restarts that would run it again
             assert svc["restart"].startswith("on-failure"), name
         else:
-            assert ep.host == "0.0.0.0", \
-                f"{name} binds {ep.host}: unreachable from other containers"
+            assert ep.bind_address.split(":")[0] == "0.0.0.0", \
+                f"{name} binds {ep.bind_address}: unreachable from other containers"
             probe = re.fullmatch(r"CMD relayrl health 127\.0\.0\.1:(\d+)",
                                  " ".join(svc["healthcheck"]["test"]))
             assert probe and int(probe.group(1)) == ep.port, f"{name} probes another port"
@@ -464,7 +464,7 @@ def test_k8s_workloads_ports_and_peers_agree_with_the_run_config(manifests, k8s_
             assert w["kind"] == "Job", f"{name} exits 0 when done: only a Job lets it"
             assert w["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure", name
         else:
-            assert ep.host == "0.0.0.0", f"{name} binds {ep.host}"
+            assert ep.bind_address.split(":")[0] == "0.0.0.0", f"{name} binds {ep.bind_address}"
             for probe in ("readinessProbe", "livenessProbe"):
                 assert c[probe]["grpc"]["port"] == ep.port, f"{name} {probe}"
             # readiness is lost while a service waits out a peer's outage; liveness (and the

@@ -41,15 +41,14 @@ def test_a_child_port_taken_by_another_server_is_refused():
 
 def test_the_launcher_starts_children_that_follow_the_root(tmp_path):
     cfg = config(children=2).model_copy(update={"run_dir": str(tmp_path)})
-    launcher = Launcher(cfg)
-    children = [c for stage in launcher._plan() for c in stage if c.name.startswith("relay-")]
+    children = [c.process for c in Launcher(cfg)._children() if c.name.startswith("relay-")]
     assert [c.name for c in children] == ["relay-child-0", "relay-child-1"]
     assert not {c.name for c in children} & set(PUBLISH_PARTIES)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     for child, address in zip(children, cfg.child_relay_addresses, strict=True):
         assert child.module == "relay_svc" and child.address == address
-        own = load_run_config(path, child.overrides)  # what the child process parses
+        own = load_run_config(path, list(child.overrides))  # what the child process parses
         assert own.relay.endpoint.address == address
         assert own.relay.upstream == [cfg.relay.endpoint.address]
         assert own.relay.children == 0 and own.relay.metrics_port == 0

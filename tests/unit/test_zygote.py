@@ -15,6 +15,7 @@ import pytest
 from relayrl.config import RunConfig
 from relayrl.runtime.procs import PARENT_ENV
 from relayrl_ops.launcher import PUBLISH_PARTIES, Child, Launcher
+from relayrl_ops.plan import Process
 from relayrl_ops.restarts import RestartBudget
 from relayrl_ops.zygote_client import Zygote
 
@@ -104,7 +105,7 @@ def test_only_the_publishers_get_the_trainer_token(tmp_path, monkeypatch):
     launcher = Launcher(cfg)
     assert var not in launcher._env()  # the zygote's exec environment
     for name in ("trainer", "relay", "scheduler", "buffer", "rollout-0", "relay-child-0"):
-        child = Child(name, "x", "", [], RestartBudget.of(cfg.restarts))
+        child = Child(Process(name, "x", 0, None, (), ""), RestartBudget.of(cfg.restarts))
         assert (launcher._env(child).get(var) == "publish-secret") == (name in PUBLISH_PARTIES)
 
 

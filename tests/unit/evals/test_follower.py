@@ -72,10 +72,10 @@ def test_a_restarted_follower_goes_on_where_it_stopped(tmp_path, tiny_lm):
 
 def test_the_launcher_starts_an_evaluator_only_in_separate_mode(tmp_path):
     cfg = config(tmp_path)
-    names = [c.name for stage in Launcher(cfg)._plan() for c in stage]
+    names = [c.name for c in Launcher(cfg)._children()]
     assert names[-1] == EVALUATOR and names.count(EVALUATOR) == 1
     inline = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"mode": "inline"})})
-    assert EVALUATOR not in [c.name for stage in Launcher(inline)._plan() for c in stage]
+    assert EVALUATOR not in [c.name for c in Launcher(inline)._children()]
 
 
 def test_the_plot_and_the_summary_read_eval_jsonl(tmp_path, capsys):

@@ -123,12 +123,14 @@ def serve(cfg: RunConfig) -> None:
 
     setup_logging("evaluator")
     torch.set_num_threads(cfg.rollout.torch_threads)
-    weight_device = worker_device(cfg.rollout.weight_plane, cfg.rollout.weight_device)
+    # the vllm plane delivers into vLLM alone: the evaluator's torch model takes gRPC
+    plane = "grpc" if cfg.rollout.weight_plane == "vllm" else cfg.rollout.weight_plane
+    weight_device = worker_device(plane, cfg.rollout.weight_device)
     lm = load_model(resolve_model_path(cfg.model, cfg.task), cfg.model.dtype_name())
     if cfg.trainer.lora is not None:  # versions are the trainer's adapter
         lm.model = with_lora(lm.model, cfg.trainer.lora)
-    relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,
-                          cfg.rollout.weight_plane, weight_device) for a in cfg.relay_addresses]
+    relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s, plane, weight_device)
+              for a in cfg.relay_addresses]
     writer = open_run_metrics(cfg, EVAL_FILE, job_type="eval")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -14,11 +14,13 @@ from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl_torch.weights import WeightError
 from relayrl_torch.weights.collective import backend_for, broadcast, nccl_device, two_rank_group
 from relayrl_torch.weights.hostid import host_id
+from relayrl_torch.weights.layout import views
 from relayrl_torch.weights.nixl_plane import nixl_api
 
 log = logging.getLogger(__name__)
 
 Plane = relay_pb2.DataPlane
+MAX_RANKS = 64  # a vLLM worker's tensor-parallel ranks, each a receiver of the version
 
 
 class RelayPlanes:
@@ -26,14 +28,16 @@ class RelayPlanes:
     must resolve to CUDA, or a torch.device taken as it is (a test's CPU, gloo standing in)."""
 
     def __init__(self, enabled: list[str], host: str, transfer_timeout_s: float,
-                 device: str | torch.device = "auto"):
+                 device: str | torch.device = "auto", bind: str | None = None):
         self.enabled = set(enabled)
-        self.host = host
+        self.host = host  # what workers dial for a rendezvous
+        self.bind = bind or host  # where its listener listens
         self.timeout = datetime.timedelta(seconds=transfer_timeout_s)
         self.device: torch.device | None = None
-        if "nccl" in self.enabled:
+        if self.enabled & {"nccl", "vllm"}:
             self.device = device if isinstance(device, torch.device) else nccl_device(
                 device, "relay.device", "relay.data_planes")
+        self._ipc = None  # relay_svc.vllm_planes.IpcHolds, on the first IPC pull
         self._nixl = None
         if "nixl" in self.enabled:
             # NIXL's native library (UCX) loads here, on the thread that builds the relay
@@ -56,6 +60,8 @@ class RelayPlanes:
             ticket.torch_dist.CopyFrom(self._broadcast(stored, stored.on_device(self.device)))
         elif request.plane == Plane.DATA_PLANE_NIXL:
             ticket.nixl.CopyFrom(self._nixl_agent().offer(stored))
+        elif request.plane == Plane.DATA_PLANE_VLLM:
+            self._vllm(stored, request, ticket)
         else:
             raise WeightError(f"OpenPull.plane: {name!r} has no ticket; use PullBytes")
         return ticket
@@ -63,6 +69,34 @@ class RelayPlanes:
     def close(self, request: relay_pb2.ClosePullRequest) -> None:
         if request.plane == Plane.DATA_PLANE_NIXL and self._nixl is not None:
             self._nixl.forget(request.version)
+        if request.plane == Plane.DATA_PLANE_VLLM and self._ipc is not None:
+            self._ipc.release(request.agent_name)
+
+    def _vllm(self, stored: StoredVersion, request: relay_pb2.OpenPullRequest,
+              ticket: relay_pb2.PullTicket) -> None:
+        """vLLM's weight-transfer engines (relay_svc.vllm_planes): CUDA IPC to a worker of
+        one rank on this relay's GPU, NCCL to any other, from the GPU copy checked once
+        against the manifest."""
+        from relay_svc import vllm_planes
+
+        if not 1 <= request.ranks <= MAX_RANKS:
+            raise WeightError(f"OpenPull.ranks: {request.ranks}, expected 1..{MAX_RANKS}")
+        aliases = vllm_planes.checked_aliases(stored.manifest, request.aliases)
+        flat = stored.on_device(self.device, verified=True)
+        pairs = vllm_planes.source_tensors(stored.manifest, views(stored.manifest, flat),
+                                           aliases)
+        timeout_s = self.timeout.total_seconds()
+        if request.ranks == 1 and request.gpu_uuid == vllm_planes.gpu_uuid(self.device):
+            uuid, shares = vllm_planes.ipc_shares(pairs)
+            if self._ipc is None:
+                self._ipc = vllm_planes.IpcHolds()
+            ticket.vllm_ipc.CopyFrom(relay_pb2.VllmIpcTicket(
+                gpu_uuid=uuid, shares=shares, timeout_s=timeout_s,
+                pull_id=self._ipc.hold(flat, timeout_s)))
+        else:
+            ticket.vllm_nccl.CopyFrom(vllm_planes.nccl_ticket(
+                pairs, self.device, self.host, self.bind, request.ranks, timeout_s,
+                stored.version))
 
     def _shm(self, stored: StoredVersion, caller_host: str) -> relay_pb2.ShmTicket:
         if stored.shm_path is None:
@@ -105,3 +139,5 @@ class RelayPlanes:
     def shutdown(self) -> None:
         if self._nixl is not None:
             self._nixl.close()
+        if self._ipc is not None:
+            self._ipc.close()

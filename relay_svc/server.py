@@ -162,7 +162,8 @@ def add_relay_servicer(servicer: RelayServicer, server: grpc.Server) -> None:
 def serve(cfg: RunConfig) -> None:
     setup_logging("relay")
     rc = cfg.relay
-    planes = RelayPlanes(rc.data_planes, rc.endpoint.host, rc.timeout_s, rc.device)  # first:
+    planes = RelayPlanes(rc.data_planes, rc.endpoint.host, rc.timeout_s, rc.device,
+                         rc.endpoint.bind)  # first:
     # it refuses a plane this machine cannot serve (nccl without CUDA) before anything starts
     store = VersionStore(rc.keep_versions, shm_dir=rc.shm_dir, wait_timeout_s=rc.timeout_s)
     servicer = RelayServicer(store, rc.chunk_bytes, planes, rc.timeout_s, rc.max_version_gap,

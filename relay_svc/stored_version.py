@@ -14,7 +14,7 @@ from enum import Enum
 
 import torch
 
-from relayrl_torch.weights.layout import ALIGN, flat_size, shard_offsets
+from relayrl_torch.weights.layout import ALIGN, flat_size, shard_offsets, unpack
 from relayrl_torch.weights.manifest import Manifest, WeightError, checksum
 from relayrl_torch.weights.shm_handoff import HANDOFF_NAME, claim_file, recycle
 
@@ -52,6 +52,7 @@ class StoredVersion:
         self.error = ""
         self.released = False  # dropped by its store; readers may still hold the buffer
         self._device_flat: torch.Tensor | None = None  # the nccl plane's copy, made lazily
+        self._device_verified = False  # _device_flat checked against the manifest
         self._device_lock = threading.Lock()  # not _cond: readers need not wait for a copy
         self._cond = threading.Condition()
 
@@ -104,9 +105,11 @@ class StoredVersion:
             os.close(fd)
         return torch.frombuffer(mapped, dtype=torch.uint8)[:self.size]
 
-    def on_device(self, device: torch.device) -> torch.Tensor:
+    def on_device(self, device: torch.device, verified: bool = False) -> torch.Tensor:
         """The complete buffer on `device`, copied there on the first call and kept until
-        the version is released (transfers in flight hold their own reference)."""
+        the version is released (transfers in flight hold their own reference). `verified`:
+        checked against the manifest where it lies, once (a copy back to the host), for a
+        plane whose receiver loads the bytes without checking them."""
         with self._device_lock:
             if self.state is not State.COMPLETE or self.released:
                 raise WeightError(f"version {self.version} is {self.state.value}"
@@ -116,6 +119,10 @@ class StoredVersion:
                 # serves a buffer of its own, as a GPU copy would be
                 self._device_flat = torch.empty(self.size, dtype=torch.uint8, device=device)
                 self._device_flat.copy_(self.flat)
+                self._device_verified = False
+            if verified and not self._device_verified:
+                unpack(self.manifest, self._device_flat)  # WeightError names a bad shard
+                self._device_verified = True
             return self._device_flat
 
     def release(self, recycle_file: bool = False) -> None:

@@ -501,7 +501,10 @@ def gpu_memory(cfg: RunConfig, rows: list[tuple[str, int, list[tuple[str, float]
     (FSDP2 shards weights, gradients and optimizer state; each rank passes its share of a
     batch); a vLLM worker's weights over its tensor-parallel GPUs, its KV cache and
     headroom, or its share of the GPU; a relay's kept versions only for the nccl plane."""
+    from relay_svc.vllm_planes import PACKED_BUFFER_BYTES, PACKED_BUFFERS
     from rollout_svc.vllm_engine import GPU_HEADROOM
+
+    TRANSFER_BUFFERS = PACKED_BUFFERS * PACKED_BUFFER_BYTES  # a vLLM NCCL transfer's, each side
 
     parts = {service: dict(p) for service, _, p in rows}
 
@@ -517,12 +520,15 @@ def gpu_memory(cfg: RunConfig, rows: list[tuple[str, int, list[tuple[str, float]
         if p.name == "trainer":
             out[p.name] = device_bytes("trainer") / (len(p.gpus) if cfg.trainer.fsdp else 1)
         elif p.module == "relay_svc":
-            out[p.name] = device_bytes("relay") if "nccl" in cfg.relay.data_planes else 0.0
+            planes = set(cfg.relay.data_planes)
+            out[p.name] = ((device_bytes("relay") if planes & {"nccl", "vllm"} else 0.0)
+                           + (TRANSFER_BUFFERS if "vllm" in planes else 0))
         elif p.module == "rollout_svc" and isinstance(e, VllmEngineConfig):
             share = e.gpu_memory_utilization * res.nodes[p.node].gpu_memory_gib * GIB
             weights, kv = (sum(b for n, b in parts["rollout worker"].items() if n != "KV cache"),
                            parts["rollout worker"]["KV cache"])
-            out[p.name] = share or weights / len(p.gpus) + kv + GPU_HEADROOM
+            transfer = TRANSFER_BUFFERS if cfg.rollout.weight_plane == "vllm" else 0
+            out[p.name] = (share or weights / len(p.gpus) + kv + GPU_HEADROOM) + transfer
         elif p.module == "rollout_svc":
             out[p.name] = device_bytes("rollout worker")
         else:

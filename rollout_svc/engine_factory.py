@@ -37,4 +37,6 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                       kv_transfer_port=(e.kv_transfer_base_port + r.worker_index
                                         if e.kv_transfer_base_port else 0),
                       port_range=e.port_range, lora=cfg.trainer.lora,
-                      lora_serving=e.lora_serving)
+                      lora_serving=e.lora_serving,
+                      weight_transfer=(cfg.vllm_transfer(r.worker_index)
+                                       if r.weight_plane == "vllm" else None))

@@ -42,7 +42,9 @@ import torch
 from relayrl.config import ConfigError, LoraConfig
 from relayrl_torch.models.loading import eos_ids as model_eos_ids
 from relayrl_torch.sampling.sampler import Completion
+from relayrl_torch.weights.manifest import Manifest, torch_dtype
 from relayrl_torch.weights.tied import check_state_dict, tied_aliases, with_aliases, without
+from rollout_svc import vllm_weights
 from rollout_svc.engine_api import Engine, SamplingSpec
 from rollout_svc.vllm_kv import KVTicket, park_params, pull_params, transfer_config
 from rollout_svc.vllm_lora import AdapterVersions, MergedVersions
@@ -212,7 +214,8 @@ class VllmEngine(Engine):
                  max_model_len: int = 0, dtype: str = "float32", enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.0, tensor_parallel_size: int = 1,
                  kv_transfer_port: int = 0, port_range: tuple[int, int] | None = None,
-                 lora: LoraConfig | None = None, lora_serving: str = "auto"):
+                 lora: LoraConfig | None = None, lora_serving: str = "auto",
+                 weight_transfer: str | None = None):
         super().__init__()
         path = Path(model_path)
         if not (path / "config.json").is_file():
@@ -247,6 +250,13 @@ class VllmEngine(Engine):
                 f"(a mixture of experts, {experts} experts) on CPU: vLLM's CPU "
                 "experts keep their first weights' layout; use rollout.engine.kind: torch "
                 "here, or vLLM on a GPU")
+        if weight_transfer is not None and not on_gpu:
+            raise ConfigError(f"rollout.weight_plane: vllm moves versions GPU to GPU through "
+                              f"vLLM's {weight_transfer} weight-transfer engine, and vLLM runs "
+                              f"on {platform.device_type or 'no GPU'} here; use grpc or shm")
+        assert weight_transfer in (None, *vllm_weights.BACKENDS), weight_transfer
+        self._transfer = weight_transfer  # versions come through vLLM's engine, not load_weights
+        self._ranks = tensor_parallel_size
         shipped = getattr(torch, dtype) if dtype != "auto" else torch.float32
         self._expected, self._tied = expected_state(config, shipped)
         kv_bytes = int(kv_cache_gib * GIB)
@@ -294,6 +304,8 @@ class VllmEngine(Engine):
                     logprobs_mode="processed_logprobs",
                     generation_config="vllm",  # no sampling defaults from the model directory
                     **transfer, **lora_args,
+                    **({"weight_transfer_config": {"backend": weight_transfer}}
+                       if weight_transfer else {}),
                 )
                 # its two model runners load logits processors of two interfaces
                 self.runner_v2 = runs_v2_model_runner(args)
@@ -316,6 +328,9 @@ class VllmEngine(Engine):
         held = self.llm.collective_rpc(_has_modules, args=(modules,))[0] if modules else []
         self._reloaded_aliases = {a: n for (a, n), has in zip(self._tied.items(), held,
                                                               strict=True) if has}
+        # the GPU a CUDA IPC transfer is asked for on: this process's first
+        self._gpu_uuid = (str(torch.cuda.get_device_properties(0).uuid)
+                          if weight_transfer == "ipc" else "")
         self._version = version
         self._broken: str | None = None
         self.tokens_generated = 0
@@ -443,6 +458,39 @@ class VllmEngine(Engine):
             self.llm.reset_prefix_cache()
             self._version = version
             self._tickets.clear()  # blocks computed under the old weights
+            self.weight_loads += 1
+            self.load_s += time.monotonic() - t0
+
+    @property
+    def receives_versions(self) -> bool:
+        """Whether versions come straight from a relay into vLLM (`receive`), not as tensors
+        (`load_weights`)."""
+        return self._transfer is not None
+
+    def receive(self, relay, manifest: Manifest) -> None:
+        """Move to `manifest`'s version through vLLM's weight-transfer engine, from `relay`
+        (a RelayClient on the vllm plane; rollout_svc.vllm_weights): the manifest is checked
+        against the model before anything moves; a transfer that fails part way stops the
+        engine for good, as a reload that does."""
+        with self.lock:
+            self.use_threads()
+            self._check_usable()
+            check_state_dict(self._expected, {s.name: torch.empty(
+                s.shape, dtype=torch_dtype(s.dtype), device="meta") for s in manifest.shards},
+                manifest.version)
+            ticket = vllm_weights.open_pull(relay, manifest, self._transfer, self._ranks,
+                                            self._reloaded_aliases, self._gpu_uuid)
+            t0 = time.monotonic()
+            try:
+                vllm_weights.transfer(self.llm, relay, manifest, ticket, self._reloaded_aliases)
+            except BaseException as err:
+                self._broken = (f"engine: receiving version {manifest.version} failed part way "
+                                f"({type(err).__name__}: {err}); the vLLM engine cannot "
+                                "recover in place: restart the worker")
+                raise
+            self.llm.reset_prefix_cache()  # computed under the old weights
+            self._version = manifest.version
+            self._tickets.clear()
             self.weight_loads += 1
             self.load_s += time.monotonic() - t0
 

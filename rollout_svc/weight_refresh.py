@@ -59,14 +59,18 @@ class WeightRefresher:
                     self.outage.recovered()
                     return False
                 t0 = time.monotonic()
-                size = flat_size(manifest)
-                if self._staging is None or self._staging.numel() < size:
-                    self._staging = torch.empty(size, dtype=torch.uint8)
-                tensors = relay.pull(manifest.version, staging=self._staging)
-                t_pulled = time.monotonic()
-                self.engine.load_weights(tensors, manifest.version)
-                del tensors
-                release_freed_memory()  # the load's temporaries
+                if getattr(self.engine, "receives_versions", False):  # into vLLM directly
+                    self.engine.receive(relay, manifest)
+                    t_pulled = time.monotonic()
+                else:
+                    size = flat_size(manifest)
+                    if self._staging is None or self._staging.numel() < size:
+                        self._staging = torch.empty(size, dtype=torch.uint8)
+                    tensors = relay.pull(manifest.version, staging=self._staging)
+                    t_pulled = time.monotonic()
+                    self.engine.load_weights(tensors, manifest.version)
+                    del tensors
+                    release_freed_memory()  # the load's temporaries
             except (WeightError, ValueError, grpc.RpcError) as err:
                 self.pull_failures += 1
                 if is_outage(err):  # logged once, by the outage, if no relay answers

@@ -15,11 +15,12 @@ class RelayConfig(StrictModel):
     chunk_bytes: int = Field(
         1 << 20, ge=1024, le=32 << 20, description="Bytes per streamed chunk."
     )
-    data_planes: list[Literal["grpc", "shm", "torch_dist", "nixl", "nccl"]] = Field(
+    data_planes: list[Literal["grpc", "shm", "torch_dist", "nixl", "nccl", "vllm"]] = Field(
         default_factory=lambda: ["grpc", "torch_dist"], min_length=1,
         description="Data planes this relay serves versions through; gRPC carries the "
         "control for all of them. shm needs shm_dir; nixl needs the nixl-cu12 package; nccl "
-        "needs CUDA (device) and workers on other GPUs than the relay's.",
+        "needs CUDA (device) and workers on other GPUs than the relay's; vllm (vLLM's "
+        "weight-transfer engines, into vLLM workers' parameters) needs CUDA and vLLM.",
     )
     device: str = Field(
         "auto", pattern=DEVICE_PATTERN,

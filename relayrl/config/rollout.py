@@ -163,9 +163,12 @@ class RolloutConfig(StrictModel):
         description="host:port of relays to pull from, in order of preference; a worker "
         "fails over to the next when one is down or serves a bad shard. Empty: relay.endpoint.",
     )
-    weight_plane: Literal["grpc", "shm", "torch_dist", "nixl", "nccl"] = Field(
+    weight_plane: Literal["grpc", "shm", "torch_dist", "nixl", "nccl", "vllm"] = Field(
         "grpc", description="Data plane workers pull weights through; the relays must serve it. "
-        "nccl receives onto `device`, which must be a GPU (checked at start).",
+        "nccl receives onto `device`, which must be a GPU (checked at start). vllm: vLLM's "
+        "weight-transfer engines move each version from the relay's GPU straight into the "
+        "vLLM engine's parameters, over CUDA IPC for a worker on the relay's GPU "
+        "(resources), over NCCL otherwise; the vLLM engine on a GPU, whole-model versions only.",
     )
     http_base_port: int = Field(
         0, ge=0, le=65000,

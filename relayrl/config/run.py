@@ -296,21 +296,40 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _vllm_plane_carries_whole_models_to_vllm(self) -> RunConfig:
+        """rollout.weight_plane vllm needs rollout.engine.kind vllm and whole-model versions:
+        vLLM takes an adapter (trainer.lora) as files, which its weight-transfer engines do
+        not move."""
+        if self.rollout.weight_plane != "vllm":
+            return self
+        if not isinstance(self.rollout.engine, VllmEngineConfig):
+            raise ValueError("rollout.weight_plane vllm moves versions into vLLM's own engine: "
+                             "it needs rollout.engine.kind vllm (the torch engine takes "
+                             "nccl)")
+        if self.trainer.lora is not None:
+            raise ValueError("rollout.weight_plane vllm: adapter versions (trainer.lora) reach "
+                             "vLLM as files (its add_lora), which its weight-transfer engines "
+                             "do not move; use grpc or shm")
+        return self
+
+    @model_validator(mode="after")
     def _nccl_pairs_are_on_two_gpus(self) -> RunConfig:
-        """With rollout.weight_plane nccl and placed workers, each relay a worker pulls from
-        holds one GPU, which is not one of the worker's: NCCL refuses two ranks on one GPU."""
-        res = self.resources
-        if res is None or self.rollout.weight_plane != "nccl" or not res.rollout:
+        """With rollout.weight_plane nccl or vllm and placed workers, each relay a worker
+        pulls from holds one GPU, which is none of the worker's (NCCL refuses two ranks on
+        one GPU), but for a one-GPU worker on the vllm plane, which reads it over CUDA IPC."""
+        res, plane = self.resources, self.rollout.weight_plane
+        if res is None or plane not in ("nccl", "vllm") or not res.rollout:
             return self
         for i, worker in enumerate(res.workers(self.gpus_per_worker)):
             where, relay = self.serving_relay(i)
             if len(relay.gpus) != 1:
-                raise ValueError(f"rollout.weight_plane nccl: resources.{where} holds "
+                raise ValueError(f"rollout.weight_plane {plane}: resources.{where} holds "
                                  f"{len(relay.gpus)} GPUs, and it sends rollout worker {i} "
                                  "each version from a GPU of its own: give it one")
-            if relay.node == worker.node and relay.gpus[0] in worker.gpus:
+            shared = relay.node == worker.node and relay.gpus[0] in worker.gpus
+            if shared and not (plane == "vllm" and len(worker.gpus) == 1):
                 raise ValueError(
-                    f"rollout.weight_plane nccl: resources.{where} and rollout worker {i} "
+                    f"rollout.weight_plane {plane}: resources.{where} and rollout worker {i} "
                     f"are both on GPU {relay.gpus[0]} of node {relay.node}, and NCCL refuses "
                     "two ranks on one GPU: give the relay a GPU of its own")
         return self
@@ -382,6 +401,18 @@ class RunConfig(StrictModel):
         """GPUs one rollout worker holds: vLLM's tensor-parallel size, or 1."""
         e = self.rollout.engine
         return e.tensor_parallel_size if isinstance(e, VllmEngineConfig) else 1
+
+    def vllm_transfer(self, worker: int) -> str:
+        """The weight-transfer engine of vLLM rollout worker `worker` on the vllm plane: ipc
+        when resources put it, on one GPU, on the GPU of the relay it pulls from; nccl
+        otherwise."""
+        res = self.resources
+        if res is None or not res.rollout:
+            return "nccl"
+        placed = res.workers(self.gpus_per_worker)[worker]
+        _, relay = self.serving_relay(worker)
+        same = relay.node == placed.node and relay.gpus == placed.gpus and len(placed.gpus) == 1
+        return "ipc" if same else "nccl"
 
     def serving_relay(self, worker: int) -> tuple[str, Placement]:
         """(resources field, placement) of the relay worker `worker` pulls from first: its

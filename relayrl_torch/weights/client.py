@@ -22,7 +22,7 @@ from relayrl_torch.weights.shm_handoff import StagedVersion
 from relayrl_torch.weights.wire import decode_bytes_chunk, encode_publish_chunk, iter_chunks
 
 log = logging.getLogger(__name__)
-DATA_PLANES = ("grpc", "shm", "torch_dist", "nixl", "nccl")
+DATA_PLANES = ("grpc", "shm", "torch_dist", "nixl", "nccl", "vllm")
 
 
 class RelayClient(WeightPlane):
@@ -147,7 +147,10 @@ class RelayClient(WeightPlane):
         the caller reuses), the gRPC, torch.distributed and NIXL planes receive into it and the
         tensors view it: fresh memory costs a page fault per 4 KiB, a large share of a
         loopback transfer. The nccl plane's tensors view a fresh buffer on `device`, and
-        `staging` holds the host copy their checksums are computed on."""
+        `staging` holds the host copy their checksums are computed on. The vllm plane has no
+        pull: a vLLM engine receives its versions itself (open_vllm)."""
+        if self.plane == "vllm":
+            raise WeightError("the vllm data plane delivers into a vLLM engine; it has no pull")
         try:
             if self.plane == "grpc":
                 manifest = self.manifest(version)
@@ -204,6 +207,32 @@ class RelayClient(WeightPlane):
             self._stub.ClosePull(relay_pb2.ClosePullRequest(
                 version=manifest.version, plane=plane, agent_name=self._nixl.name),
                 timeout=self.timeout_s)
+
+    def open_vllm(self, version: int, ranks: int, aliases: dict[str, str], gpu_uuid: str = ""
+                  ) -> tuple[Manifest, relay_pb2.PullTicket]:
+        """A ticket to receive `version` through vLLM's weight-transfer engines: CUDA IPC
+        with `gpu_uuid` (the worker's GPU, which must be the relay's), else NCCL to `ranks`
+        receiving ranks; `aliases` (name -> shard) are sent after the shards. The relay's
+        manifest comes with it, checked."""
+        request = relay_pb2.OpenPullRequest(
+            version=version, plane=relay_pb2.DATA_PLANE_VLLM, host_id=fetchers.host_id(),
+            gpu_uuid=gpu_uuid, ranks=ranks,
+            aliases=[relay_pb2.ShardAlias(name=n, shard=s) for n, s in aliases.items()])
+        try:
+            ticket = self._stub.OpenPull(request, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise self._error(f"vLLM pull of version {version}", err) from err
+        which = ticket.WhichOneof("ticket")
+        if which != ("vllm_ipc" if gpu_uuid else "vllm_nccl"):
+            raise WeightError(f"OpenPull: asked for {'IPC' if gpu_uuid else 'NCCL'}, the relay "
+                              f"answered with a {which} ticket")
+        return Manifest.from_proto(ticket.manifest), ticket
+
+    def close_vllm(self, version: int, pull_id: str) -> None:
+        """The relay may let go of what it held for an IPC pull."""
+        self._stub.ClosePull(relay_pb2.ClosePullRequest(
+            version=version, plane=relay_pb2.DATA_PLANE_VLLM, agent_name=pull_id),
+            timeout=self.timeout_s)
 
     def versions(self) -> list[int]:
         resp = self._stub.ListVersions(relay_pb2.ListVersionsRequest(), timeout=self.timeout_s)

@@ -59,6 +59,12 @@ def unpack(manifest: Manifest, flat: torch.Tensor, host: torch.Tensor | None = N
     offsets = shard_offsets(manifest)
     for s in manifest.shards:
         verify_shard(s, memoryview(arr[offsets[s.name]:offsets[s.name] + s.nbytes]))
+    return views(manifest, flat)
+
+
+def views(manifest: Manifest, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each shard's tensor viewing its slice of `flat` (no copy, nothing checked)."""
+    offsets = shard_offsets(manifest)
     # the offsets are 64-byte aligned, so every dtype may view its slice
     return {s.name: flat[offsets[s.name]:offsets[s.name] + s.nbytes].view(
         torch_dtype(s.dtype)).view(s.shape) for s in manifest.shards}

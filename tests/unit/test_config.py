@@ -189,6 +189,10 @@ CROSS_CHECKS = {
          "relay": {"data_planes": ["grpc", "nccl"]}, "rollout": {"weight_plane": "nccl"}},
         "resources.relay and rollout worker 1 are both on GPU 1 of node 0, and NCCL refuses "
         "two ranks on one GPU"),
+    "_vllm_plane_carries_whole_models_to_vllm": (
+        {"relay": {"data_planes": ["grpc", "vllm"]}, "rollout": {"weight_plane": "vllm"}},
+        "rollout.weight_plane vllm moves versions into vLLM's own engine: it needs "
+        "rollout.engine.kind vllm"),
     "_nodes_can_reach_each_other": (
         {"resources": {"nodes": [{"address": "10.0.0.1"}, {"address": "10.0.0.2"}]},
          "redis": {"url": "redis://10.0.0.1:6379"}},

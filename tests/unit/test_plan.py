@@ -38,9 +38,10 @@ def python_m(module: str) -> list[str]:
     return [PY, "-m", module]
 
 
-def test_one_gpu_shared_by_the_trainer_and_one_vllm_worker():
-    assert table(example("one_gpu.yaml")) == [
-        ("relay", 0, {"CUDA_VISIBLE_DEVICES": ""}, python_m("relay_svc"), [],
+def test_one_gpu_shared_by_the_trainer_the_relay_and_one_vllm_worker():
+    cfg = example("one_gpu.yaml")
+    assert table(cfg) == [
+        ("relay", 0, {"CUDA_VISIBLE_DEVICES": "0"}, python_m("relay_svc"), [],
          {"relay.endpoint.port": 50551}),
         ("scheduler", 0, {"CUDA_VISIBLE_DEVICES": ""}, python_m("scheduler_svc"), [],
          {"scheduler.endpoint.port": 50552}),
@@ -51,6 +52,7 @@ def test_one_gpu_shared_by_the_trainer_and_one_vllm_worker():
         ("rollout-0", 0, {"CUDA_VISIBLE_DEVICES": "0"}, python_m("rollout_svc"),
          ["--set", "rollout.worker_index=0"], {"rollout.base_port+0": 50560}),
     ]
+    assert cfg.vllm_transfer(0) == "ipc"  # the relay's GPU
 
 
 def test_eight_gpus_give_the_trainer_four_torchrun_ranks_and_each_worker_its_own():
@@ -70,7 +72,10 @@ def test_eight_gpus_give_the_trainer_four_torchrun_ranks_and_each_worker_its_own
                        {f"rollout.base_port+{i}": 50560 + i})
     assert rows[8] == ("evaluator", 0, {"CUDA_VISIBLE_DEVICES": "7"}, python_m("eval_svc"),
                        [], {})
-    assert all(r[2] == {"CUDA_VISIBLE_DEVICES": ""} for r in rows[:3])
+    assert rows[0][2] == {"CUDA_VISIBLE_DEVICES": "4"}  # the relay's copy, beside worker 0
+    assert all(r[2] == {"CUDA_VISIBLE_DEVICES": ""} for r in rows[1:3])
+    cfg = example("eight_gpus.yaml")
+    assert [cfg.vllm_transfer(i) for i in range(4)] == ["ipc", "nccl", "nccl", "nccl"]
 
 
 def test_two_nodes_split_the_run_and_each_node_starts_its_own_share():
@@ -80,7 +85,7 @@ def test_two_nodes_split_the_run_and_each_node_starts_its_own_share():
     assert rows["trainer"][2] == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
     assert "--nproc-per-node" in rows["trainer"][3] and "8" in rows["trainer"][3]
     assert rows["relay-child-0"] == (
-        "relay-child-0", 1, {"CUDA_VISIBLE_DEVICES": ""}, python_m("relay_svc"),
+        "relay-child-0", 1, {"CUDA_VISIBLE_DEVICES": "0"}, python_m("relay_svc"),
         ["--set", "relay.endpoint.host=10.0.0.2", "--set", "relay.endpoint.port=50540",
          "--set", "relay.upstream=['10.0.0.1:50551']", "--set", "relay.children=0",
          "--set", "relay.metrics_port=0", "--set", "resources.relay_children=[]"],
@@ -90,6 +95,7 @@ def test_two_nodes_split_the_run_and_each_node_starts_its_own_share():
             f"rollout-{i}", 1, {"CUDA_VISIBLE_DEVICES": str(i)}, python_m("rollout_svc"),
             ["--set", f"rollout.worker_index={i}", "--set", "rollout.host=10.0.0.2"],
             {f"rollout.base_port+{i}": 50560 + i})
+    assert [cfg.vllm_transfer(i) for i in range(8)] == ["ipc"] + ["nccl"] * 7
     processes = plan(cfg)
     assert [p.name for p in on_node(processes, 0)] == ["relay", "scheduler", "buffer",
                                                         "trainer"]
@@ -178,13 +184,15 @@ def test_a_gpu_filled_past_its_memory_fails_the_check():
     processes = plan(cfg)
     held = gpu_memory(cfg, rows, processes)
     assert held["trainer"] == 2 * GIB  # the snapshots are pinned host memory
-    assert held["rollout-0"] == GIB + 78 * GIB + GIB  # weights, KV cache, headroom
-    assert "relay" not in held  # no GPU: the shm plane keeps versions in host memory
-    assert gpu_loads(cfg, processes, held)[(0, 0)] == (82 * GIB, ["trainer", "rollout-0"])
+    buffers = 512 << 20  # the vllm plane's packed transfer buffers
+    assert held["rollout-0"] == GIB + 78 * GIB + GIB + buffers  # weights, KV, headroom
+    assert held["relay"] == GIB + buffers  # its kept versions' copies on the GPU
+    assert gpu_loads(cfg, processes, held)[(0, 0)] == (
+        84 * GIB, ["relay", "trainer", "rollout-0"])
     lines = []
     report = Report(lines.append)
     _placement(cfg, report, rows)
     assert report.failed == 1
-    assert lines[-1] == ("  FAILED placement: node 0 GPU 0: 82.00 of 80.00 GiB (trainer, "
-                         "rollout-0): more than the GPU holds "
+    assert lines[-1] == ("  FAILED placement: node 0 GPU 0: 84.00 of 80.00 GiB (relay, "
+                         "trainer, rollout-0): more than the GPU holds "
                          "(resources.nodes[0].gpu_memory_gib)")

@@ -35,6 +35,11 @@ class _DataPlaneEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DataPlane.V
     """NIXL (UCX) read of the relay's registered buffer"""
     DATA_PLANE_NCCL: _DataPlane.ValueType  # 5
     """NCCL broadcast from the relay's GPU copy (a TorchDistTicket)"""
+    DATA_PLANE_VLLM: _DataPlane.ValueType  # 6
+    """vLLM's weight-transfer engines, from the relay's GPU copy straight into a vLLM worker's
+    parameters: CUDA IPC where the worker is on the relay's GPU (a VllmIpcTicket), else NCCL
+    (a VllmNcclTicket)
+    """
 
 class DataPlane(_DataPlane, metaclass=_DataPlaneEnumTypeWrapper):
     """Data planes a worker can pull a version's flat buffer through; gRPC carries the control."""
@@ -49,6 +54,11 @@ DATA_PLANE_NIXL: DataPlane.ValueType  # 4
 """NIXL (UCX) read of the relay's registered buffer"""
 DATA_PLANE_NCCL: DataPlane.ValueType  # 5
 """NCCL broadcast from the relay's GPU copy (a TorchDistTicket)"""
+DATA_PLANE_VLLM: DataPlane.ValueType  # 6
+"""vLLM's weight-transfer engines, from the relay's GPU copy straight into a vLLM worker's
+parameters: CUDA IPC where the worker is on the relay's GPU (a VllmIpcTicket), else NCCL
+(a VllmNcclTicket)
+"""
 Global___DataPlane: _TypeAlias = DataPlane  # noqa: Y015
 
 @_typing.final
@@ -383,27 +393,69 @@ class BytesChunk(_message.Message):
 Global___BytesChunk: _TypeAlias = BytesChunk  # noqa: Y015
 
 @_typing.final
+class ShardAlias(_message.Message):
+    """A name the receiver's model has for a shard the manifest holds under another (a tied
+    output projection, published once under the embedding's name).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SHARD_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    shard: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        shard: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "shard", b"shard"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardAlias: _TypeAlias = ShardAlias  # noqa: Y015
+
+@_typing.final
 class OpenPullRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     PLANE_FIELD_NUMBER: _builtins.int
     HOST_ID_FIELD_NUMBER: _builtins.int
+    GPU_UUID_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    ALIASES_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """0 asks for the latest complete version"""
     plane: Global___DataPlane.ValueType
     host_id: _builtins.str
     """the caller's host identity, checked for shared memory"""
+    gpu_uuid: _builtins.str
+    """DATA_PLANE_VLLM only:
+    the worker's (first) GPU; the relay's own: CUDA IPC
+    """
+    ranks: _builtins.int
+    """the worker's tensor-parallel ranks, each receiving the version"""
+    @_builtins.property
+    def aliases(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardAlias]:
+        """sent after the shards, in this order"""
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
         plane: Global___DataPlane.ValueType = ...,
         host_id: _builtins.str = ...,
+        gpu_uuid: _builtins.str = ...,
+        ranks: _builtins.int = ...,
+        aliases: _abc.Iterable[Global___ShardAlias] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "plane", b"plane", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "gpu_uuid", b"gpu_uuid", "host_id", b"host_id", "plane", b"plane", "ranks", b"ranks", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -461,6 +513,120 @@ class TorchDistTicket(_message.Message):
 Global___TorchDistTicket: _TypeAlias = TorchDistTicket  # noqa: Y015
 
 @_typing.final
+class VllmNcclTicket(_message.Message):
+    """vLLM's NCCL weight-transfer engine: the worker's ranks meet the relay (rank 0) at
+    master_address:master_port, world_size ranks in all, and receive the shards then the
+    aliases, packed into buffers of this size.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MASTER_ADDRESS_FIELD_NUMBER: _builtins.int
+    MASTER_PORT_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    PACKED_BUFFER_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    PACKED_NUM_BUFFERS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    master_address: _builtins.str
+    master_port: _builtins.int
+    world_size: _builtins.int
+    packed_buffer_size_bytes: _builtins.int
+    packed_num_buffers: _builtins.int
+    timeout_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        master_address: _builtins.str = ...,
+        master_port: _builtins.int = ...,
+        world_size: _builtins.int = ...,
+        packed_buffer_size_bytes: _builtins.int = ...,
+        packed_num_buffers: _builtins.int = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["master_address", b"master_address", "master_port", b"master_port", "packed_buffer_size_bytes", b"packed_buffer_size_bytes", "packed_num_buffers", b"packed_num_buffers", "timeout_s", b"timeout_s", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VllmNcclTicket: _TypeAlias = VllmNcclTicket  # noqa: Y015
+
+@_typing.final
+class CudaIpcShare(_message.Message):
+    """One tensor of the relay's GPU copy shared over CUDA IPC: its storage (the version's flat
+    buffer, the same for every tensor) and the reference counter and event of this share.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORAGE_HANDLE_FIELD_NUMBER: _builtins.int
+    STORAGE_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    STORAGE_OFFSET_BYTES_FIELD_NUMBER: _builtins.int
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _builtins.int
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _builtins.int
+    EVENT_HANDLE_FIELD_NUMBER: _builtins.int
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _builtins.int
+    storage_handle: _builtins.bytes
+    storage_size_bytes: _builtins.int
+    storage_offset_bytes: _builtins.int
+    ref_counter_handle: _builtins.bytes
+    ref_counter_offset: _builtins.int
+    event_handle: _builtins.bytes
+    event_sync_required: _builtins.bool
+    def __init__(
+        self,
+        *,
+        storage_handle: _builtins.bytes = ...,
+        storage_size_bytes: _builtins.int = ...,
+        storage_offset_bytes: _builtins.int = ...,
+        ref_counter_handle: _builtins.bytes = ...,
+        ref_counter_offset: _builtins.int = ...,
+        event_handle: _builtins.bytes = ...,
+        event_sync_required: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_handle", b"event_handle", "event_sync_required", b"event_sync_required", "ref_counter_handle", b"ref_counter_handle", "ref_counter_offset", b"ref_counter_offset", "storage_handle", b"storage_handle", "storage_offset_bytes", b"storage_offset_bytes", "storage_size_bytes", b"storage_size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CudaIpcShare: _TypeAlias = CudaIpcShare  # noqa: Y015
+
+@_typing.final
+class VllmIpcTicket(_message.Message):
+    """vLLM's CUDA IPC weight-transfer engine: one share per shard then per alias, in order; the
+    relay holds the copy until ClosePull or its transfer deadline.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPU_UUID_FIELD_NUMBER: _builtins.int
+    SHARES_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    PULL_ID_FIELD_NUMBER: _builtins.int
+    gpu_uuid: _builtins.str
+    timeout_s: _builtins.float
+    pull_id: _builtins.str
+    """ClosePull's agent_name: the relay lets its copy go"""
+    @_builtins.property
+    def shares(self) -> _containers.RepeatedCompositeFieldContainer[Global___CudaIpcShare]: ...
+    def __init__(
+        self,
+        *,
+        gpu_uuid: _builtins.str = ...,
+        shares: _abc.Iterable[Global___CudaIpcShare] | None = ...,
+        timeout_s: _builtins.float = ...,
+        pull_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_uuid", b"gpu_uuid", "pull_id", b"pull_id", "shares", b"shares", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VllmIpcTicket: _TypeAlias = VllmIpcTicket  # noqa: Y015
+
+@_typing.final
 class NixlTicket(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -497,6 +663,8 @@ class PullTicket(_message.Message):
     SHM_FIELD_NUMBER: _builtins.int
     TORCH_DIST_FIELD_NUMBER: _builtins.int
     NIXL_FIELD_NUMBER: _builtins.int
+    VLLM_NCCL_FIELD_NUMBER: _builtins.int
+    VLLM_IPC_FIELD_NUMBER: _builtins.int
     flat_size: _builtins.int
     @_builtins.property
     def manifest(self) -> Global___Manifest: ...
@@ -508,6 +676,14 @@ class PullTicket(_message.Message):
 
     @_builtins.property
     def nixl(self) -> Global___NixlTicket: ...
+    @_builtins.property
+    def vllm_nccl(self) -> Global___VllmNcclTicket:
+        """DATA_PLANE_VLLM, another GPU than the relay's"""
+
+    @_builtins.property
+    def vllm_ipc(self) -> Global___VllmIpcTicket:
+        """DATA_PLANE_VLLM, the relay's GPU"""
+
     def __init__(
         self,
         *,
@@ -516,12 +692,14 @@ class PullTicket(_message.Message):
         shm: Global___ShmTicket | None = ...,
         torch_dist: Global___TorchDistTicket | None = ...,
         nixl: Global___NixlTicket | None = ...,
+        vllm_nccl: Global___VllmNcclTicket | None = ...,
+        vllm_ipc: Global___VllmIpcTicket | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["manifest", b"manifest", "nixl", b"nixl", "shm", b"shm", "ticket", b"ticket", "torch_dist", b"torch_dist"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["manifest", b"manifest", "nixl", b"nixl", "shm", b"shm", "ticket", b"ticket", "torch_dist", b"torch_dist", "vllm_ipc", b"vllm_ipc", "vllm_nccl", b"vllm_nccl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["flat_size", b"flat_size", "manifest", b"manifest", "nixl", b"nixl", "shm", b"shm", "ticket", b"ticket", "torch_dist", b"torch_dist"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flat_size", b"flat_size", "manifest", b"manifest", "nixl", b"nixl", "shm", b"shm", "ticket", b"ticket", "torch_dist", b"torch_dist", "vllm_ipc", b"vllm_ipc", "vllm_nccl", b"vllm_nccl"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_ticket: _TypeAlias = _typing.Literal["shm", "torch_dist", "nixl"]  # noqa: Y015
+    _WhichOneofReturnType_ticket: _TypeAlias = _typing.Literal["shm", "torch_dist", "nixl", "vllm_nccl", "vllm_ipc"]  # noqa: Y015
     _WhichOneofArgType_ticket: _TypeAlias = _typing.Literal["ticket", b"ticket"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_ticket) -> _WhichOneofReturnType_ticket | None: ...
 

@@ -1,7 +1,8 @@
 """What runs on a GPU, against the same thing on the CPU: one policy update of the tiny model
-(float32 and the bf16 policy), the publisher's pinned snapshot off its own CUDA stream, and
-the torch engine sampling on CUDA with weights pulled as CPU tensors. Marked `gpu`; skipped
-where CUDA is absent (`pytest -m gpu` selects them on a GPU machine)."""
+(float32, the bf16 policy, a LoRA adapter), the publisher's pinned snapshot off its own CUDA
+stream, and the torch engine sampling on CUDA with weights pulled as CPU tensors, an
+adapter version included. Marked `gpu`; skipped where CUDA is absent (`pytest -m gpu`
+selects them on a GPU machine; bench/gpu_check.sh runs them)."""
 
 import copy
 
@@ -10,6 +11,7 @@ import torch
 
 from relay_svc.version_store import VersionStore
 from relayrl.config import TrainerConfig
+from relayrl_torch.models.lora import adapter_state, with_lora
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
 from tests.unit.test_precision import assert_float32_state
@@ -27,11 +29,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 CUDA = torch.device("cuda", 0)
 
 
-def one_update(lm, device: torch.device, precision: str):
+def one_update(lm, device: torch.device, precision: str, lora: dict | None = None):
     """(result, weights after on the CPU, model, optimizer) of one update on `device`."""
     torch.manual_seed(0)
     model = copy.deepcopy(lm.model)
-    tc = TrainerConfig(precision=precision, optimizer={"lr": 1e-3}, loss={"kl_coef": 0.05})
+    tc = TrainerConfig(precision=precision, optimizer={"lr": 1e-3}, loss={"kl_coef": 0.05},
+                       lora=lora)
+    if lora is not None:
+        model = with_lora(model, tc.lora)
     parallel = Parallel(World(device=device))
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0, parallel=parallel)
     parallel.shard(model)  # as the Learner does: in one process, onto the world's device
@@ -73,6 +78,30 @@ def test_the_bf16_policy_on_cuda_keeps_float32_state_and_stays_close(tiny_lm):
     assert 0 < gap < 0.05  # autocast ran, and bf16 rounding stays small
     assert gpu.stats["loss"] == pytest.approx(cpu.stats["loss"], abs=0.02)
     assert all(torch.isfinite(v).all() for v in gpu_after.values())
+
+
+LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
+
+
+def test_a_lora_update_on_cuda_is_the_cpu_update_and_an_engine_applies_it(tiny_lm):
+    cpu, _, cpu_model, _ = one_update(tiny_lm, torch.device("cpu"), "fp32", LORA)
+    gpu, _, model, _ = one_update(tiny_lm, CUDA, "fp32", LORA)
+    assert gpu.stats["loss"] == pytest.approx(cpu.stats["loss"], rel=1e-4, abs=1e-6)
+    adapter, on_cpu = adapter_state(model), adapter_state(cpu_model)
+    assert adapter and all("lora_" in k for k in adapter) and set(adapter) == set(on_cpu)
+    for name, t in adapter.items():
+        torch.testing.assert_close(t.cpu(), on_cpu[name], atol=1e-5, rtol=1e-4)
+    lm = copy.deepcopy(tiny_lm)
+    lm.model = with_lora(lm.model, TrainerConfig(lora=LORA).lora)
+    engine = TorchEngine(lm, device=CUDA)
+    engine.load_weights(to_cpu(adapter), version=1)  # an adapter version, as CPU tensors
+    prompt = tiny_lm.encode_prompt("12+34=")
+    (out,) = engine.generate([prompt], SamplingSpec(max_new_tokens=3, greedy=True))
+    ids = torch.tensor([prompt + out.tokens], device=CUDA)
+    with torch.no_grad():
+        logp = torch.log_softmax(model.eval()(ids).logits[0, len(prompt) - 1:-1].float(), -1)
+    want = logp.gather(-1, ids[0, len(prompt):, None])[:, 0].cpu()
+    assert torch.allclose(torch.tensor(out.logprobs), want, atol=1e-4)
 
 
 def test_a_cuda_snapshot_lands_in_pinned_host_buffers():

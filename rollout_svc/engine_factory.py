@@ -36,6 +36,8 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                       tensor_parallel_size=e.tensor_parallel_size,
                       kv_transfer_port=(e.kv_transfer_base_port + r.worker_index
                                         if e.kv_transfer_base_port else 0),
+                      # other engines dial its side channel where they dial the worker
+                      kv_transfer_host=r.host if r.endpoint.dialable else "localhost",
                       port_range=e.port_range, lora=cfg.trainer.lora,
                       lora_serving=e.lora_serving,
                       weight_transfer=(cfg.vllm_transfer(r.worker_index)

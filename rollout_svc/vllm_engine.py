@@ -213,7 +213,8 @@ class VllmEngine(Engine):
                  eos_ids: Sequence[int] | None = None, kv_cache_gib: float = 1.0,
                  max_model_len: int = 0, dtype: str = "float32", enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.0, tensor_parallel_size: int = 1,
-                 kv_transfer_port: int = 0, port_range: tuple[int, int] | None = None,
+                 kv_transfer_port: int = 0, kv_transfer_host: str = "localhost",
+                 port_range: tuple[int, int] | None = None,
                  lora: LoraConfig | None = None, lora_serving: str = "auto",
                  weight_transfer: str | None = None):
         super().__init__()
@@ -269,7 +270,8 @@ class VllmEngine(Engine):
         self._SamplingParams = vllm.SamplingParams
         # with a port, sequences move to and from other engines with their KV (vllm_kv)
         transfer = ({"kv_transfer_config": transfer_config(
-            kv_transfer_port, "cuda" if on_gpu else "cpu")} if kv_transfer_port else {})
+            kv_transfer_port, "cuda" if on_gpu else "cpu", kv_transfer_host)}
+            if kv_transfer_port else {})
         self.kv_transfer = bool(kv_transfer_port)
         self._tickets: dict[tuple[int, ...], KVTicket] = {}
         # trainer.lora: versions are adapters, served by vLLM's LoRA support or merged into

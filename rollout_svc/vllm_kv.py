@@ -32,6 +32,7 @@ from relayrl.contracts.codec import CodecError, Wire, decode, encode
 
 KIND = "vllm_kv_ticket"
 SIDE_CHANNEL_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 
 
@@ -75,14 +76,18 @@ class KVTicket(Wire, tag=KIND):
         return decode(payload, cls)
 
 
-def transfer_config(side_channel_port: Port, device: Literal["cpu", "cuda"]) -> Any:
+def transfer_config(side_channel_port: Port, device: Literal["cpu", "cuda"],
+                    host: str = "localhost") -> Any:
     """vLLM's KVTransferConfig for NIXL in both roles (an engine parks and pulls), its side
-    channel on `side_channel_port`; set before the engine starts (vLLM reads it from the
-    environment, once per process, and a worker runs one engine)."""
+    channel on `host`:`side_channel_port`, which it listens on and hands other engines in its
+    tickets (the worker's own address, for engines on other nodes); set before the engine
+    starts (vLLM reads them from the environment, once per process, and a worker runs one
+    engine)."""
     if not 1 <= side_channel_port <= 65535:
         raise ConfigError(f"rollout.engine.kv_transfer_base_port: port {side_channel_port} is "
                           "not in 1..65535")
     os.environ[SIDE_CHANNEL_ENV] = str(side_channel_port)
+    os.environ[SIDE_CHANNEL_HOST_ENV] = host
     _alias_nixl()
     from vllm.config import KVTransferConfig
 

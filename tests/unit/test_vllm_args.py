@@ -107,3 +107,15 @@ def test_a_worker_that_cannot_fit_is_refused_before_vllm_starts_naming_the_numbe
                        r"and buffers\), and 10.00 GiB of the GPU's 80.00 GiB are free"):
         gpu_memory_args(free, total, 2 * GIB, 8 * GIB, utilization=0)
     assert GPU_HEADROOM == GIB
+
+
+def test_the_kv_side_channel_listens_where_other_engines_dial_the_worker(tiny_lm, llm_args,
+                                                                        monkeypatch):
+    from rollout_svc.vllm_kv import SIDE_CHANNEL_ENV, SIDE_CHANNEL_HOST_ENV
+
+    monkeypatch.delenv(SIDE_CHANNEL_ENV, raising=False)
+    monkeypatch.delenv(SIDE_CHANNEL_HOST_ENV, raising=False)
+    build(tiny_lm.path, kv_transfer_port=5600, kv_transfer_host="10.0.0.2")
+    assert llm_args["kv_transfer_config"].kv_connector == "NixlConnector"
+    assert (vllm_engine.os.environ[SIDE_CHANNEL_HOST_ENV],
+            vllm_engine.os.environ[SIDE_CHANNEL_ENV]) == ("10.0.0.2", "5600")

@@ -296,6 +296,15 @@ def test_dockerfile_cpu_and_cuda_variants():
         "the CUDA image leaves out the vLLM engine"
 
 
+def test_the_cuda_image_has_the_c_compiler_triton_needs():
+    """Triton (vLLM's kernels on a GPU) compiles its launcher with gcc at first use: the
+    runtime stage installs one exactly when EXTRAS has vllm, the CUDA image's."""
+    runtime = DOCKERFILE.read_text().rsplit("\nFROM ", 1)[1]
+    step = re.search(r'RUN case ",\$EXTRAS," in \*,vllm,\*\) (.*?);; esac', runtime, re.S)
+    assert step and "apt-get install" in step.group(1) and " gcc " in step.group(1)
+    assert "ARG EXTRAS" in runtime  # the stage sees the build argument
+
+
 def test_compose_gpu_override(compose):
     """docker-compose.gpu.yml (used as `-f docker-compose.yml -f docker-compose.gpu.yml`)
     overrides only services of docker-compose.yml, and gives the trainer and every rollout

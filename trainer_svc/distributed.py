@@ -7,9 +7,17 @@ Rank 0 leads, the others follow. Rank 0 is the trainer the single-process servic
 alone reads Redis, publishes weights, writes checkpoints and metrics, and serves the status
 endpoint. The other ranks hold the same modules and run only the operations that need every
 rank (a policy update, gathering the weights or the training state, a restore). Before rank 0
-runs one, it broadcasts the operation's name and small arguments (`Parallel.lead`); followers
-loop on those broadcasts (`Parallel.receive`), so the ranks' collectives line up by
+runs one, it broadcasts the operation's name and small arguments (`Parallel.leading`);
+followers loop on those broadcasts (`Parallel.receive`), so the ranks' collectives line up by
 construction, and a follower needs no Redis, relay or disk of its own.
+
+A follower waits for the next operation inside a collective, and the process group aborts a
+collective that waits longer than its timeout (trainer.dist_timeout_s). Rank 0 may wait far
+longer than that between operations: for a batch while rollouts are slow or the run is
+paused, for Redis or a relay through an outage, for the disk while it writes a checkpoint. So
+from start-up on, a thread of rank 0 leads an idle operation every tenth of the timeout
+(`Parallel.start_heartbeat`); followers take it and wait again. Operations and idle ones are
+one sequence: a lock keeps an idle operation out of an operation's collectives.
 
 Every rank receives the whole collated batch and computes rewards and advantages on all of
 it, so estimators that normalise over the batch (REINFORCE++, PPO's whitening) see the same
@@ -27,18 +35,27 @@ rank 0's CPU.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from relayrl.config import ConfigError
+from relayrl.config import ConfigError, TrainerConfig
 from relayrl_torch.devices import resolve_device
 
+log = logging.getLogger(__name__)
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT_S = TrainerConfig.model_fields["dist_timeout_s"].default
+IDLE = "idle"  # the operation rank 0 leads when it has none, so followers' waits end
+IDLE_SHARE = 10  # idle operations per timeout
 
 
 @dataclass(frozen=True)
@@ -46,17 +63,19 @@ class World:
     rank: int = 0
     size: int = 1
     device: torch.device = torch.device("cpu")
+    timeout_s: float = TIMEOUT_S  # a collective's longest wait (trainer.dist_timeout_s)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def init_world(device: str = "auto") -> World:
+def init_world(device: str = "auto", timeout_s: float = TIMEOUT_S) -> World:
     """The world torchrun describes in the environment, with its process group started
-    (NCCL on GPUs, gloo on CPUs); a world of one when WORLD_SIZE is unset or 1. `device` is
-    trainer.device, resolved here once (relayrl_torch.devices): under torchrun a rank's GPU is
-    cuda:LOCAL_RANK, so a fixed cuda:N is refused there."""
+    (NCCL on GPUs, gloo on CPUs) under `timeout_s` (trainer.dist_timeout_s); a world of one
+    when WORLD_SIZE is unset or 1. `device` is trainer.device, resolved here once
+    (relayrl_torch.devices): under torchrun a rank's GPU is cuda:LOCAL_RANK, so a fixed
+    cuda:N is refused there."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
         return World(device=resolve_device(device, "trainer.device"))
@@ -71,8 +90,9 @@ def init_world(device: str = "auto") -> World:
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if resolved.type == "cuda" else "gloo")
-    return World(int(os.environ["RANK"]), size, resolved)
+        dist.init_process_group("nccl" if resolved.type == "cuda" else "gloo",
+                                timeout=timedelta(seconds=timeout_s))
+    return World(int(os.environ["RANK"]), size, resolved, timeout_s)
 
 
 def close_world(world: World) -> None:
@@ -108,6 +128,10 @@ class Parallel:
         self.world = world or World()
         self.fsdp = fsdp
         self._mesh = None
+        # rank 0's turn to lead: an operation, or an idle one of the heartbeat
+        self._turn = threading.Lock()
+        self._done = threading.Event()  # the followers stopped, or may be out of step
+        self._heartbeat_error: BaseException | None = None
 
     @property
     def active(self) -> bool:
@@ -119,23 +143,73 @@ class Parallel:
 
     # -- rank 0 leads -----------------------------------------------------------------------
 
-    def lead(self, op: str, *args: Any) -> None:
-        """On rank 0: tell the followers to run `op(*args)` too. Elsewhere: nothing."""
+    @contextlib.contextmanager
+    def leading(self, op: str, *args: Any) -> Iterator[None]:
+        """On rank 0: tell the followers to run `op(*args)` too, and run it inside the `with`,
+        with no idle operation in between. Elsewhere: nothing."""
+        if not (self.active and self.world.is_main):
+            yield
+            return
+        with self._turn:
+            if self._heartbeat_error is not None:
+                raise RuntimeError("a follower stopped taking rank 0's operations") \
+                    from self._heartbeat_error
+            if self._done.is_set():
+                raise RuntimeError(f"rank 0 led {op!r} after the followers stopped, or after "
+                                   "an operation failed in the middle")
+            self._send((op, args))
+            try:
+                yield
+            except BaseException:
+                # the followers may still be inside one of its collectives, where any later
+                # operation would meet them out of step
+                self._done.set()
+                raise
+
+    def start_heartbeat(self) -> None:
+        """On rank 0: from now until the followers stop, lead an idle operation every tenth
+        of the process group's timeout, so that a follower's wait for the next operation
+        ends well within it however long rank 0 waits. Elsewhere: nothing."""
         if self.active and self.world.is_main:
-            dist.broadcast_object_list([(op, args)], src=0)
+            threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def stop_followers(self) -> None:
+        """On rank 0: the followers' last operation; no idle one follows it."""
+        with self.leading("stop"):
+            self._done.set()
 
     def receive(self) -> tuple[str, tuple]:
-        """On a follower: the next operation rank 0 leads."""
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        """On a follower: the next operation rank 0 leads (idle ones are taken here)."""
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0, device=self.device)
+            if box[0][0] != IDLE:
+                return box[0]
+
+    def _send(self, op: tuple[str, tuple]) -> None:
+        dist.broadcast_object_list([op], src=0, device=self.device)
+
+    def _beat(self) -> None:
+        if self.device.type == "cuda":  # a thread's current device is its own
+            torch.cuda.set_device(self.device)
+        while not self._done.wait(self.world.timeout_s / IDLE_SHARE):
+            with self._turn:
+                if self._done.is_set():
+                    return
+                try:
+                    self._send((IDLE, ()))
+                except Exception as err:  # a follower is gone: the next operation says so
+                    log.error("rank 0's idle operation failed: %s", err)
+                    self._heartbeat_error = err
+                    self._done.set()
+                    return
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank."""
         if not self.active:
             return obj
         box = [obj if self.world.is_main else None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, device=self.device)
         return box[0]
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:

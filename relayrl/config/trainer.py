@@ -217,6 +217,15 @@ class TrainerConfig(StrictModel):
         "gradients and optimizer state with FSDP2; false keeps the whole model on every rank "
         "and all-reduces gradients. One process ignores it.",
     )
+    dist_timeout_s: float = Field(
+        1800.0, ge=1, le=86_400,
+        description="Under torchrun: seconds a collective may wait for every rank before the "
+        "process group aborts it (init_process_group's timeout; torch's NCCL default is 600). "
+        "While rank 0 waits between operations (for a batch, for Redis or a relay through an "
+        "outage, while a checkpoint is written) it leads an idle operation every tenth of "
+        "it, so idleness never reaches it; what it bounds is a rank that hangs, and the "
+        "longest single wait of a collective (reading the weights at start-up).",
+    )
     seed: int = Field(0, ge=0, description="Trainer RNG seed.")
     progress: bool = Field(True, description="Show a progress bar on stderr.")
 

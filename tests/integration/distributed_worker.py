@@ -1,20 +1,28 @@
 """Three optimizer steps on a fixed batch, run by test_distributed_trainer.py in one process
 and, as this module's main, on every rank of
-`torchrun -m tests.integration.distributed_worker MODEL_DIR OUT REDIS_URL RUN_DIR`.
+`torchrun -m tests.integration.distributed_worker scenarios MODEL_DIR OUT REDIS_URL RUN_DIR`.
 Rank 0 leads and the others follow, as in the service.
 
 Each scenario steps a Learner twice, gathers the whole training state, takes a step that a
 restore of that state then takes back, and takes the third step. The service scenario runs
 the Trainer on batches from Redis, checkpoints after two steps, and a new Trainer resumes
-from the checkpoint for the third."""
+from the checkpoint for the third.
+
+`torchrun -m tests.integration.distributed_worker idle MODEL_DIR OUT` starts the process
+group with a timeout of IDLE_TIMEOUT_S, and rank 0 waits several times as long before each
+of two steps, as a trainer waiting for batches does."""
 
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import threading
+import time
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
@@ -30,6 +38,8 @@ from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.trainer import Trainer
 
 MAX_NEW_TOKENS = 4
+IDLE_TIMEOUT_S = 3.0  # trainer.dist_timeout_s of the idle run
+IDLE_S = 3 * IDLE_TIMEOUT_S  # how long its rank 0 waits before each step
 
 SCENARIOS: dict[str, dict] = {
     # a sequence-mean loss, three uneven groups over two ranks
@@ -109,6 +119,26 @@ def run_scenario(name: str, model_dir: str, world: World) -> dict | None:
     return out
 
 
+def run_after_idling(model_dir: str, world: World, idle_s: float) -> dict | None:
+    """On rank 0 (or in one process): two GRPO steps, rank 0 waiting `idle_s` before each,
+    and the weights after them. The other ranks follow and return None."""
+    cfg = scenario_config("grpo")
+    torch.manual_seed(0)
+    learner = Learner(cfg, load_model(model_dir), Parallel(world, cfg.trainer.fsdp))
+    if not world.is_main:
+        learner.follow()
+        return None
+    batch = collate(fixed_groups(learner.lm, 3), version=0, pad_id=learner.lm.pad_id,
+                    scale_rewards=True)
+    stats = []
+    for _ in range(2):
+        time.sleep(idle_s)
+        stats.append(learner.update(batch).stats)
+    out = {"weights": learner.weights(), "stats": stats}
+    learner.stop_followers()
+    return out
+
+
 def service_config(redis_url: str, run_dir: str, world: World) -> RunConfig:
     return RunConfig.model_validate({
         "run_id": f"ranks-{world.size}", "run_dir": run_dir, "redis": {"url": redis_url},
@@ -149,10 +179,27 @@ def run_service_trainer(model_dir: str, redis_url: str, run_dir: str, world: Wor
     return weights
 
 
-def main(model_dir: str, out: str, redis_url: str, run_dir: str) -> None:
-    world = init_world()
-    runs = {name: run_scenario(name, model_dir, world) for name in SCENARIOS}
-    runs["service"] = run_service_trainer(model_dir, redis_url, run_dir, world)
+def meet() -> None:
+    """Every rank reaches this point before any goes on, through torchrun's own store: a
+    rank slow to start would otherwise count against the idle run's short timeout, which
+    bounds the process group's rendezvous too."""
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
+                          is_master=False, timeout=timedelta(seconds=120))
+    store.set(f"relayrl-test/ready/{rank}", "1")
+    store.wait([f"relayrl-test/ready/{r}" for r in range(size)])
+
+
+def main(mode: str, model_dir: str, out: str, *rest: str) -> None:
+    if mode == "idle":
+        meet()
+        world = init_world(timeout_s=IDLE_TIMEOUT_S)
+        runs = run_after_idling(model_dir, world, IDLE_S)
+    else:
+        redis_url, run_dir = rest
+        world = init_world()
+        runs = {name: run_scenario(name, model_dir, world) for name in SCENARIOS}
+        runs["service"] = run_service_trainer(model_dir, redis_url, run_dir, world)
     if world.is_main:
         torch.save(runs, out)
     close_world(world)

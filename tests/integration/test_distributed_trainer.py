@@ -1,7 +1,8 @@
 """Two CPU processes under torchrun (gloo; FSDP2, and replicated weights) train as one
 process does: three optimizer steps on a fixed batch end at the same weights, with the same
 loss and gradient norm at every step, through a gather-and-restore of the whole training
-state; and the service's trainer, checkpointing and resuming, ends where one process does."""
+state; the service's trainer, checkpointing and resuming, ends where one process does; and a
+follower outlives a rank 0 that waits several process-group timeouts between steps."""
 
 import json
 import os
@@ -15,7 +16,14 @@ import torch
 
 from relayrl.runtime.redis_conn import EmbeddedRedis
 from tests.conftest import free_ports
-from tests.integration.distributed_worker import SCENARIOS, run_scenario, run_service_trainer
+from tests.integration.distributed_worker import (
+    IDLE_S,
+    IDLE_TIMEOUT_S,
+    SCENARIOS,
+    run_after_idling,
+    run_scenario,
+    run_service_trainer,
+)
 from trainer_svc.distributed import World
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,14 +36,12 @@ def redis_url(tmp_path_factory):
     server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, tiny_lm, redis_url):
-    """Rank 0's results of every scenario, trained by two gloo processes."""
-    tmp = tmp_path_factory.mktemp("ranks")
-    out = tmp / "ranks.pt"
+def torchrun(*args: str) -> None:
+    """`torchrun -m tests.integration.distributed_worker ARGS` on two ranks; fails the test
+    with the ranks' output unless both end well."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_ports(1)[0]), "-m", "tests.integration.distributed_worker",
-           str(tiny_lm.path), str(out), redis_url, str(tmp / "run")]
+           *args]
     # its own session: on a timeout the ranks go too, not only torchrun (a hung collective
     # would otherwise keep both ranks alive long after the test)
     # a rank that dies on a signal prints every thread's Python stack (faulthandler); no
@@ -50,6 +56,14 @@ def two_ranks(tmp_path_factory, tiny_lm, redis_url):
         stdout, stderr = proc.communicate()
         pytest.fail("torchrun ran over 300 s:\n" + stdout[-4000:] + stderr[-4000:])
     assert proc.returncode == 0, stdout[-4000:] + stderr[-12000:]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, tiny_lm, redis_url):
+    """Rank 0's results of every scenario, trained by two gloo processes."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    out = tmp / "ranks.pt"
+    torchrun("scenarios", str(tiny_lm.path), str(out), redis_url, str(tmp / "run"))
     return {"runs": torch.load(out, weights_only=False), "run_dir": tmp / "run"}
 
 
@@ -99,3 +113,18 @@ def test_the_service_trainer_checkpoints_and_resumes_like_one_process(two_ranks,
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
     assert state["optimizer_by_name"]
     assert "value_head" in state["extra"]["objective"]
+
+
+def test_a_follower_outlives_a_rank_0_idle_for_several_timeouts(tiny_lm, tmp_path):
+    """Rank 0 waits IDLE_S, three times the process group's timeout, before each of two steps,
+    as a trainer waiting for batches does; the follower, which waits inside a collective
+    meanwhile, is kept from the timeout by rank 0's idle operations, and the steps are one
+    process's."""
+    assert IDLE_S >= 3 * IDLE_TIMEOUT_S
+    out = tmp_path / "idle.pt"
+    torchrun("idle", str(tiny_lm.path), str(out))
+    two = torch.load(out, weights_only=False)
+    one = run_after_idling(str(tiny_lm.path), World(), idle_s=0)
+    assert_same_weights(two["weights"], one["weights"])
+    for step_two, step_one in zip(two["stats"], one["stats"], strict=True):
+        assert step_two["loss"] == pytest.approx(step_one["loss"], rel=1e-3, abs=1e-6)

@@ -29,8 +29,10 @@ W * n_r / n. The averaged gradient is then sum_r grad S_r / n: one process's on 
 
 Weights: FSDP2 (`fully_shard` on each decoder layer, then on the root) shards parameters,
 gradients and optimizer state; with trainer.fsdp false every rank holds the whole model and
-gradients are all-reduced. Full weights, for publishing and checkpoints, are gathered onto
-rank 0's CPU.
+gradients are all-reduced. A rank never holds the whole model it loads: the policy (and the
+KL reference) is built on the meta device, sharded, given storage for its shard alone, and
+each rank reads its own slices of the model directory's safetensors (`Parallel.read_weights`).
+Full weights, for publishing and checkpoints, are gathered onto rank 0's CPU.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,6 +53,7 @@ from torch import nn
 
 from relayrl.config import ConfigError, TrainerConfig
 from relayrl_torch.devices import resolve_device
+from relayrl_torch.weights.tied import tie, tied_aliases, without
 
 log = logging.getLogger(__name__)
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -229,25 +233,78 @@ class Parallel:
 
     # -- weights ----------------------------------------------------------------------------
 
-    def shard(self, module: nn.Module) -> None:
+    def shard(self, module: nn.Module, weights: Path | None = None) -> None:
         """In place, before an optimizer is built on it: onto the world's device, then (under
-        torchrun) FSDP2 units on each decoder layer and on the root, or (fsdp off) rank 0's
-        weights on every rank."""
-        module.to(self.device)
+        torchrun) FSDP2 units on each decoder layer and on the root, or (fsdp off) the same
+        weights on every rank. A module built on the meta device (relayrl_torch.models.loading,
+        `meta`: only under torchrun) gets its storage once it is sharded, its buffers as it
+        was built with, and its weights from the Hugging Face directory `weights`
+        (`read_weights`), so that a rank never holds more of it than its own shard."""
+        on_meta = is_meta(module)
+        assert not on_meta or (self.active and weights is not None), \
+            "a module on the meta device is sharded under torchrun, with its weights' directory"
+        # to_empty drops the buffers' values and unties tied parameters
+        buffers = dict(module.named_buffers(remove_duplicate=False))
+        aliases = tied_aliases(module)
+        if not on_meta:
+            module.to(self.device)
         if not self.active:
             return
-        if not self.fsdp:
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in decoder_layers(module):
+                fully_shard(layer, mesh=self._device_mesh())
+            fully_shard(module, mesh=self._device_mesh())
+        if on_meta:
+            module.to_empty(device=self.device)
+            # FSDP2 keeps a tied parameter under its first module, which is its first name
+            tie(module, aliases)
+            with torch.no_grad():
+                for name, value in buffers.items():
+                    module.get_buffer(name).copy_(value)
+            self.read_weights(module, weights)
+        elif not self.fsdp:
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t.data, src=0)
-            return
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
+    def read_weights(self, module: nn.Module, directory: Path) -> None:
+        """Into `module` (sharded or replicated, with storage), its weights from the
+        safetensors files of `directory`, in every rank's own slices: torch.distributed
+        .checkpoint's HuggingFaceStorageReader reads each rank's part of each tensor into its
+        shard, a tied tensor under its first name. Where the files do not hold every
+        parameter under the module's names and shapes (no safetensors; a checkpoint that
+        transformers converts as it loads, such as one of separate experts for fused ones),
+        rank 0 alone loads the model whole, transformers converting it, and sends each rank
+        its part. A persistent buffer the files lack keeps its built value."""
+        from torch.distributed.checkpoint import HuggingFaceStorageReader, load
+
+        from relayrl_torch.models.loading import load_model
+
+        state = stored_state(module, directory)
+        if self.broadcast(state is not None):  # the ranks' collectives must be the same
+            if state is None:
+                raise ValueError(f"{directory}: rank {self.world.rank} finds safetensors files "
+                                 "other than rank 0's")
+            load(state, storage_reader=HuggingFaceStorageReader(str(directory)))
+            log.info("rank %d read its part of %d tensors from %s", self.world.rank,
+                     len(state), directory)
+            return
+        if self.world.is_main:
+            log.warning("%s: the safetensors files do not name every parameter as the model "
+                        "does; rank 0 loads it whole and sends each rank its part", directory)
+        whole = load_model(directory).model.state_dict() if self.world.is_main else {}
+        dcp = _dcp()
+        dcp.set_model_state_dict(module, whole, options=_full_from_rank0(dcp))
+
+    def _device_mesh(self):
+        # over the world's own process group, which has trainer.dist_timeout_s (a mesh made
+        # by init_device_mesh may make a group of its own, with torch's default timeout)
         if self._mesh is None:
-            self._mesh = init_device_mesh(self.device.type, (self.world.size,))
-        for layer in decoder_layers(module):
-            fully_shard(layer, mesh=self._mesh)
-        fully_shard(module, mesh=self._mesh)
+            from torch.distributed.device_mesh import DeviceMesh
+
+            self._mesh = DeviceMesh.from_group(dist.group.WORLD, self.device.type)
+        return self._mesh
 
     def sync_gradients(self, params: list[nn.Parameter]) -> None:
         """After backward: replicated weights average their gradients over the ranks (under
@@ -307,6 +364,26 @@ def _full_to_cpu(dcp):
 
 def _full_from_rank0(dcp):
     return dcp.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+
+
+def stored_state(module: nn.Module, directory: Path) -> dict[str, torch.Tensor] | None:
+    """What of `module`'s state dict the safetensors files of `directory` hold, each under
+    its name and shape, or None where they do not hold every parameter so: its tensors but
+    tied aliases (read under their first names) and persistent buffers the files lack."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    stored = HuggingFaceStorageReader(str(directory)).read_metadata().state_dict_metadata
+    buffers = {name for name, _ in module.named_buffers()}
+    state = {k: v for k, v in without(module.state_dict(), tied_aliases(module)).items()
+             if k in stored or k not in buffers}
+    if all(k in stored and tuple(stored[k].size) == tuple(v.shape) for k, v in state.items()):
+        return state
+    return None
+
+
+def is_meta(module: nn.Module) -> bool:
+    """Whether `module`'s parameters are on the meta device (shapes, no storage)."""
+    return any(p.is_meta for p in module.parameters())
 
 
 def decoder_layers(module: nn.Module) -> list[nn.Module]:

@@ -197,7 +197,8 @@ def serve(cfg: RunConfig) -> None:
     if threshold is not None and not set_mmap_threshold(threshold):
         log.warning("trainer.mmap_threshold_mib %d not applied: this C library has no "
                     "glibc mallopt, or refused it", threshold)
-    lm = load_model(resolve_model_path(cfg.model, cfg.task))
+    # under torchrun each rank reads only its shard of the weights, once it is sharded
+    lm = load_model(resolve_model_path(cfg.model, cfg.task), meta=world.size > 1)
     if not world.is_main:
         follow(cfg, lm, parallel)
         return

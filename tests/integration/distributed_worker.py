@@ -10,7 +10,12 @@ from the checkpoint for the third.
 
 `torchrun -m tests.integration.distributed_worker idle MODEL_DIR OUT` starts the process
 group with a timeout of IDLE_TIMEOUT_S, and rank 0 waits several times as long before each
-of two steps, as a trainer waiting for batches does."""
+of two steps, as a trainer waiting for batches does.
+
+`torchrun -m tests.integration.distributed_worker load MODEL_DIR OUT BASE_DIR` loads the
+model as the service's ranks do, sharded and replicated, from MODEL_DIR and from BASE_DIR
+(the same weights under the names of the base model, without its `model.` prefix), and
+keeps what each rank holds."""
 
 from __future__ import annotations
 
@@ -20,9 +25,11 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
@@ -32,7 +39,7 @@ from relayrl.contracts.streams import FIELD
 from relayrl.runtime.redis_conn import connect
 from relayrl_torch.models.loading import load_model
 from trainer_svc.batching import collate
-from trainer_svc.distributed import Parallel, World, close_world, init_world
+from trainer_svc.distributed import Parallel, World, close_world, init_world, stored_state
 from trainer_svc.learner import Learner
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.trainer import Trainer
@@ -70,6 +77,12 @@ def scenario_config(name: str) -> RunConfig:
     })
 
 
+def load(model_dir: str, world: World):
+    """The model as the service's trainer loads it: on the meta device under torchrun (each
+    rank reads its shard once it is sharded), whole in one process."""
+    return load_model(model_dir, meta=world.size > 1)
+
+
 def fixed_groups(lm, n_groups: int) -> list[Group]:
     """Groups of 3, 2 and 4 samples with varied rewards, lengths and one tool token."""
     groups = []
@@ -96,7 +109,7 @@ def run_scenario(name: str, model_dir: str, world: World) -> dict | None:
     the first step's old log-probabilities. The other ranks follow rank 0 and return None."""
     cfg = scenario_config(name)
     torch.manual_seed(0)
-    learner = Learner(cfg, load_model(model_dir), Parallel(world, cfg.trainer.fsdp))
+    learner = Learner(cfg, load(model_dir, world), Parallel(world, cfg.trainer.fsdp))
     if not world.is_main:
         learner.follow()
         return None
@@ -124,7 +137,7 @@ def run_after_idling(model_dir: str, world: World, idle_s: float) -> dict | None
     and the weights after them. The other ranks follow and return None."""
     cfg = scenario_config("grpo")
     torch.manual_seed(0)
-    learner = Learner(cfg, load_model(model_dir), Parallel(world, cfg.trainer.fsdp))
+    learner = Learner(cfg, load(model_dir, world), Parallel(world, cfg.trainer.fsdp))
     if not world.is_main:
         learner.follow()
         return None
@@ -137,6 +150,35 @@ def run_after_idling(model_dir: str, world: World, idle_s: float) -> dict | None
     out = {"weights": learner.weights(), "stats": stats}
     learner.stop_followers()
     return out
+
+
+def loaded_on_ranks(model_dir: str, world: World, fsdp: bool) -> dict:
+    """The policy, its KL reference and value head built as the service's trainer builds them
+    (trainer.loss ppo with kl_coef): rank 0's whole weights of the policy and the reference;
+    every rank's buffers, whether its parameters are sharded, and how many of each tensor's
+    elements it holds. Every rank returns it."""
+    cfg = RunConfig.model_validate({"trainer": {"loss": {"name": "ppo", "kl_coef": 0.05},
+                                                "fsdp": fsdp}})
+    learner = Learner(cfg, load(model_dir, world), Parallel(world, fsdp))
+    if world.is_main:  # the rest is not led: every rank runs it
+        learner.stop_followers()
+    else:
+        learner.follow()
+    policy, reference = learner.lm.model, learner.objective.reference
+    parallel = learner.parallel
+
+    def held(module) -> dict:
+        return {"buffers": {k: v.cpu() for k, v in module.named_buffers()},
+                "sharded": [isinstance(p, DTensor) for p in module.parameters()],
+                "devices": {str(p.device) for p in module.parameters()},
+                "elements": {k: (v.to_local() if isinstance(v, DTensor) else v).numel()
+                             for k, v in module.state_dict().items()}}
+
+    ranks: list = [None] * world.size
+    dist.all_gather_object(ranks, {"policy": held(policy), "reference": held(reference)})
+    return {"policy": parallel.full_state_dict(policy),
+            "reference": parallel.full_state_dict(reference),
+            "stored": stored_state(policy, Path(model_dir)) is not None, "ranks": ranks}
 
 
 def service_config(redis_url: str, run_dir: str, world: World) -> RunConfig:
@@ -156,7 +198,7 @@ def run_service_trainer(model_dir: str, redis_url: str, run_dir: str, world: Wor
     weights = None
     for life in range(2):
         torch.manual_seed(0)
-        lm = load_model(model_dir)
+        lm = load(model_dir, world)
         parallel = Parallel(world, cfg.trainer.fsdp)
         if not world.is_main:
             Learner(cfg, lm, parallel).follow()
@@ -195,6 +237,12 @@ def main(mode: str, model_dir: str, out: str, *rest: str) -> None:
         meet()
         world = init_world(timeout_s=IDLE_TIMEOUT_S)
         runs = run_after_idling(model_dir, world, IDLE_S)
+    elif mode == "load":
+        (base_dir,) = rest
+        world = init_world()
+        runs = {"sharded": loaded_on_ranks(model_dir, world, fsdp=True),
+                "replicated": loaded_on_ranks(model_dir, world, fsdp=False),
+                "base_names": loaded_on_ranks(base_dir, world, fsdp=True)}
     else:
         redis_url, run_dir = rest
         world = init_world()

@@ -1,11 +1,14 @@
 """Two CPU processes under torchrun (gloo; FSDP2, and replicated weights) train as one
 process does: three optimizer steps on a fixed batch end at the same weights, with the same
 loss and gradient norm at every step, through a gather-and-restore of the whole training
-state; the service's trainer, checkpointing and resuming, ends where one process does; and a
-follower outlives a rank 0 that waits several process-group timeouts between steps."""
+state; the service's trainer, checkpointing and resuming, ends where one process does; a
+follower outlives a rank 0 that waits several process-group timeouts between steps; and each
+rank, reading only its shard of the weights, holds the weights one process loads, bit for
+bit."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +18,7 @@ import pytest
 import torch
 
 from relayrl.runtime.redis_conn import EmbeddedRedis
+from relayrl_torch.models.loading import load_model
 from tests.conftest import free_ports
 from tests.integration.distributed_worker import (
     IDLE_S,
@@ -128,3 +132,57 @@ def test_a_follower_outlives_a_rank_0_idle_for_several_timeouts(tiny_lm, tmp_pat
     assert_same_weights(two["weights"], one["weights"])
     for step_two, step_one in zip(two["stats"], one["stats"], strict=True):
         assert step_two["loss"] == pytest.approx(step_one["loss"], rel=1e-3, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def base_names_dir(tiny_lm, tmp_path_factory):
+    """The tiny model's directory with its weights under the base model's names (no `model.`
+    prefix), as a checkpoint of the decoder alone is: transformers adds the prefix as it
+    loads, so only a whole load reads it."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("base_names")
+    for f in tiny_lm.path.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, out / f.name)
+    state = load_file(tiny_lm.path / "model.safetensors")
+    save_file({k.removeprefix("model."): v for k, v in state.items()},
+              out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_every_rank_reads_its_shard_and_holds_what_one_process_loads(tiny_lm, base_names_dir,
+                                                                      tmp_path):
+    """Built on the meta device and sharded, each rank reads its own slices of the safetensors
+    (or, from files under other names, gets them from rank 0's whole load); the gathered
+    weights of the policy and of the KL reference equal one process's load bit for bit, every
+    rank's rotary frequencies (a buffer no checkpoint holds) are one process's, and under
+    FSDP2 each rank holds a share of every sharded tensor, the shares adding up to it."""
+    out = tmp_path / "load.pt"
+    torchrun("load", str(tiny_lm.path), str(out), str(base_names_dir))
+    runs = torch.load(out, weights_only=False)
+    assert runs["sharded"]["stored"] and runs["replicated"]["stored"]
+    assert not runs["base_names"]["stored"]
+    one = load_model(tiny_lm.path).model
+    whole = one.state_dict()
+    buffers = dict(one.named_buffers())
+    assert "model.rotary_emb.inv_freq" in buffers
+    for name, run in runs.items():
+        for module in ("policy", "reference"):
+            assert sorted(run[module]) == sorted(whole), (name, module)
+            for key, value in whole.items():
+                assert torch.equal(run[module][key], value), (name, module, key)
+            for rank in run["ranks"]:
+                held = rank[module]
+                assert held["devices"] == {"cpu"}
+                assert sorted(held["buffers"]) == sorted(buffers)
+                for key, value in buffers.items():
+                    assert torch.equal(held["buffers"][key], value), (name, module, key)
+                assert all(held["sharded"]) == (name != "replicated"), (name, module)
+        if name == "replicated":
+            continue
+        for key, value in whole.items():
+            shares = [rank["policy"]["elements"][key] for rank in run["ranks"]]
+            if key not in buffers:
+                assert sum(shares) == value.numel(), (name, key, shares)
+                assert max(shares) < value.numel(), (name, key, shares)

@@ -54,6 +54,7 @@ from torch import nn
 from relayrl.config import ConfigError, TrainerConfig
 from relayrl_torch.devices import resolve_device
 from relayrl_torch.weights.tied import tie, tied_aliases, without
+from trainer_svc.precision import Precision, resolve_precision
 
 log = logging.getLogger(__name__)
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -233,10 +234,12 @@ class Parallel:
 
     # -- weights ----------------------------------------------------------------------------
 
-    def shard(self, module: nn.Module, weights: Path | None = None) -> None:
+    def shard(self, module: nn.Module, precision: Precision | None = None,
+              weights: Path | None = None) -> None:
         """In place, before an optimizer is built on it: onto the world's device, then (under
-        torchrun) FSDP2 units on each decoder layer and on the root, or (fsdp off) the same
-        weights on every rank. A module built on the meta device (relayrl_torch.models.loading,
+        torchrun) FSDP2 units on each decoder layer and on the root, under `precision`'s
+        mixed-precision policy (trainer_svc.precision; float32 when None), or (fsdp off) the
+        same weights on every rank. A module built on the meta device (relayrl_torch.models.loading,
         `meta`: only under torchrun) gets its storage once it is sharded, its buffers as it
         was built with, and its weights from the Hugging Face directory `weights`
         (`read_weights`), so that a rank never holds more of it than its own shard."""
@@ -253,9 +256,10 @@ class Parallel:
         if self.fsdp:
             from torch.distributed.fsdp import fully_shard
 
+            policy = (precision or resolve_precision("fp32", self.device)).fsdp_policy()
             for layer in decoder_layers(module):
-                fully_shard(layer, mesh=self._device_mesh())
-            fully_shard(module, mesh=self._device_mesh())
+                fully_shard(layer, mesh=self._device_mesh(), mp_policy=policy)
+            fully_shard(module, mesh=self._device_mesh(), mp_policy=policy)
         if on_meta:
             module.to_empty(device=self.device)
             # FSDP2 keeps a tied parameter under its first module, which is its first name

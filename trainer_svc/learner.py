@@ -53,7 +53,7 @@ class Learner:
         # before the policy is sharded: the reference is copied from it whole
         self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,
                                    cfg.rollout.temperature, self.parallel, lm.path)
-        self.parallel.shard(lm.model, lm.path)
+        self.parallel.shard(lm.model, self.objective.precision, lm.path)
         trained = [p for p in lm.model.parameters() if p.requires_grad]
         self.optimizer_kind = tc.optimizer.kind
         self.optimizer = build_optimizer(tc.optimizer, [*trained, *self.objective.parameters()],

@@ -86,9 +86,9 @@ class Objective:
             raise ConfigError(f"loss {self.loss.name!r}: a value model with aggregation "
                              f"{self.loss.aggregation!r} cannot be split over ranks")
         if self.value_head is not None:
-            self.parallel.shard(self.value_head)
+            self.parallel.shard(self.value_head, self.precision)
         if self.reference is not None:
-            self.parallel.shard(self.reference, model_dir)
+            self.parallel.shard(self.reference, self.precision, model_dir)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """Trainable parameters beside the policy's, for the same optimizer."""

@@ -208,9 +208,11 @@ class TrainerConfig(StrictModel):
     )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="Compute dtype of the trainer's forward and backward passes. "
-        "bf16: matrix products under torch.autocast in bfloat16; parameters, gradients and "
-        "AdamW state stay float32, and log-softmax and log-probabilities are computed in "
-        "float32. fp32: float32 throughout. auto: bf16 on a GPU that supports it, else fp32.",
+        "bf16: matrix products under torch.autocast in bfloat16, and under torchrun FSDP2 "
+        "gathers parameters in bfloat16 and reduces gradients in float32; parameters, "
+        "gradients and AdamW state stay float32, and log-softmax and log-probabilities are "
+        "computed in float32. fp32: float32 throughout. auto: bf16 on a GPU that supports "
+        "it, else fp32.",
     )
     fsdp: bool = Field(
         True, description="Under torchrun with more than one process: shard parameters, "

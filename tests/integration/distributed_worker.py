@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from relay_svc.version_store import VersionStore
@@ -181,6 +182,49 @@ def loaded_on_ranks(model_dir: str, world: World, fsdp: bool) -> dict:
             "stored": stored_state(policy, Path(model_dir)) is not None, "ranks": ranks}
 
 
+def mixed_precision_step(model_dir: str, world: World, precision: str) -> dict | None:
+    """On rank 0 (or in one process): one update of PPO with a KL reference (the policy, the
+    reference and the value head: every module the trainer shards) under trainer.precision
+    `precision`; its stats, old log-probabilities and weights, the dtypes of the parameters
+    every module with parameters of its own held during its forward passes, and after the
+    step the dtypes of the policy's parameters and of the optimizer's state; under torchrun,
+    the mixed-precision policy of every FSDP2 unit on every rank (gathered onto rank 0). The
+    other ranks follow and return None."""
+    cfg = RunConfig.model_validate({
+        "rollout": {"max_new_tokens": MAX_NEW_TOKENS},
+        "trainer": {"optimizer": {"lr": 1e-2}, "max_staleness": 100, "engine_check_seqs": 0,
+                    "precision": precision, "loss": {"name": "ppo", "kl_coef": 0.05}}})
+    torch.manual_seed(0)
+    learner = Learner(cfg, load(model_dir, world), Parallel(world, cfg.trainer.fsdp))
+    modules = {"policy": learner.lm.model, "reference": learner.objective.reference,
+               "value_head": learner.objective.value_head}
+    passes: set = set()
+    for module in modules.values():
+        for m in module.modules():
+            if next(m.parameters(recurse=False), None) is not None:
+                m.register_forward_pre_hook(lambda m, _: passes.update(
+                    p.dtype for p in m.parameters(recurse=False)))
+    if world.is_main:
+        batch = collate(fixed_groups(learner.lm, 3), version=0, pad_id=learner.lm.pad_id,
+                        scale_rewards=True)
+        result = learner.update(batch)
+        out = {"stats": result.stats, "old_logprobs": result.old_logprobs,
+               "weights": learner.weights(), "passes": {str(d) for d in passes},
+               "params": {str(p.dtype) for p in learner.lm.model.parameters()},
+               "optimizer": {str(v.dtype) for state in learner.optimizer.state.values()
+                             for v in state.values() if torch.is_tensor(v) and v.numel() > 1}}
+        learner.stop_followers()
+    else:
+        learner.follow()
+    units = [(name, fully_shard.state(m)._mp_policy) for name, module in modules.items()
+             for m in module.modules() if isinstance(m, FSDPModule)]
+    ranks = [units]
+    if world.size > 1:  # the followers have stopped: nothing else is in flight
+        ranks = [None] * world.size
+        dist.all_gather_object(ranks, units)
+    return {**out, "units": ranks} if world.is_main else None
+
+
 def service_config(redis_url: str, run_dir: str, world: World) -> RunConfig:
     return RunConfig.model_validate({
         "run_id": f"ranks-{world.size}", "run_dir": run_dir, "redis": {"url": redis_url},
@@ -237,6 +281,9 @@ def main(mode: str, model_dir: str, out: str, *rest: str) -> None:
         meet()
         world = init_world(timeout_s=IDLE_TIMEOUT_S)
         runs = run_after_idling(model_dir, world, IDLE_S)
+    elif mode == "precision":
+        world = init_world()
+        runs = {p: mixed_precision_step(model_dir, world, p) for p in ("bf16", "fp32")}
     elif mode == "load":
         (base_dir,) = rest
         world = init_world()

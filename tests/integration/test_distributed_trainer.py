@@ -2,9 +2,10 @@
 process does: three optimizer steps on a fixed batch end at the same weights, with the same
 loss and gradient norm at every step, through a gather-and-restore of the whole training
 state; the service's trainer, checkpointing and resuming, ends where one process does; a
-follower outlives a rank 0 that waits several process-group timeouts between steps; and each
+follower outlives a rank 0 that waits several process-group timeouts between steps; each
 rank, reading only its shard of the weights, holds the weights one process loads, bit for
-bit."""
+bit; and under bf16 FSDP2 gathers parameters in bfloat16 and reduces gradients in float32,
+its step close to one process's."""
 
 import json
 import os
@@ -24,6 +25,7 @@ from tests.integration.distributed_worker import (
     IDLE_S,
     IDLE_TIMEOUT_S,
     SCENARIOS,
+    mixed_precision_step,
     run_after_idling,
     run_scenario,
     run_service_trainer,
@@ -186,3 +188,39 @@ def test_every_rank_reads_its_shard_and_holds_what_one_process_loads(tiny_lm, ba
             if key not in buffers:
                 assert sum(shares) == value.numel(), (name, key, shares)
                 assert max(shares) < value.numel(), (name, key, shares)
+
+
+def test_bf16_gathers_parameters_in_bfloat16_and_reduces_gradients_in_float32(tiny_lm, tmp_path):
+    """Under trainer.precision bf16 every FSDP2 unit, on every rank, of every module the
+    trainer shards (the policy, the KL reference, PPO's value head) has the policy of
+    bfloat16 parameters and float32 gradient reduction: every module's forward pass sees its
+    parameters in bfloat16, while the shards, the published weights and the optimizer's
+    state stay float32. fp32 sets no policy. The bf16 step of two ranks stays close to one
+    process's (autocast alone): the same loss and gradient norm to bfloat16's rounding, and
+    all but a few weights moved alike."""
+    out = tmp_path / "precision.pt"
+    torchrun("precision", str(tiny_lm.path), str(out))
+    runs = torch.load(out, weights_only=False)
+    units = ["policy"] * (tiny_lm.model.config.num_hidden_layers + 1)
+    units += ["reference"] * len(units) + ["value_head"]
+    for precision, dtypes in {"bf16": (torch.bfloat16, torch.float32),
+                              "fp32": (None, None)}.items():
+        two = runs[precision]
+        for rank in two["units"]:
+            assert [name for name, _ in rank] == units, precision
+            assert {(p.param_dtype, p.reduce_dtype) for _, p in rank} == {dtypes}, precision
+        assert two["params"] == two["optimizer"] == {"torch.float32"}, precision
+        assert {v.dtype for v in two["weights"].values()} == {torch.float32}, precision
+    assert runs["bf16"]["passes"] == {"torch.bfloat16"}
+    assert runs["fp32"]["passes"] == {"torch.float32"}
+
+    one, two = mixed_precision_step(str(tiny_lm.path), World(), "bf16"), runs["bf16"]
+    for key in ("loss", "grad_norm"):
+        assert two["stats"][key] == pytest.approx(one["stats"][key], rel=5e-3), key
+    torch.testing.assert_close(two["old_logprobs"], one["old_logprobs"], atol=2e-2, rtol=0)
+    # Adam's first step moves every weight by about lr, its sign the gradient's: where the
+    # gradient is near zero, bfloat16's rounding flips it; a wrong gradient flips half
+    lr = 1e-2
+    moved_otherwise = sum(int(((two["weights"][k] - v).abs() > lr / 2).sum())
+                          for k, v in one["weights"].items())
+    assert moved_otherwise <= 0.02 * sum(v.numel() for v in one["weights"].values())

@@ -113,6 +113,14 @@ def test_precision_auto_is_fp32_on_the_cpu_and_bf16_asks_for_autocast():
         resolve_precision("fp16", cpu)
 
 
+def test_fsdp_gathers_in_bfloat16_and_reduces_in_float32_under_bf16_alone():
+    cpu = torch.device("cpu")
+    bf16 = resolve_precision("bf16", cpu).fsdp_policy()
+    assert (bf16.param_dtype, bf16.reduce_dtype) == (torch.bfloat16, torch.float32)
+    fp32 = resolve_precision("fp32", cpu).fsdp_policy()
+    assert (fp32.param_dtype, fp32.reduce_dtype, fp32.output_dtype) == (None, None, None)
+
+
 @pytest.mark.parametrize("supported", [True, False])
 def test_precision_auto_on_a_gpu_is_bf16_where_it_is_supported(monkeypatch, supported):
     monkeypatch.setattr(precision_mod, "_cuda_bf16", lambda device: supported)

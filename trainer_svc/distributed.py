@@ -239,20 +239,22 @@ class Parallel:
         """In place, before an optimizer is built on it: onto the world's device, then (under
         torchrun) FSDP2 units on each decoder layer and on the root, under `precision`'s
         mixed-precision policy (trainer_svc.precision; float32 when None), or (fsdp off) the
-        same weights on every rank. A module built on the meta device (relayrl_torch.models.loading,
-        `meta`: only under torchrun) gets its storage once it is sharded, its buffers as it
-        was built with, and its weights from the Hugging Face directory `weights`
-        (`read_weights`), so that a rank never holds more of it than its own shard."""
+        same weights on every rank. A module built on the meta device
+        (relayrl_torch.models.loading, `meta`: only under torchrun) gets its storage once it
+        is sharded, its buffers as it was built with, and its weights from the Hugging Face
+        directory `weights` (`read_weights`), so that a rank never holds more of it than its
+        own shard."""
         on_meta = is_meta(module)
         assert not on_meta or (self.active and weights is not None), \
             "a module on the meta device is sharded under torchrun, with its weights' directory"
-        # to_empty drops the buffers' values and unties tied parameters
+        if not self.active:
+            module.to(self.device)
+            return
+        # to_empty below drops the buffers' values and unties tied parameters
         buffers = dict(module.named_buffers(remove_duplicate=False))
         aliases = tied_aliases(module)
         if not on_meta:
             module.to(self.device)
-        if not self.active:
-            return
         if self.fsdp:
             from torch.distributed.fsdp import fully_shard
 

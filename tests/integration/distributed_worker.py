@@ -15,7 +15,11 @@ of two steps, as a trainer waiting for batches does.
 `torchrun -m tests.integration.distributed_worker load MODEL_DIR OUT BASE_DIR` loads the
 model as the service's ranks do, sharded and replicated, from MODEL_DIR and from BASE_DIR
 (the same weights under the names of the base model, without its `model.` prefix), and
-keeps what each rank holds."""
+keeps what each rank holds.
+
+`torchrun -m tests.integration.distributed_worker precision MODEL_DIR OUT` takes one PPO step
+with a KL reference under trainer.precision bf16 and under fp32, and keeps the dtypes the
+passes saw and the mixed-precision policy of every FSDP2 unit."""
 
 from __future__ import annotations
 
@@ -216,6 +220,7 @@ def mixed_precision_step(model_dir: str, world: World, precision: str) -> dict |
         learner.stop_followers()
     else:
         learner.follow()
+    # the policy each unit was sharded with, as FSDP2 keeps it in the unit's state
     units = [(name, fully_shard.state(m)._mp_policy) for name, module in modules.items()
              for m in module.modules() if isinstance(m, FSDPModule)]
     ranks = [units]

@@ -6,11 +6,11 @@ evaluation never stalls training.
 It holds the model on eval.device and evaluates the model it starts from as version 0, then
 polls the relay every eval.poll_s for the versions it holds, pulls the newest one that is due
 (a multiple of eval.every, or trainer.max_steps) and not yet evaluated, loads it and
-evaluates every eval set. A due
-version the relay dropped while an eval ran is skipped: the evaluator follows the newest,
-it never queues behind training. Records go to <run_dir>/eval.jsonl (the trainer alone
-writes metrics.jsonl), with TensorBoard and W&B as the trainer's; a restarted evaluator goes
-on after the last version in eval.jsonl. It exits once trainer.max_steps is evaluated.
+evaluates every eval set. A due version the relay dropped while an eval ran is skipped: the
+evaluator follows the newest, it never queues behind training. Records go to
+<run_dir>/eval.jsonl (the trainer alone writes metrics.jsonl), with TensorBoard and W&B as the
+trainer's; a restarted evaluator goes on after the last version in eval.jsonl. It exits once
+trainer.max_steps is evaluated.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -34,6 +35,9 @@ from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import worker_device
 from relayrl_torch.weights.manifest import WeightError
 from relayrl_torch.weights.tied import load_published
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 EVAL_FILE = "eval.jsonl"
@@ -116,7 +120,7 @@ class Follower:
             log.info("stopped during an evaluation; nothing of it written")
 
 
-def devices(cfg: RunConfig):
+def devices(cfg: RunConfig) -> tuple[torch.device, torch.device | None]:
     """(where the evaluator holds its model and decodes, where it receives versions over the
     nccl weight plane or None on the host planes): eval.device, resolved once at start-up
     (relayrl_torch.devices), before the model loads, so a GPU that is not there stops it at
@@ -125,7 +129,7 @@ def devices(cfg: RunConfig):
             worker_device(cfg.rollout.weight_plane, cfg.eval.device, "eval.device"))
 
 
-def evaluated_model(cfg: RunConfig, device) -> LoadedModel:
+def evaluated_model(cfg: RunConfig, device: torch.device) -> LoadedModel:
     """The run's model as the evaluator holds it: in model.dtype, the dtype versions ship in;
     with trainer.lora wrapped in the trainer's adapter settings (versions are the adapter);
     on `device`."""

@@ -50,7 +50,8 @@ class Learner:
             lm.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         self.tied = tied_aliases(lm.model)  # published once, under the first name
-        # before the policy is sharded: the reference is copied from it whole
+        # before the policy is sharded: the reference is copied from it whole (under
+        # torchrun both are built on the meta device, and each reads its weights from lm.path)
         self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,
                                    cfg.rollout.temperature, self.parallel, lm.path)
         self.parallel.shard(lm.model, self.objective.precision, lm.path)

@@ -273,7 +273,7 @@ def run_service_trainer(model_dir: str, redis_url: str, run_dir: str, world: Wor
 def meet() -> None:
     """Every rank reaches this point before any goes on, through torchrun's own store: a
     rank slow to start would otherwise count against the idle run's short timeout, which
-    bounds the process group's rendezvous too."""
+    bounds the process group's rendezvous and every collective's wait for the slower rank."""
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
                           is_master=False, timeout=timedelta(seconds=120))
@@ -283,6 +283,9 @@ def meet() -> None:
 
 def main(mode: str, model_dir: str, out: str, *rest: str) -> None:
     if mode == "idle":
+        # what building the model imports and reads, done before the ranks meet: between
+        # the meeting and the first collective each rank then has little left to do
+        load_model(model_dir, meta=True)
         meet()
         world = init_world(timeout_s=IDLE_TIMEOUT_S)
         runs = run_after_idling(model_dir, world, IDLE_S)

@@ -4,6 +4,7 @@ field named), before torch and the model load."""
 
 import sys
 
+from relayrl.config import ConfigError
 from relayrl.runtime.cli_args import install_run_credentials, parse_service_args
 from relayrl.runtime.procs import die_with_launcher
 
@@ -18,7 +19,11 @@ def main() -> None:
     install_run_credentials(cfg)
     from eval_svc.follower import serve
 
-    serve(cfg)
+    try:
+        serve(cfg)
+    except ConfigError as err:  # refused once it meets the machine (a GPU that is not there)
+        print(f"eval_svc: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -3,13 +3,14 @@ evaluation never stalls training.
 
     python -m eval_svc --config runs/tiny/config.yaml   # `relayrl up` starts it
 
-It evaluates the model it starts from as version 0, then polls the relay every eval.poll_s
-for the versions it holds, pulls the newest one that is due (a multiple of eval.every, or
-trainer.max_steps) and not yet evaluated, loads it and evaluates every eval set. A due
-version the relay dropped while an eval ran is skipped: the evaluator follows the newest,
-it never queues behind training. Records go to <run_dir>/eval.jsonl (the trainer alone
-writes metrics.jsonl), with TensorBoard and W&B as the trainer's; a restarted evaluator goes
-on after the last version in eval.jsonl. It exits once trainer.max_steps is evaluated.
+It holds the model on eval.device and evaluates the model it starts from as version 0, then
+polls the relay every eval.poll_s for the versions it holds, pulls the newest one that is due
+(a multiple of eval.every, or trainer.max_steps) and not yet evaluated, loads it and
+evaluates every eval set. A due version the relay dropped while an eval ran is skipped: the
+evaluator follows the newest, it never queues behind training. Records go to
+<run_dir>/eval.jsonl (the trainer alone writes metrics.jsonl), with TensorBoard and W&B as the
+trainer's; a restarted evaluator goes on after the last version in eval.jsonl. It exits once
+trainer.max_steps is evaluated.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import logging
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import grpc
 
 from relayrl.config import RunConfig
 from relayrl.runtime.metrics import MetricsWriter, StepRecord, open_run_metrics, read_records
+from relayrl_torch.devices import resolve_device
 from relayrl_torch.evaluation.runner import evaluate_sets
 from relayrl_torch.evaluation.sets import build_sets
 from relayrl_torch.models.loading import LoadedModel
@@ -32,6 +35,9 @@ from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import worker_device
 from relayrl_torch.weights.manifest import WeightError
 from relayrl_torch.weights.tied import load_published
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 EVAL_FILE = "eval.jsonl"
@@ -114,23 +120,47 @@ class Follower:
             log.info("stopped during an evaluation; nothing of it written")
 
 
+def weight_plane(cfg: RunConfig) -> str:
+    """The plane the evaluator pulls versions through: the workers' (rollout.weight_plane),
+    but gRPC where that is vllm, which delivers into vLLM alone."""
+    return "grpc" if cfg.rollout.weight_plane == "vllm" else cfg.rollout.weight_plane
+
+
+def devices(cfg: RunConfig) -> tuple[torch.device, torch.device | None]:
+    """(where the evaluator holds its model and decodes, where it receives versions over the
+    nccl weight plane or None on the host planes): eval.device, resolved once at start-up
+    (relayrl_torch.devices), before the model loads, so a GPU that is not there stops it at
+    once."""
+    return (resolve_device(cfg.eval.device, "eval.device"),
+            worker_device(weight_plane(cfg), cfg.eval.device, "eval.device"))
+
+
+def evaluated_model(cfg: RunConfig, device: torch.device) -> LoadedModel:
+    """The run's model as the evaluator holds it: in model.dtype, the dtype versions ship in;
+    with trainer.lora wrapped in the trainer's adapter settings (versions are the adapter);
+    on `device`."""
+    from relayrl_torch.models import resolve_model_path
+    from relayrl_torch.models.loading import load_model
+
+    lm = load_model(resolve_model_path(cfg.model, cfg.task), cfg.model.dtype_name())
+    if cfg.trainer.lora is not None:
+        lm.model = with_lora(lm.model, cfg.trainer.lora)
+    lm.model.to(device)
+    return lm
+
+
 def serve(cfg: RunConfig) -> None:
     import torch
 
     from relayrl.runtime.logs import setup_logging
-    from relayrl_torch.models import resolve_model_path
-    from relayrl_torch.models.loading import load_model
 
     setup_logging("evaluator")
     torch.set_num_threads(cfg.rollout.torch_threads)
-    # the vllm plane delivers into vLLM alone: the evaluator's torch model takes gRPC
-    plane = "grpc" if cfg.rollout.weight_plane == "vllm" else cfg.rollout.weight_plane
-    weight_device = worker_device(plane, cfg.rollout.weight_device)
-    lm = load_model(resolve_model_path(cfg.model, cfg.task), cfg.model.dtype_name())
-    if cfg.trainer.lora is not None:  # versions are the trainer's adapter
-        lm.model = with_lora(lm.model, cfg.trainer.lora)
-    relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s, plane, weight_device)
-              for a in cfg.relay_addresses]
+    device, weight_device = devices(cfg)
+    lm = evaluated_model(cfg, device)
+    log.info("evaluator on %s", device)
+    relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s, weight_plane(cfg),
+                          weight_device) for a in cfg.relay_addresses]
     writer = open_run_metrics(cfg, EVAL_FILE, job_type="eval")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,10 +4,10 @@
     relayrl eval run.yaml --checkpoint DIR --set heldout --json
 
 No service runs: the checkpoint (a Hugging Face model directory, as the trainer writes under
-run_dir/checkpoints/step_N) is loaded here and decoded on this machine, on the config's eval
-sets (all, or those named with --set NAME). A checkpoint directory without a tokenizer takes
-the run model's (model.kind hf, pretrained or tiny); an adapter run's checkpoint (trainer.lora)
-is merged into the run model first. Prints a table and
+run_dir/checkpoints/step_N) is loaded here and decoded on this machine, on eval.device, on
+the config's eval sets (all, or those named with --set NAME). A checkpoint directory without
+a tokenizer takes the run model's (model.kind hf, pretrained or tiny); an adapter run's
+checkpoint (trainer.lora) is merged into the run model first. Prints a table and
 one JSON line; --json prints the JSON line alone.
 """
 
@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from relayrl.config import RunConfig
+from relayrl_torch.devices import resolve_device
 from relayrl_torch.evaluation.runner import SetResult, evaluate_sets
 from relayrl_torch.evaluation.sets import build_sets
 from relayrl_torch.models.loading import LoadedModel
@@ -82,8 +83,10 @@ def run(cfg: RunConfig, checkpoint: str | Path, names: list[str] | None = None,
 
     checkpoint = Path(checkpoint)
     torch.set_num_threads(cfg.trainer.torch_threads)
+    device = resolve_device(cfg.eval.device, "eval.device")
     sets = build_sets(cfg, names=names or None)
     lm = load_checkpoint(cfg, checkpoint)
+    lm.model.to(device)
     record, results = evaluate_sets(lm, sets, seed=cfg.eval.seed,
                                     batch_size=cfg.eval.batch_size)
     if not as_json:

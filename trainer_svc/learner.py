@@ -50,10 +50,11 @@ class Learner:
             lm.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         self.tied = tied_aliases(lm.model)  # published once, under the first name
-        # before the policy is sharded: the reference is copied from it whole
+        # before the policy is sharded: the reference is copied from it whole (under
+        # torchrun both are built on the meta device, and each reads its weights from lm.path)
         self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,
-                                   cfg.rollout.temperature, self.parallel)
-        self.parallel.shard(lm.model)
+                                   cfg.rollout.temperature, self.parallel, lm.path)
+        self.parallel.shard(lm.model, self.objective.precision, lm.path)
         trained = [p for p in lm.model.parameters() if p.requires_grad]
         self.optimizer_kind = tc.optimizer.kind
         self.optimizer = build_optimizer(tc.optimizer, [*trained, *self.objective.parameters()],
@@ -61,36 +62,38 @@ class Learner:
         # the optimizer's modules by name, which key its whole state under torchrun
         heads = {"value_head": self.objective.value_head} if self.objective.value_head else {}
         self.trainable = nn.ModuleDict({"policy": lm.model, **heads})
+        # every rank is built: from here on the followers wait for rank 0's operations
+        self.parallel.start_heartbeat()
 
     def update(self, tb: TrainBatch,
                before_first_step: Callable[[], None] = lambda: None) -> UpdateResult:
-        self.parallel.lead("update", tb)
         model = self.lm.model
-        model.train()
-        try:
-            return self.objective.update(model, self.optimizer, tb, before_first_step)
-        finally:
-            model.eval()
+        with self.parallel.leading("update", tb):
+            model.train()
+            try:
+                return self.objective.update(model, self.optimizer, tb, before_first_step)
+            finally:
+                model.eval()
 
     def weights(self) -> dict[str, torch.Tensor]:
         """What a version ships: the policy's whole weights, each tied tensor once
         (relayrl_torch.weights.tied), or with trainer.lora the adapter alone; in one process the
         live tensors."""
-        self.parallel.lead("weights")
-        if self.lora:
-            return adapter_state(self.lm.model)
-        return without(self.parallel.full_state_dict(self.lm.model), self.tied)
+        with self.parallel.leading("weights"):
+            if self.lora:
+                return adapter_state(self.lm.model)
+            return without(self.parallel.full_state_dict(self.lm.model), self.tied)
 
     def training_state(self) -> TrainingState:
         """The model's part is what changes in training: the whole weights, or the adapter
         (the base is the model's own directory, read again on resume)."""
-        self.parallel.lead("training_state")
-        return TrainingState(
-            to_cpu(adapter_state(self.lm.model) if self.lora
-                   else self.parallel.full_state_dict(self.lm.model)),
-            to_cpu(self.objective.state_dict()),
-            to_cpu(self.parallel.full_optimizer_state(self.trainable, self.optimizer)),
-            self.parallel.active)
+        with self.parallel.leading("training_state"):
+            return TrainingState(
+                to_cpu(adapter_state(self.lm.model) if self.lora
+                       else self.parallel.full_state_dict(self.lm.model)),
+                to_cpu(self.objective.state_dict()),
+                to_cpu(self.parallel.full_optimizer_state(self.trainable, self.optimizer)),
+                self.parallel.active)
 
     def restore(self, objective: dict, model: dict | None = None,
                 optimizer: dict | None = None, optimizer_by_name: bool = False) -> None:
@@ -104,13 +107,13 @@ class Learner:
             raise ValueError(f"the checkpoint's optimizer state is {written}'s and "
                              f"trainer.optimizer.kind is {kind!r}; resume with kind {written!r}, "
                              "or start a new run_dir")
-        self.parallel.lead("restore", objective)
-        if self.lora:
-            load_adapter(self.lm.model, model or {}, version=-1)
-        else:
-            self.parallel.load_full_state_dict(self.lm.model, model or {})
-        self.objective.load_state_dict(objective)
-        self.parallel.load_optimizer_state(self.trainable, self.optimizer, optimizer or {})
+        with self.parallel.leading("restore", objective):
+            if self.lora:
+                load_adapter(self.lm.model, model or {}, version=-1)
+            else:
+                self.parallel.load_full_state_dict(self.lm.model, model or {})
+            self.objective.load_state_dict(objective)
+            self.parallel.load_optimizer_state(self.trainable, self.optimizer, optimizer or {})
 
     def follow(self) -> None:
         """On a follower: run what rank 0 leads until it stops."""
@@ -123,7 +126,7 @@ class Learner:
             getattr(self, op)(*args)
 
     def stop_followers(self) -> None:
-        self.parallel.lead("stop")
+        self.parallel.stop_followers()
 
 
 def build_optimizer(oc: OptimizerConfig, params: list[nn.Parameter],

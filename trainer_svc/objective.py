@@ -12,6 +12,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -48,8 +49,11 @@ class RankShare:
 
 class Objective:
     def __init__(self, tc: TrainerConfig, model: torch.nn.Module, max_response_len: int,
-                 temperature: float, parallel: Parallel | None = None):
-        """`model` not yet sharded: the reference is a copy of it, sharded on its own."""
+                 temperature: float, parallel: Parallel | None = None,
+                 model_dir: Path | None = None):
+        """`model` not yet sharded: the reference is a copy of it, sharded on its own. A
+        `model` on the meta device (under torchrun) reads its weights from `model_dir`, and
+        so does the reference."""
         self.parallel = parallel or Parallel()
         self.precision = resolve_precision(tc.precision, self.parallel.device)
         self.loss = get_loss(tc.loss.name)
@@ -81,9 +85,10 @@ class Objective:
             # the value loss is a token mean: one scale fits both terms only then
             raise ConfigError(f"loss {self.loss.name!r}: a value model with aggregation "
                              f"{self.loss.aggregation!r} cannot be split over ranks")
-        for module in (self.value_head, self.reference):
-            if module is not None:
-                self.parallel.shard(module)
+        if self.value_head is not None:
+            self.parallel.shard(self.value_head, self.precision)
+        if self.reference is not None:
+            self.parallel.shard(self.reference, self.precision, model_dir)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """Trainable parameters beside the policy's, for the same optimizer."""

@@ -6,6 +6,15 @@ also what is published and checkpointed), gradients (autocast's backward writes 
 parameters' dtype) and AdamW's moments. Log-softmax and log-probabilities are computed in
 float32 from float32 logits (trainer_svc.batching, trainer_svc.shared_prefix), so losses,
 ratios and the engine check compare float32 numbers whatever the passes ran in.
+
+Under torchrun, FSDP2 sharding the modules, bf16 also sets its MixedPrecisionPolicy
+(`fsdp_policy`): each unit all-gathers its parameters for a pass in bfloat16, half the bytes
+moved and held unsharded, and reduce-scatters their gradients in float32 into the float32
+shards, which stay the master copy the optimizer steps. Autocast is kept beside it: the
+policy casts parameters at the boundary of each unit, so every op would then run in
+bfloat16, while autocast still decides op by op what runs in float32 (softmax and
+log-softmax, the norms' reductions, autocast's float32 list) as it does in one process; its
+casts of weights that are bfloat16 already cost nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +41,16 @@ class Precision:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def fsdp_policy(self):
+        """FSDP2's mixed precision under this policy: parameters gathered in bfloat16 and
+        gradients reduced in float32 under bf16; none (the parameters' own float32) under
+        fp32."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.autocast_dtype is None:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=self.autocast_dtype, reduce_dtype=torch.float32)
 
 
 def resolve_precision(spec: str, device: torch.device) -> Precision:

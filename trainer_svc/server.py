@@ -189,7 +189,7 @@ def _postfix(f, reward: float, acc: float) -> dict[str, str]:
 
 def serve(cfg: RunConfig) -> None:
     setup_logging("trainer")
-    world = init_world(cfg.trainer.device)
+    world = init_world(cfg.trainer.device, cfg.trainer.dist_timeout_s)
     parallel = Parallel(world, cfg.trainer.fsdp)
     torch.set_num_threads(cfg.trainer.torch_threads)
     torch.manual_seed(cfg.trainer.seed)
@@ -197,7 +197,8 @@ def serve(cfg: RunConfig) -> None:
     if threshold is not None and not set_mmap_threshold(threshold):
         log.warning("trainer.mmap_threshold_mib %d not applied: this C library has no "
                     "glibc mallopt, or refused it", threshold)
-    lm = load_model(resolve_model_path(cfg.model, cfg.task))
+    # under torchrun each rank reads only its shard of the weights, once it is sharded
+    lm = load_model(resolve_model_path(cfg.model, cfg.task), meta=world.size > 1)
     if not world.is_main:
         follow(cfg, lm, parallel)
         return
@@ -215,12 +216,13 @@ def serve(cfg: RunConfig) -> None:
                                  TrainerStatusServicer(trainer))],
                                trainer_metrics_of(trainer), cfg.trainer.metrics_port)
         runner.run(lambda stop: run_loop(trainer, stop))
-        # Only after a clean stop: on an error the followers may be inside a collective, and
-        # torchrun ends them when rank 0 exits.
-        trainer.learner.stop_followers()
         trainer.history.close()
         publisher.close()
         trainer.metrics.close()
+        # Only after a clean stop: on an error the followers may be inside a collective, and
+        # torchrun ends them when rank 0 exits. Last, so that they wait for close_world's
+        # barrier no longer than rank 0 takes to reach it.
+        trainer.learner.stop_followers()
         close_world(world)
 
 

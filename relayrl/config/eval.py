@@ -5,6 +5,7 @@
       at_start: true               # also the starting weights (version 0)
       mode: inline                 # inline: the trainer, between steps; separate: its own
                                    # process following the relay, so training never waits
+      device: auto                 # separate, and `relayrl eval`: where the model decodes
       sets:
         - name: heldout            # the run task's held-out problems (the default set)
           samples: 8               # pass@1 and pass@8 from 8 samples per problem
@@ -23,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from relayrl.config.base import StrictModel
+from relayrl.config.base import DEVICE_HELP, DEVICE_PATTERN, StrictModel
 from relayrl.config.task import TaskConfig, task_shorthand
 
 
@@ -72,6 +73,11 @@ class EvalConfig(StrictModel):
         "inline", description="inline: the trainer evaluates between steps; separate: an "
         "evaluator process follows the relay and writes <run_dir>/eval.jsonl, so evaluation "
         "never stalls training.")
+    device: str = Field(
+        "auto", pattern=DEVICE_PATTERN,
+        description=f"Where the evaluator (eval.mode separate) and `relayrl eval` hold the "
+        f"model and decode: {DEVICE_HELP}; with rollout.weight_plane nccl the evaluator "
+        "receives each version there. eval.mode inline runs on trainer.device.")
     sets: list[EvalSetConfig] = Field(
         default_factory=lambda: [EvalSetConfig(name="heldout")], min_length=1, max_length=64,
         description="The held-out sets; the first also writes eval/accuracy_sampled and "

@@ -208,14 +208,25 @@ class TrainerConfig(StrictModel):
     )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="Compute dtype of the trainer's forward and backward passes. "
-        "bf16: matrix products under torch.autocast in bfloat16; parameters, gradients and "
-        "AdamW state stay float32, and log-softmax and log-probabilities are computed in "
-        "float32. fp32: float32 throughout. auto: bf16 on a GPU that supports it, else fp32.",
+        "bf16: matrix products under torch.autocast in bfloat16, and under torchrun FSDP2 "
+        "gathers parameters in bfloat16 and reduces gradients in float32; parameters, "
+        "gradients and AdamW state stay float32, and log-softmax and log-probabilities are "
+        "computed in float32. fp32: float32 throughout. auto: bf16 on a GPU that supports "
+        "it, else fp32.",
     )
     fsdp: bool = Field(
         True, description="Under torchrun with more than one process: shard parameters, "
         "gradients and optimizer state with FSDP2; false keeps the whole model on every rank "
         "and all-reduces gradients. One process ignores it.",
+    )
+    dist_timeout_s: float = Field(
+        1800.0, ge=1, le=86_400,
+        description="Under torchrun: seconds a collective may wait for every rank before the "
+        "process group aborts it (init_process_group's timeout; torch's NCCL default is 600). "
+        "While rank 0 waits between operations (for a batch, for Redis or a relay through an "
+        "outage, while a checkpoint is written) it leads an idle operation every tenth of "
+        "it, so idleness never reaches it; what it bounds is a rank that hangs, and the "
+        "longest single wait of a collective (reading the weights at start-up).",
     )
     seed: int = Field(0, ge=0, description="Trainer RNG seed.")
     progress: bool = Field(True, description="Show a progress bar on stderr.")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from relayrl.config import ConfigError
 from relayrl.plugins.chat import Schema, encode_chat, encode_problem, encode_text
@@ -69,19 +71,49 @@ def eos_ids(model_dir: str | Path, tokenizer_eos: int | None = None) -> tuple[in
 
 
 def load_model(path: str | Path, dtype: torch.dtype | str = torch.float32,
-               weights: bool = True) -> LoadedModel:
+               weights: bool = True, meta: bool = False) -> LoadedModel:
     """The directory's tokenizer and model, its weights in `dtype`; without `weights`, the
     tokenizer alone (model None): a process whose engine loads the weights itself (vLLM)
-    holds no second copy."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    holds no second copy. With `meta`, the model is built from its config and no weight is
+    read: every parameter is on the meta device (a shape and a dtype, no storage) and every
+    buffer as the model's constructor computes it (rotary frequencies are in no checkpoint).
+    A trainer rank under torchrun shards it, then reads its own slices
+    (trainer_svc.distributed)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"model.path: {path} holds no config.json")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = None
-    if weights:
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if weights and meta:
+        with parameters_on_meta():
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
+                                                     dtype=dtype)
+        with contextlib.suppress(OSError):  # as from_pretrained: else the config's defaults
+            model.generation_config = GenerationConfig.from_pretrained(path)
+    elif weights:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if model is not None:
         model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, path=path)
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside hold their parameters on the meta device and their buffers as
+    built. A parameter set again (a tied output projection, set to the input embedding) stays
+    the one object it was, so the tie holds."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register

@@ -78,10 +78,12 @@ def nccl_device(spec: str, field: str, plane_field: str) -> torch.device:
     return device
 
 
-def worker_device(plane: str, spec: str) -> torch.device | None:
-    """Where a worker receives weights for `plane` (rollout.weight_plane) given `spec`
-    (rollout.engine.device for the torch engine, auto for vLLM): a GPU for nccl, else None
-    (the host planes choose their own buffers)."""
+def worker_device(plane: str, spec: str, field: str = "rollout.engine.device"
+                  ) -> torch.device | None:
+    """Where a worker receives weights for `plane` (rollout.weight_plane) given `spec`, the
+    value of the config field `field` (rollout.engine.device for the torch engine, auto for
+    vLLM; eval.device for the evaluator): a GPU for nccl, else None (the host planes choose
+    their own buffers)."""
     if plane != "nccl":
         return None
-    return nccl_device(spec, "rollout.engine.device", "rollout.weight_plane")
+    return nccl_device(spec, field, "rollout.weight_plane")

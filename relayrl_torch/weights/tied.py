@@ -27,6 +27,16 @@ def tied_aliases(model: nn.Module) -> dict[str, str]:
     return aliases
 
 
+def tie(model: nn.Module, aliases: Mapping[str, str]) -> None:
+    """Make each alias name its first name's tensor again: a conversion that gives every
+    module tensors of its own (to_empty off the meta device) unties them."""
+    for alias, name in aliases.items():
+        owner, _, leaf = alias.rpartition(".")
+        tensor = (model.get_parameter(name) if name in dict(model.named_parameters())
+                  else model.get_buffer(name))
+        setattr(model.get_submodule(owner), leaf, tensor)
+
+
 def without(state: dict[str, torch.Tensor], aliases: Mapping[str, str]
             ) -> dict[str, torch.Tensor]:
     """`state` less the alias names (a version published with them is accepted too)."""

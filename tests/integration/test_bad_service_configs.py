@@ -47,6 +47,7 @@ REFUSED_AT_START = [  # (service, config document, what stderr must name)
     ("trainer_svc", {"trainer": {"device": "cuda:15"}}, "trainer.device: 'cuda:15'"),
     ("rollout_svc", {"task": {"reward": "no_such_reward"}}, "task.reward: "),
     ("eval_svc", {"eval": {"mode": "inline"}}, "eval.mode is 'inline'"),
+    ("eval_svc", {"eval": {"mode": "separate", "device": "cuda:15"}}, "eval.device: 'cuda:15'"),
 ]
 
 

@@ -1,12 +1,20 @@
-"""Device resolution (relayrl_torch.devices), the device and precision config fields, and the
-trainer's precision policy (trainer_svc.precision) for every branch, CUDA faked where the
-branch needs a GPU."""
+"""Device resolution (relayrl_torch.devices), the device and precision config fields, the
+trainer's precision policy (trainer_svc.precision) and the evaluator's devices
+(eval_svc.follower) for every branch, CUDA faked where the branch needs a GPU."""
 
 import pytest
 import torch
 from pydantic import ValidationError
 
-from relayrl.config import ConfigError, TorchEngineConfig, TrainerConfig, load_run_config
+from eval_svc.follower import devices
+from relayrl.config import (
+    ConfigError,
+    EvalConfig,
+    RunConfig,
+    TorchEngineConfig,
+    TrainerConfig,
+    load_run_config,
+)
 from relayrl_torch.devices import model_device, resolve_device
 from trainer_svc import precision as precision_mod
 from trainer_svc.distributed import World, init_world
@@ -71,7 +79,7 @@ def test_anything_else_is_not_a_device(spec):
         resolve_device(spec, "trainer.device")
 
 
-@pytest.mark.parametrize("model", [TrainerConfig, TorchEngineConfig])
+@pytest.mark.parametrize("model", [TrainerConfig, TorchEngineConfig, EvalConfig])
 def test_the_config_fields_default_to_auto_and_refuse_a_misspelling(model):
     assert model().device == "auto"
     assert model(device="cuda:3").device == "cuda:3"  # whether it exists: at start-up
@@ -87,6 +95,29 @@ def test_a_run_config_names_the_bad_field(tmp_path):
     path.write_text("trainer: {precision: fp16}\n")
     with pytest.raises(ConfigError, match=r"trainer\.precision"):
         load_run_config(path)
+
+
+def evaluator(device: str, plane: str = "grpc") -> RunConfig:
+    return RunConfig.model_validate({
+        "eval": {"mode": "separate", "device": device},
+        "rollout": {"weight_plane": plane}, "relay": {"data_planes": ["grpc", plane]}})
+
+
+def test_the_evaluator_holds_its_model_and_receives_nccl_versions_on_eval_device(two_gpus):
+    assert devices(evaluator("auto")) == (torch.device("cuda", 0), None)
+    assert devices(evaluator("cuda:1")) == (torch.device("cuda", 1), None)
+    both = torch.device("cuda", 1)
+    assert devices(evaluator("cuda:1", "nccl")) == (both, both)
+    with pytest.raises(ValueError, match=r"eval\.device: 'cuda:2' names GPU 2"):
+        devices(evaluator("cuda:2"))
+
+
+def test_the_evaluator_without_cuda_decodes_on_the_cpu_or_names_eval_device(no_cuda):
+    assert devices(evaluator("auto")) == (torch.device("cpu"), None)
+    with pytest.raises(ValueError, match=r"eval\.device: 'cuda' asks for a GPU"):
+        devices(evaluator("cuda"))
+    with pytest.raises(ValueError, match=r"nccl' plane needs CUDA, and eval\.device='auto'"):
+        devices(evaluator("auto", "nccl"))
 
 
 def test_one_process_resolves_its_device_once(no_cuda, monkeypatch):
@@ -111,6 +142,14 @@ def test_precision_auto_is_fp32_on_the_cpu_and_bf16_asks_for_autocast():
     assert resolve_precision("bf16", cpu).autocast_dtype is torch.bfloat16
     with pytest.raises(ValueError, match="trainer.precision: 'fp16'"):
         resolve_precision("fp16", cpu)
+
+
+def test_fsdp_gathers_in_bfloat16_and_reduces_in_float32_under_bf16_alone():
+    cpu = torch.device("cpu")
+    bf16 = resolve_precision("bf16", cpu).fsdp_policy()
+    assert (bf16.param_dtype, bf16.reduce_dtype) == (torch.bfloat16, torch.float32)
+    fp32 = resolve_precision("fp32", cpu).fsdp_policy()
+    assert (fp32.param_dtype, fp32.reduce_dtype, fp32.output_dtype) == (None, None, None)
 
 
 @pytest.mark.parametrize("supported", [True, False])

@@ -1,16 +1,19 @@
 """What runs on a GPU, against the same thing on the CPU: one policy update of the tiny model
-(float32, the bf16 policy, a LoRA adapter), the publisher's pinned snapshot off its own CUDA
-stream, and the torch engine sampling on CUDA with weights pulled as CPU tensors, an
-adapter version included. Marked `gpu`; skipped where CUDA is absent (`pytest -m gpu`
-selects them on a GPU machine; bench/gpu_check.sh runs them)."""
+(float32, the bf16 policy with its KL reference on the GPU too, a LoRA adapter), the
+publisher's pinned snapshot off its own CUDA stream, the torch engine sampling on CUDA with
+weights pulled as CPU tensors (an adapter version included), and the evaluator decoding on
+its eval.device. Marked `gpu`; skipped where CUDA is absent (`pytest -m gpu` selects them on
+a GPU machine; bench/gpu_check.sh runs them)."""
 
 import copy
 
 import pytest
 import torch
 
+from eval_svc.follower import devices, evaluated_model
 from relay_svc.version_store import VersionStore
-from relayrl.config import TrainerConfig
+from relayrl.config import RunConfig, TrainerConfig
+from relayrl_torch.evaluation import build_sets, evaluate_sets
 from relayrl_torch.models.lora import adapter_state, with_lora
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
@@ -40,6 +43,7 @@ def one_update(lm, device: torch.device, precision: str, lora: dict | None = Non
     parallel = Parallel(World(device=device))
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0, parallel=parallel)
     parallel.shard(model)  # as the Learner does: in one process, onto the world's device
+    assert {p.device for p in objective.reference.parameters()} == {device}
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.optimizer.lr)
     model.train()
     result = objective.update(model, optimizer, varied_batch(lm))
@@ -143,3 +147,18 @@ def test_the_engine_samples_on_cuda_as_on_the_cpu(tiny_lm):
     engines["cuda"].load_weights(moved, version=1)
     assert engines["cuda"].version == 1
     assert next(engines["cuda"].lm.model.parameters()).device.type == "cuda"
+
+
+def test_the_evaluator_holds_its_model_on_eval_device_and_decodes_as_on_the_cpu(tiny_lm):
+    records = {}
+    for device in ("cpu", "cuda"):
+        cfg = RunConfig.model_validate({
+            "model": {"kind": "hf", "path": str(tiny_lm.path), "dtype": "float32"},
+            "task": {"digits": 1, "eval_size": 8},
+            "eval": {"mode": "separate", "device": device}})
+        held, _ = devices(cfg)
+        lm = evaluated_model(cfg, held)
+        assert {p.device.type for p in lm.model.parameters()} == {device}
+        records[device], _ = evaluate_sets(lm, build_sets(cfg), seed=0, batch_size=8)
+    assert sorted(records["cuda"]) == sorted(records["cpu"])
+    assert records["cuda"]["eval/accuracy_greedy"] == records["cpu"]["eval/accuracy_greedy"]

@@ -44,10 +44,19 @@ def one_update(lm, device: torch.device, precision: str, lora: dict | None = Non
     objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0, parallel=parallel)
     parallel.shard(model)  # as the Learner does: in one process, onto the world's device
     assert {p.device for p in objective.reference.parameters()} == {device}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.optimizer.lr)
+    optimizer = recording_grad_dtypes(torch.optim.AdamW(model.parameters(), lr=tc.optimizer.lr))
     model.train()
     result = objective.update(model, optimizer, varied_batch(lm))
     return result, to_cpu(model.state_dict()), model, optimizer
+
+
+def recording_grad_dtypes(optimizer):
+    """`optimizer`, noting its gradients' dtypes just before each step (the update frees
+    them after it), for assert_float32_state."""
+    optimizer.grad_dtypes = set()
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: opt.grad_dtypes.update(
+        p.grad.dtype for g in opt.param_groups for p in g["params"] if p.grad is not None))
+    return optimizer
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +91,53 @@ def test_the_bf16_policy_on_cuda_keeps_float32_state_and_stays_close(tiny_lm):
     assert 0 < gap < 0.05  # autocast ran, and bf16 rounding stays small
     assert gpu.stats["loss"] == pytest.approx(cpu.stats["loss"], abs=0.02)
     assert all(torch.isfinite(v).all() for v in gpu_after.values())
+
+
+def test_fsdp2_on_one_nccl_rank_gathers_bf16_and_updates_like_one_process(tiny_lm):
+    """FSDP2 on CUDA over a one-rank NCCL group, with the bf16 policy's MixedPrecisionPolicy
+    on each decoder layer and the root as Parallel.shard puts them: the forward sees bf16
+    parameters, the update keeps float32 state and lands where the unsharded bf16 one does."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from trainer_svc.distributed import decoder_layers
+    from trainer_svc.precision import resolve_precision
+
+    plain, plain_after, _, _ = one_update(tiny_lm, CUDA, "bf16")
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = copy.deepcopy(tiny_lm.model).to(CUDA)
+        tc = TrainerConfig(precision="bf16", optimizer={"lr": 1e-3}, loss={"kl_coef": 0.05})
+        # before sharding, as the Learner builds it: the KL reference is a copy of the model
+        objective = Objective(tc, model, MAX_NEW_TOKENS, temperature=1.0,
+                              parallel=Parallel(World(device=CUDA)))
+        policy = resolve_precision("bf16", CUDA).fsdp_policy()
+        mesh = init_device_mesh("cuda", (1,))
+        layers = decoder_layers(model)  # fully_shard renames their classes
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        seen = []
+        hook = layers[0].register_forward_pre_hook(
+            lambda m, _: seen.append(next(m.parameters()).dtype))
+        optimizer = recording_grad_dtypes(torch.optim.AdamW(model.parameters(),
+                                                            lr=tc.optimizer.lr))
+        model.train()
+        sharded = objective.update(model, optimizer, varied_batch(tiny_lm))
+        hook.remove()
+        assert seen and set(seen) == {torch.bfloat16}  # gathered in bfloat16
+        assert_float32_state(model, optimizer)
+        assert sharded.stats["loss"] == pytest.approx(plain.stats["loss"], rel=5e-3, abs=1e-5)
+        after = {k: v.full_tensor().cpu() if hasattr(v, "full_tensor") else v.cpu()
+                 for k, v in model.state_dict().items()}
+        # AdamW moves a weight by about lr whatever its gradient's size, so rounding in two
+        # ways of computing a near-zero gradient moves a few weights differently
+        moved = [(after[n] - t).abs() > 0.5 * tc.optimizer.lr for n, t in plain_after.items()]
+        assert sum(m.sum().item() for m in moved) <= 0.02 * sum(m.numel() for m in moved)
+    finally:
+        dist.destroy_process_group()
 
 
 LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}

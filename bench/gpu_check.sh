@@ -53,11 +53,11 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
 started=$(date +%s)
 nvidia-smi -L > "$work/gpus.txt" 2>&1
-timeout 300 "$py" -m pytest -m gpu tests/unit/test_gpu.py tests/integration/test_gpu_vllm.py \
+timeout 270 "$py" -m pytest -m gpu tests/unit/test_gpu.py tests/integration/test_gpu_vllm.py \
     tests/integration/test_gpu_torchrun.py tests/integration/test_nccl_plane.py \
     -q -rs -p no:cacheprovider --junitxml="$work/tests.xml" > "$work/tests.txt" 2>&1
 tests_rc=$?
-timeout 240 "$py" bench/gpu_smoke.py --steps 20 --skip 3 --results "$work/smoke.jsonl" \
+timeout 150 "$py" bench/gpu_smoke.py --steps 20 --skip 3 --results "$work/smoke.jsonl" \
     > "$work/smoke.txt" 2>&1
 smoke_rc=$?
 

@@ -91,6 +91,11 @@ class Child:
     def name(self) -> str:
         return self.process.name
 
+    @property
+    def address(self) -> str:
+        """host:port its health is asked at; "" for the evaluator."""
+        return self.process.address
+
 
 class Launcher:
     """`relayrl up`: starts every service of a run's node (`node`, of resources.nodes) as its
@@ -188,7 +193,7 @@ class Launcher:
         for child in children:
             self._spawn(child)
         for child in children:
-            proc, address = child.proc, child.process.address
+            proc, address = child.proc, child.address
             if not address:  # the evaluator: no server to ask
                 continue
             try:

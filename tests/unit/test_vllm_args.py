@@ -111,10 +111,14 @@ def test_a_worker_that_cannot_fit_is_refused_before_vllm_starts_naming_the_numbe
 
 def test_the_kv_side_channel_listens_where_other_engines_dial_the_worker(tiny_lm, llm_args,
                                                                         monkeypatch):
+    from rollout_svc import vllm_kv
     from rollout_svc.vllm_kv import SIDE_CHANNEL_ENV, SIDE_CHANNEL_HOST_ENV
 
     monkeypatch.delenv(SIDE_CHANNEL_ENV, raising=False)
     monkeypatch.delenv(SIDE_CHANNEL_HOST_ENV, raising=False)
+    # NIXL's native library is not loaded into the suite's processes: its load once
+    # aborted a whole process among many threads (relay_svc.planes loads it first thing)
+    monkeypatch.setattr(vllm_kv, "_alias_nixl", lambda: None)
     build(tiny_lm.path, kv_transfer_port=5600, kv_transfer_host="10.0.0.2")
     assert llm_args["kv_transfer_config"].kv_connector == "NixlConnector"
     assert (vllm_engine.os.environ[SIDE_CHANNEL_HOST_ENV],

@@ -39,7 +39,7 @@ PACKED_BUFFER_BYTES = 256 << 20
 PACKED_BUFFERS = 2
 MAX_ALIASES = 64  # a model ties a few tensors, never many
 # One NCCL send at a time: each holds its packed buffers on the relay's GPU, and a worker
-# waits its turn inside its engine's rendezvous, within the transfer's deadline.
+# waits its turn inside its engine's receive, within the transfer's deadline.
 _SENDING = threading.Semaphore(1)
 
 
@@ -124,39 +124,45 @@ def nccl_ticket(pairs: list[tuple[str, torch.Tensor]], device: torch.device, hos
 
 def _send_nccl(pairs, device, bind, port, listener, world, timeout_s, version) -> None:
     """Rank 0 of the transfer group: meet the worker's ranks, broadcast `pairs` packed, as
-    vLLM's NCCL trainer engine does, then tear the group down; aborted past `timeout_s`."""
+    vLLM's NCCL trainer engine does, then tear the group down. A worker that never comes is
+    given up on at the store's deadline; the communicator is aborted `timeout_s` after it is
+    made, however far the send got. Only the send itself, which holds the packed buffers,
+    waits its turn: a worker that met the relay and died cannot keep the others waiting."""
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
     from vllm.distributed.utils import StatelessProcessGroup
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
 
-    comm = None
-    done = threading.Event()
-    if not _SENDING.acquire(timeout=timeout_s):
-        log.warning("vLLM NCCL send of version %d: no turn within %.0f s", version, timeout_s)
-        listener.close()
-        return
+    comm, watchdog, turn = None, None, False
+    ended = threading.Lock()  # the watchdog's abort and the end's: one, once
+
+    def end() -> None:
+        if ended.acquire(blocking=False) and comm is not None:
+            comm.destroy()
+
     try:
         torch.cuda.set_device(device)
         group = StatelessProcessGroup.create(bind, port, 0, world, listen_socket=listener,
                                              store_timeout=int(timeout_s))
         comm = PyNcclCommunicator(group, device=device)
-        watchdog = threading.Timer(timeout_s, lambda: done.is_set() or comm.destroy())
+        watchdog = threading.Timer(timeout_s, end)
         watchdog.daemon = True
         watchdog.start()
+        turn = _SENDING.acquire(timeout=timeout_s)
+        if not turn:
+            raise TimeoutError(f"no turn to send within {timeout_s:.0f} s")
         engine = NCCLTrainerWeightTransferEngine(
             client=WorkerDriven(), source=source(pairs), is_sender=True, packed=True,
             packed_buffer_size_bytes=PACKED_BUFFER_BYTES, packed_num_buffers=PACKED_BUFFERS)
         engine.model_update_group = comm
         engine.send_weights()
-        done.set()
-        watchdog.cancel()
     except Exception as err:  # the worker gave up or died; it will pull again
         log.warning("vLLM NCCL send of version %d failed: %s", version, err)
     finally:
-        done.set()
-        if comm is not None:
-            comm.destroy()
-        _SENDING.release()
+        if watchdog is not None:
+            watchdog.cancel()
+        end()
+        if turn:
+            _SENDING.release()
 
 
 def ipc_shares(pairs: list[tuple[str, torch.Tensor]]) -> tuple[str, list[relay_pb2.CudaIpcShare]]:

@@ -42,6 +42,7 @@ import torch
 from relayrl.config import ConfigError, LoraConfig
 from relayrl_torch.models.loading import eos_ids as model_eos_ids
 from relayrl_torch.sampling.sampler import Completion
+from relayrl_torch.weights import WeightError
 from relayrl_torch.weights.manifest import Manifest, torch_dtype
 from relayrl_torch.weights.tied import check_state_dict, tied_aliases, with_aliases, without
 from rollout_svc import vllm_weights
@@ -482,9 +483,15 @@ class VllmEngine(Engine):
                 manifest.version)
             ticket = vllm_weights.open_pull(relay, manifest, self._transfer, self._ranks,
                                             self._reloaded_aliases, self._gpu_uuid)
+            try:
+                asked = vllm_weights.requests(manifest, ticket, self._reloaded_aliases)
+            except WeightError:
+                if ticket.WhichOneof("ticket") == "vllm_ipc":
+                    relay.close_vllm(manifest.version, ticket.vllm_ipc.pull_id)
+                raise
             t0 = time.monotonic()
             try:
-                vllm_weights.transfer(self.llm, relay, manifest, ticket, self._reloaded_aliases)
+                vllm_weights.transfer(self.llm, relay, manifest, ticket, asked)
             except BaseException as err:
                 self._broken = (f"engine: receiving version {manifest.version} failed part way "
                                 f"({type(err).__name__}: {err}); the vLLM engine cannot "

@@ -92,18 +92,24 @@ def open_pull(relay, manifest: Manifest, backend: str, ranks: int, aliases: dict
     return ticket
 
 
-def transfer(llm, relay, manifest: Manifest, ticket: relay_pb2.PullTicket,
-             aliases: dict[str, str]) -> None:
-    """Receive the version into `llm` as vLLM's RL sequence does. A transfer still running
-    at the ticket's deadline is aborted; one that fails part way leaves vLLM's layers
-    unusable, as any reload that fails part way."""
+def requests(manifest: Manifest, ticket: relay_pb2.PullTicket, aliases: dict[str, str]
+             ) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """(vLLM's init info, its update info, the deadline in seconds) of a ticket; WeightError
+    for one that does not fit the manifest, before anything moves."""
     info = update_info(manifest, aliases)
-    ipc = ticket.WhichOneof("ticket") == "vllm_ipc"
-    if ipc:
-        init, timeout_s = {"packed": False}, ticket.vllm_ipc.timeout_s
+    if ticket.WhichOneof("ticket") == "vllm_ipc":
         info["ipc_handles"] = ipc_handles(manifest, aliases, ticket.vllm_ipc)
-    else:
-        init, timeout_s = nccl_init_info(ticket.vllm_nccl), ticket.vllm_nccl.timeout_s
+        return {"packed": False}, info, ticket.vllm_ipc.timeout_s
+    return nccl_init_info(ticket.vllm_nccl), info, ticket.vllm_nccl.timeout_s
+
+
+def transfer(llm, relay, manifest: Manifest, ticket: relay_pb2.PullTicket,
+             asked: tuple[dict[str, Any], dict[str, Any], float]) -> None:
+    """Receive the version into `llm` as vLLM's RL sequence does, with `asked` (requests).
+    A transfer still running at the ticket's deadline is aborted; one that fails part way
+    leaves vLLM's layers unusable, as any reload that fails part way."""
+    init, info, timeout_s = asked
+    ipc = ticket.WhichOneof("ticket") == "vllm_ipc"
     watchdog = threading.Timer(timeout_s, _abort, args=(llm,))
     watchdog.daemon = True
     watchdog.start()

@@ -219,6 +219,20 @@ def test_a_manifest_other_than_the_one_checked_is_refused_before_anything_moves(
 
 
 @needs_vllm
+def test_an_ipc_ticket_that_does_not_fit_is_let_go_and_leaves_the_engine_usable(tiny_lm,
+                                                                              vllm_on_gpu):
+    engine = vllm_on_gpu(tiny_lm.path, weight_transfer="ipc")
+    manifest = tiny_version(tiny_lm, 3)
+    ticket = relay_pb2.PullTicket(manifest=manifest.to_proto(), vllm_ipc=relay_pb2.VllmIpcTicket(
+        gpu_uuid="GPU-7", shares=[relay_pb2.CudaIpcShare()], timeout_s=30, pull_id="p2"))
+    relay = Relay(manifest, ticket)
+    with pytest.raises(WeightError, match="VllmIpcTicket.shares: 1"):
+        engine.receive(relay, manifest)
+    assert engine.llm.calls == [] and relay.closed == [(3, "p2")]
+    engine._check_usable()  # nothing moved: the engine is not broken
+
+
+@needs_vllm
 def test_a_transfer_that_fails_part_way_stops_the_engine_for_good(tiny_lm, vllm_on_gpu):
     engine = vllm_on_gpu(tiny_lm.path, fail="update", weight_transfer="nccl")
     manifest = tiny_version(tiny_lm, 3)

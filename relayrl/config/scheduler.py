@@ -44,6 +44,12 @@ class SchedulerConfig(StrictModel):
         "/docs); 0 serves none. It needs a bearer token in the rest_token_env variable.",
     )
     rest_host: str = Field("127.0.0.1", description="Interface the REST API binds.")
+    rest_max_body_bytes: int = Field(
+        64 << 10, ge=1024, le=16 << 20,
+        description="Largest REST API request body read (its bodies are a few small fields); "
+        "a larger one is refused (413) before it is parsed, and only after its token is "
+        "checked.",
+    )
     metrics_port: int = Field(
         0, ge=0, le=65535,
         description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host; 0 serves "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from relayrl.config.base import Endpoint, StrictModel
+from relayrl.config.base import Endpoint, GrpcLimits, MiB, StrictModel, grpc_limits
 
 
 class SchedulerConfig(StrictModel):
@@ -37,6 +37,12 @@ class SchedulerConfig(StrictModel):
     max_partial_state_bytes: int = Field(
         64 << 20, ge=1024, le=1 << 30,
         description="Largest saved token state of a partially generated prompt accepted.",
+    )
+    grpc: GrpcLimits = Field(
+        default_factory=grpc_limits(1024),
+        description="The gRPC server's limits. Its largest message is a saved token state "
+        "(SaveProgress, Release), so max_receive_bytes None is max_partial_state_bytes + 1 "
+        "MiB; 1024 calls at once (each worker makes at most a few).",
     )
     rest_port: int = Field(
         0, ge=0, le=65535,
@@ -85,3 +91,7 @@ class SchedulerConfig(StrictModel):
         description="Hand out the first lease only once this many workers have registered, "
         "so the first worker up does not take the whole start of the run; 0 starts at once.",
     )
+
+    @property
+    def grpc_receive_bytes(self) -> int:
+        return self.grpc.receive_bytes(self.max_partial_state_bytes + MiB)

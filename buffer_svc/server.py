@@ -236,5 +236,7 @@ def serve(cfg: RunConfig) -> None:
         servicer = with_lost_replies(svc, "Buffer", LOSABLE_METHODS)
         runner = ServiceRunner("buffer", cfg.buffer.endpoint.bind_address,
                                [(buffer_pb2_grpc.add_BufferServicer_to_server, servicer)],
-                               buffer_metrics(svc.stats_snapshot), cfg.buffer.metrics_port)
+                               buffer_metrics(svc.stats_snapshot), cfg.buffer.metrics_port,
+                               max_receive_bytes=cfg.buffer.grpc_receive_bytes,
+                               max_concurrent_rpcs=cfg.buffer.grpc.max_concurrent_rpcs)
         runner.run(svc.run)

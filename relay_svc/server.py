@@ -169,7 +169,9 @@ def serve(cfg: RunConfig) -> None:
     servicer = RelayServicer(store, rc.chunk_bytes, planes, rc.timeout_s, rc.max_version_gap,
                              rc.upstream)
     runner = ServiceRunner("relay", rc.endpoint.bind_address, [(add_relay_servicer, servicer)],
-                           relay_metrics(store), rc.metrics_port)
+                           relay_metrics(store), rc.metrics_port,
+                           max_receive_bytes=rc.grpc_receive_bytes,
+                           max_concurrent_rpcs=rc.grpc.max_concurrent_rpcs)
     follower = None
     if rc.upstream:
         follower = Follower(store, rc.upstream, rc.chunk_bytes, rc.follow_poll_s, rc.timeout_s)

@@ -24,12 +24,11 @@ from typing import Any
 
 from relayrl.plugins.chat import parse_tool_calls
 from relayrl.runtime import auth
-from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard
+from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard, BodyLimit
 from relayrl.runtime.roles import TokenBook
 from relayrl_tasks.envs.turns import TurnGlue
 from rollout_svc.chat_turns import TurnMemory
 from rollout_svc.custom import CustomGenerator
-from rollout_svc.http_limits import BodyLimit
 from rollout_svc.openai_requests import (
     ChatRequest,
     CompletionRequest,

@@ -110,7 +110,8 @@ def serve(cfg: RunConfig) -> None:
                                [(rollout_pb2_grpc.add_RolloutServicer_to_server,
                                  RolloutServicer(worker, generator))],
                                rollout_metrics(worker, generator.batcher), cfg.rollout.metrics_port,
-                               max_receive_bytes=cfg.rollout.max_request_bytes)
+                               max_receive_bytes=cfg.rollout.grpc_receive_bytes,
+                               max_concurrent_rpcs=cfg.rollout.grpc.max_concurrent_rpcs)
         http = None
         if cfg.rollout.http_base_port:
             from rollout_svc.openai_api import OpenAIServer

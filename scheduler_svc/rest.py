@@ -1,20 +1,23 @@
 """The scheduler's REST control API: see workers and leases, drain a worker and bring it
 back, trigger a repack of long-tail sequences; the run's status, pause, resume, graceful
-stop, live settings and recent metrics (scheduler_svc.rest_run). Every /v1 route needs
-`Authorization: Bearer <token>`; the schema is at /openapi.json (checked in as
-docs/openapi.json) and the interactive docs at /docs."""
+stop, live settings and recent metrics (scheduler_svc.rest_run). Every route but the health
+check and the docs needs `Authorization: Bearer <token>`, checked before any of the body is
+read; a body over scheduler.rest_max_body_bytes is refused (413) before it is parsed. The
+schema is at /openapi.json (checked in as docs/openapi.json) and the interactive docs at
+/docs."""
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 
-from relayrl.runtime.http_server import token_book
+from relayrl.config.scheduler import SchedulerConfig
+from relayrl.runtime.http_server import BearerGuard, BodyLimit, detail_error
 from relayrl.runtime.roles import CONTROL_API, TokenBook
 from scheduler_svc.core import SchedulerCore
 from scheduler_svc.rest_models import (
@@ -27,7 +30,9 @@ from scheduler_svc.rest_models import (
 )
 from scheduler_svc.rest_run import run_routes
 
+# declares the token in the schema; BearerGuard checks it, before the body is read
 _BEARER = HTTPBearer(auto_error=False)
+PUBLIC = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
 def json_safe(value: Any) -> Any:
@@ -54,20 +59,15 @@ def build_rest_app(core: SchedulerCore | None, token: str | TokenBook):
     tokens it takes (operator, service: relayrl.runtime.roles), or one that may do everything."""
     if not token:
         raise ValueError("scheduler REST API: an empty token would let anyone in")
-    book = token_book(token)
-
-    def authorized(creds: Annotated[HTTPAuthorizationCredentials | None,
-                                    Depends(_BEARER)]) -> None:
-        header = None if creds is None else f"Bearer {creds.credentials}"
-        refused = book.check(header, CONTROL_API, "the control API")
-        if refused is not None:
-            raise HTTPException(403 if refused[0] else 401, refused[1],
-                                headers={"WWW-Authenticate": "Bearer"})
+    limit = (core.cfg.scheduler if core is not None else SchedulerConfig()).rest_max_body_bytes
 
     app = FastAPI(title="RelayRL scheduler control", version="1")
     app.add_exception_handler(RequestValidationError, invalid_request)
-    api = APIRouter(prefix="/v1", dependencies=[Depends(authorized)],
-                    responses=refusals(401))
+    # added last, the token check runs first: an unauthorised body is never read
+    app.add_middleware(BodyLimit, limit=limit, field="scheduler.rest_max_body_bytes")
+    app.add_middleware(BearerGuard, token=token, roles=CONTROL_API, public=PUBLIC,
+                       render=detail_error)
+    api = APIRouter(prefix="/v1", dependencies=[Depends(_BEARER)], responses=refusals(401))
 
     def worker_view(worker_id: str, counts: dict[str, int], now: float) -> WorkerView:
         w = core.policy.workers[worker_id]

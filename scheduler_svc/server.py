@@ -113,7 +113,9 @@ def serve(cfg: RunConfig) -> None:
         servicer = with_lost_replies(SchedulerServicer(core), "Scheduler", LOSABLE_METHODS)
         runner = ServiceRunner("scheduler", cfg.scheduler.endpoint.bind_address,
                                [(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer)],
-                               scheduler_metrics(core), cfg.scheduler.metrics_port)
+                               scheduler_metrics(core), cfg.scheduler.metrics_port,
+                               max_receive_bytes=cfg.scheduler.grpc_receive_bytes,
+                               max_concurrent_rpcs=cfg.scheduler.grpc.max_concurrent_rpcs)
 
         rest = None
         sc = cfg.scheduler

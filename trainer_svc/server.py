@@ -214,7 +214,9 @@ def serve(cfg: RunConfig) -> None:
         runner = ServiceRunner("trainer", cfg.trainer.endpoint.bind_address,
                                [(trainer_pb2_grpc.add_TrainerServicer_to_server,
                                  TrainerStatusServicer(trainer))],
-                               trainer_metrics_of(trainer), cfg.trainer.metrics_port)
+                               trainer_metrics_of(trainer), cfg.trainer.metrics_port,
+                               max_receive_bytes=cfg.trainer.grpc_receive_bytes,
+                               max_concurrent_rpcs=cfg.trainer.grpc.max_concurrent_rpcs)
         runner.run(lambda stop: run_loop(trainer, stop))
         trainer.history.close()
         publisher.close()

@@ -3,6 +3,7 @@ loading."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,6 +53,34 @@ class Endpoint(StrictModel):
     def dialable(self) -> bool:
         """Whether `host` names one machine a peer can dial (not a wildcard interface)."""
         return self.host not in WILDCARD_HOSTS
+
+
+MiB = 1 << 20
+
+
+class GrpcLimits(StrictModel):
+    """What one service's gRPC server takes in: each section holding a server has one, its
+    defaults sized to what that service is sent."""
+
+    max_receive_bytes: int | None = Field(
+        None, ge=4096, le=1 << 30,
+        description="Largest gRPC message the server reads; a larger one is refused by gRPC "
+        "itself (RESOURCE_EXHAUSTED) before it is read. None: what the service is sent, sized "
+        "from the section's other fields (its `grpc` field says how).")
+    max_concurrent_rpcs: int = Field(
+        256, ge=1, le=100_000,
+        description="Most calls the server holds at once (running, or waiting for one of its "
+        "threads; health checks and open streams count); the next is refused with "
+        "RESOURCE_EXHAUSTED before it runs, which the run's own clients wait out and retry.")
+
+    def receive_bytes(self, needed: int) -> int:
+        """The receive limit: the one set, else `needed` (the section's own sizing)."""
+        return self.max_receive_bytes or needed
+
+
+def grpc_limits(concurrent: int) -> Callable[[], GrpcLimits]:
+    """A section's `grpc` field default: GrpcLimits with `concurrent` calls at once."""
+    return lambda: GrpcLimits(max_concurrent_rpcs=concurrent)
 
 
 class ConfigError(ValueError):

@@ -7,12 +7,14 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from relayrl.config.base import Endpoint, StrictModel
+from relayrl.config.base import Endpoint, GrpcLimits, MiB, StrictModel, grpc_limits
 
 # Rewards a range may admit: a group's squared deviations from its mean, summed in float32
 # by the trainer, stay far below float32's largest value (3.4e38) for any group size.
 MAX_REWARD_MAGNITUDE = 1e12
 RewardBound = Annotated[float, Field(ge=-MAX_REWARD_MAGNITUDE, le=MAX_REWARD_MAGNITUDE)]
+# a Submit's room for one trajectory: about 20 bytes a token, so over 100k tokens
+TRAJECTORY_BYTES = 2 * MiB
 
 
 class BufferConfig(StrictModel):
@@ -48,6 +50,16 @@ class BufferConfig(StrictModel):
         description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host; 0 serves "
         "none.",
     )
+    grpc: GrpcLimits = Field(
+        default_factory=grpc_limits(256),
+        description="The gRPC server's limits. Its largest message is a Submit of one group, so "
+        "max_receive_bytes None is group_size x 2 MiB (over 100k tokens a trajectory) + 1 MiB; "
+        "256 calls at once.",
+    )
+
+    @property
+    def grpc_receive_bytes(self) -> int:
+        return self.grpc.receive_bytes(self.group_size * TRAJECTORY_BYTES + MiB)
 
     @model_validator(mode="after")
     def _range_ordered(self) -> BufferConfig:

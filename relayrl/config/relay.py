@@ -6,7 +6,19 @@ from typing import Literal
 
 from pydantic import Field
 
-from relayrl.config.base import DEVICE_HELP, DEVICE_PATTERN, Endpoint, StrictModel
+from relayrl.config.base import (
+    DEVICE_HELP,
+    DEVICE_PATTERN,
+    Endpoint,
+    GrpcLimits,
+    MiB,
+    StrictModel,
+    grpc_limits,
+)
+
+# room in a Publish message besides a chunk: the version's manifest (about 100 bytes a
+# tensor) comes first, on its own
+MANIFEST_BYTES = 16 * MiB
 
 
 class RelayConfig(StrictModel):
@@ -14,6 +26,12 @@ class RelayConfig(StrictModel):
     keep_versions: int = Field(4, ge=1, le=1024, description="Versions kept in memory.")
     chunk_bytes: int = Field(
         1 << 20, ge=1024, le=32 << 20, description="Bytes per streamed chunk."
+    )
+    grpc: GrpcLimits = Field(
+        default_factory=grpc_limits(512),
+        description="The gRPC server's limits. Its largest messages are the trainer's: "
+        "Publish chunks of chunk_bytes and the version's manifest, so max_receive_bytes None "
+        "is chunk_bytes + 16 MiB; 512 calls at once (each worker's pull holds a stream open).",
     )
     data_planes: list[Literal["grpc", "shm", "torch_dist", "nixl", "nccl", "vllm"]] = Field(
         default_factory=lambda: ["grpc", "torch_dist"], min_length=1,
@@ -67,3 +85,7 @@ class RelayConfig(StrictModel):
         description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host; 0 serves "
         "none.",
     )
+
+    @property
+    def grpc_receive_bytes(self) -> int:
+        return self.grpc.receive_bytes(self.chunk_bytes + MANIFEST_BYTES)

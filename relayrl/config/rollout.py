@@ -10,7 +10,9 @@ from relayrl.config.base import (
     DEVICE_HELP,
     DEVICE_PATTERN,
     Endpoint,
+    GrpcLimits,
     StrictModel,
+    grpc_limits,
     refuse_foreign_fields,
     tagged_shorthand,
 )
@@ -261,9 +263,19 @@ class RolloutConfig(StrictModel):
     )
     max_request_bytes: int = Field(
         1 << 20, ge=1024, le=64 << 20,
-        description="Largest gRPC message and HTTP request body a worker reads, checked before "
-        "anything is parsed or tokenized.",
+        description="Largest HTTP request body (and gRPC message, unless grpc.max_receive_bytes "
+        "is set) a worker reads, checked before anything is parsed or tokenized.",
     )
+    grpc: GrpcLimits = Field(
+        default_factory=grpc_limits(256),
+        description="The gRPC server's limits: max_receive_bytes None is max_request_bytes; "
+        "256 calls at once (Generate calls past the server's threads wait their turn).",
+    )
+
+    @property
+    def grpc_receive_bytes(self) -> int:
+        return self.grpc.receive_bytes(self.max_request_bytes)
+
     engine: EngineConfig = Field(
         default_factory=TorchEngineConfig, description="Generation engine, picked by `kind` "
         "(torch or vllm) with its own fields; `engine: vllm` is short for {kind: vllm}.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from relayrl.config.base import Endpoint, StrictModel
+from relayrl.config.base import Endpoint, GrpcLimits, MiB, StrictModel, grpc_limits
 
 
 class SchedulerConfig(StrictModel):
@@ -38,12 +38,24 @@ class SchedulerConfig(StrictModel):
         64 << 20, ge=1024, le=1 << 30,
         description="Largest saved token state of a partially generated prompt accepted.",
     )
+    grpc: GrpcLimits = Field(
+        default_factory=grpc_limits(1024),
+        description="The gRPC server's limits. Its largest message is a saved token state "
+        "(SaveProgress, Release), so max_receive_bytes None is max_partial_state_bytes + 1 "
+        "MiB; 1024 calls at once (each worker makes at most a few).",
+    )
     rest_port: int = Field(
         0, ge=0, le=65535,
         description="Port of the REST control API (workers, leases, drain; OpenAPI at "
         "/docs); 0 serves none. It needs a bearer token in the rest_token_env variable.",
     )
     rest_host: str = Field("127.0.0.1", description="Interface the REST API binds.")
+    rest_max_body_bytes: int = Field(
+        64 << 10, ge=1024, le=16 << 20,
+        description="Largest REST API request body read (its bodies are a few small fields); "
+        "a larger one is refused (413) before it is parsed, and only after its token is "
+        "checked.",
+    )
     metrics_port: int = Field(
         0, ge=0, le=65535,
         description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host; 0 serves "
@@ -79,3 +91,7 @@ class SchedulerConfig(StrictModel):
         description="Hand out the first lease only once this many workers have registered, "
         "so the first worker up does not take the whole start of the run; 0 starts at once.",
     )
+
+    @property
+    def grpc_receive_bytes(self) -> int:
+        return self.grpc.receive_bytes(self.max_partial_state_bytes + MiB)

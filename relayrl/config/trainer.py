@@ -11,7 +11,10 @@ from relayrl.config.base import (
     DEVICE_HELP,
     DEVICE_PATTERN,
     Endpoint,
+    GrpcLimits,
+    MiB,
     StrictModel,
+    grpc_limits,
     refuse_foreign_fields,
     tagged_shorthand,
 )
@@ -193,6 +196,16 @@ class TrainerConfig(StrictModel):
         description="HTTP port of Prometheus /metrics and /healthz, on endpoint.host (rank 0 "
         "under torchrun); 0 serves none.",
     )
+    grpc: GrpcLimits = Field(
+        default_factory=grpc_limits(64),
+        description="The gRPC server's limits. It serves Status alone, so max_receive_bytes "
+        "None is 1 MiB; 64 calls at once.",
+    )
+
+    @property
+    def grpc_receive_bytes(self) -> int:
+        return self.grpc.receive_bytes(MiB)
+
     torch_threads: int = Field(1, ge=1, le=256, description="Intra-op threads.")
     publish_plane: Literal["grpc", "shm"] = Field(
         "grpc", description="How versions reach the relay. shm, for a trainer on the relay's "

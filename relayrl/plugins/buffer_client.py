@@ -18,9 +18,11 @@ import grpc
 
 from relayrl.contracts.proto.v1 import buffer_pb2
 from relayrl.runtime.backpressure import Backoff
+from relayrl.runtime.outage import is_too_large
 
 # Worth the same request again: the buffer or its Redis was unreachable or slow (the group
-# may or may not have gone in), or the buffer was full (it did not).
+# may or may not have gone in), or the buffer was full or busy (it did not); not a group over
+# the buffer's message size limit (relayrl.runtime.outage.is_too_large).
 RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                      grpc.StatusCode.RESOURCE_EXHAUSTED})
 
@@ -29,7 +31,8 @@ def submit_group(stub, trajectories: list[buffer_pb2.Trajectory], *, source: str
                  metadata=(), timeout_s: float = 30.0, attempts: int = 8,
                  request_id: str | None = None) -> buffer_pb2.SubmitResponse:
     """Buffer.Submit of one group, retried with capped, jittered backoff on RETRIED codes;
-    any other refusal (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) is raised at once."""
+    any other refusal (INVALID_ARGUMENT, FAILED_PRECONDITION, a group too large, ...) is
+    raised at once."""
     if attempts < 1:
         raise ValueError(f"attempts: must be >= 1, got {attempts}")
     request = buffer_pb2.SubmitRequest(trajectories=trajectories, source=source,
@@ -39,7 +42,7 @@ def submit_group(stub, trajectories: list[buffer_pb2.Trajectory], *, source: str
         try:
             return stub.Submit(request, metadata=metadata, timeout=timeout_s)
         except grpc.RpcError as err:
-            if err.code() not in RETRIED or attempt == attempts - 1:
+            if err.code() not in RETRIED or is_too_large(err) or attempt == attempts - 1:
                 raise
             time.sleep(backoff.next_delay() * random.uniform(0.5, 1.0))
     raise AssertionError("unreachable")

@@ -31,16 +31,19 @@ Registrar = Callable[[Any, grpc.Server], None]
 def make_server(
     address: str, servicers: list[tuple[Registrar, Any]], max_workers: int = 16,
     credentials: auth.Credentials | None = None, max_receive_bytes: int = MAX_MESSAGE_BYTES,
+    max_concurrent_rpcs: int | None = None,
 ) -> tuple[grpc.Server, health.HealthServicer]:
     """`credentials` defaults to the process's (auth.current()). A request larger than
-    `max_receive_bytes` is refused by gRPC before it is read (RESOURCE_EXHAUSTED)."""
+    `max_receive_bytes` is refused by gRPC before it is read, and a call arriving while
+    `max_concurrent_rpcs` are held (None: no limit) before it runs: both RESOURCE_EXHAUSTED
+    (relayrl.runtime.outage tells them apart)."""
     creds = credentials or auth.current()
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", max_receive_bytes)]
     # the access check first: a refused caller's bytes are never parsed
     interceptors = [*server_interceptors(creds), DecodeErrorInterceptor()]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options,
-                         interceptors=interceptors)
+                         interceptors=interceptors, maximum_concurrent_rpcs=max_concurrent_rpcs)
     for register, servicer in servicers:
         register(servicer, server)
     health_servicer = health.HealthServicer()

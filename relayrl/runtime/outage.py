@@ -8,6 +8,11 @@ call of the process waits, the process reports itself unready (`readiness`: gRPC
 NOT_SERVING and /healthz 503, see relayrl.runtime.service); the wait is logged once when it begins
 and once when the peer answers again.
 
+A peer holding as many calls as its gRPC server takes (GrpcLimits.max_concurrent_rpcs) is
+waited out the same way: its refusal comes before the call runs. A message over the peer's
+size limit is refused with the same code, RESOURCE_EXHAUSTED, and is no outage: sent again,
+it would be refused again.
+
 A retried call must be safe to repeat: a Redis command or an RPC that timed out may have
 been applied all the same.
 """
@@ -33,6 +38,23 @@ T = TypeVar("T")
 FIRST_WAIT_S = 0.1
 MAX_WAIT_S = 5.0
 GRPC_OUTAGE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# how grpc's Python server refuses a call over its maximum_concurrent_rpcs
+BUSY_DETAILS = "Concurrent RPC limit exceeded"
+
+
+def is_busy(err: grpc.RpcError) -> bool:
+    """The server refused the call, before running it, for holding too many at once."""
+    details = getattr(err, "details", None)
+    return (err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and callable(details)
+            and (details() or "").startswith(BUSY_DETAILS))
+
+
+def is_too_large(err: grpc.RpcError) -> bool:
+    """The message was over a size limit (the peer's receive or this channel's send limit):
+    the same message is refused every time."""
+    details = getattr(err, "details", None)
+    return (err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and callable(details)
+            and "larger than max" in (details() or ""))
 
 
 def is_outage(err: BaseException) -> bool:
@@ -44,7 +66,7 @@ def is_outage(err: BaseException) -> bool:
         return True
     code = getattr(err, "code", None) if isinstance(err, grpc.RpcError) else None
     if callable(code):
-        return code() in GRPC_OUTAGE
+        return code() in GRPC_OUTAGE or is_busy(err)
     return err.__cause__ is not None and is_outage(err.__cause__)
 
 

@@ -36,13 +36,15 @@ class ServiceRunner:
 
     def __init__(self, name: str, address: str, servicers: list[tuple[Registrar, Any]],
                  metrics: ServiceMetrics | None = None, metrics_port: int = 0,
-                 max_receive_bytes: int = MAX_MESSAGE_BYTES):
+                 max_receive_bytes: int = MAX_MESSAGE_BYTES,
+                 max_concurrent_rpcs: int | None = None):
         self.name = name
         self.address = address
         self.stop_event = threading.Event()
         self.serving = False
         self.server, self.health = make_server(address, servicers,
-                                               max_receive_bytes=max_receive_bytes)
+                                               max_receive_bytes=max_receive_bytes,
+                                               max_concurrent_rpcs=max_concurrent_rpcs)
         self.metrics_endpoint = None
         if metrics_port:
             self.metrics_endpoint = MetricsEndpoint(name, address.rsplit(":", 1)[0],

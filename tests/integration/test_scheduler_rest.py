@@ -1,5 +1,6 @@
 """The scheduler's REST control API on a real HTTP server in front of a real scheduler core:
-token required, workers and leases listed, drain and resume change what a worker is given."""
+token required (before any body is read), bodies bounded, workers and leases listed, drain
+and resume change what a worker is given."""
 
 import logging
 
@@ -14,6 +15,7 @@ from scheduler_svc.rest import build_rest_app
 from tests.conftest import free_ports
 
 TOKEN = "s3cret-token"
+BIG = 8 << 20
 
 
 @pytest.fixture
@@ -45,6 +47,53 @@ def test_every_route_needs_the_token(stack):
     stack[0].register("w0", "here")
     httpx.post(address + "/v1/repack", headers={"Authorization": "Bearer wrong"})
     assert stack[0].policy.counters.leases_recalled == 0 and not stack[0].policy.draining
+
+
+def test_a_big_body_without_the_token_is_refused_unread(stack):
+    _, _, address = stack
+    resp = httpx.post(address + "/v1/workers/w0/drain", content=b"{" * BIG,
+                      headers={"content-type": "application/json"})
+    assert resp.status_code == 401
+    assert "missing bearer token" in resp.json()["detail"]
+    assert httpx.get(address + "/healthz").status_code == 200  # public, as are the docs
+    assert httpx.get(address + "/openapi.json").status_code == 200
+
+
+def test_a_token_of_another_role_is_forbidden(tmp_path):
+    from relayrl.runtime.roles import AGENT, OPERATOR, Holder, TokenBook
+
+    book = TokenBook((Holder(b"Bearer op", frozenset({OPERATOR}), "OP"),
+                      Holder(b"Bearer ag", frozenset({AGENT}), "AG")))
+    (port,) = free_ports(1)
+    http = BackgroundHTTPServer(build_rest_app(None, book), "127.0.0.1", port, "rest")
+    http.start()
+    try:
+        resp = httpx.post(http.address + "/v1/repack", content=b"{" * BIG,
+                          headers={"Authorization": "Bearer ag"})
+        assert resp.status_code == 403 and "needs the operator role" in resp.json()["detail"]
+    finally:
+        http.stop()
+
+
+def test_a_body_over_the_limit_is_refused_naming_it(stack):
+    _, client, _ = stack
+    limit = 64 << 10  # scheduler.rest_max_body_bytes's default
+    resp = client.post("/v1/repack", content=b" " * (limit + 1),
+                       headers={"content-type": "application/json"})
+    assert resp.status_code == 413
+    assert resp.json()["detail"] == (f"request body: {limit + 1} bytes, more than "
+                                     f"scheduler.rest_max_body_bytes ({limit})")
+
+    def chunked():  # no Content-Length: counted as it arrives
+        for _ in range(BIG // (16 << 10)):
+            yield b" " * (16 << 10)
+
+    resp = client.post("/v1/repack", content=chunked(),
+                       headers={"content-type": "application/json"})
+    assert resp.status_code == 413
+    assert resp.json()["detail"] == (f"request body: over {limit} bytes, more than "
+                                     f"scheduler.rest_max_body_bytes ({limit})")
+    assert client.post("/v1/repack", json={"force": False}).status_code == 200
 
 
 def test_workers_and_leases_are_listed(stack):

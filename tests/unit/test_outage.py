@@ -1,5 +1,7 @@
-"""relayrl.runtime.outage: the backoff's bounds, cap and reset; which errors count as an outage;
-ride_out's retries, stop and give-up; readiness as the health service reports it."""
+"""relayrl.runtime.outage: the backoff's bounds, cap and reset; which errors count as an outage
+(a busy server's refusal does, a message too large does not, nor does an agent's Submit
+retry one); ride_out's retries, stop and give-up; readiness as the health service reports
+it."""
 
 import logging
 import random
@@ -10,6 +12,7 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from relayrl.plugins.buffer_client import submit_group
 from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.grpc_util import channel, check_health, free_ports
 from relayrl.runtime.outage import (
@@ -17,7 +20,9 @@ from relayrl.runtime.outage import (
     JitteredBackoff,
     Outage,
     Readiness,
+    is_busy,
     is_outage,
+    is_too_large,
     readiness,
     ride_out,
 )
@@ -65,6 +70,50 @@ def test_a_dead_port_and_a_passed_deadline_are_outages_a_refusal_is_not():
     assert not is_outage(ValueError("bad input"))
     # redis-py files a refused password under ConnectionError: waiting will not change it
     assert not is_outage(redis.AuthenticationError("invalid password"))
+
+
+class Refused(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+BUSY = Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")
+TOO_LARGE = Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "Received message larger than max (2097152 vs. 1052672)")
+FULL = Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "buffer is full")
+
+
+def test_a_busy_server_is_waited_out_a_message_too_large_is_not():
+    assert is_busy(BUSY) and is_outage(BUSY) and not is_too_large(BUSY)
+    assert is_too_large(TOO_LARGE) and not is_busy(TOO_LARGE) and not is_outage(TOO_LARGE)
+    assert not is_outage(FULL)  # a handler's own refusal: the caller decides
+
+
+class Stub:
+    def __init__(self, *errors: Refused):
+        self.errors, self.calls = list(errors), []
+
+    def Submit(self, request, metadata, timeout):
+        self.calls.append(request.request_id)
+        if self.errors:
+            raise self.errors.pop(0)
+        return "accepted"
+
+
+def test_a_submit_refused_as_busy_is_sent_again_one_too_large_is_not():
+    stub = Stub(BUSY, FULL)
+    assert submit_group(stub, []) == "accepted"
+    assert len(stub.calls) == 3 and len(set(stub.calls)) == 1  # one request id throughout
+    stub = Stub(TOO_LARGE)
+    with pytest.raises(grpc.RpcError) as info:
+        submit_group(stub, [])
+    assert info.value is TOO_LARGE and len(stub.calls) == 1
 
 
 def test_a_refused_password_is_not_tried_again_a_dropped_connection_is():

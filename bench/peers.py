@@ -97,7 +97,7 @@ def run_relayrl(cfg: RunConfig) -> list[tuple[int, float, Path]]:
     start = time.time()
     run_stack(cfg)
     saves = sorted((Path(cfg.run_dir) / "checkpoints").glob("step_*"))
-    return [(int(p.name.split("_")[1]), (p / "trainer_state.pt").stat().st_mtime - start, p)
+    return [(int(p.name.split("_")[1]), (p / "trainer_state.json").stat().st_mtime - start, p)
             for p in saves]
 
 

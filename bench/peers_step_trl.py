@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--input", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    data = torch.load(args.input, weights_only=False)
+    data = torch.load(args.input, weights_only=True)  # tensors, lists, dicts, numbers
     spec = data["spec"]
     tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)

@@ -144,9 +144,9 @@ class RelayClient(WeightPlane):
     def pull(self, version: int, staging: torch.Tensor | None = None
              ) -> dict[str, torch.Tensor]:
         """Every shard of `version` (0: the latest), verified. With `staging` (a uint8 buffer
-        the caller reuses), the gRPC, torch.distributed and NIXL planes receive into it and the
-        tensors view it: fresh memory costs a page fault per 4 KiB, a large share of a
-        loopback transfer. The nccl plane's tensors view a fresh buffer on `device`, and
+        the caller reuses), the gRPC, shm, torch.distributed and NIXL planes receive into it
+        and the tensors view it: fresh memory costs a page fault per 4 KiB, a large share of
+        a loopback transfer. The nccl plane's tensors view a fresh buffer on `device`, and
         `staging` holds the host copy their checksums are computed on. The vllm plane has no
         pull: a vLLM engine receives its versions itself (open_vllm)."""
         if self.plane == "vllm":
@@ -190,7 +190,8 @@ class RelayClient(WeightPlane):
             raise WeightError(f"OpenPull: flat_size {ticket.flat_size} does not match the "
                               f"manifest's layout ({flat_size(manifest)})")
         if self.plane == "shm":
-            return manifest, fetchers.fetch_shm(ticket.shm, ticket.flat_size)
+            return manifest, fetchers.fetch_shm(
+                ticket.shm, _receive_buffer(ticket.flat_size, staging))
         if self.plane == "torch_dist":
             return manifest, fetchers.fetch_torch_dist(
                 ticket.torch_dist, _receive_buffer(ticket.flat_size, staging))

@@ -4,7 +4,6 @@ ticket the relay handed out over gRPC."""
 from __future__ import annotations
 
 import datetime
-import mmap
 import os
 
 import torch
@@ -17,21 +16,24 @@ from relayrl_torch.weights.manifest import WeightError
 __all__ = ["NixlFetcher", "fetch_shm", "fetch_torch_dist", "host_id"]
 
 
-def fetch_shm(ticket: relay_pb2.ShmTicket, size: int) -> torch.Tensor:
-    """Map the relay's file copy-on-write: no copy is made, later writes stay private, and
-    the mapping outlives the relay unlinking the file when it drops the version."""
+def fetch_shm(ticket: relay_pb2.ShmTicket, flat: torch.Tensor) -> torch.Tensor:
+    """Copy the relay's file into `flat` (this process's memory), which the caller then
+    verifies. Copied first so that what is checked is what is loaded: the relay recycles a
+    dropped version's file for a later version, and a view of the file would change under
+    tensors already checked, where a copy taken as it is rewritten fails its checksums."""
     try:
         fd = os.open(ticket.path, os.O_RDONLY)
     except FileNotFoundError:
         raise WeightError(f"shared-memory file {ticket.path} is gone (version dropped)") from None
-    try:
-        if os.fstat(fd).st_size < size:
-            raise WeightError(f"shared-memory file {ticket.path} holds fewer than {size} bytes")
-        mapped = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_PRIVATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    return torch.frombuffer(mapped, dtype=torch.uint8)[:size]
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        view, pos = memoryview(flat.numpy()), 0
+        while pos < len(view):
+            read = f.readinto(view[pos:])
+            if not read:
+                raise WeightError(f"shared-memory file {ticket.path} holds {pos} bytes, "
+                                  f"fewer than {len(view)}")
+            pos += read
+    return flat
 
 
 def fetch_torch_dist(ticket: relay_pb2.TorchDistTicket, flat: torch.Tensor) -> torch.Tensor:

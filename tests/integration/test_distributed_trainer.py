@@ -30,6 +30,7 @@ from tests.integration.distributed_worker import (
     run_scenario,
     run_service_trainer,
 )
+from trainer_svc import checkpoint
 from trainer_svc.distributed import World
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +117,7 @@ def test_the_service_trainer_checkpoints_and_resumes_like_one_process(two_ranks,
     ckpt = two_ranks["run_dir"] / "checkpoints" / "step_00000002"
     config = json.loads((ckpt / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]  # not FSDP's wrapper class
-    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    state = checkpoint.load_state(ckpt)
     assert state["optimizer_by_name"]
     assert "value_head" in state["extra"]["objective"]
 

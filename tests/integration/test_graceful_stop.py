@@ -14,6 +14,7 @@ from relayrl.contracts.keys import RunKeys
 from relayrl.runtime.redis_conn import connect
 from relayrl_ops.launcher import Launcher
 from tests.conftest import free_ports, small_stack_config, snapshot
+from trainer_svc import checkpoint
 
 pytestmark = pytest.mark.integration
 TOKEN = "stop-token"
@@ -78,4 +79,4 @@ def test_settings_reach_the_trainer_and_a_graceful_stop_ends_the_run(tmp_path, m
     assert audit.counts["trainer_finished"] == run["stop_target"]
     step = run["trainer_step"]
     assert 0 < step < 1000
-    assert (cfg.run_path / "checkpoints" / f"step_{step:08d}" / "trainer_state.pt").is_file()
+    assert (cfg.run_path / "checkpoints" / f"step_{step:08d}" / checkpoint.STATE_JSON).is_file()

@@ -14,6 +14,7 @@ from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
+from trainer_svc import checkpoint
 from trainer_svc.publisher import AsyncPublisher
 from trainer_svc.trainer import Trainer
 
@@ -123,7 +124,7 @@ def test_a_step_already_checkpointed_is_not_written_again(env):
     r.xadd(keys.batches, {FIELD: encode_batch(make_batch(trainer.lm, 0))})
     step_once(trainer)
     trainer.save_checkpoint()
-    written = trainer.ckpt_dir / "step_00000001" / "trainer_state.pt"
+    written = trainer.ckpt_dir / "step_00000001" / checkpoint.STATE_JSON
     stamp = written.stat().st_mtime_ns
     trainer.save_checkpoint()
     assert written.stat().st_mtime_ns == stamp  # same step, nothing read: not rewritten

@@ -69,6 +69,12 @@ def mounted_at(mounts: dict[str, str], path: str) -> tuple[str, str] | None:
     return max(held, default=None, key=lambda m: len(m[0]))
 
 
+def in_volume(mounts: dict[str, str], path: str) -> tuple[str, Path] | None:
+    """(source, path inside it) of `path`, or None where no mount holds it."""
+    held = mounted_at(mounts, path)
+    return held and (held[1], Path(path).relative_to(held[0]))
+
+
 def service_args(argv: list[str]) -> tuple[str, argparse.Namespace]:
     """The module that `python -m` or `torchrun ... -m` runs, and its parsed arguments."""
     if argv[0] == "python":
@@ -197,7 +203,8 @@ def test_compose_commands_ports_and_peers_agree_with_the_run_config(compose):
 def test_compose_evaluator_runs_when_the_run_config_asks(compose):
     """Plain `docker compose up` starts the evaluator exactly when the mounted run config
     has eval.mode separate (else the trainer evaluates inline and the evaluator waits behind
-    a profile), and it finds the trainer's model and run directory on the trainer's volume."""
+    a profile), and it finds the trainer's model on the trainer's volume and keeps its run
+    directory on a volume of its own."""
     services = compose["services"]
     runs = {n: compose_config(s) for n, s in services.items() if "build" in s}
     (name,) = [n for n, (m, _) in runs.items() if m == EVALUATOR]
@@ -209,10 +216,14 @@ def test_compose_evaluator_runs_when_the_run_config_asks(compose):
     assert services[name]["depends_on"][trainer] == {"condition": "service_healthy"}
     mounts = {name: {v.split(":")[1]: v.split(":")[0] for v in services[name]["volumes"]}
               for name in (name, trainer)}
-    for path in (cfg.run_dir, cfg.model.cache_dir):
-        held = mounted_at(mounts[name], path)
-        assert held and held[1] in compose["volumes"], f"{name}: {path} is on no named volume"
-        assert mounted_at(mounts[trainer], path) == held, f"{name} sees another {path}"
+    trainer_cfg = runs[trainer][1]
+    model, run = (mounted_at(mounts[name], p) for p in (cfg.model.cache_dir, cfg.run_dir))
+    assert run and run[1] in compose["volumes"], f"{name}: {cfg.run_dir} is on no named volume"
+    assert in_volume(mounts[name], cfg.model.cache_dir) == in_volume(
+        mounts[trainer], trainer_cfg.model.cache_dir), f"{name} sees another model cache"
+    assert run[1] != mounted_at(mounts[trainer], trainer_cfg.run_dir)[1], \
+        f"{name} writes its run directory on the trainer's volume"
+    assert model[1] != run[1]
 
 
 def test_compose_runs_a_relay_tree_that_workers_pull_from(compose):
@@ -537,23 +548,28 @@ def test_k8s_shape(manifests, k8s_run_config, tmp_path):
 
 def test_k8s_evaluator_runs_when_the_run_config_asks(manifests, k8s_run_config, tmp_path):
     """The evaluator Job is among the manifests exactly when the ConfigMap has eval.mode
-    separate, and it finds the trainer's model and run directory on the trainer's claim."""
+    separate, and it finds the trainer's model on the trainer's claim and keeps its run
+    directory on a claim of its own."""
     cfg = load_run_config(k8s_run_config)
-    runs = {m: (w, c) for w, c, m, _ in k8s_runs(manifests, k8s_run_config, tmp_path, (0,))}
+    runs = {m: (w, c, run) for w, c, m, run in k8s_runs(manifests, k8s_run_config, tmp_path,
+                                                        (0,))}
     assert (EVALUATOR in runs) == (cfg.eval.mode == "separate"), cfg.eval.mode
     if EVALUATOR not in runs:
         return
 
-    def claims(w: dict, c: dict) -> dict[str, str]:
+    def claims(w: dict, c: dict, _) -> dict[str, str]:
         vols = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName")
                 for v in w["spec"]["template"]["spec"]["volumes"]}
         return {m["mountPath"]: vols[m["name"]] for m in c["volumeMounts"]}
 
     evaluator, trainer = claims(*runs[EVALUATOR]), claims(*runs["trainer_svc"])
-    for path in (cfg.run_dir, cfg.model.cache_dir):
-        held = mounted_at(evaluator, path)
-        assert held and held[1], f"the evaluator keeps {path} on no claim"
-        assert mounted_at(trainer, path) == held, f"the evaluator sees another {path}"
+    own, trainer_cfg = runs[EVALUATOR][2], runs["trainer_svc"][2]
+    run = mounted_at(evaluator, own.run_dir)
+    assert run and run[1], f"the evaluator keeps {own.run_dir} on no claim"
+    assert in_volume(evaluator, own.model.cache_dir) == in_volume(
+        trainer, trainer_cfg.model.cache_dir), "the evaluator sees another model cache"
+    assert run[1] != mounted_at(trainer, trainer_cfg.run_dir)[1], \
+        "the evaluator writes its run directory on the trainer's claim"
 
 
 def gpus(container: dict) -> int:

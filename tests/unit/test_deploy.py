@@ -24,6 +24,7 @@ from setuptools import find_packages
 
 from eval_svc.follower import EVAL_FILE
 from relayrl.config import RunConfig, load_run_config
+from relayrl.contracts.keys import RunKeys
 from relayrl.runtime.service import LIVENESS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,7 +123,8 @@ def render_compose(env: dict[str, str]) -> dict:
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return render_compose({"RELAYRL_TOKEN": "test-token", "RELAYRL_TRAINER_TOKEN": "trainer-token"})
+    return render_compose({"RELAYRL_TOKEN": "test-token", "RELAYRL_TRAINER_TOKEN": "trainer-token",
+                           "RELAYRL_REDIS_PASSWORD": "redis-password"})
 
 
 def compose_config(svc: dict) -> tuple[str, RunConfig]:
@@ -137,6 +139,8 @@ def compose_config(svc: dict) -> tuple[str, RunConfig]:
 def test_compose_token_is_required():
     with pytest.raises(KeyError, match="RELAYRL_TOKEN"):
         render_compose({})
+    with pytest.raises(KeyError, match="RELAYRL_REDIS_PASSWORD"):
+        render_compose({"RELAYRL_TOKEN": "test-token"})
 
 
 def test_compose_services_have_healthchecks_and_restart_policies(compose):
@@ -154,7 +158,8 @@ def test_compose_services_have_healthchecks_and_restart_policies(compose):
 
 def test_compose_redis_persists(compose):
     redis = compose["services"]["redis"]
-    assert "--appendonly yes" in " ".join(redis["command"])
+    assert redis["command"] == ["sh", "/etc/redis/start.sh"]
+    assert "./deploy/redis:/etc/redis:ro" in redis["volumes"]
     assert any(v.split(":")[0] in compose["volumes"] and v.split(":")[1] == "/data"
                for v in redis["volumes"]), "redis keeps /data in no named volume"
 
@@ -514,7 +519,9 @@ def test_k8s_shape(manifests, k8s_run_config, tmp_path):
             ("StatefulSet", "rollout"), ("Deployment", "scheduler"), ("Job", "trainer"),
             ("ConfigMap", "relayrl-run")} <= kinds
     redis = by_kind(manifests, "StatefulSet")["redis"]["spec"]
-    assert "--appendonly yes" in " ".join(redis["template"]["spec"]["containers"][0]["args"])
+    assert redis["template"]["spec"]["containers"][0]["command"] == ["sh", "/etc/redis/start.sh"]
+    assert {"name": "redis-config", "configMap": {"name": "redis-config"}} in redis[
+        "template"]["spec"]["volumes"]
     claim = redis["volumeClaimTemplates"][0]["metadata"]["name"]
     assert {"name": claim, "mountPath": "/data"} in redis["template"]["spec"]["containers"][0][
         "volumeMounts"]
@@ -617,3 +624,37 @@ def test_k8s_gpu_variant(tmp_path):
     assert any(m["mountPath"] == "/dev/shm" and m["name"] == v["name"]
                for m in trainer["containers"][0]["volumeMounts"] for v in dshm), \
         "NCCL needs more than the container's default /dev/shm"
+
+
+def test_shipped_redis_is_durable_and_never_evicts():
+    """deploy/redis/redis.conf, which both compose and Kubernetes start Redis on."""
+    conf = dict(line.split(None, 1) for line in
+                (ROOT / "deploy/redis/redis.conf").read_text().splitlines()
+                if line.strip() and not line.startswith("#"))
+    assert conf["appendonly"] == "yes" and conf["appendfsync"] == "always"
+    assert conf["maxmemory-policy"] == "noeviction"
+
+
+def test_the_redis_acl_user_is_the_one_every_run_config_logs_in_as(compose, k8s_run_config):
+    """The URL's user is users.acl's, its keys are the run's (RunKeys), and the password
+    variable the services read is the one Redis is started with."""
+    acl = (ROOT / "deploy/redis/users.acl").read_text()
+    for cfg in (load_run_config(ROOT / "deploy/compose.yaml"), load_run_config(k8s_run_config)):
+        assert urlparse(cfg.redis.url).username == "relayrl"
+        assert f"~{RunKeys(cfg.run_id).prefix}* " in acl
+        assert cfg.auth.redis_password_env == "RELAYRL_REDIS_PASSWORD"
+    for name, svc in compose["services"].items():
+        assert "RELAYRL_REDIS_PASSWORD" in svc["environment"], name
+
+
+def test_only_the_runs_pods_reach_redis(manifests):
+    policy = by_kind(manifests, "NetworkPolicy")["redis"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "redis"}
+    (rule,) = policy["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/part-of": "relayrl"}}}]
+    for name, w in workloads(manifests).items():
+        spec = w["spec"]["template"]
+        assert spec["metadata"]["labels"]["app.kubernetes.io/part-of"] == "relayrl", name
+        for c in spec["spec"]["containers"]:
+            assert "RELAYRL_REDIS_PASSWORD" in {e["name"] for e in c.get("env", [])}, name

@@ -19,7 +19,7 @@ from redis import ResponseError
 
 from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.emit import BatchAppender
-from buffer_svc.submit import StaleGroup, Submissions
+from buffer_svc.submit import StaleGroup, Submissions, shown_source
 from buffer_svc.telemetry import BufferStats, StreamStats, buffer_metrics
 from relayrl.config import RunConfig
 from relayrl.contracts import control, ledger
@@ -225,7 +225,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                           f"({type(err).__name__}: {err})")
         log.info("%s an external group from %s as prompt %d",
                  "repeated Submit: already had" if repeated else "accepted",
-                 request.source or "an unnamed source", prompt_id)
+                 shown_source(request.source), prompt_id)
         return buffer_pb2.SubmitResponse(prompt_id=prompt_id)
 
 

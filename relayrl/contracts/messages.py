@@ -167,10 +167,12 @@ def _check_tokens(s: Sample, limits: SampleLimits) -> None:
 
 class Group(Wire, tag="group"):
     """All samples of one prompt: the unit GRPO normalises advantages over, and one entry of
-    the trajectory stream (a producer appends a group whole)."""
+    the trajectory stream (a producer appends a group whole). `source` names who produced an
+    external group (Buffer.Submit's SubmitRequest.source), once for all its samples."""
 
     prompt_id: int
     samples: list[Sample] = msgspec.field(default_factory=list)
+    source: str = ""
 
     def __post_init__(self) -> None:
         if any(s.prompt_id != self.prompt_id for s in self.samples):

@@ -6,7 +6,7 @@ import json
 import msgspec
 import pytest
 
-from buffer_svc.submit import StaleGroup, Submissions
+from buffer_svc.submit import MAX_SOURCE_CHARS, StaleGroup, Submissions
 from relayrl.config import ModelLimits, PretrainedModel, RunConfig, read_model_limits
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
@@ -121,6 +121,28 @@ def test_bad_submissions_are_refused_by_name_and_write_nothing(redis, trajs, mes
     assert message in str(info.value)
     assert waiting(redis) == 0 and redis.get(KEYS.external_ids) is None
     assert subs.refused == 1 and subs.accepted == 0
+
+
+def test_a_source_over_the_limit_is_refused_naming_its_length(redis):
+    subs = submissions(redis)
+    for size in (MAX_SOURCE_CHARS + 1, 1 << 20):
+        with pytest.raises(CodecError, match=f"SubmitRequest.source: {size} characters, over "
+                                             f"the limit of {MAX_SOURCE_CHARS}"):
+            subs.submit(group(source="x" * size))
+    assert waiting(redis) == 0 and subs.refused == 2
+    assert subs.submit(group(source="y" * MAX_SOURCE_CHARS))[0] > EXTERNAL_PROMPT_BASE
+
+
+def test_a_groups_source_is_stored_once_not_in_every_sample(redis):
+    """The source costs a group's entry its own length once, whatever the group's size."""
+    subs = submissions(redis)
+    source = "agent-" + "z" * (MAX_SOURCE_CHARS - 6)
+    subs.submit(group(source=""))
+    subs.submit(group(source=source))
+    (_, bare), (_, named) = redis.xrange(KEYS.trajectories)
+    assert len(named[b"data"]) - len(bare[b"data"]) < 1.1 * len(source)
+    assert named[b"data"].count(source.encode()) == 1
+    assert decode_group(named[b"data"]).source == source
 
 
 def test_each_trajectory_field_is_the_sample_field_of_its_name(redis):

@@ -57,7 +57,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         # learned once: Submit checks every token against the model the run trains
         model = cfg.model.limits()
         log.info("Submit limits: vocabulary %d, context %d tokens (%s); rewards in %s",
-                 model.vocab_size, model.context_length, model.source, cfg.buffer.reward_range)
+                 model.vocab_size, model.context_length, model.source, cfg.task.reward_range)
         self.submissions = Submissions(redis, cfg, model)
         self.stop = threading.Event()
         self.taken_up_to = b"0"  # the last trajectory entry read into the assembler

@@ -2,7 +2,7 @@
 
 Submit is where an agent's samples enter the run, so this is where they are checked, once,
 against the model the run trains and the run's bounds: token ids inside the vocabulary, the
-sequence inside the context length, rewards inside buffer.reward_range, versions the
+sequence inside the context length, rewards inside task.reward_range, versions the
 trainer would still train on, and a `source` of at most MAX_SOURCE_CHARS. A group passes
 whole or writes nothing; it is then given a prompt id from the external range and appended
 as one entry, its source stored once on the group, so the buffer batches it on the same
@@ -67,7 +67,7 @@ class StaleGroup(Exception):
 class SubmitLimits:
     group_size: int  # buffer.group_size
     model: ModelLimits
-    reward_range: tuple[float, float]  # buffer.reward_range
+    reward_range: tuple[float, float]  # task.reward_range
 
     def of_samples(self, latest_version: int) -> SampleLimits:
         return SampleLimits(self.model.vocab_size, self.model.context_length, self.model.source,
@@ -132,7 +132,7 @@ class Submissions:
         self.r = redis
         self.cfg = cfg
         self.keys = RunKeys(cfg.run_id)
-        self.limits = SubmitLimits(cfg.buffer.group_size, model, cfg.buffer.reward_range)
+        self.limits = SubmitLimits(cfg.buffer.group_size, model, cfg.task.reward_range)
         self._append = redis.register_script(SUBMIT_SCRIPT)
         self.accepted = 0
         self.refused = 0

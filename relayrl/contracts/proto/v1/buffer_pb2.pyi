@@ -84,8 +84,8 @@ class SubmitRequest(_message.Message):
     versions or loss_mask (each 0 or 1, not all 0) are not one per response token; a token id
     outside the model's vocabulary [0, vocab_size); a prompt plus response longer than the
     model's context length; a version newer than the trainer's or below 0; a log-probability
-    not finite or above 0; a reward outside buffer.reward_range; a source over 256 characters.
-    Refused with
+    not finite or above 0; a reward outside task.reward_range (the task's scale, [0, 1] unless
+    the run declares another); a source over 256 characters. Refused with
     FAILED_PRECONDITION: a group whose oldest policy token is already more than
     trainer.max_staleness versions behind the trainer (it would be dropped unseen).
     RESOURCE_EXHAUSTED: the buffer is full; retry later.

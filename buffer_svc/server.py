@@ -19,7 +19,7 @@ from redis import ResponseError
 
 from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.emit import BatchAppender
-from buffer_svc.submit import StaleGroup, Submissions
+from buffer_svc.submit import StaleGroup, Submissions, shown_source
 from buffer_svc.telemetry import BufferStats, StreamStats, buffer_metrics
 from relayrl.config import RunConfig
 from relayrl.contracts import control, ledger
@@ -57,7 +57,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         # learned once: Submit checks every token against the model the run trains
         model = cfg.model.limits()
         log.info("Submit limits: vocabulary %d, context %d tokens (%s); rewards in %s",
-                 model.vocab_size, model.context_length, model.source, cfg.buffer.reward_range)
+                 model.vocab_size, model.context_length, model.source, cfg.task.reward_range)
         self.submissions = Submissions(redis, cfg, model)
         self.stop = threading.Event()
         self.taken_up_to = b"0"  # the last trajectory entry read into the assembler
@@ -225,7 +225,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
                           f"({type(err).__name__}: {err})")
         log.info("%s an external group from %s as prompt %d",
                  "repeated Submit: already had" if repeated else "accepted",
-                 request.source or "an unnamed source", prompt_id)
+                 shown_source(request.source), prompt_id)
         return buffer_pb2.SubmitResponse(prompt_id=prompt_id)
 
 

@@ -2,10 +2,11 @@
 
 Submit is where an agent's samples enter the run, so this is where they are checked, once,
 against the model the run trains and the run's bounds: token ids inside the vocabulary, the
-sequence inside the context length, rewards inside buffer.reward_range, and versions the
-trainer would still train on. A group passes whole or writes nothing; it is then given a
-prompt id from the external range and appended as one entry, so the buffer batches it on the
-same exactly-once path as the workers' groups. Nothing downstream checks a sample again.
+sequence inside the context length, rewards inside task.reward_range, versions the
+trainer would still train on, and a `source` of at most MAX_SOURCE_CHARS. A group passes
+whole or writes nothing; it is then given a prompt id from the external range and appended
+as one entry, its source stored once on the group, so the buffer batches it on the same
+exactly-once path as the workers' groups. Nothing downstream checks a sample again.
 
 A client's request_id makes a retried Submit (its reply lost) a repeat, not a second group:
 the script that appends the group records the id with it, so an id is remembered exactly
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import reprlib
 from dataclasses import dataclass
 
 from relayrl.config import ModelLimits, RunConfig
@@ -34,6 +36,9 @@ from relayrl.contracts.streams import BufferFull
 from relayrl.rules.staleness import is_stale
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# SubmitRequest.source names the producer for the logs: a name, not a payload
+MAX_SOURCE_CHARS = 256
+EXTERNAL_WORKER = "external"  # every submitted sample's worker_id
 
 # KEYS: the trajectory stream[, the request's id key]. ARGV: the stream's bound, the id's
 # time to live, what to remember under it, the group's size, then the group. A known id
@@ -62,7 +67,7 @@ class StaleGroup(Exception):
 class SubmitLimits:
     group_size: int  # buffer.group_size
     model: ModelLimits
-    reward_range: tuple[float, float]  # buffer.reward_range
+    reward_range: tuple[float, float]  # task.reward_range
 
     def of_samples(self, latest_version: int) -> SampleLimits:
         return SampleLimits(self.model.vocab_size, self.model.context_length, self.model.source,
@@ -74,6 +79,7 @@ def to_samples(request: buffer_pb2.SubmitRequest, limits: SubmitLimits,
     """The group as samples (under a placeholder prompt id), each made from its Trajectory
     (the same fields by the same names) and checked by validate_sample against the run's
     limits; or a CodecError that names the field, the value and the limit."""
+    check_source(request.source)
     trajs = request.trajectories
     if len(trajs) != limits.group_size:
         raise CodecError(f"SubmitRequest.trajectories: {len(trajs)} given, a group is "
@@ -83,13 +89,29 @@ def to_samples(request: buffer_pb2.SubmitRequest, limits: SubmitLimits,
     for i, t in enumerate(trajs):
         try:
             sample = from_proto(t, Sample, prompt_id=EXTERNAL_PROMPT_BASE, lease_id="",
-                                worker_id=request.source or "external")
+                                worker_id=EXTERNAL_WORKER)
             validate_sample(sample, bounds)
         except CodecError as err:  # "sample.versions[2]: ..." of this trajectory
             raise CodecError(f"SubmitRequest.trajectories[{i}]"
                              f"{str(err).removeprefix('sample')}") from None
         samples.append(sample)
     return samples
+
+
+def check_source(source: str) -> None:
+    """A CodecError when SubmitRequest.source is longer than MAX_SOURCE_CHARS."""
+    if len(source) > MAX_SOURCE_CHARS:
+        raise CodecError(f"SubmitRequest.source: {len(source)} characters, over the limit of "
+                         f"{MAX_SOURCE_CHARS} (starts {shown_source(source)})")
+
+
+def shown_source(source: str) -> str:
+    """`source` as the logs show it: escaped, quoted, at most 60 characters of it."""
+    return _SHOWN.repr(source) if source else "an unnamed source"
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = 62
 
 
 def check_fresh(samples: list[Sample], latest_version: int, max_staleness: int) -> None:
@@ -110,7 +132,7 @@ class Submissions:
         self.r = redis
         self.cfg = cfg
         self.keys = RunKeys(cfg.run_id)
-        self.limits = SubmitLimits(cfg.buffer.group_size, model, cfg.buffer.reward_range)
+        self.limits = SubmitLimits(cfg.buffer.group_size, model, cfg.task.reward_range)
         self._append = redis.register_script(SUBMIT_SCRIPT)
         self.accepted = 0
         self.refused = 0
@@ -160,10 +182,11 @@ class Submissions:
         for s in samples:
             s.prompt_id, s.lease_id = prompt_id, f"external:{prompt_id}"
         # never waits: a full buffer or a Redis at its memory limit is the caller's to retry
+        entry = encode_group(Group(prompt_id, samples, request.source))
         reply = self._append(keys=[self.keys.trajectories, *([key] if key else [])],
                              args=[self.cfg.buffer.max_pending_samples,
                                    self.cfg.buffer.submit_dedup_ttl_s, f"{prompt_id} {digest}",
-                                   len(samples), encode_group(Group(prompt_id, samples))])
+                                   len(samples), entry])
         if reply[0] == 0:
             raise BufferFull(int(reply[1]), self.cfg.buffer.max_pending_samples)
         if reply[0] == 2:  # the same request, sent again, went in while this one was checked

@@ -114,6 +114,16 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _task_rewards_inside_the_buffers(self) -> RunConfig:
+        """task.reward_range lies inside buffer.reward_range: what Submit admits, a sample
+        may carry."""
+        (low, high), (least, most) = self.task.reward_range, self.buffer.reward_range
+        if not least <= low < high <= most:
+            raise ValueError(f"task.reward_range [{low:g}, {high:g}] must lie inside "
+                             f"buffer.reward_range [{least:g}, {most:g}]")
+        return self
+
+    @model_validator(mode="after")
     def _weight_plane_is_served(self) -> RunConfig:
         """rollout.weight_plane is one of relay.data_planes."""
         if self.rollout.weight_plane not in self.relay.data_planes:

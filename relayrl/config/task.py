@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from relayrl.config.base import StrictModel, refuse_foreign_fields
+from relayrl.config.buffer import RewardBound
 
 _REWARD = dict(min_length=1, max_length=512, description=(
     "Reward spec (relayrl.plugins.rewards): a registered name, `package.module:function`, "
@@ -31,6 +32,20 @@ class TaskBase(StrictModel):
     seed: int = Field(1234, ge=0, le=2**63 - 1,
                       description="Seed of the prompt order and the held-out split.")
     eval_size: int = Field(256, ge=0, le=100_000, description="Held-out problems for eval.")
+    reward_range: tuple[RewardBound, RewardBound] = Field(
+        (0.0, 1.0), description="[lowest, highest] reward of this task: an external group "
+        "(Buffer.Submit) with a reward outside it is refused, so an agent's rewards are on "
+        "the scale of the task's own. Every built-in reward lies in [0, 1]; declare the "
+        "range of a weighted sum, a custom or a remote reward here. Inside "
+        "buffer.reward_range.")
+
+    @model_validator(mode="after")
+    def _reward_range_ordered(self) -> TaskBase:
+        low, high = self.reward_range
+        if not low < high:
+            raise ValueError(f"task.reward_range: lowest ({low:g}) must be below highest "
+                             f"({high:g})")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -95,7 +95,8 @@ def _array(value, dtype, name: str, bound: int | None = None) -> np.ndarray:
 @dataclass(frozen=True)
 class SampleLimits:
     """The run's bounds on a sample made outside it (Buffer.Submit): the model's vocabulary
-    and context, buffer.reward_range, and the trainer's latest version."""
+    and context, the task's reward range (task.reward_range), and the trainer's latest
+    version."""
 
     vocab_size: int
     context_length: int
@@ -142,7 +143,7 @@ def validate_sample(s: Sample, limits: SampleLimits | None = None) -> None:
     if limits is not None:
         low, high = limits.reward_range
         if not low <= s.reward <= high:  # NaN fails this too
-            raise CodecError(f"sample.reward: {s.reward!r} is outside buffer.reward_range "
+            raise CodecError(f"sample.reward: {s.reward!r} is outside task.reward_range "
                              f"[{low:g}, {high:g}]")
     elif not np.isfinite(s.reward):
         raise CodecError(f"sample.reward: {s.reward!r} is not finite")
@@ -167,10 +168,12 @@ def _check_tokens(s: Sample, limits: SampleLimits) -> None:
 
 class Group(Wire, tag="group"):
     """All samples of one prompt: the unit GRPO normalises advantages over, and one entry of
-    the trajectory stream (a producer appends a group whole)."""
+    the trajectory stream (a producer appends a group whole). `source` names who produced an
+    external group (Buffer.Submit's SubmitRequest.source), once for all its samples."""
 
     prompt_id: int
     samples: list[Sample] = msgspec.field(default_factory=list)
+    source: str = ""
 
     def __post_init__(self) -> None:
         if any(s.prompt_id != self.prompt_id for s in self.samples):

@@ -271,7 +271,7 @@ def test_submit_checks_the_model_and_a_retry_after_a_lost_reply_appends_once(sta
         (trajectory(response_tokens=[6, 7, 1000]), "SubmitRequest.trajectories[1]."
          "response_tokens[2]: token id 1000 is outside the model's vocabulary [0, 15)"),
         (trajectory(reward=3e38), "SubmitRequest.trajectories[1].reward: 3e+38 is outside "
-         "buffer.reward_range [-10000, 10000]"),
+         "task.reward_range [0, 1]"),
         (trajectory(prompt_tokens=[1] * 300), "SubmitRequest.trajectories[1]: "
          "prompt_tokens (300) + response_tokens (3) = 303 tokens, over the model's "
          "context length 256"),

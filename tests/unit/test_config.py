@@ -133,6 +133,9 @@ CROSS_CHECKS = {
     "_groups_hold_every_sample_of_a_prompt": (
         {"buffer": {"group_size": 3}}, r"rollout.samples_per_prompt \(8\) must equal "
         r"buffer.group_size \(3\)"),
+    "_task_rewards_inside_the_buffers": (
+        {"task": {"reward_range": [0, 20]}, "buffer": {"reward_range": [-10, 10]}},
+        r"task.reward_range \[0, 20\] must lie inside buffer.reward_range \[-10, 10\]"),
     "_weight_plane_is_served": (
         {"rollout": {"weight_plane": "shm"}}, "rollout.weight_plane 'shm' is not in "
         r"relay.data_planes \['grpc', 'torch_dist'\]"),

@@ -6,7 +6,7 @@ import json
 import msgspec
 import pytest
 
-from buffer_svc.submit import StaleGroup, Submissions
+from buffer_svc.submit import MAX_SOURCE_CHARS, StaleGroup, Submissions
 from relayrl.config import ModelLimits, PretrainedModel, RunConfig, read_model_limits
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
@@ -34,9 +34,9 @@ def redis(server):
     return r
 
 
-def submissions(redis, **buffer) -> Submissions:
+def submissions(redis, task=None, **buffer) -> Submissions:
     cfg = RunConfig.model_validate({
-        "run_id": "sub", "rollout": {"samples_per_prompt": 2},
+        "run_id": "sub", "rollout": {"samples_per_prompt": 2}, "task": task or {},
         "buffer": {"group_size": 2, "groups_per_batch": 2, "max_pending_samples": 64, **buffer}})
     return Submissions(redis, cfg, MODEL)
 
@@ -83,7 +83,11 @@ def test_submit_writes_a_whole_group_under_an_external_id(redis):
      "trajectories[0]: prompt_tokens (14) + response_tokens (3) = 17 tokens, over the "
      "model's context length 16 (test model)"),
     ([trajectory(), trajectory(reward=3e38)],
-     "trajectories[1].reward: 3e+38 is outside buffer.reward_range [-10000, 10000]"),
+     "trajectories[1].reward: 3e+38 is outside task.reward_range [0, 1]"),
+    ([trajectory(), trajectory(reward=1e4)],
+     "trajectories[1].reward: 10000.0 is outside task.reward_range [0, 1]"),
+    ([trajectory(reward=-0.5), trajectory()],
+     "trajectories[0].reward: -0.5 is outside task.reward_range [0, 1]"),
     ([trajectory(), trajectory(reward=float("nan"))], "trajectories[1].reward: nan is outside"),
     ([trajectory(reward=float("-inf")), trajectory()], "trajectories[0].reward: -inf is outside"),
     ([trajectory(), trajectory(versions=[2, 2, 9])],
@@ -123,6 +127,28 @@ def test_bad_submissions_are_refused_by_name_and_write_nothing(redis, trajs, mes
     assert subs.refused == 1 and subs.accepted == 0
 
 
+def test_a_source_over_the_limit_is_refused_naming_its_length(redis):
+    subs = submissions(redis)
+    for size in (MAX_SOURCE_CHARS + 1, 1 << 20):
+        with pytest.raises(CodecError, match=f"SubmitRequest.source: {size} characters, over "
+                                             f"the limit of {MAX_SOURCE_CHARS}"):
+            subs.submit(group(source="x" * size))
+    assert waiting(redis) == 0 and subs.refused == 2
+    assert subs.submit(group(source="y" * MAX_SOURCE_CHARS))[0] > EXTERNAL_PROMPT_BASE
+
+
+def test_a_groups_source_is_stored_once_not_in_every_sample(redis):
+    """The source costs a group's entry its own length once, whatever the group's size."""
+    subs = submissions(redis)
+    source = "agent-" + "z" * (MAX_SOURCE_CHARS - 6)
+    subs.submit(group(source=""))
+    subs.submit(group(source=source))
+    (_, bare), (_, named) = redis.xrange(KEYS.trajectories)
+    assert len(named[b"data"]) - len(bare[b"data"]) < 1.1 * len(source)
+    assert named[b"data"].count(source.encode()) == 1
+    assert decode_group(named[b"data"]).source == source
+
+
 def test_each_trajectory_field_is_the_sample_field_of_its_name(redis):
     """The Trajectory message is Sample's language-neutral form: every field it carries is
     Sample's field of the same name, and what it leaves empty takes Sample's default."""
@@ -139,11 +165,14 @@ def test_each_trajectory_field_is_the_sample_field_of_its_name(redis):
     assert first.worker_id == "external"
 
 
-def test_a_configured_reward_range_is_the_limit(redis):
-    subs = submissions(redis, reward_range=[0, 1])
-    with pytest.raises(CodecError, match=r"reward: 1.5 is outside buffer.reward_range \[0, 1\]"):
-        subs.submit(group(trajectory(), trajectory(reward=1.5)))
-    assert subs.submit(group(trajectory(reward=0), trajectory(reward=1)))[0]
+def test_a_tasks_declared_reward_range_is_the_limit(redis):
+    """External rewards are held to the task's scale: [0, 1] as every built-in reward, or
+    the range a task declares."""
+    assert submissions(redis).submit(group(trajectory(reward=0), trajectory(reward=1)))[0]
+    subs = submissions(redis, task={"reward_range": [-2, 5]})
+    with pytest.raises(CodecError, match=r"reward: 5.5 is outside task.reward_range \[-2, 5\]"):
+        subs.submit(group(trajectory(), trajectory(reward=5.5)))
+    assert subs.submit(group(trajectory(reward=-2), trajectory(reward=5)))[0]
 
 
 def test_a_group_already_past_the_staleness_bound_is_refused(redis):

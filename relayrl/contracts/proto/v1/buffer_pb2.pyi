@@ -84,7 +84,8 @@ class SubmitRequest(_message.Message):
     versions or loss_mask (each 0 or 1, not all 0) are not one per response token; a token id
     outside the model's vocabulary [0, vocab_size); a prompt plus response longer than the
     model's context length; a version newer than the trainer's or below 0; a log-probability
-    not finite or above 0; a reward outside buffer.reward_range. Refused with
+    not finite or above 0; a reward outside task.reward_range (the task's scale, [0, 1] unless
+    the run declares another); a source over 256 characters. Refused with
     FAILED_PRECONDITION: a group whose oldest policy token is already more than
     trainer.max_staleness versions behind the trainer (it would be dropped unseen).
     RESOURCE_EXHAUSTED: the buffer is full; retry later.
@@ -96,9 +97,10 @@ class SubmitRequest(_message.Message):
     SOURCE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     source: _builtins.str
-    """who produced it, for the logs"""
+    """who produced it, for the logs: at most 256"""
     request_id: _builtins.str
-    """Optional idempotency key chosen by the client (1-128 of A-Z a-z 0-9 . _ : -, e.g. a
+    """characters, kept once with the group
+    Optional idempotency key chosen by the client (1-128 of A-Z a-z 0-9 . _ : -, e.g. a
     UUID), one per group: a Submit repeated with the same key within
     buffer.submit_dedup_ttl_s (a retry after a lost reply) answers the first call's
     prompt_id and appends nothing; the same key with a different group is refused.

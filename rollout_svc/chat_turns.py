@@ -10,10 +10,14 @@ message it gave, and renders a conversation turn by turn: the template's tokens 
 assistant turn, that turn's own tokens, then the template's tokens between it and the next
 (relayrl_tasks.envs.turns.TurnGlue, the rule the worker's own episodes follow). A
 conversation with an assistant turn the server does not remember (written by the agent, or
-older than MAX_TURNS turns) is rendered whole by the template instead: still a valid
-prompt, but not an extension of the earlier turns' tokens.
+forgotten for its quota) is rendered whole by the template instead: still a valid prompt,
+but not an extension of the earlier turns' tokens.
 
-    memory = TurnMemory()
+Each agent credential has a TurnMemory of its own (TurnMemories, keyed by a hash of the
+bearer token, never the token), of rollout.turn_memory_per_agent turns: one agent's traffic
+evicts only its own turns.
+
+    memory = TurnMemories(per_agent=4096).of(authorization)
     ids = memory.render(glue, messages)          # the prompt's token ids
     memory.remember(ids, message, tokens, stopped)
 """
@@ -30,8 +34,6 @@ from typing import Any
 
 from relayrl.plugins.chat import ToolCall, hermes_text
 from relayrl_tasks.envs.turns import TurnGlue
-
-MAX_TURNS = 4096  # assistant turns remembered, at most (4 bytes a token)
 
 
 def key(context: Sequence[int], message: Mapping[str, Any]) -> str:
@@ -50,14 +52,15 @@ def as_text(message: Mapping[str, Any]) -> str:
 
 
 class TurnMemory:
-    """The assistant turns the server returned, oldest forgotten first."""
+    """The assistant turns the server returned to one agent, oldest forgotten first."""
 
-    def __init__(self, max_turns: int = MAX_TURNS):
+    def __init__(self, max_turns: int):
         self.max_turns = max_turns
         self._turns: OrderedDict[str, tuple[array, bool, str]] = OrderedDict()
         self._lock = threading.Lock()
         self.recalled = 0  # assistant turns rendered as their own tokens
         self.rerendered = 0  # conversations rendered whole: a turn was not remembered
+        self.evicted = 0  # turns forgotten for the quota
 
     def remember(self, context: Sequence[int], message: Mapping[str, Any],
                  tokens: Sequence[int], stopped: bool, text: str) -> None:
@@ -67,6 +70,7 @@ class TurnMemory:
             self._turns[key(context, message)] = (array("i", tokens), stopped, text)
             while len(self._turns) > self.max_turns:
                 self._turns.popitem(last=False)
+                self.evicted += 1
 
     def _recall(self, context: Sequence[int], message: Mapping[str, Any]):
         with self._lock:
@@ -95,3 +99,30 @@ class TurnMemory:
                 before, text, stopped, [dict(m) for m in plain[i + 1:nxt]])
         self.recalled += len(said)
         return context
+
+
+class TurnMemories:
+    """A TurnMemory per agent credential, each of `per_agent` turns. Only a server that
+    checks tokens tells callers apart (there are as many memories as tokens it accepts);
+    without auth every caller is one agent."""
+
+    def __init__(self, per_agent: int):
+        self.per_agent = per_agent
+        self._memories: dict[str, TurnMemory] = {}
+        self._lock = threading.Lock()
+
+    def of(self, authorization: str | None) -> TurnMemory:
+        """The memory of the caller whose `authorization` header this is (None: the one
+        memory of a server without auth)."""
+        who = hashlib.sha256((authorization or "").encode("utf-8", "replace")).hexdigest()
+        with self._lock:
+            memory = self._memories.get(who)
+            if memory is None:
+                memory = self._memories[who] = TurnMemory(self.per_agent)
+            return memory
+
+    @property
+    def evicted(self) -> int:
+        """Turns forgotten for a quota, over every agent."""
+        with self._lock:
+            return sum(m.evicted for m in self._memories.values())

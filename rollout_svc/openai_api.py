@@ -6,7 +6,8 @@ Responses follow OpenAI's shapes, plus what RL needs and OpenAI does not give: e
 Chat requests may declare `tools` (rendered through the model's chat template,
 relayrl.plugins.chat); calls the model writes come back as the message's `tool_calls`. An
 assistant turn sent back is rendered as the tokens the model wrote (rollout_svc.chat_turns),
-so each turn's `prompt_token_ids` extends the turn before it and its completion exactly:
+so each turn's `prompt_token_ids` extends the turn before it and its completion exactly
+(turns are remembered per agent token, rollout.turn_memory_per_agent each):
 relayrl.plugins.buffer_client.trajectory_from_turns makes them one trainable trajectory.
 Fields we do not implement are refused by name rather than silently ignored (the request
 bodies and the refusals are in rollout_svc.openai_requests). Every route needs
@@ -22,12 +23,14 @@ import time
 import uuid
 from typing import Any
 
+from fastapi import Request
+
 from relayrl.plugins.chat import parse_tool_calls
 from relayrl.runtime import auth
 from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard, BodyLimit
 from relayrl.runtime.roles import TokenBook
 from relayrl_tasks.envs.turns import TurnGlue
-from rollout_svc.chat_turns import TurnMemory
+from rollout_svc.chat_turns import TurnMemories, TurnMemory
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.openai_requests import (
     ChatRequest,
@@ -74,11 +77,18 @@ def _usage(prompt: list[int], outs) -> dict:
 class _Routes:
     """The route handlers, over one generator serving one model name."""
 
-    def __init__(self, gen: CustomGenerator, model_name: str, stream_chunk_tokens: int):
+    def __init__(self, gen: CustomGenerator, model_name: str, stream_chunk_tokens: int,
+                 turns: TurnMemories, by_credential: bool):
         self.gen = gen
         self.model_name = model_name
         self.stream_chunk_tokens = stream_chunk_tokens
-        self.turns = TurnMemory()
+        self.turns = turns
+        self.by_credential = by_credential  # False: no tokens checked, every caller is one
+
+    def _turns_of(self, request: Request) -> TurnMemory:
+        """The caller's own turn memory, by its bearer token."""
+        return self.turns.of(request.headers.get("authorization") if self.by_credential
+                             else None)
 
     def _check_model(self, name: str) -> None:
         from fastapi import HTTPException
@@ -171,13 +181,13 @@ class _Routes:
         return {**self._head("cmpl", "text_completion"), "choices": choices,
                 "usage": _usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
 
-    def _prompt(self, body: ChatRequest) -> list[int]:
+    def _prompt(self, body: ChatRequest, turns: TurnMemory) -> list[int]:
         """The conversation's token ids, its remembered assistant turns as their tokens."""
         tools = [t.model_dump(exclude_none=True) for t in body.tools or ()]
         glue = TurnGlue(self.gen.lm.tokenizer, self.gen.lm.eos_ids, tools)
         messages = template_messages(body)
         try:
-            return self.turns.render(glue, messages)
+            return turns.render(glue, messages)
         except ValueError:  # a template that rewrites earlier turns: render it whole
             return glue.prompt(messages)
 
@@ -192,10 +202,11 @@ class _Routes:
              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
             for c in calls]}, True
 
-    def chat(self, body: ChatRequest):
+    def chat(self, body: ChatRequest, request: Request):
         gen = self.gen
         self._check_model(body.model)
-        ids = self._prompt(body)
+        turns = self._turns_of(request)
+        ids = self._prompt(body, turns)
         if body.stream:
             head = self._head("chatcmpl", "chat.completion.chunk")
             return self._stream(
@@ -218,7 +229,7 @@ class _Routes:
                        for t, lp in zip(o.tokens, o.logprobs, strict=True)]
             text = gen.decode(o.tokens)
             message, called = self._message(body, text)
-            self.turns.remember(ids, message, o.tokens, o.finish_reason == "stop", text)
+            turns.remember(ids, message, o.tokens, o.finish_reason == "stop", text)
             choices.append({
                 "index": i,
                 "finish_reason": "tool_calls" if called and o.finish_reason == "stop"
@@ -247,8 +258,9 @@ def template_messages(body: ChatRequest) -> list[dict[str, Any]]:
 
 def build_app(gen: CustomGenerator, model_name: str,
               stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
-              token: str | TokenBook | None = None):
-    """`token` None serves everyone (auth.required false)."""
+              token: str | TokenBook | None = None, turns: TurnMemories | None = None):
+    """`token` None serves everyone (auth.required false); `turns`: where chat turns are
+    remembered (by default rollout.turn_memory_per_agent for each token)."""
     from fastapi import FastAPI, HTTPException
     from fastapi.exceptions import RequestValidationError
 
@@ -261,7 +273,8 @@ def build_app(gen: CustomGenerator, model_name: str,
         app.add_middleware(BearerGuard, token=token)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, invalid_body)
-    routes = _Routes(gen, model_name, stream_chunk_tokens)
+    turns = turns or TurnMemories(gen.defaults.turn_memory_per_agent)
+    routes = _Routes(gen, model_name, stream_chunk_tokens, turns, token is not None)
     app.get("/v1/models")(routes.models)
     app.post("/tokenize")(routes.tokenize)
     app.post("/v1/completions")(routes.completions)
@@ -274,7 +287,8 @@ class OpenAIServer(BackgroundHTTPServer):
 
     def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str,
                  stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
-                 credentials: auth.Credentials | None = None):
+                 credentials: auth.Credentials | None = None,
+                 turns: TurnMemories | None = None):
         token = (credentials or auth.current()).book  # agent, service (relayrl.runtime.roles)
-        super().__init__(build_app(gen, model_name, stream_chunk_tokens, token), host, port,
-                         "openai-http")
+        super().__init__(build_app(gen, model_name, stream_chunk_tokens, token, turns), host,
+                         port, "openai-http")

@@ -21,6 +21,7 @@ from relayrl_torch.models import resolve_model_path
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import worker_device
+from rollout_svc.chat_turns import TurnMemories
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.engine_factory import make_engine
 from rollout_svc.telemetry import rollout_metrics
@@ -106,10 +107,12 @@ def serve(cfg: RunConfig) -> None:
                                                 cfg.buffer.max_pending_samples),
                                check_reward(cfg.task))
         generator = CustomGenerator(engine, lm, cfg.rollout)
+        turns = TurnMemories(cfg.rollout.turn_memory_per_agent)  # the HTTP server's, if any
         runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.bind_address,
                                [(rollout_pb2_grpc.add_RolloutServicer_to_server,
                                  RolloutServicer(worker, generator))],
-                               rollout_metrics(worker, generator.batcher), cfg.rollout.metrics_port,
+                               rollout_metrics(worker, generator.batcher, turns),
+                               cfg.rollout.metrics_port,
                                max_receive_bytes=cfg.rollout.grpc_receive_bytes,
                                max_concurrent_rpcs=cfg.rollout.grpc.max_concurrent_rpcs)
         http = None
@@ -118,7 +121,7 @@ def serve(cfg: RunConfig) -> None:
 
             http = OpenAIServer(generator, cfg.rollout.http_host,
                                 cfg.rollout.http_base_port + cfg.rollout.worker_index,
-                                model_name=cfg.rollout.served_model_name)
+                                model_name=cfg.rollout.served_model_name, turns=turns)
             http.start()
         try:
             runner.run(worker.run)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from relayrl.runtime.exporter import ServiceMetrics
 from relayrl.runtime.stats import Stats, counter, gauge
 from rollout_svc.batcher import RequestBatcher
+from rollout_svc.chat_turns import TurnMemories
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.worker import RolloutWorker
 
@@ -42,6 +43,9 @@ class RolloutStats(Stats, section="rollout"):
     kv_refused: int = counter("KV states of moved groups not usable here.")
     custom_requests: int = counter("Custom-rollout requests (gRPC, HTTP).")
     custom_engine_calls: int = counter("Engine calls that served custom-rollout requests.")
+    chat_turns_evicted: int = counter(
+        "Assistant turns the OpenAI-compatible server forgot for an agent's quota "
+        "(rollout.turn_memory_per_agent); a conversation sent back with one is rendered whole.")
     scheduler_call_failures: int = counter(
         "Scheduler calls that failed or passed their deadline.")
     buffer_waiting: int = gauge(
@@ -95,7 +99,9 @@ def episode_stats(worker: RolloutWorker) -> EpisodeStats:
                         tool_errors=dict(gen.tool_error_kinds), stuck_calls=gen.calls.stuck)
 
 
-def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher) -> ServiceMetrics:
+def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher,
+                    turns: TurnMemories | None = None) -> ServiceMetrics:
+    """`turns`: the OpenAI-compatible server's, where the worker serves one."""
     def read() -> tuple[RolloutStats, PullStats, EpisodeStats]:
         w = worker
         pressure = w.writer.counters
@@ -107,6 +113,7 @@ def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher) -> ServiceMe
             tokens_resumed=engine.get("tokens_resumed", 0),
             segment_sequences=w.sequences_decoded, loop_s=dict(w.loop_s),
             custom_requests=batcher.requests, custom_engine_calls=batcher.batches,
+            chat_turns_evicted=turns.evicted if turns else 0,
             buffer_waiting=int(w.writer.waiting_for_room),
             buffer_full_waits=pressure.full_waits, buffer_full_wait_s=pressure.full_wait_s,
             redis_oom_refusals=pressure.oom_refusals, redis_oom_wait_s=pressure.oom_wait_s)

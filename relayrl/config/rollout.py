@@ -266,6 +266,13 @@ class RolloutConfig(StrictModel):
         description="Largest HTTP request body (and gRPC message, unless grpc.max_receive_bytes "
         "is set) a worker reads, checked before anything is parsed or tokenized.",
     )
+    turn_memory_per_agent: int = Field(
+        4096, ge=1, le=1_000_000,
+        description="Assistant turns the OpenAI-compatible server remembers per agent "
+        "credential (bearer token), oldest forgotten first, to render them back as the "
+        "model's own tokens (4 bytes a token); each token's callers have their own quota, so "
+        "one agent's traffic never evicts another's turns.",
+    )
     grpc: GrpcLimits = Field(
         default_factory=grpc_limits(256),
         description="The gRPC server's limits: max_receive_bytes None is max_request_bytes; "

@@ -62,7 +62,7 @@ def served(tmp_path_factory):
     server.start()
     client = openai.OpenAI(base_url=f"{server.address}/v1",
                            api_key=auth.current().token or "unused", max_retries=0)
-    yield client, script, server, lm
+    yield client, script, server, lm, gen
     server.stop()
 
 
@@ -73,7 +73,7 @@ def turn(resp) -> ChatTurn:
 
 
 def test_a_tool_call_comes_back_and_the_turns_make_one_trajectory(served):
-    client, script, _, lm = served
+    client, script, _, lm, _ = served
     script[:] = [f"Let me add. {CALL}", "The answer is 5."]
     messages = list(QUESTION)
     first = client.chat.completions.create(model=MODEL, messages=messages, tools=[ADD],
@@ -103,7 +103,7 @@ def test_a_tool_call_comes_back_and_the_turns_make_one_trajectory(served):
 
 
 def test_a_turn_the_server_did_not_write_is_rendered_by_the_template(served):
-    client, script, _, lm = served
+    client, script, _, lm, _ = served
     script[:] = ["4"]
     messages = [*QUESTION, {"role": "assistant", "content": "It is 6."},
                 {"role": "user", "content": "Sure?"}]
@@ -140,3 +140,38 @@ def test_bad_tool_requests_are_refused_by_name(served, extra, param, says):
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param and says in error["message"], error
+
+
+
+def test_one_agents_turns_survive_another_agents_flood(served):
+    """Each agent token has a turn memory of its own: agent B's turns past its quota evict
+    only B's, so agent A's assistant turn sent back is still the tokens the model wrote."""
+    from relayrl.runtime.roles import AGENT, BEARER, Holder, TokenBook
+    from rollout_svc.chat_turns import TurnMemories
+
+    _, script, _, lm, gen = served
+    book = TokenBook(tuple(Holder((BEARER + t).encode(), frozenset({AGENT}), env)
+                           for t, env in (("token-a", "AGENT_A"), ("token-b", "AGENT_B"))))
+    (port,) = free_ports(1)
+    server = OpenAIServer(gen, "127.0.0.1", port, MODEL,
+                          credentials=auth.Credentials(token="token-a", accepted=book),
+                          turns=(memories := TurnMemories(per_agent=2)))
+    server.start()
+    try:
+        a, b = (openai.OpenAI(base_url=f"{server.address}/v1", api_key=key, max_retries=0)
+                for key in ("token-a", "token-b"))
+        script[:] = ["It is 5.", "1", "2", "3", "Yes."]
+        first = a.chat.completions.create(model=MODEL, messages=QUESTION, logprobs=True,
+                                          max_tokens=16)
+        for i in range(3):  # more turns than B's quota: B's memory evicts its own
+            b.chat.completions.create(model=MODEL, max_tokens=16, messages=[
+                {"role": "user", "content": f"Count {i}"}])
+        again = a.chat.completions.create(model=MODEL, logprobs=True, max_tokens=16, messages=[
+            *QUESTION, first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "Sure?"}])
+        trajectory_from_turns([turn(first), turn(again)], 1.0)  # an exact extension
+        mine = memories.of(BEARER + "token-a")
+        assert (mine.recalled, mine.rerendered) == (1, 0)  # from memory, not the template
+        assert memories.of(BEARER + "token-b").evicted == 1
+    finally:
+        server.stop()

@@ -11,13 +11,16 @@ import pytest
 import torch
 
 import relay_svc.planes
+from eval_svc.follower import Follower as EvalFollower
 from relay_svc.follower import Follower
 from relay_svc.planes import RelayPlanes
 from relay_svc.server import RelayServicer, add_relay_servicer
 from relay_svc.version_store import VersionStore
+from relayrl.config import RunConfig
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime import auth
 from relayrl.runtime.grpc_util import channel, make_server
+from relayrl.runtime.metrics import MetricsWriter, read_metrics
 from relayrl_torch.weights import WeightError
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.layout import pack
@@ -78,13 +81,16 @@ def plant(store: VersionStore, manifest, tensors) -> None:
     store.commit(stored)
 
 
-def forged(trainer_keys, version: int):
-    """The trainer's signed manifest of `version`, and a forgery of it: one shard's bytes
-    replaced, its checksum made to match, the trainer's signature kept."""
-    genuine = trainer_keys.sign(build_manifest(version, version, weights(0)))
-    bad = {**weights(0), "b": torch.full((8,), 1e4)}
-    shards = tuple(dataclasses.replace(s, checksum=checksum(tensor_bytes(bad["b"])))
-                   if s.name == "b" else s for s in genuine.shards)
+def forged(trainer_keys, version: int, tensors: dict[str, torch.Tensor] | None = None,
+           shard: str = "b"):
+    """The trainer's signed manifest of `version` (of `tensors`, weights(0) by default), and
+    a forgery of it: `shard`'s bytes replaced, its checksum made to match, the trainer's
+    signature kept."""
+    tensors = weights(0) if tensors is None else tensors
+    genuine = trainer_keys.sign(build_manifest(version, version, tensors))
+    bad = {**tensors, shard: torch.full_like(tensors[shard], 1e4)}
+    shards = tuple(dataclasses.replace(s, checksum=checksum(tensor_bytes(bad[shard])))
+                   if s.name == shard else s for s in genuine.shards)
     return dataclasses.replace(genuine, shards=shards), bad
 
 
@@ -135,6 +141,32 @@ def test_a_worker_applies_the_trainers_signed_versions(start_relay, trainer_keys
         engine = Engine()
         assert WeightRefresher(engine, [worker]).refresh() and engine.version == 1
         worker.close()
+
+
+def test_the_evaluator_evaluates_no_forged_version(start_relay, trainer_keys, tiny_lm,
+                                                    tmp_path):
+    """The separate evaluator, pulling from a relay that serves a forged shard under the
+    trainer's signature, evaluates nothing and counts the refusal; the trainer's signed next
+    version it evaluates."""
+    address, store = start_relay()  # the compromised relay checks nothing
+    state = {k: v.detach().clone() for k, v in tiny_lm.model.state_dict().items()}
+    manifest, tensors = forged(trainer_keys, 2, state, next(iter(state)))
+    plant(store, manifest, tensors)
+    cfg = RunConfig.model_validate({
+        "run_dir": str(tmp_path), "task": {"digits": 1, "eval_size": 2},
+        "rollout": {"max_new_tokens": 2}, "trainer": {"max_steps": 6},
+        "eval": {"every": 2, "mode": "separate", "sets": [{"name": "a", "samples": 1}]}})
+    relay = RelayClient(address, timeout_s=10, keys=ManifestKeys(verifier=trainer_keys.verifier))
+    writer = MetricsWriter(tmp_path / "eval.jsonl")
+    evaluator = EvalFollower(cfg, tiny_lm, [relay], writer)
+    assert not evaluator.step()
+    assert relay.signatures_refused == 1 and evaluator.last == -1
+
+    plant(store, trainer_keys.sign(build_manifest(4, 4, state)), state)
+    assert evaluator.step() and evaluator.last == 4
+    writer.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "eval.jsonl")] == [4]
+    relay.close()
 
 
 def test_a_fresh_relay_takes_no_unsigned_version_and_then_the_trainers_next(start_relay,

@@ -34,6 +34,7 @@ from relayrl_torch.sampling.sampler import Stopped
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import worker_device
 from relayrl_torch.weights.manifest import WeightError
+from relayrl_torch.weights.signing import ManifestKeys
 from relayrl_torch.weights.tied import load_published
 
 if TYPE_CHECKING:
@@ -159,8 +160,9 @@ def serve(cfg: RunConfig) -> None:
     device, weight_device = devices(cfg)
     lm = evaluated_model(cfg, device)
     log.info("evaluator on %s", device)
+    keys = ManifestKeys(verifier=ManifestKeys.from_config(cfg.auth).verifier)
     relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s, weight_plane(cfg),
-                          weight_device) for a in cfg.relay_addresses]
+                          weight_device, keys=keys) for a in cfg.relay_addresses]
     writer = open_run_metrics(cfg, EVAL_FILE, job_type="eval")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

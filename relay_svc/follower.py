@@ -15,14 +15,20 @@ from relayrl.config import ConfigError
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime.grpc_util import channel
 from relayrl_torch.weights import Manifest, WeightError
+from relayrl_torch.weights.signing import UNSIGNED, ManifestKeys, SignatureError
 from relayrl_torch.weights.wire import decode_bytes_chunk
 
 log = logging.getLogger(__name__)
 
 
 class Follower:
+    """With the trainer's public key (`keys`), a version whose manifest the trainer did not
+    sign is not copied (a forged version upstream would otherwise stand above the
+    trainer's real ones here too); the signature is kept as it came, for this relay's
+    readers to verify."""
+
     def __init__(self, store: VersionStore, upstreams: list[str], chunk_bytes: int,
-                 poll_s: float, timeout_s: float):
+                 poll_s: float, timeout_s: float, keys: ManifestKeys = UNSIGNED):
         if not upstreams:
             raise ConfigError("relay.upstream: a follower needs at least one upstream relay")
         self.store = store
@@ -30,6 +36,8 @@ class Follower:
         self.poll_s = poll_s
         self.timeout_s = timeout_s
         self.failures = 0
+        self.keys = keys
+        self._refused = 0  # the last version refused for its signature, logged once
         self._channels = [channel(a) for a in upstreams]
         self._stubs = [relay_pb2_grpc.RelayStub(c) for c in self._channels]
         self._pull = [c.unary_stream("/relayrl.v1.Relay/PullBytes",
@@ -55,6 +63,14 @@ class Follower:
             latest = max(self.store.versions() + [self.store.pending_version()], default=0)
             if manifest.version <= latest:
                 return False
+            try:
+                self.keys.verify(manifest, f"upstream {address}")
+            except SignatureError as err:
+                if manifest.version != self._refused:
+                    self._refused = manifest.version
+                    self.store.count_refused_signature()
+                    log.warning("not following: %s", err)
+                continue
             return self._copy(i, manifest)
         return False
 

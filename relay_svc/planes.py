@@ -9,6 +9,7 @@ import threading
 
 import torch
 
+from relay_svc.rendezvous import Rendezvous
 from relay_svc.stored_version import StoredVersion
 from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl_torch.weights import WeightError
@@ -33,6 +34,7 @@ class RelayPlanes:
         self.host = host  # what workers dial for a rendezvous
         self.bind = bind or host  # where its listener listens
         self.timeout = datetime.timedelta(seconds=transfer_timeout_s)
+        self.rendezvous = Rendezvous(self.timeout)  # the torch_dist and nccl planes' stores
         self.device: torch.device | None = None
         if self.enabled & {"nccl", "vllm"}:
             self.device = device if isinstance(device, torch.device) else nccl_device(
@@ -109,24 +111,23 @@ class RelayPlanes:
     def _broadcast(self, stored: StoredVersion, flat: torch.Tensor
                    ) -> relay_pb2.TorchDistTicket:
         """A group of two for one pull: rank 0 here broadcasts `flat` (the version in host
-        memory for torch_dist, on the relay's GPU for nccl) to the worker that joins."""
-        import torch.distributed as dist
-
-        store = dist.TCPStore(self.host, 0, 2, True, timeout=self.timeout,
-                              wait_for_workers=False)
+        memory for torch_dist, on the relay's GPU for nccl) to the worker that joins through
+        the transfer's store (Relay.Rendezvous)."""
+        rendezvous_id, store = self.rendezvous.open()
         backend = backend_for(flat.device)
 
         def serve() -> None:
             try:
-                group = two_rank_group(store, 0, backend, self.timeout)
+                group = two_rank_group(store, 0, backend, self.timeout, self.host)
                 broadcast(group, flat if stored.size else torch.empty(0, dtype=torch.uint8,
                                                                       device=flat.device))
             except Exception as err:  # the worker gave up or died; it will retry
                 log.warning("%s send of version %d failed: %s", backend, stored.version, err)
+            finally:
+                self.rendezvous.close(rendezvous_id)
 
         threading.Thread(target=serve, name=f"dist-v{stored.version}", daemon=True).start()
-        return relay_pb2.TorchDistTicket(store_host=self.host, store_port=store.port,
-                                         backend=backend,
+        return relay_pb2.TorchDistTicket(backend=backend, rendezvous_id=rendezvous_id,
                                          timeout_s=self.timeout.total_seconds())
 
     def _nixl_agent(self):

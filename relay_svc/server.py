@@ -10,6 +10,7 @@ import grpc
 
 from relay_svc.follower import Follower
 from relay_svc.planes import RelayPlanes
+from relay_svc.rendezvous import RendezvousTimeout, UnknownRendezvous
 from relay_svc.stored_version import HandoffRefused
 from relay_svc.telemetry import relay_metrics
 from relay_svc.version_store import AlreadyHeld, VersionStore
@@ -20,6 +21,7 @@ from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.service import ServiceRunner
 from relayrl_torch.weights import Manifest, WeightError
 from relayrl_torch.weights.hostid import host_id
+from relayrl_torch.weights.signing import UNSIGNED, ManifestKeys, SignatureError
 from relayrl_torch.weights.wire import with_fast_pull_bytes
 
 log = logging.getLogger(__name__)
@@ -30,17 +32,24 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
     """Publish takes versions from the trainer's token alone (relayrl.runtime.roles): the first any,
     then each newer than the latest and at most `max_gap` past it. A version is immutable:
     the same version with the same manifest again (a retry whose reply was lost, a resumed
-    trainer's bit-exact replay) answers OK and changes nothing; other weights are refused."""
+    trainer's bit-exact replay) answers OK and changes nothing; other weights are refused.
+
+    With the trainer's public key (`keys`), a publish whose manifest the trainer did not sign
+    is refused, the first one after a start included, so no token holder can plant a version
+    far ahead of the trainer's. Every version taken is then the trainer's own, and `max_gap`
+    is not applied: it bounds a stray version, and it would let an old signed version,
+    published again to a fresh relay, shut out the trainer's next."""
 
     def __init__(self, store: VersionStore, chunk_bytes: int, planes: RelayPlanes | None = None,
                  stall_timeout_s: float = 60.0, max_gap: int | None = DEFAULT_MAX_GAP,
-                 upstream: list[str] | None = None):
+                 upstream: list[str] | None = None, keys: ManifestKeys = UNSIGNED):
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.planes = planes or RelayPlanes(["grpc"], "127.0.0.1", stall_timeout_s)
         self.stall_timeout_s = stall_timeout_s
         self.max_gap = max_gap
         self.upstream = upstream or []
+        self.keys = keys
 
     def Publish(self, request_iterator, context):
         if self.upstream:  # its versions come from upstream; a second source would fork them
@@ -58,8 +67,12 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
             if handoff is not None and handoff.host_id != host_id():
                 raise HandoffRefused("Publish.shm.host_id: the publisher is not on this "
                                      "relay's host; send the bytes over gRPC")
-            stored = self.store.begin(Manifest.from_proto(first.manifest), self.max_gap,
+            manifest = self.keys.verify(Manifest.from_proto(first.manifest), "Publish")
+            stored = self.store.begin(manifest, None if self.keys.checks else self.max_gap,
                                       handoff.file_name if handoff is not None else None)
+        except SignatureError as err:
+            self.store.count_refused_signature()
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         except AlreadyHeld as err:
             for _ in request_iterator:  # the same bytes again: read to the end, keep none
                 pass
@@ -147,6 +160,16 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
         self.planes.close(request)
         return relay_pb2.ClosePullResponse()
 
+    def Rendezvous(self, request, context):
+        try:
+            return self.planes.rendezvous.serve(request)
+        except UnknownRendezvous as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        except RendezvousTimeout as err:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
+        except WeightError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
     def ListVersions(self, request, context):
         s = self.store.stats
         return relay_pb2.ListVersionsResponse(
@@ -166,15 +189,17 @@ def serve(cfg: RunConfig) -> None:
                          rc.endpoint.bind)  # first:
     # it refuses a plane this machine cannot serve (nccl without CUDA) before anything starts
     store = VersionStore(rc.keep_versions, shm_dir=rc.shm_dir, wait_timeout_s=rc.timeout_s)
+    keys = ManifestKeys.from_config(cfg.auth)
     servicer = RelayServicer(store, rc.chunk_bytes, planes, rc.timeout_s, rc.max_version_gap,
-                             rc.upstream)
+                             rc.upstream, ManifestKeys(verifier=keys.verifier))
     runner = ServiceRunner("relay", rc.endpoint.bind_address, [(add_relay_servicer, servicer)],
                            relay_metrics(store), rc.metrics_port,
                            max_receive_bytes=rc.grpc_receive_bytes,
                            max_concurrent_rpcs=rc.grpc.max_concurrent_rpcs)
     follower = None
     if rc.upstream:
-        follower = Follower(store, rc.upstream, rc.chunk_bytes, rc.follow_poll_s, rc.timeout_s)
+        follower = Follower(store, rc.upstream, rc.chunk_bytes, rc.follow_poll_s, rc.timeout_s,
+                            ManifestKeys(verifier=keys.verifier))
         threading.Thread(target=follower.run, args=(runner.stop_event,), name="follow",
                          daemon=True).start()
     try:

@@ -16,6 +16,8 @@ class RelayStats(Stats, section="relay"):
     versions_held: int = gauge("Complete versions held.")
     versions_published: int = counter("Versions received whole.")
     failed_publishes: int = counter("Versions that failed to arrive whole.")
+    signatures_refused: int = counter(
+        "Versions refused (published or followed) whose manifest the trainer did not sign.")
     pulls_served: int = counter("Pulls of a version (any data plane).")
     bytes_served: int = counter("Bytes of weights served.")
 

@@ -29,6 +29,7 @@ class AlreadyHeld(WeightError):
 class StoreStats:
     versions_published: int = 0
     failed_publishes: int = 0
+    signatures_refused: int = 0
     pulls_served: int = 0
     bytes_served: int = 0
 
@@ -153,6 +154,10 @@ class VersionStore(WeightPlane):
         stored = self.get(version)
         self.count_pull(stored.size)
         return unpack(stored.manifest, stored.flat.clone())  # callers must not alias the store
+
+    def count_refused_signature(self) -> None:
+        with self._lock:
+            self.stats.signatures_refused += 1
 
     def count_pull(self, nbytes: int) -> None:
         with self._lock:

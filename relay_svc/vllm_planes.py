@@ -144,6 +144,9 @@ def _send_nccl(pairs, device, bind, port, listener, world, timeout_s, version) -
         group = StatelessProcessGroup.create(bind, port, 0, world, listen_socket=listener,
                                              store_timeout=int(timeout_s))
         comm = PyNcclCommunicator(group, device=device)
+        # every rank has joined once the communicator exists: the store (vLLM's TCPStore,
+        # through which it sends pickled objects) stops listening now, not when the send ends
+        comm.group = group = None
         watchdog = threading.Timer(timeout_s, end)
         watchdog.daemon = True
         watchdog.start()

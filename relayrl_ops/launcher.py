@@ -164,11 +164,15 @@ class Launcher:
                                                    sort_keys=False))
 
     def _env(self, child: Child | None = None) -> dict[str, str]:
-        """A child's environment; the zygote's (child None) holds no trainer token, so no
-        service's exec environment (/proc/PID/environ) shows it."""
+        """A child's environment; the zygote's (child None) holds no trainer token and no
+        signing key, so no service's exec environment (/proc/PID/environ) shows them. The
+        signing key goes to the trainer alone: whoever holds it makes versions every worker
+        applies."""
         env = {**child_env(), "PYTHONUNBUFFERED": "1"}
         if child is None or child.name not in PUBLISH_PARTIES:  # who holds it can publish
             env.pop(self.cfg.auth.trainer_token_env, None)
+        if child is None or child.name != "trainer":
+            env.pop(self.cfg.auth.signing_key_env, None)
         return env
 
     def _spawn(self, child: Child) -> None:

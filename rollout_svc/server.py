@@ -21,6 +21,7 @@ from relayrl_torch.models import resolve_model_path
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import worker_device
+from relayrl_torch.weights.signing import ManifestKeys
 from rollout_svc.chat_turns import TurnMemories
 from rollout_svc.custom import CustomGenerator
 from rollout_svc.engine_factory import make_engine
@@ -99,8 +100,9 @@ def serve(cfg: RunConfig) -> None:
     log.info("%s engine on %s", engine.name, getattr(engine, "device", "its own device"))
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address, cfg.scheduler.call_timeout_s)
+        keys = ManifestKeys(verifier=ManifestKeys.from_config(cfg.auth).verifier)
         relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,
-                              cfg.rollout.weight_plane, weight_device)
+                              cfg.rollout.weight_plane, weight_device, keys=keys)
                   for a in cfg.relay_addresses]
         worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
                                TrajectoryWriter(redis, RunKeys(cfg.run_id),

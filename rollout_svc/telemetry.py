@@ -62,6 +62,8 @@ class RolloutStats(Stats, section="rollout"):
 class PullStats(Stats, section="weights"):
     swaps: int = counter("Versions pulled and loaded into the engine.")
     pull_failures: int = counter("Weight refreshes a relay failed.")
+    signatures_refused: int = counter(
+        "Versions refused because their manifest is not signed by the trainer's key.")
     bytes_pulled: int = counter("Bytes of weights pulled.")
     pull_s: float = gauge("Seconds the last pull-and-load took.")
 

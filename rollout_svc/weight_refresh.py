@@ -20,6 +20,7 @@ from relayrl.runtime.outage import Outage, is_outage
 from relayrl.runtime.procs import release_freed_memory
 from relayrl_torch.weights import WeightError, WeightPlane
 from relayrl_torch.weights.layout import flat_size
+from relayrl_torch.weights.signing import SignatureError
 from rollout_svc.engine_api import Engine
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class WeightRefresher:
         self.relays = relays
         self.weight_swaps = 0
         self.pull_failures = 0
+        self.signatures_refused = 0  # versions whose manifest the trainer did not sign
         self.bytes_pulled = 0
         self.last_pull_s = 0.0
         self.catch_up_timeouts = 0  # leases started below the version the scheduler asked
@@ -73,6 +75,7 @@ class WeightRefresher:
                     release_freed_memory()  # the load's temporaries
             except (WeightError, ValueError, grpc.RpcError) as err:
                 self.pull_failures += 1
+                self.signatures_refused += isinstance(err, SignatureError)
                 if is_outage(err):  # logged once, by the outage, if no relay answers
                     unreachable = unreachable or err
                     continue

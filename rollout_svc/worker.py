@@ -60,6 +60,7 @@ class RolloutWorker:
     # counters kept by the worker's parts, read by Status, /metrics and tests
     weight_swaps = _counter("weights", "weight_swaps")
     pull_failures = _counter("weights", "pull_failures")
+    signatures_refused = _counter("weights", "signatures_refused")
     bytes_pulled = _counter("weights", "bytes_pulled")
     last_pull_s = _counter("weights", "last_pull_s")
     catch_up_timeouts = _counter("weights", "catch_up_timeouts")

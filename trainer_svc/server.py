@@ -23,6 +23,7 @@ from relayrl_torch.models import resolve_model_path
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.sampling.sampler import Stopped
 from relayrl_torch.weights.client import RelayClient
+from relayrl_torch.weights.signing import ManifestKeys
 from trainer_svc.distributed import Parallel, close_world, init_world
 from trainer_svc.learner import Learner
 from trainer_svc.operator import OperatorSignals
@@ -205,7 +206,8 @@ def serve(cfg: RunConfig) -> None:
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         shm_dir = cfg.relay.shm_dir if cfg.trainer.publish_plane == "shm" else None
         publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes,
-                                               cfg.relay.timeout_s, publish_shm_dir=shm_dir),
+                                               cfg.relay.timeout_s, publish_shm_dir=shm_dir,
+                                               keys=ManifestKeys.for_trainer(cfg.auth)),
                                    dtype=getattr(torch, cfg.model.dtype_name()))
         trainer = Trainer(cfg, lm, redis, publisher, parallel)
         log.info("trainer on %s, precision %s", world.device,

@@ -64,13 +64,21 @@ class AuthConfig(StrictModel):
         description="Environment variable holding the Redis password: sent when redis.url "
         "carries none, and the embedded server's requirepass; empty: none (a URL like "
         "redis://:password@host:6379/0 works too).")
+    signing_key_env: str = _env_field(
+        "RELAYRL_SIGNING_KEY", "Environment variable holding the trainer's Ed25519 private "
+        "key (base64 of its raw 32 bytes), which signs every version's manifest; only the "
+        "trainer holds it. `relayrl up` makes a key pair when it is unset and auth.required.")
+    verify_key_env: str = _env_field(
+        "RELAYRL_VERIFY_KEY", "Environment variable holding the trainer's Ed25519 public key "
+        "(base64 of its raw 32 bytes): set, relays take and workers and the evaluator apply "
+        "only versions whose manifest it verifies; unset: versions go unsigned.")
 
     @model_validator(mode="after")
     def _distinct_variables(self) -> AuthConfig:
         names = [self.token_env, self.agent_token_env, self.operator_token_env,
-                 self.trainer_token_env]
+                 self.trainer_token_env, self.signing_key_env, self.verify_key_env]
         if len(set(names)) != len(names):
-            raise ValueError(f"auth: the role token variables must differ, got {names}")
+            raise ValueError(f"auth: the token and key variables must differ, got {names}")
         return self
 
     @property

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from relayrl.config.security import AuthConfig, TlsConfig
 from relayrl.runtime.roles import AGENT, BEARER, OPERATOR, SERVICE, TRAINER, Holder, TokenBook
+from relayrl.runtime.signing import install_key_pair
 
 DEFAULT_TOKEN_ENV = AuthConfig.model_fields["token_env"].default
 PUBLISH_METHOD = "/relayrl.v1.Relay/Publish"
@@ -145,6 +146,7 @@ def install_launcher_credentials(cfg: AuthConfig, run_dir: Path | None = None) -
         for role, env in cfg.role_envs.items():
             if not os.environ.get(env):
                 os.environ[env] = made[role] = secrets.token_urlsafe(32)
+        install_key_pair(cfg)  # the manifests' signing key: the launcher gives it the trainer
     install(load_credentials(cfg))
     handed = [cfg.role_envs[r] for r in (AGENT, OPERATOR) if r in made]
     if run_dir is None or not handed:

@@ -18,7 +18,9 @@ from relayrl_torch.weights.hostid import host_id
 from relayrl_torch.weights.layout import flat_size, unpack
 from relayrl_torch.weights.manifest import Manifest, WeightError, build_manifest, tensor_bytes
 from relayrl_torch.weights.plane import WeightPlane
+from relayrl_torch.weights.rendezvous import split_address
 from relayrl_torch.weights.shm_handoff import StagedVersion
+from relayrl_torch.weights.signing import UNSIGNED, ManifestKeys, SignatureError
 from relayrl_torch.weights.wire import decode_bytes_chunk, encode_publish_chunk, iter_chunks
 
 log = logging.getLogger(__name__)
@@ -30,11 +32,13 @@ class RelayClient(WeightPlane):
     CPU has gloo stand in); the other planes receive into host memory and ignore it.
     `publish_shm_dir`: the relay's shm_dir, to publish through shared memory
     (relayrl_torch.weights.shm_handoff); a relay that cannot take a handoff gets the bytes over
-    gRPC instead, from then on."""
+    gRPC instead, from then on. `keys`: the trainer's signing key, which signs what this
+    client publishes, and its public key, which every manifest a relay sends must verify
+    against (relayrl_torch.weights.signing); `signatures_refused` counts those that did not."""
 
     def __init__(self, address: str, chunk_bytes: int = 1 << 20, timeout_s: float = TRANSFER_S,
                  plane: str = "grpc", device: torch.device | None = None,
-                 publish_shm_dir: str | None = None):
+                 publish_shm_dir: str | None = None, keys: ManifestKeys = UNSIGNED):
         if plane not in DATA_PLANES:
             raise ValueError(f"data plane must be one of {DATA_PLANES}, got {plane!r}")
         if plane == "nccl" and device is None:
@@ -45,6 +49,8 @@ class RelayClient(WeightPlane):
         self.timeout_s = timeout_s
         self.plane = plane
         self.publish_shm_dir = publish_shm_dir
+        self.keys = keys
+        self.signatures_refused = 0
         self._channel = channel(address)  # a trainer's publishes carry its own token
         self._stub = relay_pb2_grpc.RelayStub(self._channel)
         self._pull_bytes = self._channel.unary_stream(
@@ -79,7 +85,7 @@ class RelayClient(WeightPlane):
                 return self.send_staged(staged)
             finally:
                 staged.release()
-        manifest = build_manifest(version, step, tensors)
+        manifest = self.keys.sign(build_manifest(version, step, tensors))
         try:
             self._publish_raw(self._messages(manifest, tensors), timeout=self.timeout_s)
         except grpc.RpcError as err:
@@ -105,7 +111,7 @@ class RelayClient(WeightPlane):
         """Hand `staged`'s file to the relay; a relay that cannot take it gets its bytes over
         gRPC instead, read back from the file (and every later version over gRPC, unless
         the file was only gone: a relay that took it and lost it restarting)."""
-        manifest = staged.manifest
+        manifest = self.keys.sign(staged.manifest)
         handoff = relay_pb2.ShmHandoff(file_name=os.path.basename(staged.path),
                                        host_id=host_id())
         messages = [relay_pb2.PublishMessage(manifest=manifest.to_proto()),
@@ -139,7 +145,20 @@ class RelayClient(WeightPlane):
             if err.code() == grpc.StatusCode.NOT_FOUND and version == 0:
                 return None
             raise self._error(f"manifest of version {version}", err) from err
-        return Manifest.from_proto(m)
+        return self._verified(Manifest.from_proto(m), version)
+
+    def _verified(self, manifest: Manifest, version: int) -> Manifest:
+        """The relay's `manifest` for `version` (0: the latest), if it is that version's and
+        signed by the trainer: a relay must not pass an older genuine version off as the
+        one asked for."""
+        if version and manifest.version != version:
+            raise WeightError(f"relay {self.address} answered version {version} with the "
+                              f"manifest of version {manifest.version}")
+        try:
+            return self.keys.verify(manifest, f"relay {self.address}")
+        except SignatureError:
+            self.signatures_refused += 1
+            raise
 
     def pull(self, version: int, staging: torch.Tensor | None = None
              ) -> dict[str, torch.Tensor]:
@@ -185,7 +204,7 @@ class RelayClient(WeightPlane):
         ticket = self._stub.OpenPull(
             relay_pb2.OpenPullRequest(version=version, plane=plane,
                                       host_id=fetchers.host_id()), timeout=self.timeout_s)
-        manifest = Manifest.from_proto(ticket.manifest)
+        manifest = self._verified(Manifest.from_proto(ticket.manifest), version)
         if ticket.flat_size != flat_size(manifest):
             raise WeightError(f"OpenPull: flat_size {ticket.flat_size} does not match the "
                               f"manifest's layout ({flat_size(manifest)})")
@@ -194,11 +213,13 @@ class RelayClient(WeightPlane):
                 ticket.shm, _receive_buffer(ticket.flat_size, staging))
         if self.plane == "torch_dist":
             return manifest, fetchers.fetch_torch_dist(
-                ticket.torch_dist, _receive_buffer(ticket.flat_size, staging))
+                ticket.torch_dist, _receive_buffer(ticket.flat_size, staging),
+                self._stub.Rendezvous, split_address(self.address))
         if self.plane == "nccl":  # a fresh buffer: the engine may keep the tensors it gets
             return manifest, fetchers.fetch_torch_dist(
                 ticket.torch_dist,
-                torch.empty(ticket.flat_size, dtype=torch.uint8, device=self.device))
+                torch.empty(ticket.flat_size, dtype=torch.uint8, device=self.device),
+                self._stub.Rendezvous, split_address(self.address))
         if self._nixl is None:
             self._nixl = fetchers.NixlFetcher()
         try:
@@ -227,7 +248,7 @@ class RelayClient(WeightPlane):
         if which != ("vllm_ipc" if gpu_uuid else "vllm_nccl"):
             raise WeightError(f"OpenPull: asked for {'IPC' if gpu_uuid else 'NCCL'}, the relay "
                               f"answered with a {which} ticket")
-        return Manifest.from_proto(ticket.manifest), ticket
+        return self._verified(Manifest.from_proto(ticket.manifest), version), ticket
 
     def close_vllm(self, version: int, pull_id: str) -> None:
         """The relay may let go of what it held for an IPC pull."""

@@ -2,9 +2,12 @@
 picks their backend from a device.
 
 A group lives for one pull (the idiom TRL and OpenRLHF use to hand weights to vLLM: a
-stateless process group over a fresh TCPStore, with a NCCL communicator), so workers join and
+stateless process group over a fresh store, with a NCCL communicator), so workers join and
 leave at any time and no global torch.distributed state is touched. Rank 0 holds the
-version (the relay) and broadcasts it; rank 1 receives (the worker).
+version (the relay) and broadcasts it; rank 1 receives (the worker). The store is the
+relay's, reached over its gRPC channel (relay_svc/rendezvous.py), never a TCPStore, which
+would listen on every interface and take anyone. gloo's own sockets listen on the address
+given (`host`); NCCL's, on the interface NCCL picks (NCCL_SOCKET_IFNAME).
 
 The backend follows the buffer's device: NCCL for CUDA memory, gloo for host memory. On a
 machine without CUDA the nccl plane's code therefore runs with gloo standing in, which is how
@@ -15,12 +18,14 @@ to start without CUDA (`nccl_device`) rather than quietly moving bytes through t
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 
 import torch
 
 from relayrl_torch.devices import resolve_device
 
+log = logging.getLogger(__name__)
 JOINED = "relayrl/worker-joined"
 
 
@@ -29,8 +34,10 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def two_rank_group(store, rank: int, backend: str, timeout: datetime.timedelta):
-    """Rank `rank` of a two-rank group of `backend` rendezvousing on `store` (a TCPStore)."""
+def two_rank_group(store, rank: int, backend: str, timeout: datetime.timedelta,
+                   host: str | None = None):
+    """Rank `rank` of a two-rank group of `backend` rendezvousing on `store`; gloo listens on
+    `host`, an address of this machine the peer can reach."""
     import torch.distributed as dist
 
     assert rank in (0, 1)
@@ -43,7 +50,10 @@ def two_rank_group(store, rank: int, backend: str, timeout: datetime.timedelta):
     else:
         store.set(JOINED, "1")
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, 2, timeout)
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [gloo_device(host)]
+        return dist.ProcessGroupGloo(store, rank, 2, options)
     if not dist.is_nccl_available():
         raise ValueError("backend: this torch build has no NCCL (a CPU-only wheel?)")
     # a peer that dies mid-broadcast: torch's watchdog then aborts the communicator (2,
@@ -52,6 +62,20 @@ def two_rank_group(store, rank: int, backend: str, timeout: datetime.timedelta):
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout  # as torch's own _new_process_group_helper sets it
     return dist.ProcessGroupNCCL(store, rank, 2, options)
+
+
+def gloo_device(host: str | None):
+    """gloo's transport listening on `host` only; where `host` is no address of this machine
+    (a name that resolves to a load balancer), on gloo's default, this machine's own name."""
+    import torch.distributed as dist
+
+    if host is not None:
+        try:
+            return dist.ProcessGroupGloo.create_device(hostname=host)
+        except RuntimeError as err:
+            log.warning("gloo cannot listen on %s (%s); on this machine's own name instead",
+                        host, err)
+    return dist.ProcessGroupGloo.create_default_device()
 
 
 def broadcast(group, flat: torch.Tensor) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -12,6 +13,7 @@ from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl_torch.weights.collective import backend_for, broadcast, two_rank_group
 from relayrl_torch.weights.hostid import host_id
 from relayrl_torch.weights.manifest import WeightError
+from relayrl_torch.weights.rendezvous import RelayStore, local_address_towards
 
 __all__ = ["NixlFetcher", "fetch_shm", "fetch_torch_dist", "host_id"]
 
@@ -36,19 +38,21 @@ def fetch_shm(ticket: relay_pb2.ShmTicket, flat: torch.Tensor) -> torch.Tensor:
     return flat
 
 
-def fetch_torch_dist(ticket: relay_pb2.TorchDistTicket, flat: torch.Tensor) -> torch.Tensor:
+def fetch_torch_dist(ticket: relay_pb2.TorchDistTicket, flat: torch.Tensor,
+                     rendezvous: Callable, relay_host: str) -> torch.Tensor:
     """Join a two-rank group with the relay and receive its broadcast into `flat`, whose
     device must call for the backend the relay offers (torch_dist: gloo into host memory;
-    nccl: NCCL into GPU memory, or gloo standing in where the relay has no CUDA)."""
-    import torch.distributed as dist
-
+    nccl: NCCL into GPU memory, or gloo standing in where the relay has no CUDA). The ranks
+    meet through `rendezvous`, the relay's Rendezvous method; gloo listens on this machine's
+    address towards `relay_host`."""
     if ticket.backend != backend_for(flat.device):
         raise WeightError(f"the relay offers a {ticket.backend} broadcast, and this worker "
                           f"receives on {flat.device}, which needs {backend_for(flat.device)}")
     timeout = datetime.timedelta(seconds=ticket.timeout_s)
-    store = dist.TCPStore(ticket.store_host, ticket.store_port, 2, False, timeout=timeout)
+    store = RelayStore(rendezvous, ticket.rendezvous_id, timeout)
     try:
-        broadcast(two_rank_group(store, 1, ticket.backend, timeout), flat)
+        broadcast(two_rank_group(store, 1, ticket.backend, timeout,
+                                 local_address_towards(relay_host)), flat)
     except RuntimeError as err:
         raise WeightError(f"torch.distributed receive failed: {err}") from None
     return flat

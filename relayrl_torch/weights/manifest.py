@@ -41,6 +41,7 @@ class Manifest:
     step: int
     shards: tuple[ShardInfo, ...]
     created_unix: float = field(default_factory=time.time)
+    signature: bytes = b""  # the trainer's, over relayrl_torch.weights.signing's bytes
 
     @property
     def total_bytes(self) -> int:
@@ -55,7 +56,7 @@ class Manifest:
     def to_proto(self) -> relay_pb2.Manifest:
         return relay_pb2.Manifest(
             version=self.version, step=self.step, total_bytes=self.total_bytes,
-            created_unix=self.created_unix,
+            created_unix=self.created_unix, signature=self.signature,
             shards=[relay_pb2.ShardInfo(name=s.name, dtype=s.dtype, shape=list(s.shape),
                                         nbytes=s.nbytes, checksum=s.checksum)
                     for s in self.shards],
@@ -82,7 +83,7 @@ class Manifest:
             shards.append(ShardInfo(s.name, s.dtype, tuple(s.shape), s.nbytes, s.checksum))
         if len({s.name for s in shards}) != len(shards):
             raise WeightError("manifest.shards: duplicate shard names")
-        return cls(m.version, m.step, tuple(shards), m.created_unix)
+        return cls(m.version, m.step, tuple(shards), m.created_unix, m.signature)
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -92,10 +92,9 @@ def test_workers_join_and_leave_at_any_time(relay):
 
 
 def test_a_ticket_for_another_backend_than_the_workers_device_is_refused():
-    ticket = relay_pb2.TorchDistTicket(store_host="127.0.0.1", store_port=1, backend="nccl",
-                                       timeout_s=1)
+    ticket = relay_pb2.TorchDistTicket(rendezvous_id="0" * 32, backend="nccl", timeout_s=1)
     with pytest.raises(WeightError, match="receives on cpu, which needs gloo"):
-        fetch_torch_dist(ticket, torch.empty(8, dtype=torch.uint8))
+        fetch_torch_dist(ticket, torch.empty(8, dtype=torch.uint8), None, "127.0.0.1")
 
 
 def test_the_nccl_plane_is_a_configuration_choice():

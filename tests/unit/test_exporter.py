@@ -146,7 +146,8 @@ def test_rollout_snapshot_gives_what_it_declares():
         sequences_decoded=20, seats=16, loop_s={"generate": 2.5, "lease": 0.1},
         mid_sequence_swaps=0, groups_resumed=0, groups_restarted_stale=0, leases_released=0,
         groups_moved_out=0,
-        kv_imported=0, kv_refused=0, weight_swaps=2, pull_failures=0, bytes_pulled=1024,
+        kv_imported=0, kv_refused=0, weight_swaps=2, pull_failures=0, signatures_refused=0,
+        bytes_pulled=1024,
         last_pull_s=0.01, scheduler_call_failures=0, generator=SimpleNamespace(),
         writer=SimpleNamespace(waiting_for_room=False, counters=PressureCounters()))
     exported = rollout_metrics(worker, SimpleNamespace(requests=0, batches=0))

@@ -108,10 +108,15 @@ class Manifest(_message.Message):
     SHARDS_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     CREATED_UNIX_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     step: _builtins.int
     total_bytes: _builtins.int
     created_unix: _builtins.float
+    signature: _builtins.bytes
+    """Ed25519 signature by the trainer's key over the manifest's canonical bytes
+    (relayrl_torch/weights/signing.py); empty where the run signs nothing (auth off)
+    """
     @_builtins.property
     def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardInfo]: ...
     def __init__(
@@ -122,10 +127,11 @@ class Manifest(_message.Message):
         shards: _abc.Iterable[Global___ShardInfo] | None = ...,
         total_bytes: _builtins.int = ...,
         created_unix: _builtins.float = ...,
+        signature: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_unix", b"created_unix", "shards", b"shards", "step", b"step", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_unix", b"created_unix", "shards", b"shards", "signature", b"signature", "step", b"step", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -485,28 +491,30 @@ Global___ShmTicket: _TypeAlias = ShmTicket  # noqa: Y015
 
 @_typing.final
 class TorchDistTicket(_message.Message):
+    """The two ranks meet through Relay.Rendezvous (this channel, its token), never through a
+    store of their own that would listen unauthenticated.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    STORE_HOST_FIELD_NUMBER: _builtins.int
-    STORE_PORT_FIELD_NUMBER: _builtins.int
     BACKEND_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
-    store_host: _builtins.str
-    store_port: _builtins.int
+    RENDEZVOUS_ID_FIELD_NUMBER: _builtins.int
     backend: _builtins.str
     """"gloo" (torch_dist; nccl without CUDA) or "nccl" """
     timeout_s: _builtins.float
+    rendezvous_id: _builtins.str
+    """the transfer's key-value store at the relay, a random secret"""
     def __init__(
         self,
         *,
-        store_host: _builtins.str = ...,
-        store_port: _builtins.int = ...,
         backend: _builtins.str = ...,
         timeout_s: _builtins.float = ...,
+        rendezvous_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "store_host", b"store_host", "store_port", b"store_port", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "rendezvous_id", b"rendezvous_id", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -746,3 +754,103 @@ class ClosePullResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClosePullResponse: _TypeAlias = ClosePullResponse  # noqa: Y015
+
+@_typing.final
+class RendezvousRequest(_message.Message):
+    """One operation on a transfer's key-value store (torch.distributed.Store semantics), for
+    the worker's rank of a TorchDistTicket's group.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Op:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _OpEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[RendezvousRequest._Op.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        OP_UNSPECIFIED: RendezvousRequest._Op.ValueType  # 0
+        OP_SET: RendezvousRequest._Op.ValueType  # 1
+        """value under key"""
+        OP_GET: RendezvousRequest._Op.ValueType  # 2
+        """the value under key, waiting up to timeout_s for it"""
+        OP_WAIT: RendezvousRequest._Op.ValueType  # 3
+        """until every one of keys exists, up to timeout_s"""
+        OP_CHECK: RendezvousRequest._Op.ValueType  # 4
+        """whether every one of keys exists, at once"""
+        OP_ADD: RendezvousRequest._Op.ValueType  # 5
+        """key's integer plus amount"""
+
+    class Op(_Op, metaclass=_OpEnumTypeWrapper): ...
+    OP_UNSPECIFIED: RendezvousRequest.Op.ValueType  # 0
+    OP_SET: RendezvousRequest.Op.ValueType  # 1
+    """value under key"""
+    OP_GET: RendezvousRequest.Op.ValueType  # 2
+    """the value under key, waiting up to timeout_s for it"""
+    OP_WAIT: RendezvousRequest.Op.ValueType  # 3
+    """until every one of keys exists, up to timeout_s"""
+    OP_CHECK: RendezvousRequest.Op.ValueType  # 4
+    """whether every one of keys exists, at once"""
+    OP_ADD: RendezvousRequest.Op.ValueType  # 5
+    """key's integer plus amount"""
+
+    RENDEZVOUS_ID_FIELD_NUMBER: _builtins.int
+    OP_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    rendezvous_id: _builtins.str
+    op: Global___RendezvousRequest.Op.ValueType
+    value: _builtins.bytes
+    amount: _builtins.int
+    timeout_s: _builtins.float
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """OP_SET, OP_GET, OP_ADD: exactly one"""
+
+    def __init__(
+        self,
+        *,
+        rendezvous_id: _builtins.str = ...,
+        op: Global___RendezvousRequest.Op.ValueType = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+        value: _builtins.bytes = ...,
+        amount: _builtins.int = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "keys", b"keys", "op", b"op", "rendezvous_id", b"rendezvous_id", "timeout_s", b"timeout_s", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RendezvousRequest: _TypeAlias = RendezvousRequest  # noqa: Y015
+
+@_typing.final
+class RendezvousResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VALUE_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    value: _builtins.bytes
+    """OP_GET"""
+    ready: _builtins.bool
+    """OP_CHECK"""
+    count: _builtins.int
+    """OP_ADD"""
+    def __init__(
+        self,
+        *,
+        value: _builtins.bytes = ...,
+        ready: _builtins.bool = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "ready", b"ready", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RendezvousResponse: _TypeAlias = RendezvousResponse  # noqa: Y015

@@ -64,6 +64,11 @@ class RelayStub:
                 request_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.ClosePullRequest.SerializeToString,
                 response_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.ClosePullResponse.FromString,
                 _registered_method=True)
+        self.Rendezvous = channel.unary_unary(
+                '/relayrl.v1.Relay/Rendezvous',
+                request_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.RendezvousRequest.SerializeToString,
+                response_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.RendezvousResponse.FromString,
+                _registered_method=True)
         self.ListVersions = channel.unary_unary(
                 '/relayrl.v1.Relay/ListVersions',
                 request_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.ListVersionsRequest.SerializeToString,
@@ -111,6 +116,13 @@ class RelayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rendezvous(self, request, context):
+        """The store a torch_dist or nccl transfer's two ranks meet through.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListVersions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -149,6 +161,11 @@ def add_RelayServicer_to_server(servicer, server):
                     servicer.ClosePull,
                     request_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.ClosePullRequest.FromString,
                     response_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.ClosePullResponse.SerializeToString,
+            ),
+            'Rendezvous': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rendezvous,
+                    request_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.RendezvousRequest.FromString,
+                    response_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.RendezvousResponse.SerializeToString,
             ),
             'ListVersions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListVersions,
@@ -318,6 +335,33 @@ class Relay:
             '/relayrl.v1.Relay/ClosePull',
             relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.ClosePullRequest.SerializeToString,
             relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.ClosePullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rendezvous(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.Relay/Rendezvous',
+            relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.RendezvousRequest.SerializeToString,
+            relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.RendezvousResponse.FromString,
             options,
             channel_credentials,
             insecure,

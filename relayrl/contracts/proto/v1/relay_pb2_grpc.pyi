@@ -38,6 +38,8 @@ class RelayStub:
     """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives."""
     OpenPull: _grpc.UnaryUnaryMultiCallable[_relay_pb2.OpenPullRequest, _relay_pb2.PullTicket]
     ClosePull: _grpc.UnaryUnaryMultiCallable[_relay_pb2.ClosePullRequest, _relay_pb2.ClosePullResponse]
+    Rendezvous: _grpc.UnaryUnaryMultiCallable[_relay_pb2.RendezvousRequest, _relay_pb2.RendezvousResponse]
+    """The store a torch_dist or nccl transfer's two ranks meet through."""
     ListVersions: _grpc.UnaryUnaryMultiCallable[_relay_pb2.ListVersionsRequest, _relay_pb2.ListVersionsResponse]
 
 @_typing.type_check_only
@@ -50,6 +52,8 @@ class RelayAsyncStub(RelayStub):
     """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives."""
     OpenPull: _aio.UnaryUnaryMultiCallable[_relay_pb2.OpenPullRequest, _relay_pb2.PullTicket]  # type: ignore[assignment]
     ClosePull: _aio.UnaryUnaryMultiCallable[_relay_pb2.ClosePullRequest, _relay_pb2.ClosePullResponse]  # type: ignore[assignment]
+    Rendezvous: _aio.UnaryUnaryMultiCallable[_relay_pb2.RendezvousRequest, _relay_pb2.RendezvousResponse]  # type: ignore[assignment]
+    """The store a torch_dist or nccl transfer's two ranks meet through."""
     ListVersions: _aio.UnaryUnaryMultiCallable[_relay_pb2.ListVersionsRequest, _relay_pb2.ListVersionsResponse]  # type: ignore[assignment]
 
 class RelayServicer(metaclass=_abc_1.ABCMeta):
@@ -95,6 +99,14 @@ class RelayServicer(metaclass=_abc_1.ABCMeta):
         request: _relay_pb2.ClosePullRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_relay_pb2.ClosePullResponse, _abc.Awaitable[_relay_pb2.ClosePullResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Rendezvous(
+        self,
+        request: _relay_pb2.RendezvousRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_relay_pb2.RendezvousResponse, _abc.Awaitable[_relay_pb2.RendezvousResponse]]:
+        """The store a torch_dist or nccl transfer's two ranks meet through."""
 
     @_abc_1.abstractmethod
     def ListVersions(

@@ -5,7 +5,8 @@ every gRPC server and channel made afterwards uses them (relayrl.runtime.grpc_ut
 the tokens of every role (relayrl.runtime.roles), a client sends the service token, and a trainer
 sends its own on Relay.Publish. A process that installed none (a script, an agent, a test)
 sends the token in $RELAYRL_TOKEN if it is set, so a client run beside `relayrl up` with
-that variable exported works unchanged.
+that variable exported works unchanged. Remote reward servers are no part of the run: they
+are dialled with a token of their own and never the run's (`reward_credentials`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from relayrl.config.security import AuthConfig, TlsConfig
 from relayrl.runtime.roles import AGENT, BEARER, OPERATOR, SERVICE, TRAINER, Holder, TokenBook
 
 DEFAULT_TOKEN_ENV = AuthConfig.model_fields["token_env"].default
+DEFAULT_REWARD_TOKEN_ENV = AuthConfig.model_fields["reward_token_env"].default
 PUBLISH_METHOD = "/relayrl.v1.Relay/Publish"
 TOKENS_FILE = "tokens.env"  # in the run directory: the agent and operator tokens `up` made
 
@@ -40,6 +42,8 @@ class Credentials:
     redis_password: str | None = None
     accepted: TokenBook | None = None  # what servers take; None: `token` alone, any role
     publish_token: str | None = None  # sent on Relay.Publish (the trainer's); None: `token`
+    reward_token: str | None = None  # sent to remote reward servers, and only to them
+    reward_token_env: str = DEFAULT_REWARD_TOKEN_ENV
 
     @property
     def header(self) -> str | None:
@@ -96,7 +100,31 @@ def load_credentials(cfg: AuthConfig) -> Credentials:
                              "which is unset or empty")
     return Credentials(token=token, tls=load_tls(cfg.tls), token_env=cfg.token_env,
                        redis_password=redis_password, accepted=book,
-                       publish_token=publish_token)
+                       publish_token=publish_token,
+                       reward_token=_reward_token(cfg.reward_token_env, cfg.role_envs),
+                       reward_token_env=cfg.reward_token_env)
+
+
+def _reward_token(env: str, role_envs: dict[str, str]) -> str | None:
+    """The reward servers' token from $`env`; refused when it is one of the run's, which
+    would hand whoever runs a reward server that role."""
+    token = os.environ.get(env) or None
+    for role_env in role_envs.values():
+        if token is not None and os.environ.get(role_env) == token:
+            raise ValueError(f"${env} (auth.reward_token_env) holds the same token as "
+                             f"${role_env}: a reward server would hold a run token; give "
+                             "reward servers a token of their own")
+    return token
+
+
+def reward_credentials(creds: Credentials | None = None) -> Credentials:
+    """What a remote reward server is dialled with, and what a reward server takes: the
+    reward token alone (none when unset) and the TLS of `creds` (default: the process's),
+    never a token of the run."""
+    creds = creds or current()
+    return Credentials(token=creds.reward_token, tls=creds.tls,
+                       token_env=creds.reward_token_env, reward_token=creds.reward_token,
+                       reward_token_env=creds.reward_token_env)
 
 
 def _role_book(cfg: AuthConfig, service: str) -> tuple[TokenBook, str | None]:
@@ -169,11 +197,14 @@ def current() -> Credentials:
     the role tokens beside it), so a script beside `relayrl up` speaks as its children do."""
     if _installed is not None:
         return _installed
+    defaults = AuthConfig()
+    reward_token = _reward_token(DEFAULT_REWARD_TOKEN_ENV, defaults.role_envs)
     token = os.environ.get(DEFAULT_TOKEN_ENV) or None
     if token is None:
-        return Credentials()
-    book, publish_token = _role_book(AuthConfig(), token)
-    return Credentials(token=token, accepted=book, publish_token=publish_token)
+        return Credentials(reward_token=reward_token)
+    book, publish_token = _role_book(defaults, token)
+    return Credentials(token=token, accepted=book, publish_token=publish_token,
+                       reward_token=reward_token)
 
 
 def bearer_matches(header: str | bytes | None, token: str) -> bool:

@@ -276,6 +276,7 @@ class OpenAIServer(BackgroundHTTPServer):
     def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str,
                  stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
                  credentials: auth.Credentials | None = None):
-        token = (credentials or auth.current()).book  # agent, service (relayrl.runtime.roles)
+        creds = credentials or auth.current()
+        token = creds.book  # agent, service (relayrl.runtime.roles)
         super().__init__(build_app(gen, model_name, stream_chunk_tokens, token), host, port,
-                         "openai-http")
+                         "openai-http", creds)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from relayrl.config.base import is_loopback
 from relayrl.config.security import AuthConfig, TlsConfig
 from relayrl.runtime.roles import AGENT, BEARER, OPERATOR, SERVICE, TRAINER, Holder, TokenBook
 
@@ -32,6 +33,10 @@ class TlsMaterial:
     cert: bytes
     key: bytes
     ca: bytes | None
+    # the files they were read from, for the HTTP servers and clients, which take paths
+    cert_file: str = ""
+    key_file: str = ""
+    ca_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class Credentials:
     publish_token: str | None = None  # sent on Relay.Publish (the trainer's); None: `token`
     reward_token: str | None = None  # sent to remote reward servers, and only to them
     reward_token_env: str = DEFAULT_REWARD_TOKEN_ENV
+    plaintext_beyond_loopback: bool = False  # auth.plaintext_beyond_loopback
 
     @property
     def header(self) -> str | None:
@@ -79,7 +85,8 @@ def load_tls(cfg: TlsConfig) -> TlsMaterial | None:
     if not cfg.enabled:
         return None
     return TlsMaterial(cert=_read(cfg.cert, "auth.tls.cert"), key=_read(cfg.key, "auth.tls.key"),
-                       ca=_read(cfg.ca, "auth.tls.ca") if cfg.ca else None)
+                       ca=_read(cfg.ca, "auth.tls.ca") if cfg.ca else None,
+                       cert_file=cfg.cert, key_file=cfg.key, ca_file=cfg.ca or None)
 
 
 def load_credentials(cfg: AuthConfig) -> Credentials:
@@ -102,7 +109,8 @@ def load_credentials(cfg: AuthConfig) -> Credentials:
                        redis_password=redis_password, accepted=book,
                        publish_token=publish_token,
                        reward_token=_reward_token(cfg.reward_token_env, cfg.role_envs),
-                       reward_token_env=cfg.reward_token_env)
+                       reward_token_env=cfg.reward_token_env,
+                       plaintext_beyond_loopback=cfg.plaintext_beyond_loopback)
 
 
 def _reward_token(env: str, role_envs: dict[str, str]) -> str | None:
@@ -124,7 +132,29 @@ def reward_credentials(creds: Credentials | None = None) -> Credentials:
     creds = creds or current()
     return Credentials(token=creds.reward_token, tls=creds.tls,
                        token_env=creds.reward_token_env, reward_token=creds.reward_token,
-                       reward_token_env=creds.reward_token_env)
+                       reward_token_env=creds.reward_token_env,
+                       plaintext_beyond_loopback=creds.plaintext_beyond_loopback)
+
+
+def check_bind(host: str, creds: Credentials, what: str) -> None:
+    """Refuse to serve plaintext beyond loopback (a last guard behind the run config's
+    check, for servers started without one): ValueError naming the fix."""
+    if creds.tls is None and not creds.plaintext_beyond_loopback and not is_loopback(host):
+        raise ValueError(f"{what} would bind {host!r}, beyond loopback, without TLS: set "
+                         "auth.tls, or auth.plaintext_beyond_loopback: true on a network only "
+                         "the run reaches")
+
+
+def require_trainer_token(cfg: AuthConfig, what: str) -> None:
+    """With tokens required, a trainer or a relay that takes publishes, reachable beyond
+    loopback, needs the trainer token: without it the service token, which every process of
+    the run holds, may publish weights. ValueError naming the variable."""
+    if cfg.required and not os.environ.get(cfg.trainer_token_env):
+        raise ValueError(
+            f"{what} is reachable beyond loopback and ${cfg.trainer_token_env} "
+            "(auth.trainer_token_env) is unset or empty: any holder of the service token "
+            "could publish weights; export the trainer's own token there, in the trainer's "
+            "and the root relay's environment only (`relayrl up` makes one)")
 
 
 def _role_book(cfg: AuthConfig, service: str) -> tuple[TokenBook, str | None]:

@@ -35,6 +35,7 @@ def make_server(
     """`credentials` defaults to the process's (auth.current()). A request larger than
     `max_receive_bytes` is refused by gRPC before it is read (RESOURCE_EXHAUSTED)."""
     creds = credentials or auth.current()
+    auth.check_bind(address.rpartition(":")[0], creds, f"gRPC server {address}")
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", max_receive_bytes)]
     # the access check first: a refused caller's bytes are never parsed

@@ -133,7 +133,8 @@ class ShortAnswers(reward_pb2_grpc.RewardServicer):
 def test_a_malformed_response_is_an_error():
     (port,) = free_ports(1)
     server, _ = make_server(f"127.0.0.1:{port}",
-                            [(reward_pb2_grpc.add_RewardServicer_to_server, ShortAnswers())])
+                            [(reward_pb2_grpc.add_RewardServicer_to_server, ShortAnswers())],
+                            credentials=auth.reward_credentials())
     server.start()
     try:
         with RemoteReward(f"127.0.0.1:{port}", timeout_s=5) as remote:

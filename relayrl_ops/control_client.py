@@ -2,8 +2,9 @@
 workers` commands and for scripts.
 
 Where the API is: --url, else $RELAYRL_API_URL, else the run config's scheduler.rest_host
-and rest_port. The bearer token: --token, else the variable named by the config's
-scheduler.rest_token_env ($RELAYRL_API_TOKEN by default), else the operator token
+and rest_port (https, verified against auth.tls.ca, when auth.tls is set). The bearer
+token: --token, else the variable named by the config's scheduler.rest_token_env
+($RELAYRL_API_TOKEN by default), else the operator token
 ($RELAYRL_OPERATOR_TOKEN, auth.operator_token_env: `relayrl up` writes the one it made to
 <run_dir>/tokens.env), else $RELAYRL_TOKEN (the service token, which may operate too).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,7 @@ class Endpoint:
     url: str
     token: str
     token_env: str  # named in a refusal, so the operator knows what to set
+    ca: str | None = None  # auth.tls.ca: what an https URL is verified against; None: system
 
 
 def resolve_endpoint(url: str | None, token: str | None, cfg=None) -> Endpoint:
@@ -41,7 +44,8 @@ def resolve_endpoint(url: str | None, token: str | None, cfg=None) -> Endpoint:
     if not url:
         url = os.environ.get(URL_ENV, "")
     if not url and cfg is not None and cfg.scheduler.rest_port:
-        url = f"http://{cfg.scheduler.rest_host}:{cfg.scheduler.rest_port}"
+        scheme = "https" if cfg.auth.tls.enabled else "http"
+        url = f"{scheme}://{cfg.scheduler.rest_host}:{cfg.scheduler.rest_port}"
     if not url:
         raise ControlError(f"no control API address: pass --url, set ${URL_ENV}, or pass "
                            "--config with a run config whose scheduler.rest_port is set")
@@ -50,14 +54,16 @@ def resolve_endpoint(url: str | None, token: str | None, cfg=None) -> Endpoint:
              or os.environ.get(RUN_TOKEN_ENV, ""))
     if not token:
         raise ControlError(f"no API token: pass --token or set ${operator_env}")
-    return Endpoint(url.rstrip("/"), token, token_env)
+    ca = cfg.auth.tls.ca if cfg is not None and cfg.auth.tls.enabled else None
+    return Endpoint(url.rstrip("/"), token, token_env, ca or None)
 
 
 class ControlClient:
     """A client of the scheduler's REST control API, one method per route."""
     def __init__(self, endpoint: Endpoint, timeout_s: float = 10.0):
         self.endpoint = endpoint
-        self._http = httpx.Client(base_url=endpoint.url, timeout=timeout_s,
+        verify = ssl.create_default_context(cafile=endpoint.ca) if endpoint.ca else True
+        self._http = httpx.Client(base_url=endpoint.url, timeout=timeout_s, verify=verify,
                                   headers={"Authorization": f"Bearer {endpoint.token}"})
 
     def close(self) -> None:

@@ -289,6 +289,7 @@ class OpenAIServer(BackgroundHTTPServer):
                  stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
                  credentials: auth.Credentials | None = None,
                  turns: TurnMemories | None = None):
-        token = (credentials or auth.current()).book  # agent, service (relayrl.runtime.roles)
+        creds = credentials or auth.current()
+        token = creds.book  # agent, service (relayrl.runtime.roles)
         super().__init__(build_app(gen, model_name, stream_chunk_tokens, token, turns), host,
-                         port, "openai-http")
+                         port, "openai-http", creds)

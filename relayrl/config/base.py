@@ -28,6 +28,20 @@ class StrictModel(BaseModel):
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name, an address, [v6]) stays on this machine: localhost or a
+    loopback address. A wildcard (0.0.0.0, ::) binds every interface, so it does not."""
+    import ipaddress
+
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 class Endpoint(StrictModel):
     host: str = Field(
         "127.0.0.1", min_length=1, max_length=253,

@@ -12,6 +12,7 @@ from relayrl.config.base import (
     ConfigError,
     StrictModel,
     apply_overrides,
+    is_loopback,
     load_model,
     read_yaml,
 )
@@ -374,6 +375,52 @@ class RunConfig(StrictModel):
                 raise ValueError(f"{name} and {seen[port]} both use port {port}")
             seen[port] = name
         return self
+
+    @model_validator(mode="after")
+    def _plaintext_stays_on_loopback(self) -> RunConfig:
+        """Without auth.tls, every address a service binds or is dialled at is loopback,
+        unless auth.plaintext_beyond_loopback: tokens, prompts and weights cross the network
+        in plaintext otherwise."""
+        if self.auth.tls.enabled or self.auth.plaintext_beyond_loopback:
+            return self
+        for field, host in self.network_hosts().items():
+            if not is_loopback(host):
+                raise ValueError(
+                    f"{field} {host!r} is beyond loopback and auth.tls is unset: the run's "
+                    "tokens and weights would cross the network in plaintext; set auth.tls "
+                    "(cert, key, ca), or auth.plaintext_beyond_loopback: true on a network "
+                    "only the run reaches")
+        return self
+
+    @property
+    def beyond_loopback(self) -> bool:
+        """Whether any service binds or is dialled beyond loopback (network_hosts)."""
+        return not all(is_loopback(host) for host in self.network_hosts().values())
+
+    def network_hosts(self) -> dict[str, str]:
+        """Field -> host of every address the run's services bind or dial (gRPC endpoints,
+        the REST and OpenAI-compatible HTTP servers, metrics exporters, relays followed,
+        nodes)."""
+        hosts: dict[str, str] = {}
+        for section in ("relay", "scheduler", "buffer", "trainer"):
+            endpoint = getattr(self, section).endpoint
+            hosts[f"{section}.endpoint.host"] = endpoint.host
+            if endpoint.bind is not None:
+                hosts[f"{section}.endpoint.bind"] = endpoint.bind
+        if self.scheduler.rest_port:
+            hosts["scheduler.rest_host"] = self.scheduler.rest_host
+        hosts["rollout.host"] = self.rollout.host
+        if self.rollout.bind is not None:
+            hosts["rollout.bind"] = self.rollout.bind
+        if self.rollout.http_base_port:
+            hosts["rollout.http_host"] = self.rollout.http_host
+        for field, addresses in (("relay.upstream", self.relay.upstream),
+                                 ("rollout.relays", self.rollout.relays)):
+            for i, address in enumerate(addresses):
+                hosts[f"{field}[{i}]"] = address.rpartition(":")[0]
+        for i, node in enumerate(self.resources.nodes if self.resources else ()):
+            hosts[f"resources.nodes[{i}].address"] = node.address
+        return hosts
 
     def _ports(self) -> dict[str, int]:
         ports = {

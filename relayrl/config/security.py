@@ -1,4 +1,4 @@
-"""Access control settings every service shares: the role tokens and optional gRPC TLS.
+"""Access control settings every service shares: the role tokens and optional TLS.
 
 A token itself is never part of a config: a config names the environment variable that
 holds it, so config files and command lines stay free of secrets. Who may call what is
@@ -16,7 +16,8 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 class TlsConfig(StrictModel):
     cert: str | None = Field(
-        None, description="PEM certificate chain every gRPC server presents; unset: plaintext.")
+        None, description="PEM certificate chain every gRPC and HTTP server presents; unset: "
+        "plaintext.")
     key: str | None = Field(None, description="PEM private key of `cert`.")
     ca: str | None = Field(
         None, description="PEM root certificate(s) clients verify servers against; unset uses "
@@ -58,7 +59,17 @@ class AuthConfig(StrictModel):
     required: bool = Field(
         True, description="Refuse calls without the token; false opens every endpoint (local "
         "use only) and starts services even when the variable is unset.")
-    tls: TlsConfig = Field(default_factory=TlsConfig, description="gRPC TLS certificates.")
+    tls: TlsConfig = Field(
+        default_factory=TlsConfig,
+        description="TLS certificates of every gRPC and HTTP server and client of the run.")
+    plaintext_beyond_loopback: bool = Field(
+        False, description="Let services bind or be dialled beyond loopback (another host, "
+        "0.0.0.0) without `tls`: only on a network no one else reaches (a compose network, "
+        "a cluster's pod network); false refuses such a config.")
+    reward_token_env: str = _env_field(
+        "RELAYRL_REWARD_TOKEN", "Environment variable holding the token sent to remote reward "
+        "servers (`remote:HOST:PORT` rewards), theirs alone: the run's tokens never go to "
+        "them; unset: none is sent.")
     redis_password_env: str = Field(
         "", max_length=128, pattern=rf"{ENV_NAME}|^$",
         description="Environment variable holding the Redis password: sent when redis.url "
@@ -76,7 +87,8 @@ class AuthConfig(StrictModel):
     @model_validator(mode="after")
     def _distinct_variables(self) -> AuthConfig:
         names = [self.token_env, self.agent_token_env, self.operator_token_env,
-                 self.trainer_token_env, self.signing_key_env, self.verify_key_env]
+                 self.trainer_token_env, self.reward_token_env, self.signing_key_env,
+                 self.verify_key_env]
         if len(set(names)) != len(names):
             raise ValueError(f"auth: the token and key variables must differ, got {names}")
         return self

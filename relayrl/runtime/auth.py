@@ -5,7 +5,8 @@ every gRPC server and channel made afterwards uses them (relayrl.runtime.grpc_ut
 the tokens of every role (relayrl.runtime.roles), a client sends the service token, and a trainer
 sends its own on Relay.Publish. A process that installed none (a script, an agent, a test)
 sends the token in $RELAYRL_TOKEN if it is set, so a client run beside `relayrl up` with
-that variable exported works unchanged.
+that variable exported works unchanged. Remote reward servers are no part of the run: they
+are dialled with a token of their own and never the run's (`reward_credentials`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from relayrl.config.base import is_loopback
 from relayrl.config.security import AuthConfig, TlsConfig
 from relayrl.runtime.roles import AGENT, BEARER, OPERATOR, SERVICE, TRAINER, Holder, TokenBook
 from relayrl.runtime.signing import install_key_pair
 
 DEFAULT_TOKEN_ENV = AuthConfig.model_fields["token_env"].default
+DEFAULT_REWARD_TOKEN_ENV = AuthConfig.model_fields["reward_token_env"].default
 PUBLISH_METHOD = "/relayrl.v1.Relay/Publish"
 TOKENS_FILE = "tokens.env"  # in the run directory: the agent and operator tokens `up` made
 
@@ -31,6 +34,10 @@ class TlsMaterial:
     cert: bytes
     key: bytes
     ca: bytes | None
+    # the files they were read from, for the HTTP servers and clients, which take paths
+    cert_file: str = ""
+    key_file: str = ""
+    ca_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,9 @@ class Credentials:
     redis_password: str | None = None
     accepted: TokenBook | None = None  # what servers take; None: `token` alone, any role
     publish_token: str | None = None  # sent on Relay.Publish (the trainer's); None: `token`
+    reward_token: str | None = None  # sent to remote reward servers, and only to them
+    reward_token_env: str = DEFAULT_REWARD_TOKEN_ENV
+    plaintext_beyond_loopback: bool = False  # auth.plaintext_beyond_loopback
 
     @property
     def header(self) -> str | None:
@@ -76,7 +86,8 @@ def load_tls(cfg: TlsConfig) -> TlsMaterial | None:
     if not cfg.enabled:
         return None
     return TlsMaterial(cert=_read(cfg.cert, "auth.tls.cert"), key=_read(cfg.key, "auth.tls.key"),
-                       ca=_read(cfg.ca, "auth.tls.ca") if cfg.ca else None)
+                       ca=_read(cfg.ca, "auth.tls.ca") if cfg.ca else None,
+                       cert_file=cfg.cert, key_file=cfg.key, ca_file=cfg.ca or None)
 
 
 def load_credentials(cfg: AuthConfig) -> Credentials:
@@ -97,7 +108,54 @@ def load_credentials(cfg: AuthConfig) -> Credentials:
                              "which is unset or empty")
     return Credentials(token=token, tls=load_tls(cfg.tls), token_env=cfg.token_env,
                        redis_password=redis_password, accepted=book,
-                       publish_token=publish_token)
+                       publish_token=publish_token,
+                       reward_token=_reward_token(cfg.reward_token_env, cfg.role_envs),
+                       reward_token_env=cfg.reward_token_env,
+                       plaintext_beyond_loopback=cfg.plaintext_beyond_loopback)
+
+
+def _reward_token(env: str, role_envs: dict[str, str]) -> str | None:
+    """The reward servers' token from $`env`; refused when it is one of the run's, which
+    would hand whoever runs a reward server that role."""
+    token = os.environ.get(env) or None
+    for role_env in role_envs.values():
+        if token is not None and os.environ.get(role_env) == token:
+            raise ValueError(f"${env} (auth.reward_token_env) holds the same token as "
+                             f"${role_env}: a reward server would hold a run token; give "
+                             "reward servers a token of their own")
+    return token
+
+
+def reward_credentials(creds: Credentials | None = None) -> Credentials:
+    """What a remote reward server is dialled with, and what a reward server takes: the
+    reward token alone (none when unset) and the TLS of `creds` (default: the process's),
+    never a token of the run."""
+    creds = creds or current()
+    return Credentials(token=creds.reward_token, tls=creds.tls,
+                       token_env=creds.reward_token_env, reward_token=creds.reward_token,
+                       reward_token_env=creds.reward_token_env,
+                       plaintext_beyond_loopback=creds.plaintext_beyond_loopback)
+
+
+def check_bind(host: str, creds: Credentials, what: str) -> None:
+    """Refuse to serve plaintext beyond loopback (a last guard behind the run config's
+    check, for servers started without one): ValueError naming the fix."""
+    if creds.tls is None and not creds.plaintext_beyond_loopback and not is_loopback(host):
+        raise ValueError(f"{what} would bind {host!r}, beyond loopback, without TLS: set "
+                         "auth.tls, or auth.plaintext_beyond_loopback: true on a network only "
+                         "the run reaches")
+
+
+def require_trainer_token(cfg: AuthConfig, what: str) -> None:
+    """With tokens required, a trainer or a relay that takes publishes, reachable beyond
+    loopback, needs the trainer token: without it the service token, which every process of
+    the run holds, may publish weights. ValueError naming the variable."""
+    if cfg.required and not os.environ.get(cfg.trainer_token_env):
+        raise ValueError(
+            f"{what} is reachable beyond loopback and ${cfg.trainer_token_env} "
+            "(auth.trainer_token_env) is unset or empty: any holder of the service token "
+            "could publish weights; export the trainer's own token there, in the trainer's "
+            "and the root relay's environment only (`relayrl up` makes one)")
 
 
 def _role_book(cfg: AuthConfig, service: str) -> tuple[TokenBook, str | None]:
@@ -171,11 +229,14 @@ def current() -> Credentials:
     the role tokens beside it), so a script beside `relayrl up` speaks as its children do."""
     if _installed is not None:
         return _installed
+    defaults = AuthConfig()
+    reward_token = _reward_token(DEFAULT_REWARD_TOKEN_ENV, defaults.role_envs)
     token = os.environ.get(DEFAULT_TOKEN_ENV) or None
     if token is None:
-        return Credentials()
-    book, publish_token = _role_book(AuthConfig(), token)
-    return Credentials(token=token, accepted=book, publish_token=publish_token)
+        return Credentials(reward_token=reward_token)
+    book, publish_token = _role_book(defaults, token)
+    return Credentials(token=token, accepted=book, publish_token=publish_token,
+                       reward_token=reward_token)
 
 
 def bearer_matches(header: str | bytes | None, token: str) -> bool:

@@ -26,10 +26,15 @@ def parse_service_args(
     return cfg, args
 
 
-def install_run_credentials(cfg: RunConfig) -> None:
-    """This process's gRPC token and TLS, from cfg.auth; exit 2 naming what is missing."""
+def install_run_credentials(cfg: RunConfig, service: str = "") -> None:
+    """This process's tokens and TLS, from cfg.auth; exit 2 naming what is missing. The
+    trainer and a relay that takes its publishes (one that follows no upstream) need the
+    trainer token when the run reaches beyond loopback."""
     from relayrl.runtime import auth
+    publishes = service == "trainer_svc" or (service == "relay_svc" and not cfg.relay.upstream)
     try:
+        if publishes and cfg.beyond_loopback:
+            auth.require_trainer_token(cfg.auth, service)
         auth.install(auth.load_credentials(cfg.auth))
     except ValueError as err:
         print(err, file=sys.stderr)
@@ -48,7 +53,7 @@ def run_service(service: str) -> None:
 
     die_with_launcher()
     cfg, _ = parse_service_args(service)
-    install_run_credentials(cfg)
+    install_run_credentials(cfg, service)
     try:
         importlib.import_module(f"{service}.server").serve(cfg)
     except ConfigError as err:

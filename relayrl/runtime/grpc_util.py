@@ -38,6 +38,7 @@ def make_server(
     `max_concurrent_rpcs` are held (None: no limit) before it runs: both RESOURCE_EXHAUSTED
     (relayrl.runtime.outage tells them apart)."""
     creds = credentials or auth.current()
+    auth.check_bind(address.rpartition(":")[0], creds, f"gRPC server {address}")
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", max_receive_bytes)]
     # the access check first: a refused caller's bytes are never parsed

@@ -1,6 +1,7 @@
-"""An ASGI app served by uvicorn on a background thread of a service process, and the ASGI
-middleware every RelayRL HTTP API puts in front of its app: the token check (BearerGuard)
-and the body limit (BodyLimit), both before any of a request's body is read."""
+"""An ASGI app served by uvicorn (over TLS when the run has certificates) on a background
+thread of a service process, and the ASGI middleware every RelayRL HTTP API puts in front of
+its app: the token check (BearerGuard) and the body limit (BodyLimit), both before any of a
+request's body is read."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from relayrl.runtime import auth
 from relayrl.runtime.roles import OPENAI_API, TokenBook
 
 # what is read (and dropped) of a body refused for its size, so that a client still writing
@@ -124,16 +126,25 @@ class BodyLimit:
 
 
 class BackgroundHTTPServer:
-    def __init__(self, app, host: str, port: int, name: str):
+    """HTTPS with the certificate of `credentials` (default: the process's, auth.current())
+    when it has one, else plaintext, which it refuses beyond loopback unless
+    auth.plaintext_beyond_loopback."""
+
+    def __init__(self, app, host: str, port: int, name: str,
+                 credentials: auth.Credentials | None = None):
         import uvicorn
 
+        creds = credentials or auth.current()
+        auth.check_bind(host, creds, f"{name} server {host}:{port}")
+        tls = creds.tls
+        ssl = {} if tls is None else {"ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file}
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                access_log=False)
+                                access_log=False, **ssl)
         self.server = uvicorn.Server(config)
         self.server.install_signal_handlers = lambda: None  # the service owns the signals
         self.thread = threading.Thread(target=self.server.run, name=name, daemon=True)
         self.name = name
-        self.address = f"http://{host}:{port}"
+        self.address = f"{'http' if tls is None else 'https'}://{host}:{port}"
 
     def start(self, timeout_s: float = 30.0) -> None:
         self.thread.start()

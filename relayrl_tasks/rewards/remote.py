@@ -4,7 +4,10 @@ RemoteReward is a reward function like any other: config specs name it as
 "remote:HOST:PORT". Its failures (server down, deadline passed, malformed answer, an error
 reported for the item) raise RemoteRewardError, which score() records on the sample.
 score_group() sends a group's completions in one request. The record's metadata does not
-travel: the Reward service carries prompts, completions and references only.
+travel: the Reward service carries prompts, completions and references only. A reward
+server is no part of the run: the channel carries the reward token ($RELAYRL_REWARD_TOKEN,
+auth.reward_token_env) and the run's TLS verification, never a token of the run
+(relayrl.runtime.auth.reward_credentials).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import grpc
 
 from relayrl.contracts.proto.v1 import reward_pb2, reward_pb2_grpc
+from relayrl.runtime.auth import reward_credentials
 from relayrl.runtime.deadlines import REWARD_CALL_S
 from relayrl.runtime.grpc_util import channel
 from relayrl_tasks.rewards.calling import Prompt
@@ -46,7 +50,7 @@ class RemoteReward:
         self.address = check_address(address)
         self.timeout_s = float(timeout_s)
         self.name = f"remote:{address}"
-        self._channel = channel(address)
+        self._channel = channel(address, reward_credentials())
         self._stub = reward_pb2_grpc.RewardStub(self._channel)
 
     def __call__(self, completion: str, reference: str) -> float:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import grpc
 
 from relayrl.contracts.proto.v1 import reward_pb2, reward_pb2_grpc
+from relayrl.runtime.auth import reward_credentials
 from relayrl.runtime.grpc_util import make_server
 from relayrl_tasks.rewards.scoring import score
 
@@ -64,9 +65,11 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
 def serve_reward_model(fn: ItemScorer, address: str, *, max_batch: int = DEFAULT_MAX_BATCH,
                        max_workers: int = 4) -> grpc.Server:
     """Start a Reward server (with the standard health service) for `fn` on `address` and
-    return it running; stop it with server.stop(grace)."""
+    return it running; stop it with server.stop(grace). It takes the reward token alone
+    ($RELAYRL_REWARD_TOKEN; open when unset), which is what RemoteReward sends."""
     server, _ = make_server(address, [(reward_pb2_grpc.add_RewardServicer_to_server,
-                                       RewardServicer(fn, max_batch))], max_workers=max_workers)
+                                       RewardServicer(fn, max_batch))], max_workers=max_workers,
+                            credentials=reward_credentials())
     server.start()
     log.info("reward server for %s listening on %s", getattr(fn, "__name__", fn), address)
     return server

@@ -1,11 +1,14 @@
 """A real Reward gRPC server on loopback, called through RemoteReward and raw stubs."""
 
 import time
+from concurrent import futures
 
 import grpc
 import pytest
 
+from relayrl.config.security import AuthConfig
 from relayrl.contracts.proto.v1 import reward_pb2, reward_pb2_grpc
+from relayrl.runtime import auth
 from relayrl.runtime.grpc_util import channel, make_server
 from relayrl_tasks.rewards import (
     RemoteReward,
@@ -130,7 +133,8 @@ class ShortAnswers(reward_pb2_grpc.RewardServicer):
 def test_a_malformed_response_is_an_error():
     (port,) = free_ports(1)
     server, _ = make_server(f"127.0.0.1:{port}",
-                            [(reward_pb2_grpc.add_RewardServicer_to_server, ShortAnswers())])
+                            [(reward_pb2_grpc.add_RewardServicer_to_server, ShortAnswers())],
+                            credentials=auth.reward_credentials())
     server.start()
     try:
         with RemoteReward(f"127.0.0.1:{port}", timeout_s=5) as remote:
@@ -138,5 +142,82 @@ def test_a_malformed_response_is_an_error():
                                                         "for 2 items"):
                 remote.score_batch(["a", "b"])
             assert score(remote, "nan", "")[1].endswith("bad response: rewards[0] is nan")
+    finally:
+        server.stop(0)
+
+
+class Spy(reward_pb2_grpc.RewardServicer):
+    """A reward server that records the authorization metadata of every call."""
+
+    def __init__(self):
+        self.seen: list[list[str]] = []
+
+    def Score(self, request, context):
+        self.seen.append([v for k, v in context.invocation_metadata() if k == "authorization"])
+        return reward_pb2.ScoreResponse(rewards=[1.0] * len(request.completions),
+                                        errors=[""] * len(request.completions))
+
+
+@pytest.fixture
+def spy():
+    (port,) = free_ports(1)
+    servicer = Spy()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    reward_pb2_grpc.add_RewardServicer_to_server(servicer, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    yield f"127.0.0.1:{port}", servicer
+    server.stop(0)
+
+
+RUN_TOKENS = {"RELAYRL_TOKEN": "run-service-token", "RELAYRL_TRAINER_TOKEN": "run-trainer",
+              "RELAYRL_OPERATOR_TOKEN": "run-operator", "RELAYRL_AGENT_TOKEN": "run-agent"}
+
+
+@pytest.mark.parametrize("installed", [False, True], ids=["from-environment", "installed"])
+def test_a_reward_server_never_receives_a_run_token(spy, monkeypatch, installed):
+    """A process holding every run token (from the environment, or installed from its
+    config as a service does) sends a reward server none of them: nothing without a reward
+    token, and the reward token alone with one."""
+    address, servicer = spy
+    for var, token in RUN_TOKENS.items():
+        monkeypatch.setenv(var, token)
+    monkeypatch.delenv("RELAYRL_REWARD_TOKEN", raising=False)
+    try:
+        auth.install(auth.load_credentials(AuthConfig()) if installed else None)
+        with RemoteReward(address, timeout_s=5) as remote:
+            assert remote.score_batch(["4"], ["4"]) == [(1.0, "")]
+        monkeypatch.setenv("RELAYRL_REWARD_TOKEN", "reward-only")
+        auth.install(auth.load_credentials(AuthConfig()) if installed else None)
+        with get_reward(f"remote:{address}") as remote:
+            assert remote.score_batch(["4"], ["4"]) == [(1.0, "")]
+    finally:
+        auth.install(None)
+    assert servicer.seen == [[], ["Bearer reward-only"]]
+
+
+def test_a_reward_token_equal_to_a_run_token_is_refused(monkeypatch):
+    monkeypatch.setenv("RELAYRL_TOKEN", "shared")
+    monkeypatch.setenv("RELAYRL_REWARD_TOKEN", "shared")
+    with pytest.raises(ValueError, match=r"\$RELAYRL_REWARD_TOKEN \(auth.reward_token_env\) "
+                                         r"holds the same token as \$RELAYRL_TOKEN"):
+        auth.load_credentials(AuthConfig())
+
+
+def test_the_reward_server_takes_the_reward_token_alone(monkeypatch):
+    """serve_reward_model admits the reward token and refuses the run's."""
+    monkeypatch.setenv("RELAYRL_REWARD_TOKEN", "reward-only")
+    monkeypatch.setenv("RELAYRL_TOKEN", "run-service-token")
+    (port,) = free_ports(1)
+    address = f"127.0.0.1:{port}"
+    server = serve_reward_model(judge, address)
+    try:
+        with RemoteReward(address, timeout_s=5) as remote:
+            assert remote.score_batch(["4"], ["4"]) == [(1.0, "")]
+        with channel(address, auth.Credentials(token="run-service-token")) as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                reward_pb2_grpc.RewardStub(ch).Score(
+                    reward_pb2.ScoreRequest(completions=["4"]), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         server.stop(0)

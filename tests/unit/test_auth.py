@@ -101,3 +101,89 @@ def test_bearer_matches_only_the_exact_header():
 ])
 def test_mask_url_hides_only_the_password(url, shown):
     assert auth.mask_url(url) == shown
+
+
+TLS = {"cert": "c.pem", "key": "k.pem", "ca": "c.pem"}
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"relay": {"endpoint": {"port": 50551, "bind": "0.0.0.0"}}}, "relay.endpoint.bind '0.0.0.0'"),
+    ({"buffer": {"endpoint": {"host": "buffer", "port": 50553}}}, "buffer.endpoint.host 'buffer'"),
+    ({"rollout": {"bind": "::"}}, "rollout.bind '::'"),
+    ({"rollout": {"http_base_port": 50580, "http_host": "10.1.2.3"}},
+     "rollout.http_host '10.1.2.3'"),
+    ({"rollout": {"relays": ["relay.example:50551"]}}, r"rollout.relays\[0\] 'relay.example'"),
+    ({"relay": {"upstream": ["10.0.0.9:50551"]}}, r"relay.upstream\[0\] '10.0.0.9'"),
+    ({"resources": {"nodes": [{"address": "10.0.0.1"}]}},
+     r"resources.nodes\[0\].address '10.0.0.1'"),
+])
+def test_plaintext_beyond_loopback_is_refused_unless_tls_or_the_override(data, field):
+    with pytest.raises(ValueError, match=f"{field} is beyond loopback and auth.tls is unset.*"
+                                         "plaintext_beyond_loopback: true"):
+        RunConfig.model_validate(data)
+    assert RunConfig.model_validate({**data, "auth": {"tls": TLS}}).beyond_loopback
+    assert RunConfig.model_validate({**data, "auth": {"plaintext_beyond_loopback": True}})
+
+
+def test_loopback_hosts_need_neither():
+    cfg = RunConfig.model_validate({
+        "relay": {"endpoint": {"host": "localhost", "port": 50551, "bind": "127.0.0.2"}},
+        "rollout": {"bind": "[::1]", "relays": ["127.0.0.1:50551"]},
+        "scheduler": {"rest_port": 8080}})
+    assert not cfg.beyond_loopback
+    # a REST host is bound only when the API is served
+    assert not RunConfig.model_validate({"scheduler": {"rest_host": "0.0.0.0"}}).beyond_loopback
+
+
+def test_servers_refuse_a_plaintext_bind_beyond_loopback():
+    """The last guard, for servers started without a run config's check."""
+    from relayrl.runtime.grpc_util import make_server
+    from relayrl.runtime.http_server import BackgroundHTTPServer
+
+    with pytest.raises(ValueError, match="gRPC server 0.0.0.0:1 would bind '0.0.0.0', beyond "
+                                         "loopback, without TLS: set auth.tls"):
+        make_server("0.0.0.0:1", [], credentials=auth.Credentials())
+    with pytest.raises(ValueError, match="x server 10.0.0.1:1 would bind '10.0.0.1'"):
+        BackgroundHTTPServer(None, "10.0.0.1", 1, "x", auth.Credentials())
+    server, _ = make_server("0.0.0.0:0", [],
+                            credentials=auth.Credentials(plaintext_beyond_loopback=True))
+    server.stop(0)
+
+
+BEYOND = {"relay": {"endpoint": {"port": 50551, "bind": "0.0.0.0"}},
+          "auth": {"plaintext_beyond_loopback": True}}
+
+
+@pytest.mark.parametrize("service,data", [
+    ("trainer_svc", BEYOND),
+    ("relay_svc", BEYOND),
+])
+def test_publishers_beyond_loopback_need_the_trainer_token(monkeypatch, capsys, service, data):
+    from relayrl.runtime.cli_args import install_run_credentials
+
+    monkeypatch.setenv("RELAYRL_TOKEN", "svc")
+    monkeypatch.delenv("RELAYRL_TRAINER_TOKEN", raising=False)
+    cfg = RunConfig.model_validate(data)
+    with pytest.raises(SystemExit) as info:
+        install_run_credentials(cfg, service)
+    assert info.value.code == 2
+    assert "$RELAYRL_TRAINER_TOKEN (auth.trainer_token_env) is unset" in capsys.readouterr().err
+    monkeypatch.setenv("RELAYRL_TRAINER_TOKEN", "trn")
+    install_run_credentials(cfg, service)
+    assert auth.current().publish_token == "trn"
+
+
+@pytest.mark.parametrize("service,data", [
+    ("trainer_svc", {}),  # loopback
+    ("scheduler_svc", BEYOND),  # takes no publish
+    ("relay_svc", {**BEYOND, "relay": {"endpoint": {"port": 50551, "bind": "0.0.0.0"},
+                                       "upstream": ["127.0.0.1:50999"]}}),  # a follower
+    ("trainer_svc", {**BEYOND, "auth": {"required": False,
+                                        "plaintext_beyond_loopback": True}}),
+])
+def test_others_start_without_the_trainer_token(monkeypatch, service, data):
+    from relayrl.runtime.cli_args import install_run_credentials
+
+    monkeypatch.setenv("RELAYRL_TOKEN", "svc")
+    monkeypatch.delenv("RELAYRL_TRAINER_TOKEN", raising=False)
+    install_run_credentials(RunConfig.model_validate(data), service)

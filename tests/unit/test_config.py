@@ -201,6 +201,10 @@ CROSS_CHECKS = {
          "redis": {"url": "redis://10.0.0.1:6379"}},
         r"relay.endpoint.host '127.0.0.1' cannot be dialled from the run's other nodes: set "
         r"it to node 0's address, '10.0.0.1' \(resources.relay.node\)"),
+    "_plaintext_stays_on_loopback": (
+        {"scheduler": {"rest_port": 8080, "rest_host": "0.0.0.0"}},
+        r"scheduler.rest_host '0.0.0.0' is beyond loopback and auth.tls is unset: .* set "
+        r"auth.tls \(cert, key, ca\), or auth.plaintext_beyond_loopback: true"),
 }
 
 

@@ -143,6 +143,13 @@ def test_compose_token_is_required():
         render_compose({"RELAYRL_TOKEN": "test-token"})
 
 
+def test_compose_trainer_token_is_required():
+    """The services bind beyond loopback, so the trainer and the root relay need the
+    trainer's own token: without it the service token would publish."""
+    with pytest.raises(KeyError, match="RELAYRL_TRAINER_TOKEN"):
+        render_compose({"RELAYRL_TOKEN": "test-token"})
+
+
 def test_compose_services_have_healthchecks_and_restart_policies(compose):
     for name, svc in compose["services"].items():
         assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
@@ -537,7 +544,9 @@ def test_k8s_shape(manifests, k8s_run_config, tmp_path):
         assert keys.get(run.auth.agent_token_env) == "agent-token"
         assert keys.get(run.auth.operator_token_env) == "operator-token"
         publishes = w["metadata"]["name"] in ("trainer", "relay-root")  # not the followers
-        assert (keys.get(run.auth.trainer_token_env) == "trainer-token") == publishes, \
+        trainer_ref = env.get(run.auth.trainer_token_env, {}).get("valueFrom", {}).get(
+            "secretKeyRef")  # a Secret of its own, required
+        assert (trainer_ref == {"name": "relayrl-trainer-token", "key": "token"}) == publishes, \
             w["metadata"]["name"]
     assert cfg.scheduler.rest_port in [
         p["port"] for p in by_kind(manifests, "Service")["scheduler"]["spec"]["ports"]]

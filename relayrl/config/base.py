@@ -166,6 +166,31 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key written twice in one mapping, which YAML would settle by
+    silently keeping the last (a second `auth:` section would drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<` merges may be overridden, as YAML means them to be
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is set twice in one section", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _load_unique(text: str) -> Any:
+    loader = _UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path, allow_empty: bool = True) -> dict[str, Any]:
     """The mapping a YAML file holds; an empty or comment-only file is {} where allow_empty,
     else refused."""
@@ -173,7 +198,7 @@ def read_yaml(path: str | Path, allow_empty: bool = True) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = _load_unique(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
     if data is None:

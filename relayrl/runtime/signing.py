@@ -66,3 +66,9 @@ def install_key_pair(cfg: AuthConfig) -> None:
                          "public key beside it")
     if not has_public:
         os.environ[cfg.signing_key_env], os.environ[cfg.verify_key_env] = new_key_pair()
+
+
+if __name__ == "__main__":
+    # `eval "$(python -m relayrl.runtime.signing)"`: a fresh pair for compose or a Secret
+    private, public = new_key_pair()
+    print(f"export RELAYRL_SIGNING_KEY={private}\nexport RELAYRL_VERIFY_KEY={public}")

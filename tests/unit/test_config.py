@@ -374,3 +374,12 @@ def test_a_vllm_port_range_is_ordered_within_the_port_space():
         with pytest.raises(ValueError, match="port_range: .* must be \\[first, last\\]"):
             RunConfig.model_validate({"rollout": {"engine": {"kind": "vllm",
                                                              "port_range": bad}}})
+
+
+def test_a_section_written_twice_is_refused_naming_it(tmp_path):
+    """YAML keeps the last of two equal keys; a config that sets `auth` twice would silently
+    lose the first section, so it is refused."""
+    path = tmp_path / "run.yaml"
+    path.write_text("run_id: x\nauth: {required: false}\nredis: {}\nauth: {}\n")
+    with pytest.raises(ConfigError, match="'auth' is set twice in one section"):
+        load_run_config(path)

@@ -121,10 +121,15 @@ def render_compose(env: dict[str, str]) -> dict:
     return interpolate(yaml.safe_load(COMPOSE.read_text()), env)  # safe_load merges <<
 
 
+# every variable docker-compose.yml requires
+COMPOSE_ENV = {"RELAYRL_TOKEN": "test-token", "RELAYRL_TRAINER_TOKEN": "trainer-token",
+               "RELAYRL_REDIS_PASSWORD": "redis-password", "RELAYRL_SIGNING_KEY": "private",
+               "RELAYRL_VERIFY_KEY": "public"}
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return render_compose({"RELAYRL_TOKEN": "test-token", "RELAYRL_TRAINER_TOKEN": "trainer-token",
-                           "RELAYRL_REDIS_PASSWORD": "redis-password"})
+    return render_compose(COMPOSE_ENV)
 
 
 def compose_config(svc: dict) -> tuple[str, RunConfig]:
@@ -136,18 +141,27 @@ def compose_config(svc: dict) -> tuple[str, RunConfig]:
     return module, load_run_config(host, args.overrides)
 
 
-def test_compose_token_is_required():
-    with pytest.raises(KeyError, match="RELAYRL_TOKEN"):
-        render_compose({})
-    with pytest.raises(KeyError, match="RELAYRL_REDIS_PASSWORD"):
-        render_compose({"RELAYRL_TOKEN": "test-token"})
+@pytest.mark.parametrize("missing", sorted(COMPOSE_ENV))
+def test_compose_refuses_to_start_without_each_secret(missing):
+    """Every secret is required: the token, the trainer's (beyond loopback the service token
+    would otherwise publish), Redis's password, and the manifest key pair."""
+    with pytest.raises(KeyError, match=missing):
+        render_compose({k: v for k, v in COMPOSE_ENV.items() if k != missing})
 
 
-def test_compose_trainer_token_is_required():
-    """The services bind beyond loopback, so the trainer and the root relay need the
-    trainer's own token: without it the service token would publish."""
-    with pytest.raises(KeyError, match="RELAYRL_TRAINER_TOKEN"):
-        render_compose({"RELAYRL_TOKEN": "test-token"})
+def test_compose_gives_the_signing_key_to_the_trainer_alone(compose):
+    relayrl = {name: svc for name, svc in compose["services"].items() if "build" in svc}
+    signers = {name for name, svc in relayrl.items() if "RELAYRL_SIGNING_KEY" in svc["environment"]}
+    assert signers == {"trainer"}
+    assert all(svc["environment"]["RELAYRL_VERIFY_KEY"] == "public" for svc in relayrl.values())
+
+
+def test_k8s_gives_the_signing_key_to_the_trainer_alone():
+    for path in [*(ROOT / "deploy/k8s").glob("*.yaml"), *(ROOT / "deploy/k8s/gpu").glob("*.yaml")]:
+        text = path.read_text()
+        assert ("name: RELAYRL_SIGNING_KEY" in text) == (path.name == "trainer.yaml"), path
+        if "name: RELAYRL_TOKEN " in text:
+            assert "name: RELAYRL_VERIFY_KEY" in text, f"{path}: no verify key beside the token"
 
 
 def test_compose_services_have_healthchecks_and_restart_policies(compose):

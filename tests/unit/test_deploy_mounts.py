@@ -11,6 +11,7 @@ import yaml
 from relayrl.config import load_run_config
 from tests.unit.test_deploy import (
     COMPOSE,
+    COMPOSE_ENV,
     COMPOSE_GPU,
     by_kind,
     interpolate,
@@ -35,7 +36,7 @@ def compose_mount(entry: str | dict) -> tuple[str, str, bool]:
 def compose_services() -> dict[str, dict]:
     """docker-compose.yml's services, with docker-compose.gpu.yml's volumes merged in as
     compose merges them (by target)."""
-    services = render_compose({"RELAYRL_TOKEN": "t"})["services"]
+    services = render_compose(COMPOSE_ENV)["services"]
     override = interpolate(yaml.safe_load(COMPOSE_GPU.read_text()), {})["services"]
     for name, svc in override.items():
         if "volumes" in svc:

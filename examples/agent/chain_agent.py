@@ -29,16 +29,18 @@ import httpx
 import openai
 
 from relayrl.contracts.proto.v1 import buffer_pb2, buffer_pb2_grpc
-from relayrl.plugins.buffer_client import submit_group
+from relayrl.plugins.buffer_client import buffer_channel, submit_group
 
 STALE_TRIES = 5
 
 
 class ChainEpisodes:
     def __init__(self, http: str, model: str, max_tokens: int, temperature: float,
-                 token: str):
-        self.base = f"http://{http}"
-        self.client = openai.OpenAI(base_url=f"{self.base}/v1", api_key=token)
+                 token: str, ca: str | None = None):
+        self.base = f"{'https' if ca else 'http'}://{http}"
+        self.verify = ca or True  # the run's CA (auth.tls.ca) when it serves TLS
+        self.client = openai.OpenAI(base_url=f"{self.base}/v1", api_key=token,
+                                    http_client=httpx.Client(verify=self.verify))
         self.headers = {"Authorization": f"Bearer {token}"}
         self.model = model
         self.max_tokens = max_tokens
@@ -47,7 +49,7 @@ class ChainEpisodes:
     def tokenize(self, text: str, special: bool) -> list[int]:
         resp = httpx.post(f"{self.base}/tokenize",
                           json={"prompt": text, "add_special_tokens": special},
-                          headers=self.headers, timeout=30)
+                          headers=self.headers, timeout=30, verify=self.verify)
         resp.raise_for_status()
         return resp.json()["tokens"]
 
@@ -104,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--token-env", default="RELAYRL_TOKEN",
                     help="environment variable holding the run's token (= auth.token_env)")
+    ap.add_argument("--ca", default=None,
+                    help="the run's CA certificate (auth.tls.ca): speak TLS and verify with it")
     args = ap.parse_args(argv)
     token = os.environ.get(args.token_env, "")  # empty: a run with auth.required false
 
     rng = random.Random(args.seed)
-    episodes = ChainEpisodes(args.http, args.model, args.max_tokens, args.temperature, token)
-    buffer = buffer_pb2_grpc.BufferStub(grpc.insecure_channel(args.buffer))
+    episodes = ChainEpisodes(args.http, args.model, args.max_tokens, args.temperature, token,
+                             args.ca)
+    buffer = buffer_pb2_grpc.BufferStub(buffer_channel(args.buffer, args.ca))
     auth = [("authorization", f"Bearer {token}")] if token else []
     hi = 10 ** args.digits - 1
     for g in range(args.groups):

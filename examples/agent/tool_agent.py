@@ -22,10 +22,16 @@ import random
 import re
 
 import grpc
+import httpx
 import openai
 
 from relayrl.contracts.proto.v1 import buffer_pb2_grpc
-from relayrl.plugins.buffer_client import ChatTurn, submit_group, trajectory_from_turns
+from relayrl.plugins.buffer_client import (
+    ChatTurn,
+    buffer_channel,
+    submit_group,
+    trajectory_from_turns,
+)
 
 STALE_TRIES = 5  # plays of a group the buffer refuses as too stale
 ADD = {"type": "function", "function": {
@@ -84,10 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--token-env", default="RELAYRL_TOKEN",
                     help="environment variable holding the run's token (= auth.token_env)")
+    ap.add_argument("--ca", default=None,
+                    help="the run's CA certificate (auth.tls.ca): speak TLS and verify with it")
     args = ap.parse_args(argv)
     token = os.environ.get(args.token_env, "")  # empty: a run with auth.required false
-    client = openai.OpenAI(base_url=f"http://{args.http}/v1", api_key=token or "none")
-    buffer = buffer_pb2_grpc.BufferStub(grpc.insecure_channel(args.buffer))
+    client = openai.OpenAI(base_url=f"{'https' if args.ca else 'http'}://{args.http}/v1",
+                           api_key=token or "none",
+                           http_client=httpx.Client(verify=args.ca or True))
+    buffer = buffer_pb2_grpc.BufferStub(buffer_channel(args.buffer, args.ca))
     auth = [("authorization", f"Bearer {token}")] if token else []
     rng = random.Random(args.seed)
     for g in range(args.groups):

@@ -27,6 +27,15 @@ RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEE
                      grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
+def buffer_channel(address: str, ca: str | None = None) -> grpc.Channel:
+    """A channel to the buffer at `address`: TLS verified against the PEM file `ca` (the
+    run's auth.tls.ca) when given, else plaintext (a run on loopback)."""
+    if ca is None:
+        return grpc.insecure_channel(address)
+    with open(ca, "rb") as f:
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(f.read()))
+
+
 def submit_group(stub, trajectories: list[buffer_pb2.Trajectory], *, source: str = "",
                  metadata=(), timeout_s: float = 30.0, attempts: int = 8,
                  request_id: str | None = None) -> buffer_pb2.SubmitResponse:

@@ -175,3 +175,35 @@ def test_one_agents_turns_survive_another_agents_flood(served):
         assert memories.of(BEARER + "token-b").evicted == 1
     finally:
         server.stop()
+
+
+def test_the_api_answers_over_https_verified_by_the_runs_ca(served, tmp_path):
+    """With auth.tls set the OpenAI-compatible API serves TLS: the official client verified
+    against the run's CA gets its completion; one that trusts only the system's roots, or
+    speaks plaintext, gets nothing."""
+    from tests.integration.tls_certs import self_signed
+
+    _, script, _, _, gen = served
+    cert, key = self_signed(tmp_path, "127.0.0.1")
+    from relayrl.config.security import TlsConfig
+
+    tls = auth.load_tls(TlsConfig(cert=str(cert), key=str(key), ca=str(cert)))
+    (port,) = free_ports(1)
+    server = OpenAIServer(gen, "127.0.0.1", port, MODEL,
+                          credentials=auth.Credentials(token="t0k", tls=tls))
+    server.start()
+    try:
+        assert server.address.startswith("https://")
+        script[:] = ["4"]
+        client = openai.OpenAI(base_url=f"{server.address}/v1", api_key="t0k", max_retries=0,
+                               http_client=httpx.Client(verify=str(cert)))
+        resp = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8)
+        assert resp.choices[0].message.content == "4"
+        for base, verify in ((server.address, True),
+                             (server.address.replace("https://", "http://"), str(cert))):
+            untrusted = openai.OpenAI(base_url=f"{base}/v1", api_key="t0k", max_retries=0,
+                                      http_client=httpx.Client(verify=verify))
+            with pytest.raises(openai.APIConnectionError):
+                untrusted.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8)
+    finally:
+        server.stop()

@@ -6,6 +6,7 @@ authenticated channel, with nothing listening beyond the configured address."""
 import dataclasses
 import importlib.util
 import os
+import time
 
 import grpc
 import pytest
@@ -61,8 +62,10 @@ def start_relay(tmp_path):
             store, 1024, planes, 10, upstream=upstream, keys=keys))])
         server.start()
         stops.append(lambda: (server.stop(0), planes.shutdown(), store.close()))
+        start.planes[address] = planes
         return address, store
 
+    start.planes = {}
     yield start
     for stop in stops:
         stop()
@@ -108,7 +111,8 @@ def test_a_worker_refuses_a_forged_shard_whose_checksum_matches(start_relay, tra
                                                                  plane):
     """A relay that serves other bytes under a manifest whose checksums it rewrote to match
     keeps the trainer's signature, which no longer verifies: the worker applies nothing and
-    counts the refusal; a version without any signature is refused too."""
+    counts the refusal; a version without any signature is refused too. A worker that
+    refuses a torch.distributed ticket says so, and the relay lets go of the transfer."""
     address, store = start_relay()  # the compromised relay checks nothing
     manifest, tensors = forged(trainer_keys, 1)
     plant(store, manifest, tensors)
@@ -127,6 +131,12 @@ def test_a_worker_refuses_a_forged_shard_whose_checksum_matches(start_relay, tra
     with pytest.raises(SignatureError, match="carries no signature"):
         client.pull(2)
     client.close()
+    rendezvous = start_relay.planes[address].rendezvous
+    for _ in range(100):  # a declined transfer is let go at once, not at its deadline
+        if not len(rendezvous):
+            break
+        time.sleep(0.05)
+    assert len(rendezvous) == 0
 
 
 def test_a_worker_applies_the_trainers_signed_versions(start_relay, trainer_keys):

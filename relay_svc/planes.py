@@ -13,7 +13,13 @@ from relay_svc.rendezvous import Rendezvous
 from relay_svc.stored_version import StoredVersion
 from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl_torch.weights import WeightError
-from relayrl_torch.weights.collective import backend_for, broadcast, nccl_device, two_rank_group
+from relayrl_torch.weights.collective import (
+    Declined,
+    backend_for,
+    broadcast,
+    nccl_device,
+    two_rank_group,
+)
 from relayrl_torch.weights.hostid import host_id
 from relayrl_torch.weights.layout import views
 from relayrl_torch.weights.nixl_plane import nixl_api
@@ -121,6 +127,8 @@ class RelayPlanes:
                 group = two_rank_group(store, 0, backend, self.timeout, self.host)
                 broadcast(group, flat if stored.size else torch.empty(0, dtype=torch.uint8,
                                                                       device=flat.device))
+            except Declined as err:  # it refused the version's manifest
+                log.info("%s send of version %d: %s", backend, stored.version, err)
             except Exception as err:  # the worker gave up or died; it will retry
                 log.warning("%s send of version %d failed: %s", backend, stored.version, err)
             finally:

@@ -204,10 +204,15 @@ class RelayClient(WeightPlane):
         ticket = self._stub.OpenPull(
             relay_pb2.OpenPullRequest(version=version, plane=plane,
                                       host_id=fetchers.host_id()), timeout=self.timeout_s)
-        manifest = self._verified(Manifest.from_proto(ticket.manifest), version)
-        if ticket.flat_size != flat_size(manifest):
-            raise WeightError(f"OpenPull: flat_size {ticket.flat_size} does not match the "
-                              f"manifest's layout ({flat_size(manifest)})")
+        try:
+            manifest = self._verified(Manifest.from_proto(ticket.manifest), version)
+            if ticket.flat_size != flat_size(manifest):
+                raise WeightError(f"OpenPull: flat_size {ticket.flat_size} does not match the "
+                                  f"manifest's layout ({flat_size(manifest)})")
+        except WeightError:
+            if ticket.WhichOneof("ticket") == "torch_dist":
+                fetchers.decline_torch_dist(ticket.torch_dist, self._stub.Rendezvous)
+            raise
         if self.plane == "shm":
             return manifest, fetchers.fetch_shm(
                 ticket.shm, _receive_buffer(ticket.flat_size, staging))

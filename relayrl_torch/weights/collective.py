@@ -26,7 +26,11 @@ import torch
 from relayrl_torch.devices import resolve_device
 
 log = logging.getLogger(__name__)
-JOINED = "relayrl/worker-joined"
+JOINED = "relayrl/worker-joined"  # b"1": the worker joins; b"0": it declined the ticket
+
+
+class Declined(RuntimeError):
+    """The worker took the ticket and refused what it offered (its manifest): no group."""
 
 
 def backend_for(device: torch.device) -> str:
@@ -47,6 +51,8 @@ def two_rank_group(store, rank: int, backend: str, timeout: datetime.timedelta,
     # under the store's timeout, for a worker that took the ticket and may never come
     if rank == 0:
         store.wait([JOINED])
+        if store.get(JOINED) != b"1":
+            raise Declined("the worker declined the transfer")
     else:
         store.set(JOINED, "1")
     if backend == "gloo":
@@ -62,6 +68,12 @@ def two_rank_group(store, rank: int, backend: str, timeout: datetime.timedelta,
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout  # as torch's own _new_process_group_helper sets it
     return dist.ProcessGroupNCCL(store, rank, 2, options)
+
+
+def decline(store) -> None:
+    """Tell rank 0, waiting on `store` for this worker, that it will not join: the relay
+    lets go of the transfer now rather than at its deadline."""
+    store.set(JOINED, "0")
 
 
 def gloo_device(host: str | None):

@@ -10,12 +10,12 @@ from collections.abc import Callable
 import torch
 
 from relayrl.contracts.proto.v1 import relay_pb2
-from relayrl_torch.weights.collective import backend_for, broadcast, two_rank_group
+from relayrl_torch.weights.collective import backend_for, broadcast, decline, two_rank_group
 from relayrl_torch.weights.hostid import host_id
 from relayrl_torch.weights.manifest import WeightError
 from relayrl_torch.weights.rendezvous import RelayStore, local_address_towards
 
-__all__ = ["NixlFetcher", "fetch_shm", "fetch_torch_dist", "host_id"]
+__all__ = ["NixlFetcher", "decline_torch_dist", "fetch_shm", "fetch_torch_dist", "host_id"]
 
 
 def fetch_shm(ticket: relay_pb2.ShmTicket, flat: torch.Tensor) -> torch.Tensor:
@@ -56,6 +56,18 @@ def fetch_torch_dist(ticket: relay_pb2.TorchDistTicket, flat: torch.Tensor,
     except RuntimeError as err:
         raise WeightError(f"torch.distributed receive failed: {err}") from None
     return flat
+
+
+def decline_torch_dist(ticket: relay_pb2.TorchDistTicket, rendezvous: Callable) -> None:
+    """Refuse a ticket taken (its manifest did not verify): the relay's rank stops waiting
+    for this worker. Best effort; the relay gives up at its deadline otherwise."""
+    import grpc
+
+    timeout = datetime.timedelta(seconds=min(ticket.timeout_s, 10.0))
+    try:
+        decline(RelayStore(rendezvous, ticket.rendezvous_id, timeout))
+    except grpc.RpcError:
+        pass
 
 
 class NixlFetcher:

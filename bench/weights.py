@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness, weights_nccl, weights_publish  # noqa: E402
-from bench.common import fastest_pull_s, spawn_service  # noqa: E402
+from bench.common import fastest_pull_s, spawn_service, trainer_keys  # noqa: E402
 from relayrl.runtime.grpc_util import free_ports  # noqa: E402
 from relayrl_torch.weights import nixl_plane  # noqa: E402
 from relayrl_torch.weights.client import RelayClient  # noqa: E402
@@ -97,7 +97,7 @@ def start_relay(tmp: Path, planes: list[str], upstream: list[str] | None = None
 
 def _worker(address: str, plane: str, have: int, ready, done) -> None:
     torch.set_num_threads(1)
-    client = RelayClient(address, timeout_s=300, plane=plane)
+    client = RelayClient(address, timeout_s=300, plane=plane, keys=trainer_keys())
     current = client.manifest(0)  # same layout as the version to come: map the staging now
     staging = None if plane == "shm" else torch.zeros(flat_size(current), dtype=torch.uint8)
     ready.put(os.getpid())
@@ -115,7 +115,7 @@ def time_to_all_workers(addresses: list[str], plane: str, workers: int, publish)
     """Seconds from the start of `publish()` until every worker holds the new version."""
     ctx = mp.get_context("spawn")
     ready, done = ctx.Queue(), ctx.Queue()
-    have = RelayClient(addresses[0]).manifest(0)
+    have = RelayClient(addresses[0], keys=trainer_keys()).manifest(0)
     procs = [ctx.Process(target=_worker, args=(addresses[i % len(addresses)], plane,
                                                have.version if have else 0, ready, done))
              for i in range(workers)]
@@ -151,12 +151,13 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
 
     root, address = start_relay(tmp, planes)
     try:
-        publisher = AsyncPublisher(RelayClient(address, timeout_s=300))
+        publisher = AsyncPublisher(RelayClient(address, timeout_s=300, keys=trainer_keys()))
         out.update(publish_stall(publisher, payload))
         publisher.close()
         # versions shipped in bfloat16 from float32 master weights: the snapshot casts; the
         # step it hides under is the same float32 model's as above
-        publisher = AsyncPublisher(RelayClient(address, timeout_s=300), dtype=torch.bfloat16)
+        publisher = AsyncPublisher(RelayClient(address, timeout_s=300, keys=trainer_keys()),
+                                   dtype=torch.bfloat16)
         out.update({f"bf16_{k}": v for k, v in
                     publish_stall(publisher, payload, torch.bfloat16, 4,
                                   step_s=2 * out["copy_s"]).items()})
@@ -168,17 +169,18 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
         if "nccl" in planes:
             out.update(weights_nccl.nccl_row(address, nbytes, mb))
         for plane in (p for p in planes if p != "nccl"):
-            client = RelayClient(address, timeout_s=300, plane=plane)
+            client = RelayClient(address, timeout_s=300, plane=plane, keys=trainer_keys())
             out[f"{plane}_pull_gbps"] = round(nbytes / fastest_pull_s(client) / 1e9, 3)
             out[f"{plane}_ratio"] = round(out[f"{plane}_pull_gbps"] / out["tcp_gbps"], 3)
             print(f"[{mb} MB] pull via {plane}: {out[f'{plane}_pull_gbps']} GB/s "
                   f"({out[f'{plane}_ratio']} of TCP)", flush=True)
             client.close()
         gc.collect()
-        version = [RelayClient(address).manifest(0).version + 1]
+        version = [RelayClient(address, keys=trainer_keys()).manifest(0).version + 1]
 
         def publish():
-            RelayClient(address, timeout_s=300).publish(version[0], version[0], payload)
+            RelayClient(address, timeout_s=300, keys=trainer_keys()).publish(
+                version[0], version[0], payload)
             version[0] += 1
 
         for plane in fanout_planes:
@@ -188,9 +190,9 @@ def bench_size(mb: int, planes: list[str], workers: int, tmp: Path, fanout_plane
                   f"{s:.2f} s", flush=True)
             mids = [start_relay(tmp, planes, upstream=[address]) for _ in range(2)]
             try:
-                current = RelayClient(address).manifest(0).version
+                current = RelayClient(address, keys=trainer_keys()).manifest(0).version
                 for _, mid in mids:  # let the followers catch up before the clock starts
-                    while current not in RelayClient(mid).versions():
+                    while current not in RelayClient(mid, keys=trainer_keys()).versions():
                         time.sleep(0.01)
                 s = time_to_all_workers([a for _, a in mids], plane, workers, publish)
             finally:
@@ -251,7 +253,8 @@ def publish_stall(publisher: AsyncPublisher, payload: dict[str, torch.Tensor],
 def publish_to_applied_s(address: str, engine, tensors: dict[str, torch.Tensor],
                          version: int) -> float:
     """Seconds from publish until `engine` runs the version it pulled from the relay."""
-    publisher, puller = RelayClient(address, timeout_s=300), RelayClient(address, timeout_s=300)
+    publisher, puller = (RelayClient(address, timeout_s=300, keys=trainer_keys())
+                        for _ in range(2))
     t0 = time.perf_counter()
     publisher.publish(version, version, tensors)
     engine.load_weights(puller.pull(version), version)
@@ -283,7 +286,7 @@ def adapter_vs_full(model_dir: Path, tmp: Path, rank: int) -> dict:
     (tmp / "lora-relay").mkdir(exist_ok=True)
     root, address = start_relay(tmp / "lora-relay", ["grpc"])
     try:
-        publisher = AsyncPublisher(RelayClient(address, timeout_s=300))
+        publisher = AsyncPublisher(RelayClient(address, timeout_s=300, keys=trainer_keys()))
         print("[lora] the trainer's stall per adapter publish:", flush=True)
         # an adapter's step still runs the whole model forward and backward: its stand-in
         # is the whole model's (twice the full version's copy), not twice the adapter's copy

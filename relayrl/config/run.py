@@ -378,12 +378,24 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _plaintext_stays_on_loopback(self) -> RunConfig:
-        """Without auth.tls, every address a service binds or is dialled at is loopback,
-        unless auth.plaintext_beyond_loopback: tokens, prompts and weights cross the network
-        in plaintext otherwise."""
-        if self.auth.tls.enabled or self.auth.plaintext_beyond_loopback:
+        """Without auth.tls, every address a service binds or is dialled at is loopback, and
+        a Redis beyond loopback is dialled over TLS (rediss://), unless
+        auth.plaintext_beyond_loopback: tokens, prompts and weights cross the network in
+        plaintext otherwise."""
+        if self.auth.plaintext_beyond_loopback:
+            return self
+        redis_host = self.redis.tcp_host
+        if redis_host and not is_loopback(redis_host) and not self.redis.tls:
+            raise ValueError(
+                f"redis.url reaches {redis_host!r}, beyond loopback, in plaintext: every "
+                "sample and the Redis password would cross the network unencrypted; use "
+                "rediss:// (verified against auth.tls.ca), or auth.plaintext_beyond_loopback: "
+                "true on a network only the run reaches")
+        if self.auth.tls.enabled:
             return self
         for field, host in self.network_hosts().items():
+            if field == "redis.url" and self.redis.tls:
+                continue  # TLS of its own, verified against the system's roots
             if not is_loopback(host):
                 raise ValueError(
                     f"{field} {host!r} is beyond loopback and auth.tls is unset: the run's "
@@ -420,6 +432,8 @@ class RunConfig(StrictModel):
                 hosts[f"{field}[{i}]"] = address.rpartition(":")[0]
         for i, node in enumerate(self.resources.nodes if self.resources else ()):
             hosts[f"resources.nodes[{i}].address"] = node.address
+        if self.redis.tcp_host:
+            hosts["redis.url"] = self.redis.tcp_host
         return hosts
 
     def _ports(self) -> dict[str, int]:

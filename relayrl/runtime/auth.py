@@ -14,6 +14,8 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -222,6 +224,17 @@ def install(creds: Credentials | None) -> None:
     """Make `creds` this process's; None goes back to the environment's token."""
     global _installed
     _installed = creds
+
+
+@contextmanager
+def using(creds: Credentials) -> Iterator[None]:
+    """`creds` this process's for the length of a `with`, then those before again."""
+    global _installed
+    previous, _installed = _installed, creds
+    try:
+        yield
+    finally:
+        _installed = previous
 
 
 def current() -> Credentials:

@@ -67,14 +67,31 @@ def outage_retry() -> Retry:
                        supported_errors=(redis.ConnectionError,))
 
 
+def tls_options(url: str, creds: auth.Credentials) -> dict:
+    """redis-py's TLS arguments for a rediss:// URL: the server verified against auth.tls.ca
+    (the system's roots when it is unset), this process's certificate presented for servers
+    that ask for one (`tls-auth-clients yes`). Empty for redis:// and unix://."""
+    if not url.startswith("rediss://"):
+        return {}
+    options = {}  # redis-py verifies the certificate and its host name by default
+    if creds.tls is not None:
+        options = {"ssl_certfile": creds.tls.cert_file, "ssl_keyfile": creds.tls.key_file}
+        if creds.tls.ca_file:
+            options["ssl_ca_certs"] = creds.tls.ca_file
+    return options
+
+
 def connect(url: str, timeout_s: float = REDIS_COMMAND_S) -> redis.Redis:
     """A password in `url` wins over the process's configured one (auth.redis_password_env);
-    a user name in it (redis://relayrl@redis:6379/0) logs in as that ACL user. A server that
-    may evict keys is refused (relayrl.runtime.redis_durability.check_server)."""
+    a user name in it (redis://relayrl@redis:6379/0) logs in as that ACL user; rediss:// speaks
+    TLS with the run's certificates (tls_options). A server that may evict keys is refused
+    (relayrl.runtime.redis_durability.check_server)."""
+    creds = auth.current()
     client = redis.Redis.from_url(
         url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=False,
-        password=auth.current().redis_password,
+        password=creds.redis_password,
         retry=outage_retry(), retry_on_error=[redis.ConnectionError],
+        **tls_options(url, creds),
     )
     client.ping()
     check_server(client, auth.mask_url(url))

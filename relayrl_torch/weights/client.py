@@ -11,7 +11,7 @@ import grpc
 import torch
 
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
-from relayrl.runtime.deadlines import TRANSFER_S
+from relayrl.runtime.deadlines import CONTROL_CALL_S, TRANSFER_S
 from relayrl.runtime.grpc_util import channel
 from relayrl_torch.weights import fetchers
 from relayrl_torch.weights.hostid import host_id
@@ -140,7 +140,7 @@ class RelayClient(WeightPlane):
     def manifest(self, version: int = 0) -> Manifest | None:
         try:
             m = self._stub.GetManifest(relay_pb2.GetManifestRequest(version=version),
-                                       timeout=self.timeout_s)
+                                       timeout=min(self.timeout_s, CONTROL_CALL_S))
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND and version == 0:
                 return None

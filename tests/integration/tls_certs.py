@@ -1,4 +1,4 @@
-"""A self-signed certificate for one IP address, made with `cryptography`, for TLS tests."""
+"""A self-signed certificate for some IP addresses, made with `cryptography`, for TLS tests."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 
-def self_signed(out: Path, ip: str) -> tuple[Path, Path]:
-    """(cert.pem, key.pem) valid for `ip` (and localhost) for one day."""
+def self_signed(out: Path, *ips: str) -> tuple[Path, Path]:
+    """(cert.pem, key.pem) valid for `ips` (and localhost) for one day."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "relayrl-test")])
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -22,8 +22,8 @@ def self_signed(out: Path, ip: str) -> tuple[Path, Path]:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName([
-                x509.IPAddress(ipaddress.ip_address(ip)), x509.DNSName("localhost")]),
-                critical=False)
+                *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips),
+                x509.DNSName("localhost")]), critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256()))
     cert_path, key_path = out / "cert.pem", out / "key.pem"

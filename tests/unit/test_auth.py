@@ -125,6 +125,38 @@ def test_plaintext_beyond_loopback_is_refused_unless_tls_or_the_override(data, f
     assert RunConfig.model_validate({**data, "auth": {"plaintext_beyond_loopback": True}})
 
 
+def test_a_redis_beyond_loopback_is_dialled_over_tls():
+    """A redis:// URL beyond loopback is refused even with auth.tls (the link to Redis would
+    be plaintext); rediss:// passes, verified against auth.tls.ca or the system's roots."""
+    plain = {"redis": {"url": "redis://relayrl@10.0.0.7:6379/0"}}
+    for data in (plain, {**plain, "auth": {"tls": TLS}}):
+        with pytest.raises(ValueError, match="redis.url reaches '10.0.0.7', beyond loopback, "
+                                             "in plaintext: .* use rediss://"):
+            RunConfig.model_validate(data)
+    assert RunConfig.model_validate({**plain, "auth": {"plaintext_beyond_loopback": True}})
+    tls = {"redis": {"url": "rediss://relayrl@10.0.0.7:6379/0"}}
+    assert RunConfig.model_validate({**tls, "auth": {"tls": TLS}}).redis.tls
+    assert RunConfig.model_validate(tls).beyond_loopback  # a managed Redis, public roots
+    assert not RunConfig.model_validate({"redis": {"url": "redis://127.0.0.1:6379"}}
+                                        ).beyond_loopback
+    with pytest.raises(ValueError, match="redis.url: scheme 'http' is not one of redis, "
+                                         "rediss, unix"):
+        RunConfig.model_validate({"redis": {"url": "http://10.0.0.7:6379"}})
+
+
+def test_rediss_presents_the_runs_certificate_and_trusts_its_ca():
+    from relayrl.runtime.redis_conn import tls_options
+
+    material = auth.TlsMaterial(b"", b"", b"", cert_file="c.pem", key_file="k.pem",
+                                ca_file="ca.pem")
+    creds = auth.Credentials(tls=material)
+    assert tls_options("rediss://h:6379/0", creds) == {
+        "ssl_certfile": "c.pem", "ssl_keyfile": "k.pem", "ssl_ca_certs": "ca.pem"}
+    assert tls_options("rediss://h:6379/0", auth.Credentials()) == {}  # system roots
+    assert tls_options("redis://h:6379/0", creds) == {}
+    assert tls_options("unix:///run/redis.sock", creds) == {}
+
+
 def test_loopback_hosts_need_neither():
     cfg = RunConfig.model_validate({
         "relay": {"endpoint": {"host": "localhost", "port": 50551, "bind": "127.0.0.2"}},

@@ -162,6 +162,24 @@ def test_a_node_starts_nothing_of_another_node(tmp_path):
     assert "trainer" not in [c.name for c in Launcher(cfg, node=1)._children()]
 
 
+def test_cpu_workers_each_go_to_the_node_their_entry_names():
+    """A resources.rollout entry without GPUs is one worker on that node's CPU, served and
+    registered at the node's address."""
+    cfg = RunConfig.model_validate({
+        "auth": {"plaintext_beyond_loopback": True}, "redis": {"url": "redis://10.0.0.1:6379"},
+        "resources": {"nodes": [{"address": "10.0.0.1"}, {"address": "10.0.0.2"},
+                                {"address": "10.0.0.3"}],
+                      "rollout": [{"node": 1}, {"node": 2}]},
+        **{name: {"endpoint": {"host": "10.0.0.1", "port": 50551 + i}}
+           for i, name in enumerate(("relay", "scheduler", "buffer", "trainer"))},
+        "rollout": {"num_workers": 2, "base_port": 50560}})
+    workers = {p.name: p for p in plan(cfg) if p.module == "rollout_svc"}
+    assert [(p.node, p.gpus, p.address) for p in workers.values()] == [
+        (1, (), "10.0.0.2:50560"), (2, (), "10.0.0.3:50561")]
+    assert workers["rollout-1"].overrides == ("rollout.worker_index=1", "rollout.host=10.0.0.3")
+    assert [p.name for p in on_node(plan(cfg), 2)] == ["rollout-1"]
+
+
 def test_an_unplaced_run_leaves_every_gpu_visible():
     cfg = RunConfig()
     assert all(p.env == {} and p.gpus is None for p in plan(cfg))

@@ -172,6 +172,41 @@ def test_a_worker_is_ready_again_and_moves_on_once_the_relay_is_back(tiny_lm, re
     assert caplog.text.count("relay unreachable") == 1 and "relay is back after" in caplog.text
 
 
+def test_a_relay_that_did_not_answer_is_asked_after_the_others_until_its_backoff_passes(
+        tiny_lm, monkeypatch):
+    """A worker's first relay gone (its host cut off): the next pulls go to the root without
+    asking it first, and once its backoff has passed and it is back it leads again."""
+    from rollout_svc import weight_refresh
+
+    monkeypatch.setattr(weight_refresh, "AWAY_FIRST_S", 0.2)
+    lm = load_model(tiny_lm.path)
+    child, root = LateRelay(), LateRelay()
+    root.start()
+    try:
+        eager = Outage("relay", JitteredBackoff(0.01, 0.01, draw=lambda: 0.0), Readiness())
+        refresher = WeightRefresher(TorchEngine(lm), [RelayClient(child.address, timeout_s=5),
+                                                      RelayClient(root.address, timeout_s=5)],
+                                    eager)
+        state = lm.model.state_dict()
+        root.store.publish(1, 1, {k: v + 0.01 for k, v in state.items()})
+        assert refresher.refresh() and refresher.engine.version == 1
+        assert refresher.pull_failures == 1 and refresher.relays_put_behind == 1
+        root.store.publish(2, 2, {k: v + 0.02 for k, v in state.items()})
+        assert refresher.refresh() and refresher.engine.version == 2
+        assert refresher.pull_failures == 1  # the child was not asked
+        child.start()
+        child.store.publish(3, 3, {k: v + 0.03 for k, v in state.items()})
+        until(refresher.refresh, "the worker to load version 3 from the child")
+        assert refresher.engine.version == 3
+        failures = refresher.pull_failures
+        root.store.publish(4, 4, {k: v + 0.04 for k, v in state.items()})
+        assert not refresher.refresh()  # the child leads again, and holds nothing newer
+        assert refresher.pull_failures == failures and refresher.engine.version == 3
+    finally:
+        child.stop()
+        root.stop()
+
+
 def test_a_service_waiting_for_a_peer_is_unready_but_alive():
     address = f"127.0.0.1:{free_ports(1)[0]}"
     runner = ServiceRunner("probe", address, [])

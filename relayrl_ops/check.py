@@ -2,8 +2,11 @@
 
 It loads the config, builds the task (rows read, skipped and why), resolves the reward and
 calls it on a few problems with a dummy completion, builds the environment and steps it
-once when one is configured, and prints what the run will do: the model, the engine and
-its window, the prompt and response limits, and a rough memory estimate per service. Every
+once when one is configured, builds the eval sets as the service that evaluates builds
+them at start (relayrl_torch.evaluation.sets), and prints what the run will do: the model,
+the engine and its window, the prompt and response limits, and a rough memory estimate per
+service. What a service refuses only at start (an eval set, a LoRA adapter the model
+refuses, a vLLM dtype) fails here with the service's own message. Every
 failure is printed under its heading; the exit status is 1 when any step failed (2 for a
 config that does not load).
 """
@@ -70,6 +73,7 @@ def check(cfg: RunConfig, out: Callable[[str], None] = print) -> int:
         _reward(cfg, task, report)
         if cfg.rollout.environment is not None:
             _environment(cfg, task, report)
+        _eval_sets(cfg, task, report)
     plan_rows = _memory(cfg, model_dir, report, task)
     _placement(cfg, report, plan_rows)
     report.line("check: " + ("every step passed" if not report.failed
@@ -102,6 +106,13 @@ def _model(cfg: RunConfig, report: Report) -> Path | None:
     if params is not None:
         report.line(f"  parameters: {params:,} ({params / 1e6:.1f} M); the trainer holds them in "
                     f"float32 (trainer.precision {cfg.trainer.precision})")
+    lora = cfg.trainer.lora
+    if params is not None and lora is not None:  # wrapped as the trainer wraps it at start
+        adapter = report.step("trainer.lora",
+                              lambda: _adapter_parameters(cfg, where if built else None))
+        if adapter is not None:
+            report.line(f"  adapter: {adapter:,} parameters (trainer.lora rank {lora.rank}, "
+                        f"target_modules {lora.target_modules!r})")
     limits = report.step("model limits", m.limits)
     if limits is not None:
         report.line(f"  context: {limits.context_length} tokens, vocabulary {limits.vocab_size} "
@@ -147,6 +158,9 @@ def _engine(cfg: RunConfig, report: Report) -> None:
         report.line(f"engine: vllm, dtype {e.dtype}, max_model_len "
                     f"{e.max_model_len or 'the model context'}, KV cache "
                     f"{e.kv_cache_gib:g} GiB a worker{ports}; {r.num_workers} worker(s)")
+        from rollout_svc.engine_factory import vllm_dtype
+
+        report.step("rollout.engine.dtype", lambda: vllm_dtype(cfg))  # as a worker refuses it
     else:
         report.line(f"engine: torch on {e.device}, float32, KV cache kept for "
                     f"{e.kv_cache_tokens} tokens; {r.num_workers} worker(s)")
@@ -258,6 +272,33 @@ def _environment(cfg: RunConfig, task: Any, report: Report) -> None:
                     f"characters, reward {step.reward}, done {step.done}")
 
 
+# The eval sets ----------------------------------------------------------------------------
+
+def _eval_sets(cfg: RunConfig, task: Any, report: Report) -> None:
+    """build_sets, as the trainer (eval.mode inline) or the evaluator (separate) calls it at
+    start, so a set either would refuse (no held-out problems, a task file or reward that
+    is not there) fails the check; none is built where no service evaluates."""
+    from relayrl_ops.plan import plan
+
+    e = cfg.eval
+    if not e.every:
+        report.line("eval: none (eval.every 0)")
+        return
+    trainer = next(p for p in plan(cfg) if p.name == "trainer")
+    if e.mode == "inline" and trainer.ranks > 1:
+        report.line(f"eval: none: the trainer runs {trainer.ranks} torchrun ranks and "
+                    "evaluates nothing itself (eval.mode separate does)")
+        return
+    from relayrl_torch.evaluation.sets import build_sets
+
+    report.line(f"eval: every {e.every} steps (eval.mode {e.mode}), {len(e.sets)} set(s)")
+    sets = report.step("eval sets", lambda: build_sets(cfg, task))
+    for s in sets or ():
+        report.line(f"  {s.name}: {len(s.problems)} problem(s), reward {s.reward_name}, "
+                    f"{s.samples} sample(s) each{', greedy too' if s.greedy else ''}"
+                    f"{', as episodes' if s.environment else ''}")
+
+
 # Memory ------------------------------------------------------------------------------------
 
 def planned_memory(cfg: RunConfig, model_dir: Path | None, longest_prompt: int | None = None
@@ -268,9 +309,9 @@ def planned_memory(cfg: RunConfig, model_dir: Path | None, longest_prompt: int |
 
     try:
         params = _parameters(cfg, model_dir)
-    except Exception:
+        adapter = _adapter_parameters(cfg, model_dir) if cfg.trainer.lora else 0
+    except Exception:  # an adapter the model refuses fails its own step (_model)
         return None
-    adapter = _adapter_parameters(cfg, model_dir) if cfg.trainer.lora else 0
     activations, kv_per_token = None, 0
     try:  # a family the meta device cannot run: the rest of the plan stands
         with torch.device("meta"):

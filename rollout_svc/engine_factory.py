@@ -12,6 +12,18 @@ from rollout_svc.engine_api import Engine
 from rollout_svc.torch_engine import TorchEngine
 
 
+def vllm_dtype(cfg: RunConfig) -> str:
+    """The dtype a vLLM engine loads and samples in: model.dtype's, which versions are
+    shipped in (read from the model's config for auto); a rollout.engine.dtype naming
+    another is refused. `relayrl check` calls it too."""
+    e, shipped = cfg.rollout.engine, cfg.model.dtype_name()
+    if getattr(e, "dtype", "auto") not in ("auto", shipped):
+        raise ConfigError(f"rollout.engine.dtype {e.dtype!r} differs from model.dtype "
+                          f"{shipped!r}, the dtype versions are shipped in; set one of them "
+                          "to the other (or rollout.engine.dtype auto)")
+    return shipped
+
+
 def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engine:
     """The torch engine over the loaded model, on rollout.engine.device, or a vLLM engine over
     the same directory (imported only then: vLLM is an optional dependency)."""
@@ -24,11 +36,7 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                            device=resolve_device(e.device, "rollout.engine.device"))
     from rollout_svc.vllm_engine import VllmEngine
 
-    shipped = cfg.model.dtype_name()
-    if e.dtype not in ("auto", shipped):
-        raise ConfigError(f"rollout.engine.dtype {e.dtype!r} differs from model.dtype "
-                          f"{shipped!r}, the dtype versions are shipped in; set one of them "
-                          "to the other (or rollout.engine.dtype auto)")
+    shipped = vllm_dtype(cfg)
     return VllmEngine(model_path, seed=seed, eos_ids=lm.eos_ids,
                       kv_cache_gib=e.kv_cache_gib, max_model_len=e.max_model_len,
                       dtype=shipped, enforce_eager=e.enforce_eager,

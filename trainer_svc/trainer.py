@@ -64,7 +64,8 @@ class Trainer:
         # Eval and the engine check run the model on rank 0 alone, which a model split over
         # ranks cannot do: off under torchrun for now.
         single = not self.learner.parallel.active
-        self.evaluates = single and cfg.eval.mode == "inline"
+        # eval.every 0 evaluates nothing: its sets are neither built nor refused
+        self.evaluates = single and cfg.eval.mode == "inline" and cfg.eval.every > 0
         self.engine_check_seqs = self.tc.engine_check_seqs if single else 0
         if self.learner.parallel.active:
             log.warning("under torchrun the trainer runs no eval and no engine check "

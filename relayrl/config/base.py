@@ -8,9 +8,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 # a device spec's spelling; what it names is resolved where the service runs
 # (relayrl_torch.devices)
@@ -20,9 +29,43 @@ DEVICE_HELP = ("auto (CUDA when present, else the CPU), cpu, cuda (cuda:LOCAL_RA
 
 
 class StrictModel(BaseModel):
-    """Unknown keys are errors: a typo in a config must never be silently ignored."""
+    """Unknown keys are errors: a typo in a config must never be silently ignored. A key a
+    model refuses with a message of its own (refused_keys: an old key naming its new place,
+    a field of another kind) is reported beside every other error of the config, so a config
+    written for an older schema learns all it must change from one load."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @classmethod
+    def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
+        """Key of `data` -> why this model refuses it; none here."""
+        return {}
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _refuse_keys_together(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if not isinstance(data, dict):
+            return handler(data)  # a model already built, or an assignment
+        return validate_refusing(data, cls.refused_keys(data), handler, cls.__name__)
+
+
+def validate_refusing(data: dict[str, Any], refused: dict[str, str],
+                      validate: Callable[[dict[str, Any]], T], title: str) -> T:
+    """validate(data) when nothing is `refused` (key -> why); else one ValidationError that
+    holds each refusal and every error validate meets in the other keys, rather than the
+    first refusal alone."""
+    if not refused:
+        return validate(data)
+    errors = [InitErrorDetails(type=PydanticCustomError("refused_key", why), loc=(key,),
+                               input=data[key]) for key, why in refused.items()]
+    try:
+        validate({k: v for k, v in data.items() if k not in refused})
+    except ValidationError as err:
+        # each error as it was met (type and message), whatever type produced it
+        errors += [InitErrorDetails(type=PydanticCustomError(e["type"], e["msg"]),
+                                    loc=e["loc"], input=e["input"])
+                   for e in err.errors(include_url=False)]
+    raise ValidationError.from_exception_data(title, errors)
 
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
@@ -229,20 +272,18 @@ def tagged_shorthand(value: Any, tag: str, default: str) -> Any:
     return value
 
 
-def refuse_foreign_fields(data: Any, model: type[BaseModel], members: dict[str, Any],
-                          tag: str, kind: str) -> Any:
+def foreign_fields(data: dict[str, Any], model: type[BaseModel], members: dict[str, Any],
+                   tag: str, kind: str) -> dict[str, str]:
     """For a tagged union's member `model` (`tag` its discriminator, `members` every member
-    by tag): a key it lacks is refused naming the members that have it, so a field left
-    behind after a change of tag does not pass silently."""
-    if not isinstance(data, dict):
-        return data
+    by tag): each key of `data` it lacks -> a refusal naming the members that have it, so a
+    field left behind after a change of tag does not pass silently."""
     own = model.model_fields
+    refused = {}
     for key in data:
         if key in own:
             continue
         owners = [n for n, c in members.items() if key in c.model_fields]
         where = f"a field of {', '.join(owners)}" if owners else f"no {kind}'s field"
-        raise ValueError(
-            f"{key!r} is not a field of {kind} {own[tag].default!r} ({where}); its "
-            f"fields: {', '.join(k for k in own if k != tag)}")
-    return data
+        refused[key] = (f"{key!r} is not a field of {kind} {own[tag].default!r} ({where}); "
+                        f"its fields: {', '.join(k for k in own if k != tag)}")
+    return refused

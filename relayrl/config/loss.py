@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, model_validator
+from pydantic import Field, TypeAdapter
 
-from relayrl.config.base import StrictModel, refuse_foreign_fields, tagged_shorthand
+from relayrl.config.base import StrictModel, foreign_fields, tagged_shorthand
 
 
 class LossBase(StrictModel):
@@ -58,12 +58,11 @@ class LossBase(StrictModel):
         """Whether group advantages are divided by the group's std."""
         return False
 
-    @model_validator(mode="before")
     @classmethod
-    def _refuse_other_recipes_fields(cls, data: Any) -> Any:
+    def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
         """A key this recipe lacks is refused naming the recipes that have it, so a clip
         setting left behind after a change of `name` does not pass silently."""
-        return refuse_foreign_fields(data, cls, RECIPES, "name", "loss")
+        return foreign_fields(data, cls, RECIPES, "name", "loss")
 
 
 class GroupScaled(LossBase):

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from relayrl.config.base import StrictModel, refuse_foreign_fields
+from relayrl.config.base import StrictModel, foreign_fields
 from relayrl.config.task import AdditionTaskConfig
 
 # A hub id, `org/name` or `org/name@revision`, as the hub spells repository names.
@@ -88,11 +88,17 @@ class ModelBase(StrictModel):
     def _own_dtype(self) -> str:
         return "float32"
 
-    @model_validator(mode="before")
     @classmethod
-    def _refuse_other_kinds_fields(cls, data: Any) -> Any:
-        """A key this kind lacks is refused naming the kinds that have it."""
-        return refuse_foreign_fields(data, cls, KINDS, "kind", "model")
+    def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
+        """An old key of the model section is refused naming its new place (MOVED), and a
+        key this kind lacks naming the kinds that have it."""
+        kind = cls.model_fields["kind"].default
+        refused = foreign_fields(data, cls, KINDS, "kind", "model")
+        for key, (owner, new) in MOVED.items():
+            if key in data and not (kind == owner and key == new):
+                refused[key] = (f"model.{key} is now model.{new} with model.kind: {owner}, as "
+                                f"in `model: {{kind: {owner}, {new}: {data[key]!r}}}`")
+        return refused
 
     def limits(self) -> ModelLimits:
         raise NotImplementedError
@@ -195,12 +201,8 @@ MOVED = {"path": ("hf", "path"), "pretrained": ("pretrained", "name")}
 
 
 def model_shorthand(value: Any) -> Any:
-    """A mapping without a kind is the tiny model's; an old key is refused naming its new
-    place."""
+    """A mapping without a kind is the tiny model's (whose old keys ModelBase.refused_keys
+    then names)."""
     if not isinstance(value, dict):
         return value
-    for key, (kind, new) in MOVED.items():
-        if key in value and not (value.get("kind") == kind and key == new):
-            raise ValueError(f"model.{key} is now model.{new} with model.kind: {kind}, as in "
-                             f"`model: {{kind: {kind}, {new}: {value[key]!r}}}`")
     return value if "kind" in value else {"kind": "tiny", **value}

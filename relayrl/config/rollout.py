@@ -12,8 +12,8 @@ from relayrl.config.base import (
     Endpoint,
     GrpcLimits,
     StrictModel,
+    foreign_fields,
     grpc_limits,
-    refuse_foreign_fields,
     tagged_shorthand,
 )
 from relayrl.config.environment import EnvironmentConfig
@@ -37,11 +37,10 @@ MAX_RUN_SEED = (2**32 - 1) // 1000 - 1
 class EngineBase(StrictModel):
     kind: str
 
-    @model_validator(mode="before")
     @classmethod
-    def _refuse_other_engines_fields(cls, data: Any) -> Any:
+    def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
         """A key this engine lacks is refused naming the engines that have it."""
-        return refuse_foreign_fields(data, cls, ENGINES, "kind", "engine")
+        return foreign_fields(data, cls, ENGINES, "kind", "engine")
 
 
 class TorchEngineConfig(EngineBase):
@@ -293,18 +292,12 @@ class RolloutConfig(StrictModel):
         "all turns. None: one completion per sample.",
     )
 
-    @model_validator(mode="before")
     @classmethod
-    def _name_moved_engine_fields(cls, data: Any) -> Any:
+    def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
         """An old flat engine field (rollout.vllm_dtype) is refused saying where it lives now."""
-        if not isinstance(data, dict):
-            return data
-        for key, (kind, new) in MOVED_TO_ENGINE.items():
-            if key in data:
-                raise ValueError(
-                    f"rollout.{key} is now rollout.engine.{new} with rollout.engine.kind: "
-                    f"{kind}, as in `rollout: {{engine: {{kind: {kind}, {new}: {data[key]!r}}}}}`")
-        return data
+        return {key: f"rollout.{key} is now rollout.engine.{new} with rollout.engine.kind: "
+                     f"{kind}, as in `rollout: {{engine: {{kind: {kind}, {new}: {data[key]!r}}}}}`"
+                for key, (kind, new) in MOVED_TO_ENGINE.items() if key in data}
 
     @field_validator("engine", mode="before")
     @classmethod

@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config.base import StrictModel, refuse_foreign_fields
+from relayrl.config.base import StrictModel, foreign_fields
 from relayrl.config.buffer import RewardBound
 
 _REWARD = dict(min_length=1, max_length=512, description=(
@@ -47,11 +47,10 @@ class TaskBase(StrictModel):
                              f"({high:g})")
         return self
 
-    @model_validator(mode="before")
     @classmethod
-    def _refuse_other_sources_fields(cls, data: Any) -> Any:
+    def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
         """A key this source lacks is refused naming the sources that have it."""
-        return refuse_foreign_fields(data, cls, SOURCE_MODELS, "source", "task source")
+        return foreign_fields(data, cls, SOURCE_MODELS, "source", "task source")
 
 
 class AdditionTaskConfig(TaskBase):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from relayrl.config.base import (
     DEVICE_HELP,
@@ -14,8 +14,8 @@ from relayrl.config.base import (
     GrpcLimits,
     MiB,
     StrictModel,
+    foreign_fields,
     grpc_limits,
-    refuse_foreign_fields,
     tagged_shorthand,
 )
 from relayrl.config.loss import RECIPES, GrpoLoss, LossConfig, shorthand
@@ -39,11 +39,10 @@ class OptimizerBase(StrictModel):
     weight_decay: float = Field(0.0, ge=0, le=1.0, description="Decoupled weight decay.")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Gradient-norm clip.")
 
-    @model_validator(mode="before")
     @classmethod
-    def _refuse_other_optimizers_fields(cls, data: Any) -> Any:
+    def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
         """A key this optimizer lacks is refused naming the optimizers that have it."""
-        return refuse_foreign_fields(data, cls, OPTIMIZERS, "kind", "optimizer")
+        return foreign_fields(data, cls, OPTIMIZERS, "kind", "optimizer")
 
 
 class AdamWConfig(OptimizerBase):
@@ -244,20 +243,18 @@ class TrainerConfig(StrictModel):
     seed: int = Field(0, ge=0, description="Trainer RNG seed.")
     progress: bool = Field(True, description="Show a progress bar on stderr.")
 
-    @model_validator(mode="before")
     @classmethod
-    def _name_moved_loss_fields(cls, data: Any) -> Any:
+    def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
         """An old flat loss field (trainer.clip_eps), or one moved to another section
         (trainer.eval_every), is refused saying where it lives now."""
-        if not isinstance(data, dict):
-            return data
+        refused = {}
         for key, new in MOVED_OUT.items():
             if key in data:
                 *sections, field = new.split(".")
                 example = f"{field}: {data[key]!r}"
                 for section in reversed(sections):
                     example = f"{section}: {{{example}}}"
-                raise ValueError(f"trainer.{key} is now {new}, as in `{example}`")
+                refused[key] = f"trainer.{key} is now {new}, as in `{example}`"
         for key in MOVED_TO_LOSS:
             if key not in data:
                 continue
@@ -267,11 +264,11 @@ class TrainerConfig(StrictModel):
             loss = data.get("loss")
             current = loss.get("name") if isinstance(loss, dict) else loss
             name = current if current in owners else owners[0]
-            raise ValueError(
+            refused[key] = (
                 f"trainer.{key} moved into the loss recipe: set trainer.loss.{field}, as in "
                 f"`trainer: {{loss: {{name: {name}, {field}: {data[key]!r}}}}}` (a field of "
                 f"{', '.join(owners)})")
-        return data
+        return refused
 
     @field_validator("loss", mode="before")
     @classmethod

@@ -4,15 +4,17 @@ A set without its own task takes the run task's held-out problems (task.eval_siz
 a set with one builds that task (any source of relayrl/config/task.py) and takes its
 held-out problems. A set's reward is its own `reward`, else its task's. Everything that can
 be wrong with a set (a missing file, an unknown reward) fails here, at start-up, naming the
-set. A run with rollout.environment evaluates each problem as an episode of it, as it trains,
-unless the set says `environment: false`.
+set, with a ConfigError: the service that evaluates stops as on a bad file, and
+`relayrl check` builds the sets with this code to fail as it would. A run with
+rollout.environment evaluates each problem as an episode of it, as it trains, unless the
+set says `environment: false`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayrl.config import RunConfig
+from relayrl.config import ConfigError, RunConfig
 from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalSetConfig
 from relayrl.plugins.rewards import RewardFn
@@ -56,7 +58,7 @@ def _own_task(cfg: RunConfig, s: EvalSetConfig) -> Task:
     try:  # the run's model and rollout limits, the set's task
         return load_run_task(cfg.model_copy(update={"task": s.task}))
     except ValueError as err:
-        raise ValueError(f"eval.sets {s.name!r}: {err}") from None
+        raise ConfigError(f"eval.sets {s.name!r}: {err}") from None
 
 
 def _resolve(cfg: RunConfig, s: EvalSetConfig, task: Task, default: bool) -> EvalSet:
@@ -64,19 +66,19 @@ def _resolve(cfg: RunConfig, s: EvalSetConfig, task: Task, default: bool) -> Eva
     try:
         reward = get_reward(reward_name)
     except ValueError as err:
-        raise ValueError(f"eval.sets {s.name!r}: reward: {err}") from None
+        raise ConfigError(f"eval.sets {s.name!r}: reward: {err}") from None
     problems = task.eval_problems()
     if s.max_problems:
         problems = problems[:s.max_problems]
     if not problems:
-        raise ValueError(f"eval.sets {s.name!r}: its task holds no held-out problems (set "
-                         "the task's eval_size, eval_path, eval_split or eval_fraction)")
+        raise ConfigError(f"eval.sets {s.name!r}: its task holds no held-out problems (set "
+                          "the task's eval_size, eval_path, eval_split or eval_fraction)")
     environment = cfg.rollout.environment if s.environment else None
     if environment is not None:  # importable here too (the trainer, the evaluator)
         try:
             make_environment(load_environment(environment.cls), environment.options)
         except ValueError as err:
-            raise ValueError(f"eval.sets {s.name!r}: {err}") from None
+            raise ConfigError(f"eval.sets {s.name!r}: {err}") from None
     temperature = cfg.rollout.temperature if s.temperature is None else s.temperature
     return EvalSet(
         name=s.name, problems=problems, reward=reward, reward_name=reward_name,

@@ -127,3 +127,35 @@ def test_an_environment_that_fails_is_reported(tmp_path):
         "cls": "calculator"}}))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "step('42'):" in out.stdout
+
+
+def tiny(tmp_path: Path) -> Path:
+    """The tiny model on addition, with no held-out problems (task.eval_size 0)."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({"run_id": "check_tiny", "run_dir": str(tmp_path / "run"),
+                                    "task": {"eval_size": 0}}))
+    return path
+
+
+@pytest.mark.parametrize("sets,failed", [
+    ((), "FAILED eval sets: eval.sets 'heldout': its task holds no held-out problems (set "
+         "the task's eval_size, eval_path, eval_split or eval_fraction)"),
+    (("eval.every=0", "trainer.lora={rank: 4, target_modules: [no_such_module]}"),
+     "FAILED trainer.lora: trainer.lora.target_modules ['no_such_module']: "),
+    (("eval.every=0", "rollout.engine={kind: vllm, dtype: bfloat16}"),
+     "FAILED rollout.engine.dtype: rollout.engine.dtype 'bfloat16' differs from model.dtype "
+     "'float32'"),
+], ids=["eval-set-without-held-out-problems", "lora-on-missing-modules", "vllm-dtype"])
+def test_what_a_service_refuses_at_start_fails_the_check(tmp_path, sets, failed):
+    """A setting the trainer or a worker refuses only once it meets the task or the model
+    fails the check with the service's own message (exit status 1, no traceback)."""
+    out = check(tiny(tmp_path), *sets)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert failed in out.stdout and "Traceback" not in out.stdout + out.stderr, out.stdout
+
+
+def test_eval_sets_are_built_only_where_a_service_evaluates(tmp_path):
+    """With eval.every 0 nothing evaluates: a task without held-out problems passes."""
+    out = check(tiny(tmp_path), "eval.every=0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "eval: none (eval.every 0)" in out.stdout

@@ -209,7 +209,8 @@ CROSS_CHECKS = {
 
 
 def test_every_cross_check_is_one_documented_rule():
-    validators = RunConfig.__pydantic_decorators__.model_validators
+    validators = {name: d for name, d in RunConfig.__pydantic_decorators__.model_validators
+                  .items() if d.info.mode == "after"}
     assert set(validators) == set(CROSS_CHECKS)
     for name, decorator in validators.items():
         assert decorator.func.__doc__, name
@@ -312,6 +313,48 @@ def test_an_old_key_is_refused_naming_its_new_place(tmp_path, key, value, messag
         load_run_config(write(tmp_path, {section: {field: value}}))
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_run_config(write(tmp_path, {}), [f"{key}={value}"])
+
+
+def test_every_old_key_of_a_config_is_refused_in_one_error(tmp_path):
+    """A config written for the previous schema is told everything it must change by one
+    load: each old key, in whichever section and however many share one, is a line of the
+    same ConfigError naming its new place, beside the section's other errors."""
+    data = {"model": {"path": "/m"},
+            "rollout": {"vllm_dtype": "bfloat16", "device": "cpu"},
+            "trainer": {"lr": 0.1, "clip_eps": 0.3, "eval_every": 5, "bogus": 1}}
+    with pytest.raises(ConfigError) as err:
+        load_run_config(write(tmp_path, data))
+    lines = dict(line.strip().split(": ", 1) for line in str(err.value).splitlines()[1:])
+    assert {k: v.split(",")[0] for k, v in lines.items()} == {
+        "model.path (tiny)": "model.path is now model.path with model.kind: hf",
+        "rollout.vllm_dtype": "rollout.vllm_dtype is now rollout.engine.dtype with "
+                              "rollout.engine.kind: vllm",
+        "rollout.device": "rollout.device is now rollout.engine.device with "
+                          "rollout.engine.kind: torch",
+        "trainer.lr": "trainer.lr is now trainer.optimizer.lr",
+        "trainer.clip_eps": "trainer.clip_eps moved into the loss recipe: set "
+                            "trainer.loss.clip_eps",
+        "trainer.eval_every": "trainer.eval_every is now eval.every",
+        "trainer.bogus": "Extra inputs are not permitted"}
+
+
+def test_every_field_of_another_kind_is_refused_in_one_error(tmp_path):
+    """Fields left behind by a change of kind are each named, with the kinds that have
+    them, in one error."""
+    data = {"model": {"kind": "hf", "path": "/m", "hidden_size": 64, "num_heads": 4},
+            "trainer": {"loss": {"name": "dapo", "clip_eps": 0.1, "gamma": 0.9}}}
+    with pytest.raises(ConfigError) as err:
+        load_run_config(write(tmp_path, data))
+    message = str(err.value)
+    for line in (
+            "model.hidden_size (hf): 'hidden_size' is not a field of model 'hf' (a field of "
+            "tiny)",
+            "model.num_heads (hf): 'num_heads' is not a field of model 'hf' (a field of tiny)",
+            "trainer.loss.clip_eps (dapo): 'clip_eps' is not a field of loss 'dapo' (a field "
+            "of grpo",
+            "trainer.loss.gamma (dapo): 'gamma' is not a field of loss 'dapo' (a field of "
+            "ppo)"):
+        assert f"\n  {line}" in message, message
 
 
 @pytest.mark.parametrize("data,message", [

@@ -359,7 +359,7 @@ def test_an_unknown_loss_name_lists_the_known_ones(empty):
 
 @pytest.mark.parametrize("overrides,message", [
     (["trainer.loss.clip_eps_low=0.1"],
-     "trainer.loss (grpo): Value error, 'clip_eps_low' is not a field of loss 'grpo' "
+     "trainer.loss.clip_eps_low (grpo): 'clip_eps_low' is not a field of loss 'grpo' "
      "(a field of dapo)"),
     (["trainer.loss.name=dapo", "trainer.loss.clip_eps=0.1"],
      "'clip_eps' is not a field of loss 'dapo' (a field of grpo, dr_grpo, rloo"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from relayrl.contracts.keys import RunKeys, is_external
+from relayrl.contracts.messages import Group
 from relayrl.runtime.backpressure import PressureCounters
 from relayrl.runtime.outage import redis_write
 from trainer_svc.checkpoint import Ledger
@@ -42,6 +43,34 @@ class Books:
         """Finish prompts without training them: dropped in the ledger, counted finished."""
         self.ledger.dropped.extend(prompt_ids)
         self.finish(prompt_ids)
+
+    def left_out(self, stale: list[Group], uniform: list[Group]) -> None:
+        """Count the groups a step did not train on: past the staleness bound, or filtered
+        because their rewards all agree."""
+        self.totals["samples_dropped_stale"] += sum(len(g.samples) for g in stale)
+        self.totals["groups_dropped_stale"] += len(stale)
+        self.totals["samples_filtered_uniform"] += sum(len(g.samples) for g in uniform)
+        self.totals["groups_filtered_uniform"] += len(uniform)
+
+    def trained(self, samples: int) -> None:
+        self.totals["samples_trained"] += samples
+
+    def quarantined(self, prompt_ids: list[int]) -> None:
+        """A batch entry's groups set aside before a step: finished untrained."""
+        self.finish_untrained(prompt_ids)
+        self.totals["groups_quarantined"] += len(prompt_ids)
+        self.totals["batches_quarantined"] += 1
+
+    def skipped(self, prompt_ids: list[int]) -> None:
+        """A step not taken, its loss or gradient norm not finite: its groups, already
+        counted finished, are dropped."""
+        self.ledger.dropped.extend(prompt_ids)
+        self.totals["nonfinite_steps"] += 1
+
+    def restore(self, step: int, totals: dict[str, int]) -> None:
+        """The books of a checkpoint resumed from; its ledger is acknowledged already."""
+        self.step = self.saved_step = step
+        self.totals.update(totals)
 
     def set_aside_counters(self) -> dict[str, int]:
         return {f"train/{k}": self.totals[k] for k in SET_ASIDE_TOTALS}

@@ -43,11 +43,9 @@ class Durability:
         self.learner.restore(state["extra"].get("objective", {}),
                              checkpoint.load_weights(path, self.learner.lora),
                              state["optimizer"], state.get("optimizer_by_name", False))
-        b = self.books
-        b.step = b.saved_step = state["step"]
-        b.totals.update(state["extra"]["totals"])
+        self.books.restore(state["step"], state["extra"]["totals"])
         self._acknowledge(state["ledger"])  # idempotent if it was already acknowledged
-        log.info("resumed from %s at step %d", path, b.step)
+        log.info("resumed from %s at step %d", path, self.books.step)
 
     def _acknowledge(self, ledger: checkpoint.Ledger) -> None:
         r, keys = self.link.r, self.link.keys

@@ -18,7 +18,6 @@ import torch
 
 from relayrl.contracts import ledger as prompt_ledger
 from relayrl.contracts.messages import Batch, Group, encode_batch
-from relayrl.runtime.metrics import StepRecord
 from relayrl.runtime.outage import ride_out
 from trainer_svc import checkpoint
 from trainer_svc.books import Books, RedisLink
@@ -50,9 +49,7 @@ class SetAside:
         ids = [g.prompt_id for g in screened.quarantined]
         self.quarantine.record(entry_id, "poison", "; ".join(screened.reasons), ids, b.step,
                                batch.batch_id, payload)
-        b.finish_untrained(ids)
-        b.totals["groups_quarantined"] += len(ids)
-        b.totals["batches_quarantined"] += 1
+        b.quarantined(ids)
         if screened.batch.groups:
             return screened.batch
         b.ledger.entry_ids.append(entry_id)
@@ -66,34 +63,26 @@ class SetAside:
         ids = ride_out("redis", lambda: [
             p for p in named if prompt_ledger.contains(link.r, link.keys, "batched", p)])
         self.quarantine.record(entry_id, "undecodable", reason, ids, b.step, "", payload)
-        b.finish_untrained(ids)
+        b.quarantined(ids)
         b.ledger.entry_ids.append(entry_id)
-        b.totals["groups_quarantined"] += len(ids)
-        b.totals["batches_quarantined"] += 1
 
     def nonfinite_step(self, entry_id: bytes, batch: Batch, kept: list[Group],
-                       stats: StepRecord, record: StepRecord) -> StepRecord:
+                       stats: dict[str, float]) -> None:
         """A step whose loss or gradient norm was not finite: no update, no publish. Its
         trained groups are finished untrained (the entry is already in the ledger); after
         trainer.max_nonfinite_steps in a row, NonFiniteError (trainer_svc.finite)."""
         b = self.books
         ids = [g.prompt_id for g in kept]
-        loss, grad_norm = (float("nan") if v is None else v
-                           for v in (stats.figures.loss, stats.figures.grad_norm))
+        loss, grad_norm = (float(stats.get(k, float("nan"))) for k in ("loss", "grad_norm"))
         reason = f"step {b.step + 1}: loss {loss}, grad_norm {grad_norm} not finite"
         log.error("skipping %s (batch %s, prompts %s)", reason, batch.batch_id, ids)
         self.quarantine.record(entry_id, "nonfinite_step", reason, ids, b.step,
                                batch.batch_id, encode_batch(batch))
-        b.ledger.dropped.extend(ids)  # train_step has counted them finished
-        b.totals["nonfinite_steps"] += 1
+        b.skipped(ids)  # the step has counted them finished
         self.link.write(self.record_progress, "the trainer's version")
         last = checkpoint.latest(self.ckpt_dir)
         self.guard.skipped(b.step + 1, loss, grad_norm,
                            str(last) if last else "none written yet")
-        record.step = b.step  # no new version: the record is of the step not taken
-        record.figures.step_skipped = 1
-        record.extra.update(b.set_aside_counters())
-        return record
 
     def passed(self) -> None:
         """A step taken: the run of skipped ones, if any, is over."""

@@ -5,7 +5,7 @@ them, kv_batch.py), length-bucketed prefill (prefill.py), and held-out accuracy 
 (evaluation.py).
 
 Shared, not the rollout worker's own: the torch engine (rollout_svc/torch_engine.py)
-generates with it, the trainer's eval (trainer_svc/trainer.py) and the tiny model's warm
+generates with it, the trainer's eval (trainer_svc/loop.py) and the tiny model's warm
 start (relayrl_torch/models/tiny.py, which any service may run when it resolves its model) score
 with it, and a KV state is a wire format between workers (scheduler.proto Lease.kv_states).
 """

@@ -6,12 +6,12 @@ import os
 
 from bench.profile_stack import OTHER, bucket, cpu_seconds, markdown, split_samples
 
-PUBLISH_VIA_REDIS = ("MainThread;run (trainer_svc/trainer.py:120);publish "
+PUBLISH_VIA_REDIS = ("MainThread;run (trainer_svc/loop.py:120);publish "
                      "(trainer_svc/publisher.py:80);execute_command "
                      "(redis/client.py:600)")
-TRAIN = ("MainThread;train_step (trainer_svc/trainer.py:140);backward "
+TRAIN = ("MainThread;train_step (trainer_svc/loop.py:140);backward "
          "(/x/site-packages/torch/autograd/__init__.py:300)")
-DECODE = ("MainThread;next_batch (trainer_svc/trainer.py:90);decode_batch "
+DECODE = ("MainThread;next_batch (trainer_svc/loop.py:90);decode_batch "
           "(relayrl/contracts/messages.py:50)")
 
 

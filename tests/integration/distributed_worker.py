@@ -46,8 +46,8 @@ from relayrl_torch.models.loading import load_model
 from trainer_svc.batching import collate
 from trainer_svc.distributed import Parallel, World, close_world, init_world, stored_state
 from trainer_svc.learner import Learner
+from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.trainer import Trainer
 
 MAX_NEW_TOKENS = 4
 IDLE_TIMEOUT_S = 3.0  # trainer.dist_timeout_s of the idle run

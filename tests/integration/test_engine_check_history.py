@@ -11,7 +11,6 @@ from relayrl.runtime.metrics import read_metrics
 from relayrl_torch.weights.client import RelayClient
 from tests.integration.test_trainer_metrics import add_batch, in_process_trainer
 from tests.integration.test_weight_plane import start_relay
-from trainer_svc.server import run_loop
 
 # the version that sampled each step's batch; at step 3 (trainer version 2) version 0 is two
 # behind, past max_staleness 1, so step 3 trains on nothing and publishes version 2's weights
@@ -29,7 +28,7 @@ def run(tmp_path, model_path, plane=None) -> tuple[dict[int, dict], int]:
     for step, version in enumerate(SAMPLED_BY):
         add_batch(t, f"b{step}", [step], version)
     try:
-        run_loop(t, threading.Event())
+        t.run(threading.Event())
         copies = t.history.copies
     finally:
         t.history.close()

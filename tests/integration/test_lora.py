@@ -22,8 +22,8 @@ from relayrl_torch.models.lora import adapter_state, is_lora, with_lora
 from rollout_svc.torch_engine import TorchEngine
 from tests.integration.test_trainer_resume import make_batch
 from trainer_svc import checkpoint
+from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.trainer import Trainer
 
 LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
 

@@ -18,8 +18,8 @@ from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
 from rollout_svc.torch_engine import TorchEngine
 from tests.integration.test_trainer_resume import make_batch
+from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.trainer import Trainer
 
 
 def shipped_bytes(tensors: dict[str, torch.Tensor]) -> int:

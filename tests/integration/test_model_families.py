@@ -26,8 +26,8 @@ from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.smollm2 import ensure_smollm2
 from rollout_svc.engine_api import SamplingSpec
 from rollout_svc.torch_engine import TorchEngine
+from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")

@@ -16,9 +16,10 @@ from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
+from trainer_svc.loop import Trainer
 from trainer_svc.losses import LOSSES
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.trainer import Trainer
+from trainer_svc.record import step_record
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def test_the_trainer_steps_every_loss(tmp_path, redis_url, tiny_lm, loss):
     push_batch(r, cfg, trainer.lm, varied_pid=10, uniform_pid=11)
     before = {k: v.clone() for k, v in trainer.lm.model.state_dict().items()}
 
-    record = trainer.train_step(*trainer.next_batch(threading.Event())).to_json()
+    record = step_record(trainer.train_step(*trainer.next_batch(threading.Event()))).to_json()
     trainer.save_checkpoint()
     trainer.publisher.close()
 
@@ -106,6 +107,6 @@ def test_the_value_head_survives_a_restart(tmp_path, redis_url, tiny_lm):
     for k, v in second.objective.value_head.state_dict().items():
         assert torch.equal(v, head[k])
     push_batch(r, cfg, second.lm, varied_pid=22, uniform_pid=23)
-    record = second.train_step(*second.next_batch(threading.Event())).to_json()
+    record = step_record(second.train_step(*second.next_batch(threading.Event()))).to_json()
     second.publisher.close()
     assert math.isfinite(record["train/value_loss"])

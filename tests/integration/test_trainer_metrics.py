@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig
+from relayrl.contracts import control
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import Batch, Group, Sample, encode_batch
 from relayrl.contracts.streams import FIELD
@@ -19,9 +20,9 @@ from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
 from tests.conftest import free_ports
 from trainer_svc import checkpoint
+from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.server import run_loop, trainer_metrics_of
-from trainer_svc.trainer import Trainer
+from trainer_svc.server import trainer_metrics_of
 
 STEPS, GROUP, RESPONSE = 3, 2, 3
 
@@ -70,7 +71,7 @@ def trainer(tmp_path, tiny_lm):
 
 
 def test_the_loop_records_throughput_and_exports_it(trainer):
-    run_loop(trainer, threading.Event())
+    trainer.run(threading.Event())
     rows = [r for r in read_metrics(trainer.metrics.path) if r["step"] > 0]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for r in rows:
@@ -108,7 +109,7 @@ def test_the_loop_records_throughput_and_exports_it(trainer):
 
 
 def test_throughput_agrees_with_samples_trained_over_wall_time(trainer):
-    run_loop(trainer, threading.Event())
+    trainer.run(threading.Event())
     rows = [r for r in read_metrics(trainer.metrics.path) if r["step"] > 0]
     trained = STEPS * 2 * GROUP
     last = rows[-1]
@@ -129,7 +130,7 @@ def test_the_starting_weights_are_not_evaluated_with_at_start_false(tmp_path, ti
     try:
         for step in range(2):
             add_batch(t, f"b{step}", [10 * step, 10 * step + 1])
-        run_loop(t, threading.Event())
+        t.run(threading.Event())
     finally:
         t.publisher.close()
         server.shutdown()
@@ -148,9 +149,32 @@ def test_a_stop_during_an_evaluation_keeps_the_step_and_its_checkpoint(trainer):
         return evaluate(on_update, stop_event)
 
     trainer.run_eval = signalled_during_eval
-    run_loop(trainer, stop)
+    trainer.run(stop)
     rows = read_metrics(trainer.metrics.path)
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 2 written, without its eval
     assert "eval/accuracy_sampled" in rows[0] and "eval/accuracy_sampled" not in rows[-1]
     assert trainer.step == 2 and not trainer.finished
     assert checkpoint.latest(trainer.ckpt_dir).name == "step_00000002"
+
+
+def test_live_settings_are_the_loop_s_own_and_leave_the_config_as_written(tmp_path, tiny_lm):
+    """An operator's staleness bound and temperature change what the next step drops and how
+    it rescores, and its record says so; the run's config keeps the values it was given."""
+    t, server = in_process_trainer(
+        tmp_path, tiny_lm.path, "live", 1,
+        {"max_steps": 2, "max_staleness": 100, "engine_check_seqs": 0}, eval_every=0)
+    try:
+        add_batch(t, "b0", [0])
+        add_batch(t, "b1", [1], version=0)  # one version behind at step 2
+        control.write_settings(t.r, t.keys, control.LiveSettings(max_staleness=0,
+                                                                 temperature=0.5))
+        t.run(threading.Event())
+    finally:
+        t.publisher.close()
+        server.shutdown()
+    rows = [r for r in read_metrics(t.metrics.path) if r["step"] > 0]
+    assert [(r["control/max_staleness"], r["control/temperature"]) for r in rows] == [
+        (0, 0.5), (0, 0.5)]
+    assert rows[1]["train/groups_dropped_stale"] == 1  # dropped by the live bound of 0
+    assert t.objective.temperature == 0.5
+    assert (t.cfg.trainer.max_staleness, t.cfg.rollout.temperature) == (100, 1.0)

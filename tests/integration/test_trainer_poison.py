@@ -23,9 +23,10 @@ from relayrl_ops.audit import audit_redis, read_quarantine
 from relayrl_torch.models.loading import load_model
 from trainer_svc import checkpoint
 from trainer_svc.finite import NonFiniteError
+from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
+from trainer_svc.record import step_record
 from trainer_svc.server import trainer_metrics_of
-from trainer_svc.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,8 @@ def test_poison_batches_are_quarantined_and_the_trainer_goes_on(tmp_path, redis_
 
     def two_steps(trainer: Trainer) -> list[dict]:
         stop = threading.Event()
-        return [trainer.train_step(*trainer.next_batch(stop)).to_json() for _ in range(2)]
+        return [step_record(trainer.train_step(*trainer.next_batch(stop))).to_json()
+                for _ in range(2)]
 
     # the first trainer dies before its checkpoint: a restart meets every poison entry again
     two_steps(t)
@@ -128,7 +130,7 @@ def test_nonfinite_steps_are_skipped_and_stop_the_run_after_the_limit(tmp_path, 
     def step(pids: list[int], temperature: float) -> dict:
         t.objective.temperature = temperature  # 1e-300: a live setting that overflows the loss
         push_groups(t, [group(t, p) for p in pids])
-        return t.train_step(*t.next_batch(stop)).to_json()
+        return step_record(t.train_step(*t.next_batch(stop))).to_json()
 
     step([10, 11], 1.0)
     t.save_checkpoint()
@@ -157,5 +159,5 @@ def test_nonfinite_steps_are_skipped_and_stop_the_run_after_the_limit(tmp_path, 
         (12, 13), (16, 17), (18, 19)]
     assert all(r["kind"] == "nonfinite_step" and "not finite" in r["reason"]
                for r in records.values())
-    assert t.ledger.dropped == [12, 13, 16, 17, 18, 19]  # acknowledged at the next checkpoint
-    assert t.ledger.consumed == [14, 15]
+    assert t.books.ledger.dropped == [12, 13, 16, 17, 18, 19]  # acknowledged at the next checkpoint
+    assert t.books.ledger.consumed == [14, 15]

@@ -15,8 +15,8 @@ from relayrl.contracts.streams import FIELD
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
 from trainer_svc import checkpoint
+from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
-from trainer_svc.trainer import Trainer
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_a_delivery_whose_reply_was_lost_is_trained_next(env):
                for i in range(3)]
     assert step_once(trainer) == entries[0]
     # the lost reply: the entry is delivered to the trainer's consumer, the answer dropped
-    from trainer_svc.trainer import CONSUMER
+    from trainer_svc.loop import CONSUMER
     r.xreadgroup(TRAINER_GROUP, CONSUMER, {keys.batches: ">"}, count=1)
     assert [step_once(trainer) for _ in range(2)] == entries[1:]
     trainer.save_checkpoint()
@@ -128,7 +128,7 @@ def test_a_step_already_checkpointed_is_not_written_again(env):
     stamp = written.stat().st_mtime_ns
     trainer.save_checkpoint()
     assert written.stat().st_mtime_ns == stamp  # same step, nothing read: not rewritten
-    trainer.ledger.dropped.append(7)
+    trainer.books.ledger.dropped.append(7)
     trainer.save_checkpoint()
     assert written.stat().st_mtime_ns != stamp and ledger.members(r, keys, "dropped") == {7}
     trainer.publisher.close()

@@ -7,9 +7,14 @@ import sys
 
 import pytest
 
-from relayrl.runtime.metrics import StepFigures, StepRecord, read_metrics, read_records
+from relayrl.runtime.metrics import (
+    StepFigures,
+    StepRecord,
+    open_metrics,
+    read_metrics,
+    read_records,
+)
 from trainer_svc.plots import Plotter, plot_throughput
-from trainer_svc.trainer import open_metrics
 
 
 def write_rows(path, rows):

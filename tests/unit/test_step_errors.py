@@ -11,7 +11,7 @@ from relayrl.contracts.messages import Sample
 from relayrl_tasks.envs.play import failure
 from relayrl_tasks.rewards import score
 from relayrl_tasks.rewards.scoring import reward_error_kind
-from trainer_svc.errors import count_errors, episode_counts
+from trainer_svc.record import count_errors, episode_counts
 
 
 def sample(error: str = "", mask: list[int] | None = None) -> Sample:
@@ -39,7 +39,7 @@ def test_errors_are_counted_per_kind_with_one_example_each(caplog):
     timeout = failure("Guess.step", "step_timeout_s", "no answer within 2 s")
     samples = [sample("KeyError: 'a'"), sample("KeyError: 'b'"),
                sample("ValueError: reward is not finite: nan"), sample(timeout), sample()]
-    with caplog.at_level(logging.WARNING, logger="trainer_svc.errors"):
+    with caplog.at_level(logging.WARNING, logger="trainer_svc.record"):
         counts = count_errors(samples, step=4)
     assert counts.total == 4
     assert counts.reward == {"raised": 2, "not_finite": 1}

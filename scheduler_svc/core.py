@@ -2,7 +2,7 @@
 
 The gRPC servicer is a thin translation of this class, which is also the in-process
 implementation of the lease contract. What a worker leaves mid-lease (token and KV states)
-is handled in scheduler_svc.saved_progress, mixed in here.
+is kept by a SavedProgress (scheduler_svc.saved_progress).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from relayrl.config import RunConfig
 from relayrl.contracts import control, ledger
 from relayrl.contracts.control import LiveSettings, RunState, SettingsChange
 from relayrl.contracts.keys import RunKeys
-from relayrl.contracts.leases import LeaseBatch, LeaseClient, LeasedPrompt
+from relayrl.contracts.leases import LeaseBatch, LeaseClient, LeasedPrompt, ProgressReply
 from relayrl.rules.repack import Move
 from relayrl.rules.staleness import inflight_prompts, oldest_startable
 from relayrl.runtime.backpressure import is_oom
@@ -42,7 +42,7 @@ def unheld_grace_s(cfg: RunConfig) -> float:
     return 2 * s.call_timeout_s + s.heartbeat_interval_s
 
 
-class SchedulerCore(SavedProgress, LeaseClient):
+class SchedulerCore(LeaseClient):
     def __init__(self, cfg: RunConfig, redis, clock=time.monotonic):
         self.cfg = cfg
         self.policy = LeasePolicy(lease_ttl_s=cfg.scheduler.lease_ttl_s,
@@ -63,22 +63,21 @@ class SchedulerCore(SavedProgress, LeaseClient):
         self.task = load_run_task(cfg)
         self.clock = clock
         self.lock = threading.Lock()
-        # saved token state of prompts generated in segments, mirrored to Redis
-        self.partials: dict[int, bytes] = {
-            int(k): v for k, v in (redis.hgetall(self.keys.partials) or {}).items()}
-        # KV states of repacked prompts' sequences, for their next holder: memory only, since
-        # losing them costs a re-prefill, not a token
-        self.kv_handoffs: dict[int, tuple[bytes, ...]] = {}
+        self.saved = SavedProgress(cfg, redis, self.keys)
         # ledger entries Redis refused for its memory limit, written again by refresh()
         self.unrecorded: dict[str, set[int]] = {}
         self.ledger_lock = threading.Lock()
-        self.redis_oom_refusals = 0
-        self.unmirrored: set[int] = set()  # partials kept in memory only, for now
+        self.ledger_oom_refusals = 0
         # an operator's pause or stop and changed settings outlive a scheduler restart
         self.policy.control.state = control.read_run_state(redis, self.keys)
         self.settings = control.read_settings(redis, self.keys, cfg)
         self._apply(self.settings)
         self._take_up_ledger()
+
+    @property
+    def redis_oom_refusals(self) -> int:
+        """Writes Redis refused for its memory limit, to the ledger and of saved states."""
+        return self.ledger_oom_refusals + self.saved.oom_refusals
 
     def _take_up_ledger(self) -> None:
         """After a restart: go on from the prompts the ledger says were handed out, with
@@ -132,7 +131,7 @@ class SchedulerCore(SavedProgress, LeaseClient):
                 if not self.redis_oom_refusals:
                     log.warning("Redis is at its memory limit; %d %s prompts kept to record "
                                 "later", len(todo), name)
-                self.redis_oom_refusals += 1
+                self.ledger_oom_refusals += 1
                 return
             todo.clear()
 
@@ -142,7 +141,7 @@ class SchedulerCore(SavedProgress, LeaseClient):
         for name in list(self.unrecorded):
             self._record(name, ())
         with self.lock:
-            self._mirror_partials()
+            self.saved.mirror()
         try:
             self._read_trainer_progress()
         except redis.RedisError:
@@ -159,7 +158,7 @@ class SchedulerCore(SavedProgress, LeaseClient):
                         lease.prompt_id, lease.worker_id, lease.attempt)
         if newly_failed:
             self._record("failed", newly_failed)
-            self._forget_partials(newly_failed)
+            self.saved.forget(newly_failed)
         if drained:  # nothing is out any more: the trainer may end once it has all of it
             self.redis.set(self.keys.stop_target, target)
         interval = self.cfg.scheduler.repack_interval_s
@@ -236,22 +235,12 @@ class SchedulerCore(SavedProgress, LeaseClient):
         for g in grants:
             p = self.task.problem(g.prompt_id)
             leases.append(LeasedPrompt(g.lease_id, p.prompt_id, p.text, p.reference, g.attempt,
-                                       self.partials.get(g.prompt_id, b""),
-                                       self.kv_handoffs.pop(g.prompt_id, ()),
+                                       self.saved.state_of(g.prompt_id),
+                                       self.saved.take_kv(g.prompt_id),
                                        p.messages, p.metadata))
         floor = oldest_startable(self.trainer_version, self.settings.max_staleness,
                                  self.cfg.scheduler.max_start_lag, ahead)
         return LeaseBatch(leases, done, 0.0 if leases else 0.05, floor)
-
-    def complete(self, worker_id: str, lease_id: str) -> bool:
-        with self.lock:
-            prompt_id = self.policy.holder_prompt(lease_id, worker_id)
-            if prompt_id is None:  # a late delivery of a lapsed lease may still count
-                prompt_id = self.policy.expired.get(lease_id)
-            accepted = self.policy.complete(lease_id, worker_id)
-        if accepted and prompt_id is not None:
-            self._forget_partials([prompt_id])
-        return accepted
 
     def heartbeat(self, worker_id: str, policy_version: int,
                   held: Collection[str] | None = None, fresh: bool = True) -> bool:
@@ -273,3 +262,52 @@ class SchedulerCore(SavedProgress, LeaseClient):
                         "never reached it; re-issued", lease.lease_id, lease.prompt_id,
                         worker_id)
         return known
+
+    def _prompt_of(self, worker_id: str, lease_id: str) -> int | None:
+        with self.lock:
+            return self.policy.holder_prompt(lease_id, worker_id)
+
+    def save_progress(self, worker_id: str, lease_id: str, state: bytes) -> ProgressReply:
+        prompt_id = self._prompt_of(worker_id, lease_id)
+        if prompt_id is None:
+            return ProgressReply(False)
+        group = self.saved.check(state, prompt_id, "SaveProgress")
+        with self.lock:  # the lease may have lapsed while the state was checked
+            recalled = self.policy.note_progress(lease_id, worker_id, len(group.unfinished()))
+            if recalled is None:
+                return ProgressReply(False)
+            self.saved.keep(prompt_id, state)
+        return ProgressReply(True, recalled)
+
+    def complete(self, worker_id: str, lease_id: str) -> bool:
+        with self.lock:
+            prompt_id = self.policy.holder_prompt(lease_id, worker_id)
+            if prompt_id is None:  # a late delivery of a lapsed lease may still count
+                prompt_id = self.policy.expired.get(lease_id)
+            accepted = self.policy.complete(lease_id, worker_id)
+        if accepted and prompt_id is not None:
+            self.saved.forget([prompt_id])
+        return accepted
+
+    def release(self, worker_id: str, lease_id: str, state: bytes = b"",
+                kv_states: tuple[bytes, ...] = ()) -> bool:
+        with self.lock:  # a retry's state is older than what a new holder may have saved
+            if self.policy.released_before(lease_id, worker_id):
+                return True
+        prompt_id = self._prompt_of(worker_id, lease_id)
+        if prompt_id is None:
+            return False
+        if state:
+            self.saved.check(state, prompt_id, "Release")
+        kv_states = self.saved.allowed_kv(kv_states)
+        with self.lock:
+            if self.policy.holder_prompt(lease_id, worker_id) is None:
+                return False
+            if state:  # kept before the prompt can be leased again
+                self.saved.keep(prompt_id, state)
+            if kv_states:
+                self.saved.hand_over_kv(prompt_id, kv_states)
+            self.policy.release(lease_id, worker_id, self.clock())
+        log.info("worker %s handed back prompt %d%s", worker_id, prompt_id,
+                 " with its token state" if state else "")
+        return True

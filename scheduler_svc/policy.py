@@ -6,34 +6,43 @@ lapses, the prompt goes back to the front of the queue until `max_attempts` leas
 failed, after which the prompt is reported failed. The number of prompts out at once
 (handed out but not yet finished by the trainer) is capped, which bounds staleness.
 
-Repacking (scheduler_svc.repack_rules): a lease can be recalled from a worker left with a
-tail, for a fuller worker to continue it.
+Workers: a worker that (re)registers as a new process loses its predecessor's leases at
+once. One that names the leases it holds in its heartbeats renews only those; a lease
+granted to it but absent from them for `unheld_grace_s` (longer than its grant can take to
+reach the worker) is re-issued, so a grant whose reply was lost for good does not stay out
+forever. A draining worker gets no new leases.
 
 Lost replies (scheduler_svc.idempotency): a retried acquire with the same request id gets
 the leases the first call was granted, and a repeated complete, release or register
 changes nothing.
 
-Workers (scheduler_svc.worker_rules): registering, draining, and heartbeats, which renew
-a worker's leases and re-issue a grant it never received.
+Repacking: a lease can be recalled from a worker stuck on a few long sequences
+(relayrl.rules.repack's rule); the worker hands it back with its token state at its next
+segment boundary, and the prompt is reserved for the fuller worker chosen to continue it,
+for `reservation_s`.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from relayrl.rules.repack import Move, plan_moves, repack_wanted
 from relayrl.rules.staleness import may_hand_out
 from scheduler_svc.idempotency import COMPLETED, RELEASED, ReplyMemory
 from scheduler_svc.lease_state import ActiveLease, Counters, Grant, WorkerState
-from scheduler_svc.repack_rules import RepackRules
 from scheduler_svc.run_control import RunControl
-from scheduler_svc.worker_rules import WorkerRules
 
 __all__ = ["ActiveLease", "Counters", "Grant", "LeasePolicy", "WorkerState"]
 
 
 @dataclass
-class LeasePolicy(WorkerRules, RepackRules):
+class LeasePolicy:
+    """The lease state, then the methods that change it in a lease's order: workers
+    register, a lease is acquired, renewed by heartbeats, completed or handed back,
+    expired, and repacked."""
+
     lease_ttl_s: float
     max_attempts: int
     max_inflight: int
@@ -92,6 +101,44 @@ class LeasePolicy(WorkerRules, RepackRules):
     def set_finished(self, finished: int) -> None:
         self.finished = max(self.finished, finished)
 
+    def register(self, worker_id: str, now: float, incarnation: str = "") -> None:
+        """A worker (re)starts: leases an earlier process under its name held lapse now,
+        since the new process knows nothing of them and its heartbeats would keep them.
+        The same process registering again (its first reply lost) keeps them."""
+        state = self.workers.get(worker_id)
+        if state is not None and incarnation and state.incarnation == incarnation:
+            state.last_seen = now
+            return
+        for lease in self.leases.values():
+            if lease.worker_id == worker_id:
+                lease.deadline = now
+        self.expire(now)
+        self.workers[worker_id] = WorkerState(last_seen=now, incarnation=incarnation)
+        self.memory.forget_worker(worker_id)
+
+    def drain(self, worker_id: str, lapse_leases: bool, now: float) -> None:
+        """No new leases for the worker; its current ones finish, or lapse now (re-issued
+        like expired ones) with `lapse_leases`."""
+        if worker_id not in self.workers:
+            raise KeyError(worker_id)
+        self.draining.add(worker_id)
+        if lapse_leases:
+            for lease in self.leases.values():
+                if lease.worker_id == worker_id:
+                    lease.deadline = now
+            self.expire(now)
+
+    def undrain(self, worker_id: str) -> None:
+        if worker_id not in self.workers:
+            raise KeyError(worker_id)
+        self.draining.discard(worker_id)
+
+    def leases_by_worker(self) -> dict[str, int]:
+        counts = dict.fromkeys(self.workers, 0)
+        for lease in self.leases.values():
+            counts[lease.worker_id] = counts.get(lease.worker_id, 0) + 1
+        return counts
+
     def acquire(self, worker_id: str, max_prompts: int, now: float,
                 request_id: str = "") -> list[Grant]:
         """Up to `max_prompts` new leases; the same ones again for a repeated `request_id`."""
@@ -138,6 +185,25 @@ class LeasePolicy(WorkerRules, RepackRules):
             grants.append(self._lease(prompt_id, worker_id, now))
         return grants
 
+    def _next_queued(self, worker_id: str, now: float) -> int | None:
+        """A re-queued prompt for this worker: one reserved for it first, else the first one
+        not reserved for another worker that can still take it."""
+        pick = None
+        for prompt_id in self.requeue:
+            to, until = self.reserved.get(prompt_id, ("", 0.0))
+            if to == worker_id:
+                pick = prompt_id
+                break
+            if pick is None and (not to or until <= now or to not in self.workers
+                                 or to in self.draining):
+                pick = prompt_id
+        if pick is None:
+            return None
+        self.requeue.remove(pick)
+        if self.reserved.pop(pick, ("", 0.0))[0] == worker_id:
+            self.counters.leases_moved += 1
+        return pick
+
     def _may_hand_out_new(self) -> bool:
         if not self.control.new_prompts_allowed:
             return False
@@ -154,6 +220,35 @@ class LeasePolicy(WorkerRules, RepackRules):
                                             now + self.lease_ttl_s, granted_at=now)
         self.counters.leases_granted += 1
         return Grant(lease_id, prompt_id, attempt)
+
+    def heartbeat(self, worker_id: str, policy_version: int, now: float,
+                  held: Collection[str] | None = None) -> bool:
+        """Renews the worker's leases, only those in `held` when it names them. False means
+        the worker is unknown and must register."""
+        state = self.workers.get(worker_id)
+        if state is None:
+            return False
+        state.last_seen = now
+        state.policy_version = policy_version
+        for lease in self.leases.values():
+            if lease.worker_id == worker_id and (held is None or lease.lease_id in held):
+                lease.deadline = now + self.lease_ttl_s
+        return True
+
+    def release_unheld(self, worker_id: str, held: Collection[str], now: float
+                       ) -> list[ActiveLease]:
+        """Re-issue the worker's leases absent from `held`, the leases its heartbeat says
+        it holds, once granted unheld_grace_s ago: the grant's reply never reached it, or it
+        let the lease go unheard. A later grant may still be on its way to it. The hand-back
+        costs no attempt, and a late delivery still counts while the prompt waits."""
+        gone = [lease for lease in self.leases.values()
+                if lease.worker_id == worker_id and lease.lease_id not in held
+                and now - lease.granted_at >= self.unheld_grace_s]
+        for lease in gone:
+            self._hand_back(lease, now)
+            self.expired[lease.lease_id] = lease.prompt_id
+            self.counters.leases_unheld += 1
+        return gone
 
     def complete(self, lease_id: str, worker_id: str) -> bool:
         """The worker delivered every sample of the lease to the buffer. Its repeated call
@@ -225,3 +320,39 @@ class LeasePolicy(WorkerRules, RepackRules):
                 self.expired[lease.lease_id] = lease.prompt_id
                 self.requeue.appendleft(lease.prompt_id)
         return lapsed
+
+    def note_progress(self, lease_id: str, worker_id: str, unfinished: int) -> bool | None:
+        """The holder saved the lease's token state with `unfinished` sequences left. Returns
+        None if it does not hold the lease, else whether a repack recalled it."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id:
+            return None
+        lease.unfinished = unfinished
+        return bool(lease.recall_to)
+
+    def plan_repack(self, now: float, force: bool = False) -> list[Move]:
+        """Recall the leases of workers left with a tail, for the fullest workers with room.
+        Unless forced, only when no prompt waits to be handed out (idle room is then filled
+        by new prompts instead). Workers with a move under way sit this round out."""
+        if not self.worker_capacity:
+            return []
+        if not force and not repack_wanted(len(self.requeue), self._may_hand_out_new()):
+            return []
+        self.expire(now)
+        busy = {lease.worker_id for lease in self.leases.values() if lease.recall_to}
+        busy |= {lease.recall_to for lease in self.leases.values() if lease.recall_to}
+        holdings: dict[str, list[tuple[str, int]]] = {
+            w: [] for w in self.workers if w not in busy}
+        for lease in self.leases.values():
+            if lease.worker_id in holdings:
+                holdings[lease.worker_id].append(
+                    (lease.lease_id,
+                     self.group_size if lease.unfinished < 0 else lease.unfinished))
+        alive = [w for w, state in self.workers.items()
+                 if w in holdings and w not in self.draining
+                 and now - state.last_seen < self.lease_ttl_s]
+        moves = plan_moves(holdings, self.worker_capacity, self.repack_below, alive)
+        for move in moves:
+            self.leases[move.item].recall_to = move.target
+        self.counters.leases_recalled += len(moves)
+        return moves

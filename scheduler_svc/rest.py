@@ -99,7 +99,7 @@ def build_rest_app(core: SchedulerCore | None, token: str | TokenBook):
             return [LeaseView(lease_id=lease.lease_id, prompt_id=lease.prompt_id,
                               worker_id=lease.worker_id, attempt=lease.attempt,
                               expires_in_s=round(lease.deadline - now, 3),
-                              has_saved_tokens=lease.prompt_id in core.partials,
+                              has_saved_tokens=lease.prompt_id in core.saved.partials,
                               unfinished_sequences=(
                                   None if lease.unfinished < 0 else lease.unfinished),
                               recalled_to=lease.recall_to or None)

@@ -100,7 +100,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 leases_recalled=p.counters.leases_recalled,
                 leases_moved=p.counters.leases_moved,
                 leases_unheld=p.counters.leases_unheld,
-                partial_groups=len(self.core.partials),
+                partial_groups=len(self.core.saved.partials),
                 failed=len(p.failed), finished=p.finished, workers=len(p.workers), done=p.done,
                 worker_versions={w: s.policy_version for w, s in p.workers.items()},
                 worker_leases=p.leases_by_worker())

@@ -46,7 +46,7 @@ def scheduler_metrics(core: SchedulerCore) -> ServiceMetrics:
                 p.counters, core, prompts_handed_out=p.handed_out,
                 prompts_inflight=p.inflight, inflight_limit=p.max_inflight,
                 prompts_finished=p.finished, prompts_failed=len(p.failed),
-                leases_active=len(p.leases), partial_groups=len(core.partials),
+                leases_active=len(p.leases), partial_groups=len(core.saved.partials),
                 workers=len(p.workers), workers_draining=len(p.draining), done=float(p.done),
                 worker_policy_version={w: s.policy_version for w, s in p.workers.items()},
                 worker_leases=p.leases_by_worker()),)

@@ -171,7 +171,7 @@ def test_saved_progress_travels_with_the_reissued_lease(setup):
     again = client.acquire("w1", 1).leases[0]
     assert (again.prompt_id, again.partial_state) == (lease.prompt_id, state)
     assert client.complete("w1", again.lease_id)
-    assert core.partials == {}  # delivered: the saved state is forgotten
+    assert core.saved.partials == {}  # delivered: the saved state is forgotten
 
 
 def test_progress_saved_together_answers_each_lease_in_order(setup):
@@ -182,7 +182,7 @@ def test_progress_saved_together_answers_each_lease_in_order(setup):
              ("L-unknown", _state(core, mine.prompt_id, 1))]
     assert client.save_progress_many("w0", saves) == [ProgressReply(True), ProgressReply(False),
                                                       ProgressReply(False)]
-    assert set(core.partials) == {mine.prompt_id}
+    assert set(core.saved.partials) == {mine.prompt_id}
     assert client.save_progress_many("w0", []) == []
 
 
@@ -207,7 +207,7 @@ def test_malformed_progress_is_refused_naming_the_field_and_nothing_changes(setu
             client.save_progress("w0", lease.lease_id, bad)
         msg = str(info.value) if isinstance(info.value, ValueError) else info.value.details()
         assert "SaveProgress.state" in msg
-    assert core.partials == {}
+    assert core.saved.partials == {}
     assert client.complete("w0", lease.lease_id)
 
 
@@ -311,7 +311,7 @@ def test_a_repeated_release_changes_nothing(setup):
     newer = _state(core, lease.prompt_id, 2)
     assert client.save_progress("w1", again.lease_id, newer).accepted
     assert client.release("w0", lease.lease_id, old)  # the retry, with its older state
-    assert core.partials[lease.prompt_id] == newer
+    assert core.saved.partials[lease.prompt_id] == newer
     assert set(core.policy.leases) == {again.lease_id}
     assert core.policy.counters.leases_released == 1
     assert client.save_progress("w1", again.lease_id, newer).accepted  # saved twice: same

@@ -136,7 +136,7 @@ def test_a_stopping_worker_hands_its_tokens_back_and_another_resumes(stack):
     lease = core.acquire(a.worker_id, 1).leases[0]
     assert not a.run_lease(lease, stop)
     assert a.leases_released == 1 and delivered(r) == []
-    saved = PartialGroup.decode(core.partials[lease.prompt_id], lease.prompt_id, N)
+    saved = PartialGroup.decode(core.saved.partials[lease.prompt_id], lease.prompt_id, N)
     assert all(len(s.tokens) == 2 or s.finish_reason == "stop" for s in saved.sequences)
 
     b = make_worker(cfg, r, core, tiny_lm, 1, VersionStore(4))
@@ -149,7 +149,7 @@ def test_a_stopping_worker_hands_its_tokens_back_and_another_resumes(stack):
     samples = delivered(r)
     assert sorted(s.response_tokens[:2].tolist() for s in samples) == sorted(
         s.tokens[:2] for s in saved.sequences)
-    assert core.partials == {}
+    assert core.saved.partials == {}
 
 
 def test_a_killed_worker_loses_at_most_its_current_segment(stack):
@@ -190,7 +190,7 @@ def test_token_state_is_saved_every_save_every_s_and_a_kill_loses_only_what_came
     def segment_took_3_s(calls):
         clock.now += 3.0
         if calls == 2:  # the first boundary (t=3) was not due: nothing saved yet
-            assert core.partials == {}
+            assert core.saved.partials == {}
         if calls == 3:
             raise Killed  # dies inside its third segment, after the save at t=6
 
@@ -198,7 +198,7 @@ def test_token_state_is_saved_every_save_every_s_and_a_kill_loses_only_what_came
     lease = core.acquire(a.worker_id, 1).leases[0]
     with pytest.raises(Killed):
         a.run_lease(lease)
-    saved = PartialGroup.decode(core.partials[lease.prompt_id], lease.prompt_id, N)
+    saved = PartialGroup.decode(core.saved.partials[lease.prompt_id], lease.prompt_id, N)
     assert all(len(s.tokens) == 4 or s.finish_reason == "stop" for s in saved.sequences)
     clock.now += 11.0  # its lease lapses without a heartbeat
     core.refresh()
@@ -239,7 +239,7 @@ def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stac
 
     held_b, _ = b.advance(held_b)  # one more segment, saved, then handed over
     assert held_b == [] and b.groups_moved_out == 1
-    saved = PartialGroup.decode(core.partials[tail.prompt_id], tail.prompt_id, N)
+    saved = PartialGroup.decode(core.saved.partials[tail.prompt_id], tail.prompt_id, N)
     unfinished = len(saved.unfinished())
     assert core.acquire(b.worker_id, 1).leases == []  # reserved for a
     a._refill(held_a, threading.Event())

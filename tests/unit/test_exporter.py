@@ -116,8 +116,8 @@ def test_relay_snapshot_gives_what_it_declares():
 def test_scheduler_snapshot_gives_what_it_declares():
     policy = LeasePolicy(lease_ttl_s=10, max_attempts=2, max_inflight=8)
     policy.workers["w0"] = WorkerState(last_seen=0.0, policy_version=3)
-    core = SimpleNamespace(policy=policy, lock=threading.Lock(), partials={},
-                           redis_oom_refusals=0)
+    core = SimpleNamespace(policy=policy, lock=threading.Lock(),
+                           saved=SimpleNamespace(partials={}), redis_oom_refusals=0)
     exported = scheduler_metrics(core)
     snap = exported.snapshot()
     assert set(snap) == declared(exported)

@@ -27,7 +27,7 @@ from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.rules.repack import is_tail
 from relayrl_tasks.rewards import get_reward, score_group
 from relayrl_torch.models.loading import LoadedModel
-from rollout_svc.engine_api import Engine
+from rollout_svc.engines.api import Engine
 from rollout_svc.episodes import EpisodeGroup, episode_samples
 from rollout_svc.group_generator import GroupGenerator
 from rollout_svc.loop_clock import LoopClock

@@ -22,9 +22,9 @@ from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import worker_device
 from relayrl_torch.weights.signing import ManifestKeys
-from rollout_svc.chat_turns import TurnMemories
-from rollout_svc.custom import CustomGenerator
-from rollout_svc.engine_factory import make_engine
+from rollout_svc.engines.factory import make_engine
+from rollout_svc.serving.chat_turns import TurnMemories
+from rollout_svc.serving.generator import CustomGenerator
 from rollout_svc.telemetry import rollout_metrics
 from rollout_svc.worker import RolloutWorker
 
@@ -119,7 +119,7 @@ def serve(cfg: RunConfig) -> None:
                                max_concurrent_rpcs=cfg.rollout.grpc.max_concurrent_rpcs)
         http = None
         if cfg.rollout.http_base_port:
-            from rollout_svc.openai_api import OpenAIServer
+            from rollout_svc.serving.openai_server import OpenAIServer
 
             http = OpenAIServer(generator, cfg.rollout.http_host,
                                 cfg.rollout.http_base_port + cfg.rollout.worker_index,

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from relayrl.runtime.exporter import ServiceMetrics
 from relayrl.runtime.stats import Stats, counter, gauge
-from rollout_svc.batcher import RequestBatcher
-from rollout_svc.chat_turns import TurnMemories
 from rollout_svc.episode_generator import EpisodeGenerator
+from rollout_svc.serving.batcher import RequestBatcher
+from rollout_svc.serving.chat_turns import TurnMemories
 from rollout_svc.worker import RolloutWorker
 
 

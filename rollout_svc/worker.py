@@ -36,7 +36,7 @@ from relayrl.runtime.progress import StepWaiter
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.weights import WeightPlane
 from rollout_svc.boundary import ActiveGroup, SegmentBoundary
-from rollout_svc.engine_api import Engine
+from rollout_svc.engines.api import Engine
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.group_generator import GroupGenerator
 from rollout_svc.loop_clock import LoopClock

@@ -16,7 +16,7 @@ from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.plugins.rewards import REWARDS, register
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.worker import RolloutWorker
 from scheduler_svc.core import SchedulerCore
 from trainer_svc.batching import split_stale

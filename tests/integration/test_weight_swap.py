@@ -13,7 +13,7 @@ from relayrl.config import RunConfig
 from relayrl.runtime.grpc_util import make_server
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.worker import RolloutWorker
 from tests.conftest import free_ports
 

@@ -38,14 +38,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def Status(self, request, context):
         w = self.worker
+        pulls, gen, boundary = w.weights, w.generator, w.boundary
         return rollout_pb2.RolloutStatus(
             worker_id=w.worker_id, policy_version=w.engine.version,
-            samples_generated=w.samples_generated, weight_swaps=w.weight_swaps,
-            versions_used=sorted(w.versions_used), weight_pull_failures=w.pull_failures,
-            bytes_pulled=w.bytes_pulled, last_pull_s=w.last_pull_s, segments=w.segments,
-            mid_sequence_swaps=w.mid_sequence_swaps, groups_resumed=w.groups_resumed,
-            leases_released=w.leases_released, groups_moved_out=w.groups_moved_out,
-            kv_imported=w.kv_imported, kv_refused=w.kv_refused,
+            samples_generated=boundary.samples_generated, weight_swaps=pulls.weight_swaps,
+            versions_used=sorted(boundary.versions_used),
+            weight_pull_failures=pulls.pull_failures, bytes_pulled=pulls.bytes_pulled,
+            last_pull_s=pulls.last_pull_s, segments=gen.segments,
+            mid_sequence_swaps=gen.mid_sequence_swaps, groups_resumed=gen.groups_resumed,
+            leases_released=boundary.leases_released,
+            groups_moved_out=boundary.groups_moved_out,
+            kv_imported=gen.kv_imported, kv_refused=gen.kv_refused,
             tokens_resumed=int(w.engine.stats().get("tokens_resumed", 0)),
             engine=w.engine.name,
             custom_requests=self.gen.batcher.requests,

@@ -35,7 +35,7 @@ from relayrl.runtime.outage import Outage, is_outage, ride_out
 from relayrl.runtime.progress import StepWaiter
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.weights import WeightPlane
-from rollout_svc.boundary import ActiveGroup, SegmentBoundary
+from rollout_svc.boundary import ActiveGroup, BoundarySettings, SegmentBoundary
 from rollout_svc.engines.api import Engine
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.group_generator import GroupGenerator
@@ -78,9 +78,8 @@ class RolloutWorker:
         self.leases = WorkerLeases(scheduler, self.worker_id, self._scheduler_call_failed)
         self.scheduler_outage = Outage("scheduler")  # logs a wait once; unready meanwhile
         self.loop = LoopClock()
-        self.boundary = SegmentBoundary(cfg, engine, lm, scheduler, self.leases, self.generator,
-                                        writer, reward_name, self.loop, clock,
-                                        self._scheduler_call_failed)
+        self.boundary = SegmentBoundary(BoundarySettings.of(cfg, reward_name), self.generator,
+                                        self.leases, writer, self.loop, clock)
 
     @property
     def seats(self) -> int:

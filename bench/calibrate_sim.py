@@ -27,8 +27,8 @@ from relayrl.config import load_run_config  # noqa: E402
 from relayrl_sim.costs import fit_decode_cost, save_costs  # noqa: E402
 from relayrl_torch.models import resolve_model_path  # noqa: E402
 from relayrl_torch.models.loading import load_model  # noqa: E402
-from rollout_svc.engine_api import SamplingSpec  # noqa: E402
-from rollout_svc.engine_factory import make_engine  # noqa: E402
+from rollout_svc.engines.api import SamplingSpec  # noqa: E402
+from rollout_svc.engines.factory import make_engine  # noqa: E402
 
 BATCHES = (1, 4, 16, 64)
 CONTEXTS = (16, 64, 160)

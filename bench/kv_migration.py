@@ -40,13 +40,13 @@ def context_of(i: int, n: int, vocab: int) -> list[int]:
 
 
 def engine(model: str, max_len: int, port: int):
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.vllm import VllmEngine
 
     return VllmEngine(model, max_model_len=max_len, kv_cache_gib=1.0, kv_transfer_port=port)
 
 
 def source(model: str, max_len: int, port: int, jobs: mp.Queue, out: mp.Queue) -> None:
-    from rollout_svc.engine_api import SamplingSpec
+    from rollout_svc.engines.api import SamplingSpec
 
     eng = engine(model, max_len, port)
     while (job := jobs.get()) is not None:
@@ -58,7 +58,7 @@ def source(model: str, max_len: int, port: int, jobs: mp.Queue, out: mp.Queue) -
 
 def batch_s(eng, context: list[int]) -> float:
     """Seconds to sample BATCH sequences of BATCH_TOKENS tokens after `context`."""
-    from rollout_svc.engine_api import SamplingSpec
+    from rollout_svc.engines.api import SamplingSpec
 
     t = time.perf_counter()
     eng.generate([context] * BATCH, SamplingSpec(max_new_tokens=BATCH_TOKENS, temperature=1.0))
@@ -70,7 +70,7 @@ def plain(model: str, max_len: int, context: list[int], out: mp.Queue) -> None:
 
 
 def destination(model: str, max_len: int, port: int, jobs: mp.Queue, out: mp.Queue) -> None:
-    from rollout_svc.engine_api import SamplingSpec
+    from rollout_svc.engines.api import SamplingSpec
 
     eng = engine(model, max_len, port)
     while (job := jobs.get()) is not None:

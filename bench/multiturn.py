@@ -34,9 +34,9 @@ from relayrl.plugins.envs import Environment, Step  # noqa: E402
 from relayrl_tasks.tasks import AdditionTask  # noqa: E402
 from relayrl_torch.models.loading import LoadedModel, load_model  # noqa: E402
 from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer  # noqa: E402
+from rollout_svc.engines.torch import TorchEngine  # noqa: E402
 from rollout_svc.episode_generator import EpisodeGenerator  # noqa: E402
 from rollout_svc.group_generator import GroupGenerator  # noqa: E402
-from rollout_svc.torch_engine import TorchEngine  # noqa: E402
 
 # a template that only appends (as chat templates do), so the glue is the template's
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}+"

@@ -45,7 +45,7 @@ BUCKETS: list[tuple[str, str]] = [
     ("weight pull", r"rollout_svc/weight_refresh\.py|relayrl_torch/weights?/"),
     ("metrics, plots, logs", r"relayrl/runtime/metrics\.py|telemetry\.py|matplotlib|prometheus|"
                              r"trainer_svc/plots\.py|logging/__init__\.py|tqdm"),
-    ("engine (generate)", r"rollout_svc/(torch_engine|vllm_engine|batcher)\.py|"
+    ("engine (generate)", r"rollout_svc/(engines/torch|engines/vllm|serving/batcher)\.py|"
                           r"relayrl_torch/sampling/"),
     ("reward", r"relayrl/plugins/rewards/"),
     ("engine/trainer log-prob check", r"trainer_svc/parity\.py"),

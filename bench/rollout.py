@@ -47,8 +47,8 @@ from relayrl_torch.models import resolve_model_path  # noqa: E402
 from relayrl_torch.models.loading import load_model  # noqa: E402
 from relayrl_torch.weights.client import RelayClient  # noqa: E402
 from relayrl_torch.weights.tied import tied_aliases, without  # noqa: E402
-from rollout_svc.engine_api import SamplingSpec  # noqa: E402
-from rollout_svc.engine_factory import make_engine  # noqa: E402
+from rollout_svc.engines.api import SamplingSpec  # noqa: E402
+from rollout_svc.engines.factory import make_engine  # noqa: E402
 
 
 def raw_tokens_per_s(engine, cfg, prompts, args) -> float:

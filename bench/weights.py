@@ -271,7 +271,7 @@ def adapter_vs_full(model_dir: Path, tmp: Path, rank: int) -> dict:
     from relayrl_torch.models.loading import load_model
     from relayrl_torch.models.lora import adapter_state, with_lora
     from relayrl_torch.weights.tied import tied_aliases, without
-    from rollout_svc.torch_engine import TorchEngine
+    from rollout_svc.engines.torch import TorchEngine
 
     lora = LoraConfig(rank=rank, alpha=2 * rank, target_modules="all-linear")
     full_lm, lora_lm = load_model(model_dir), load_model(model_dir)

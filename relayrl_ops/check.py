@@ -158,7 +158,7 @@ def _engine(cfg: RunConfig, report: Report) -> None:
         report.line(f"engine: vllm, dtype {e.dtype}, max_model_len "
                     f"{e.max_model_len or 'the model context'}, KV cache "
                     f"{e.kv_cache_gib:g} GiB a worker{ports}; {r.num_workers} worker(s)")
-        from rollout_svc.engine_factory import vllm_dtype
+        from rollout_svc.engines.factory import vllm_dtype
 
         report.step("rollout.engine.dtype", lambda: vllm_dtype(cfg))  # as a worker refuses it
     else:
@@ -543,7 +543,7 @@ def gpu_memory(cfg: RunConfig, rows: list[tuple[str, int, list[tuple[str, float]
     batch); a vLLM worker's weights over its tensor-parallel GPUs, its KV cache and
     headroom, or its share of the GPU; a relay's kept versions only for the nccl plane."""
     from relay_svc.vllm_planes import PACKED_BUFFER_BYTES, PACKED_BUFFERS
-    from rollout_svc.vllm_engine import GPU_HEADROOM
+    from rollout_svc.engines.vllm import GPU_HEADROOM
 
     TRANSFER_BUFFERS = PACKED_BUFFERS * PACKED_BUFFER_BYTES  # a vLLM NCCL transfer's, each side
 

@@ -20,14 +20,12 @@ from dataclasses import dataclass
 import grpc
 
 from relayrl.config import RunConfig
-from relayrl.contracts.leases import LeaseClient, LeasedPrompt
+from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import Group, Sample, validate_sample
 from relayrl.contracts.partial import PartialGroup
 from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.rules.repack import is_tail
 from relayrl_tasks.rewards import get_reward, score_group
-from relayrl_torch.models.loading import LoadedModel
-from rollout_svc.engine_api import Engine
 from rollout_svc.episodes import EpisodeGroup, episode_samples
 from rollout_svc.group_generator import GroupGenerator
 from rollout_svc.loop_clock import LoopClock
@@ -43,23 +41,43 @@ class ActiveGroup:
     saved_at: float  # when its token state was last saved (or it started)
 
 
+@dataclass(frozen=True)
+class BoundarySettings:
+    """What a segment boundary reads of the run's config, and the reward it scores with."""
+
+    worker_id: str
+    reward_name: str
+    reward_range: tuple[float, float]  # buffer.reward_range
+    segment_tokens: int  # rollout.segment_tokens: 0 runs a group in one call, never saved
+    save_every_s: float  # rollout.save_every_s
+    repack_capacity: int  # RunConfig.repack_capacity: 0 with repacking off
+    repack_below: float  # scheduler.repack_below
+
+    @classmethod
+    def of(cls, cfg: RunConfig, reward_name: str) -> BoundarySettings:
+        return cls(worker_id=cfg.rollout.worker_id, reward_name=reward_name,
+                   reward_range=cfg.buffer.reward_range,
+                   segment_tokens=cfg.rollout.segment_tokens,
+                   save_every_s=cfg.rollout.save_every_s,
+                   repack_capacity=cfg.repack_capacity,
+                   repack_below=cfg.scheduler.repack_below)
+
+
 class SegmentBoundary:
-    def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel, scheduler: LeaseClient,
-                 leases: WorkerLeases, generator: GroupGenerator, writer: TrajectoryWriter,
-                 reward_name: str, loop: LoopClock, clock: Callable[[], float],
-                 on_failure: Callable[[], None]):
-        self.cfg = cfg
-        self.worker_id = cfg.rollout.worker_id
-        self.engine = engine
-        self.lm = lm
-        self.scheduler = scheduler
-        self.leases = leases
+    """Runs its groups through `generator` (and that generator's engine and model), makes its
+    scheduler calls through `leases`, delivers to `writer`, times its parts on `loop` and
+    reads the time for saves from `clock`."""
+
+    def __init__(self, settings: BoundarySettings, generator: GroupGenerator,
+                 leases: WorkerLeases, writer: TrajectoryWriter, loop: LoopClock,
+                 clock: Callable[[], float]):
+        self.settings = settings
         self.generator = generator
+        self.leases = leases
         self.writer = writer
-        self.reward_fn = get_reward(reward_name)
+        self.reward_fn = get_reward(settings.reward_name)
         self.loop = loop
         self.clock = clock
-        self.on_failure = on_failure  # each failed scheduler call, for the worker's figures
         self.samples_generated = 0
         self.versions_used: set[int] = set()
         self.leases_released = 0
@@ -93,10 +111,9 @@ class SegmentBoundary:
             return going, delivered
         with self.loop.timed("save"):
             try:
-                replies = self.scheduler.save_progress_many(
-                    self.worker_id, [(a.lease.lease_id, a.group.encode()) for a in due])
+                replies = self.leases.save_progress(
+                    [(a.lease.lease_id, a.group.encode()) for a in due])
             except grpc.RpcError as err:  # saved or not, the next boundary saves again
-                self.on_failure()
                 log.warning("saving %d groups' progress failed (%s)", len(due), err.code())
                 return going, delivered
         let_go = set()
@@ -116,19 +133,19 @@ class SegmentBoundary:
         of them on a worker left with a tail when repacking is on (the scheduler's own rule,
         relayrl.rules.repack.is_tail): the planner learns a group's progress, and recalls it, only
         through saves."""
-        if not self.cfg.rollout.segment_tokens:
+        s = self.settings
+        if not s.segment_tokens:
             return []
-        capacity = self.cfg.repack_capacity  # 0 with repacking off
         load = sum(len(a.group.unfinished()) for a in going)
-        if capacity and is_tail(load, capacity, self.cfg.scheduler.repack_below):
+        if s.repack_capacity and is_tail(load, s.repack_capacity, s.repack_below):
             return going
-        return [a for a in going if now - a.saved_at >= self.cfg.rollout.save_every_s]
+        return [a for a in going if now - a.saved_at >= s.save_every_s]
 
     def deliver(self, lease: LeasedPrompt, group: PartialGroup | EpisodeGroup,
                 stop: threading.Event | None = None) -> None:
         if isinstance(group, EpisodeGroup):
-            samples = episode_samples(lease, group, self.worker_id, self.reward_fn,
-                                      self.cfg.buffer.reward_range)
+            samples = episode_samples(lease, group, self.settings.worker_id, self.reward_fn,
+                                      self.settings.reward_range)
         else:
             samples = self._samples(lease, group)
         for sample in samples:
@@ -140,11 +157,13 @@ class SegmentBoundary:
         self.leases.delivered(lease.lease_id)
 
     def _samples(self, lease: LeasedPrompt, group: PartialGroup) -> list[Sample]:
-        scores = score_group(self.reward_fn, [self.lm.decode(s.tokens) for s in group.sequences],
-                             lease.reference, lease.metadata, self.cfg.buffer.reward_range,
+        lm = self.generator.lm
+        scores = score_group(self.reward_fn, [lm.decode(s.tokens) for s in group.sequences],
+                             lease.reference, lease.metadata, self.settings.reward_range,
                              prompt=lease.messages or lease.text)
         return [Sample(
-            prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=self.worker_id,
+            prompt_id=lease.prompt_id, lease_id=lease.lease_id,
+            worker_id=self.settings.worker_id,
             prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,
             logprobs=seq.logprobs, versions=seq.versions, reward=reward,
             finish_reason=seq.finish_reason, reward_error=error)
@@ -153,7 +172,7 @@ class SegmentBoundary:
     def hand_over(self, a: ActiveGroup) -> bool:
         """A repack recalled the group: hand it back (its token state was just saved) for
         the worker the scheduler chose. If the scheduler refuses, keep generating it."""
-        kv = [self.engine.export_state(a.group.prompt_tokens + s.tokens)
+        kv = [self.generator.engine.export_state(a.group.prompt_tokens + s.tokens)
               for s in a.group.unfinished()]
         kv_states = tuple(state.encode() for state in kv if state is not None)
         if not self.leases.hand_over(a.lease.lease_id, kv_states):

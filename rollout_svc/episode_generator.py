@@ -50,7 +50,7 @@ from relayrl_tasks.envs.play import (
     start_step,
 )
 from relayrl_torch.models.loading import LoadedModel
-from rollout_svc.engine_api import Engine, SamplingSpec
+from rollout_svc.engines.api import Engine, SamplingSpec
 from rollout_svc.episodes import Episode, EpisodeGroup, PendingStep
 from rollout_svc.group_generator import GroupGenerator
 

@@ -16,8 +16,8 @@ from relayrl.contracts.partial import PartialGroup, PartialSequence
 from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.rules.staleness import must_restart
 from relayrl_torch.models.loading import LoadedModel
-from rollout_svc.engine_api import Engine, SamplingSpec
-from rollout_svc.lengths import target_length
+from rollout_svc.engines.api import Engine, SamplingSpec
+from rollout_svc.synthetic_lengths import target_length
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import worker_device
 from relayrl_torch.weights.signing import ManifestKeys
-from rollout_svc.chat_turns import TurnMemories
-from rollout_svc.custom import CustomGenerator
-from rollout_svc.engine_factory import make_engine
+from rollout_svc.engines.factory import make_engine
+from rollout_svc.serving.chat_turns import TurnMemories
+from rollout_svc.serving.generator import CustomGenerator
 from rollout_svc.telemetry import rollout_metrics
 from rollout_svc.worker import RolloutWorker
 
@@ -38,14 +38,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def Status(self, request, context):
         w = self.worker
+        pulls, gen, boundary = w.weights, w.generator, w.boundary
         return rollout_pb2.RolloutStatus(
             worker_id=w.worker_id, policy_version=w.engine.version,
-            samples_generated=w.samples_generated, weight_swaps=w.weight_swaps,
-            versions_used=sorted(w.versions_used), weight_pull_failures=w.pull_failures,
-            bytes_pulled=w.bytes_pulled, last_pull_s=w.last_pull_s, segments=w.segments,
-            mid_sequence_swaps=w.mid_sequence_swaps, groups_resumed=w.groups_resumed,
-            leases_released=w.leases_released, groups_moved_out=w.groups_moved_out,
-            kv_imported=w.kv_imported, kv_refused=w.kv_refused,
+            samples_generated=boundary.samples_generated, weight_swaps=pulls.weight_swaps,
+            versions_used=sorted(boundary.versions_used),
+            weight_pull_failures=pulls.pull_failures, bytes_pulled=pulls.bytes_pulled,
+            last_pull_s=pulls.last_pull_s, segments=gen.segments,
+            mid_sequence_swaps=gen.mid_sequence_swaps, groups_resumed=gen.groups_resumed,
+            leases_released=boundary.leases_released,
+            groups_moved_out=boundary.groups_moved_out,
+            kv_imported=gen.kv_imported, kv_refused=gen.kv_refused,
             tokens_resumed=int(w.engine.stats().get("tokens_resumed", 0)),
             engine=w.engine.name,
             custom_requests=self.gen.batcher.requests,
@@ -119,7 +122,7 @@ def serve(cfg: RunConfig) -> None:
                                max_concurrent_rpcs=cfg.rollout.grpc.max_concurrent_rpcs)
         http = None
         if cfg.rollout.http_base_port:
-            from rollout_svc.openai_api import OpenAIServer
+            from rollout_svc.serving.openai_server import OpenAIServer
 
             http = OpenAIServer(generator, cfg.rollout.http_host,
                                 cfg.rollout.http_base_port + cfg.rollout.worker_index,

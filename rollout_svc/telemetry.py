@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from relayrl.runtime.exporter import ServiceMetrics
 from relayrl.runtime.stats import Stats, counter, gauge
-from rollout_svc.batcher import RequestBatcher
-from rollout_svc.chat_turns import TurnMemories
 from rollout_svc.episode_generator import EpisodeGenerator
+from rollout_svc.serving.batcher import RequestBatcher
+from rollout_svc.serving.chat_turns import TurnMemories
 from rollout_svc.worker import RolloutWorker
 
 
@@ -109,17 +109,20 @@ def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher,
         pressure = w.writer.counters
         engine = w.engine.stats()
         tokens, busy = engine.get("tokens_generated", 0), engine.get("busy_s", 0)
+        # the counters live in the worker's parts (RolloutWorker)
         rollout = RolloutStats.from_attributes(
-            w, policy_version=w.engine.version, tokens_generated=tokens, engine_busy_s=busy,
+            w.boundary, w.generator, w, policy_version=w.engine.version,
+            tokens_generated=tokens, engine_busy_s=busy,
             tokens_per_s=tokens / busy if busy else 0.0,
             tokens_resumed=engine.get("tokens_resumed", 0),
-            segment_sequences=w.sequences_decoded, loop_s=dict(w.loop_s),
+            segment_sequences=w.generator.sequences_decoded, loop_s=dict(w.loop.seconds),
             custom_requests=batcher.requests, custom_engine_calls=batcher.batches,
             chat_turns_evicted=turns.evicted if turns else 0,
             buffer_waiting=int(w.writer.waiting_for_room),
             buffer_full_waits=pressure.full_waits, buffer_full_wait_s=pressure.full_wait_s,
             redis_oom_refusals=pressure.oom_refusals, redis_oom_wait_s=pressure.oom_wait_s)
-        pulls = PullStats.from_attributes(w, swaps=w.weight_swaps, pull_s=w.last_pull_s)
+        pulls = PullStats.from_attributes(w.weights, swaps=w.weights.weight_swaps,
+                                          pull_s=w.weights.last_pull_s)
         return rollout, pulls, episode_stats(w)
 
     return ServiceMetrics((RolloutStats, PullStats, EpisodeStats), read,

@@ -26,7 +26,7 @@ from relayrl.runtime.procs import release_freed_memory
 from relayrl_torch.weights import WeightError, WeightPlane
 from relayrl_torch.weights.layout import flat_size
 from relayrl_torch.weights.signing import SignatureError
-from rollout_svc.engine_api import Engine
+from rollout_svc.engines.api import Engine
 
 log = logging.getLogger(__name__)
 CATCH_UP_POLL_S = 0.005  # the trainer has published it: the relay is a send away

@@ -35,8 +35,8 @@ from relayrl.runtime.outage import Outage, is_outage, ride_out
 from relayrl.runtime.progress import StepWaiter
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.weights import WeightPlane
-from rollout_svc.boundary import ActiveGroup, SegmentBoundary
-from rollout_svc.engine_api import Engine
+from rollout_svc.boundary import ActiveGroup, BoundarySettings, SegmentBoundary
+from rollout_svc.engines.api import Engine
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.group_generator import GroupGenerator
 from rollout_svc.loop_clock import LoopClock
@@ -52,32 +52,12 @@ CATCH_UP_SHARE = 0.25  # of the lease TTL, the longest a worker waits for requir
 WASTE_LINE = "waste: %d groups restarted stale (%d tokens), %d tokens re-prefilled after a move"
 
 
-def _counter(part: str, name: str) -> property:
-    return property(lambda self: getattr(getattr(self, part), name))
-
-
 class RolloutWorker:
-    # counters kept by the worker's parts, read by Status, /metrics and tests
-    weight_swaps = _counter("weights", "weight_swaps")
-    pull_failures = _counter("weights", "pull_failures")
-    signatures_refused = _counter("weights", "signatures_refused")
-    bytes_pulled = _counter("weights", "bytes_pulled")
-    last_pull_s = _counter("weights", "last_pull_s")
-    catch_up_timeouts = _counter("weights", "catch_up_timeouts")
-    segments = _counter("generator", "segments")
-    sequences_decoded = _counter("generator", "sequences_decoded")
-    mid_sequence_swaps = _counter("generator", "mid_sequence_swaps")
-    groups_resumed = _counter("generator", "groups_resumed")
-    groups_restarted_stale = _counter("generator", "groups_restarted_stale")
-    tokens_restarted_stale = _counter("generator", "tokens_restarted_stale")
-    tokens_reprefilled = _counter("generator", "tokens_reprefilled")
-    kv_imported = _counter("generator", "kv_imported")
-    kv_refused = _counter("generator", "kv_refused")
-    samples_generated = _counter("boundary", "samples_generated")
-    versions_used = _counter("boundary", "versions_used")
-    leases_released = _counter("boundary", "leases_released")
-    groups_moved_out = _counter("boundary", "groups_moved_out")  # handed over by a repack
-    loop_s = _counter("loop", "seconds")  # where the training loop's time goes
+    """Each part keeps its own counters, read there by Status, /metrics and tests: `weights`
+    (WeightRefresher: swaps, pulls, catch-up timeouts), `generator` (engine calls, resumed,
+    moved and restarted groups), `boundary` (samples delivered, versions used, leases handed
+    back) and `loop` (LoopClock: seconds by part). The worker counts only its failed scheduler
+    calls."""
 
     def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
                  scheduler: LeaseClient, relays: list[WeightPlane],
@@ -98,9 +78,8 @@ class RolloutWorker:
         self.leases = WorkerLeases(scheduler, self.worker_id, self._scheduler_call_failed)
         self.scheduler_outage = Outage("scheduler")  # logs a wait once; unready meanwhile
         self.loop = LoopClock()
-        self.boundary = SegmentBoundary(cfg, engine, lm, scheduler, self.leases, self.generator,
-                                        writer, reward_name, self.loop, clock,
-                                        self._scheduler_call_failed)
+        self.boundary = SegmentBoundary(BoundarySettings.of(cfg, reward_name), self.generator,
+                                        self.leases, writer, self.loop, clock)
 
     @property
     def seats(self) -> int:
@@ -209,13 +188,15 @@ class RolloutWorker:
                 active = []
                 stop.wait(1.0)
         self._report_loop(every_s=0.0)
-        log.info(WASTE_LINE, self.groups_restarted_stale, self.tokens_restarted_stale,
-                 self.tokens_reprefilled)
+        gen = self.generator
+        log.info(WASTE_LINE, gen.groups_restarted_stale, gen.tokens_restarted_stale,
+                 gen.tokens_reprefilled)
         self.leases.confirm_deliveries()
         self.release_all(active)
 
     def _report_loop(self, every_s: float = 60.0) -> None:
-        self.loop.report(self.segments, self.sequences_decoded, self.seats, every_s)
+        self.loop.report(self.generator.segments, self.generator.sequences_decoded, self.seats,
+                         every_s)
 
     def _catch_up(self, min_version: int, stop: threading.Event) -> None:
         """Before starting new prompts, move to at least `min_version` if a relay can serve

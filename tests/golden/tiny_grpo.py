@@ -3,7 +3,7 @@ checked in (tiny_grpo.json), so that a refactor that changes the numerics shows 
 
 One process drives the project's own pieces as the services do, minus the transport: the
 tiny model builder (relayrl_torch.models.tiny, a short warm start so rewards vary), the torch
-engine the rollout worker samples with (rollout_svc.torch_engine, weights loaded into it
+engine the rollout worker samples with (rollout_svc.engines.torch, weights loaded into it
 each step as from the relay), the task's reward through the worker's scoring
 (relayrl.plugins.rewards.score), the wire codec (relayrl.contracts.messages), and the trainer's
 staleness split, collation and Learner (trainer_svc). Staleness is 0: every batch is sampled by the
@@ -43,8 +43,8 @@ from relayrl_tasks.rewards import get_reward, score
 from relayrl_tasks.tasks import make_task
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.tiny import build_model, build_tokenizer, warm_start
-from rollout_svc.engine_api import SamplingSpec
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.api import SamplingSpec
+from rollout_svc.engines.torch import TorchEngine
 from trainer_svc.batching import collate, split_stale
 from trainer_svc.learner import Learner
 

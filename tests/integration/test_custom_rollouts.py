@@ -14,10 +14,10 @@ from relayrl.config.rollout import MAX_SEED
 from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from relayrl.runtime import auth
 from relayrl.runtime.grpc_util import channel, make_server
-from rollout_svc.custom import CustomGenerator
-from rollout_svc.openai_api import OpenAIServer
+from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.server import RolloutServicer
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.serving.generator import CustomGenerator
+from rollout_svc.serving.openai_server import OpenAIServer
 from tests.conftest import free_ports
 
 MODEL = "test-policy"

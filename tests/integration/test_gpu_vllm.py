@@ -50,8 +50,8 @@ def trainer_logprobs(model, prompt: list[int], tokens: list[int], temperature: f
 
 def test_vllm_starts_on_cuda_beside_a_full_gpu_and_samples_at_the_spec_temperature(model_dir):
     from relayrl_torch.models.loading import load_model
-    from rollout_svc.engine_api import SamplingSpec
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.api import SamplingSpec
+    from rollout_svc.engines.vllm import VllmEngine
 
     free, total = torch.cuda.mem_get_info(0)
     hog = torch.empty(int(free - 6 * (1 << 30)), dtype=torch.uint8, device="cuda")  # a trainer
@@ -98,8 +98,8 @@ def test_versions_reach_vllm_through_its_weight_transfer_engines(model_dir, back
     from relayrl_torch.models.loading import load_model
     from relayrl_torch.weights.client import RelayClient
     from relayrl_torch.weights.tied import tied_aliases, without
-    from rollout_svc.engine_api import SamplingSpec
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.api import SamplingSpec
+    from rollout_svc.engines.vllm import VllmEngine
 
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
@@ -152,8 +152,8 @@ def test_adapter_versions_are_served_by_vllms_lora_support_on_cuda(model_dir):
     from relayrl.config import LoraConfig
     from relayrl_torch.models.loading import load_model
     from relayrl_torch.models.lora import adapter_state, with_lora
-    from rollout_svc.engine_api import SamplingSpec
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.api import SamplingSpec
+    from rollout_svc.engines.vllm import VllmEngine
 
     lora = LoraConfig(rank=4, alpha=8, target_modules="all-linear")
     trained = with_lora(AutoModelForCausalLM.from_pretrained(model_dir), lora).cuda().eval()

@@ -21,9 +21,9 @@ from relayrl_tasks.rewards.judge import JudgeError, JudgeReward, parse_score, pa
 from relayrl_tasks.rewards.scoring import reward_error_kind
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.smollm2 import ensure_smollm2
-from rollout_svc.custom import CustomGenerator
-from rollout_svc.openai_api import OpenAIServer
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
+from rollout_svc.serving.generator import CustomGenerator
+from rollout_svc.serving.openai_server import OpenAIServer
 from tests.conftest import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_ops.export import export
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.lora import adapter_state, is_lora, with_lora
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
 from tests.integration.test_trainer_resume import make_batch
 from trainer_svc import checkpoint
 from trainer_svc.loop import Trainer
@@ -135,8 +135,8 @@ def test_vllm_serves_each_adapter_version_as_the_trainers_model(tmp_path, servin
     from relayrl.config import LoraConfig, TinyModel
     from relayrl_tasks.tasks import AdditionTask
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
-    from rollout_svc.engine_api import SamplingSpec
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.api import SamplingSpec
+    from rollout_svc.engines.vllm import VllmEngine
 
     build_tokenizer(AdditionTask.alphabet, tmp_path)  # head size 32: vLLM's CPU smallest
     build_model(TinyModel(hidden_size=128, num_layers=2, num_heads=4),

@@ -23,9 +23,9 @@ from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.signing import ManifestKeys
-from rollout_svc.batcher import RequestBatcher
+from rollout_svc.engines.torch import TorchEngine
+from rollout_svc.serving.batcher import RequestBatcher
 from rollout_svc.telemetry import rollout_metrics
-from rollout_svc.torch_engine import TorchEngine
 from rollout_svc.worker import RolloutWorker
 from tests.conftest import free_ports
 

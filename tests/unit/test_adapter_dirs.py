@@ -14,7 +14,7 @@ EXITS_WITHOUT_CLOSING = """
 import sys, torch
 from pathlib import Path
 from relayrl.config.trainer import LoraConfig
-from rollout_svc.vllm_lora import AdapterVersions
+from rollout_svc.engines.vllm_lora import AdapterVersions
 versions = AdapterVersions(Path(sys.argv[1]), LoraConfig(rank=4), torch.float32)
 versions.write({k: torch.zeros(t.shape, dtype=t.dtype) for k, t in versions.expected.items()}, 1)
 print(versions.root, flush=True)

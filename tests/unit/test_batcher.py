@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from relayrl_torch.sampling.sampler import Completion
-from rollout_svc.batcher import RequestBatcher
-from rollout_svc.engine_api import Engine, SamplingSpec
+from rollout_svc.engines.api import Engine, SamplingSpec
+from rollout_svc.serving.batcher import RequestBatcher
 
 pytestmark = pytest.mark.unit
 

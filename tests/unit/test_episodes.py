@@ -24,9 +24,9 @@ from relayrl.plugins.envs import Environment, Step
 from relayrl_tasks.envs import TurnGlue
 from relayrl_tasks.envs.play import error_kind
 from relayrl_tasks.rewards import get_reward
+from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.episode_generator import EpisodeGenerator
 from rollout_svc.episodes import episode_samples
-from rollout_svc.torch_engine import TorchEngine
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / ".cache/relayrl/models/smollm2-135m-instruct"
 USER = [{"role": "user", "content": "1+2"}]

@@ -141,14 +141,16 @@ def test_buffer_snapshot_gives_what_it_declares():
 
 def test_rollout_snapshot_gives_what_it_declares():
     engine = SimpleNamespace(version=2, stats=lambda: {"tokens_generated": 60, "busy_s": 2.0})
+    # the counters a worker's generator keeps, GroupGenerator's and EpisodeGenerator's alike
+    generated = dict(segments=3, sequences_decoded=20, mid_sequence_swaps=0, groups_resumed=0,
+                     groups_restarted_stale=0, kv_imported=0, kv_refused=0)
     worker = SimpleNamespace(
-        worker_id="rollout-1", engine=engine, samples_generated=8, segments=3,
-        sequences_decoded=20, seats=16, loop_s={"generate": 2.5, "lease": 0.1},
-        mid_sequence_swaps=0, groups_resumed=0, groups_restarted_stale=0, leases_released=0,
-        groups_moved_out=0,
-        kv_imported=0, kv_refused=0, weight_swaps=2, pull_failures=0, signatures_refused=0,
-        bytes_pulled=1024,
-        last_pull_s=0.01, scheduler_call_failures=0, generator=SimpleNamespace(),
+        worker_id="rollout-1", engine=engine, seats=16, scheduler_call_failures=0,
+        generator=SimpleNamespace(**generated),
+        boundary=SimpleNamespace(samples_generated=8, leases_released=0, groups_moved_out=0),
+        weights=SimpleNamespace(weight_swaps=2, pull_failures=0, signatures_refused=0,
+                                bytes_pulled=1024, last_pull_s=0.01),
+        loop=SimpleNamespace(seconds={"generate": 2.5, "lease": 0.1}),
         writer=SimpleNamespace(waiting_for_room=False, counters=PressureCounters()))
     exported = rollout_metrics(worker, SimpleNamespace(requests=0, batches=0))
     episode_names = {s.name for s in EpisodeStats.specs()}
@@ -157,6 +159,7 @@ def test_rollout_snapshot_gives_what_it_declares():
     assert snap["rollout/tokens_per_s"] == 30.0
     assert exported.labels == {"service": "rollout", "worker_id": "rollout-1"}
     worker.generator = object.__new__(EpisodeGenerator)
+    vars(worker.generator).update(generated)
     worker.generator.episodes, worker.generator.turns, worker.generator.env_errors = 6, 11, 1
     worker.generator.env_error_kinds = {"step_timeout_s": 1}
     worker.generator.tool_calls, worker.generator.tool_error_kinds = 9, {"unknown_tool": 2}

@@ -15,8 +15,8 @@ from relay_svc.version_store import VersionStore
 from relayrl.config import RunConfig, TrainerConfig
 from relayrl_torch.evaluation import build_sets, evaluate_sets
 from relayrl_torch.models.lora import adapter_state, with_lora
-from rollout_svc.engine_api import SamplingSpec
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.api import SamplingSpec
+from rollout_svc.engines.torch import TorchEngine
 from tests.unit.test_precision import assert_float32_state
 from tests.unit.test_shared_prefix import MAX_NEW_TOKENS, varied_batch
 from trainer_svc.distributed import Parallel, World

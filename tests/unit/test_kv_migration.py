@@ -9,8 +9,8 @@ from relayrl.contracts.codec import CodecError
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.models.tiny import build_model
 from relayrl_torch.sampling.kv_state import SequenceKV
-from rollout_svc.engine_api import SamplingSpec
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.api import SamplingSpec
+from rollout_svc.engines.torch import TorchEngine
 
 PROMPT_LENGTHS = (5, 12, 3, 9)
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rollout_svc.lengths import target_length
+from rollout_svc.synthetic_lengths import target_length
 
 
 def test_lengths_are_seeded_capped_and_heavy_tailed():

@@ -20,7 +20,7 @@ from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights import WeightError
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.manifest import build_manifest
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.weight_refresh import WeightRefresher
 from trainer_svc.publisher import AsyncPublisher
 

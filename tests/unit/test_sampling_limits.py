@@ -16,10 +16,10 @@ from relayrl.config.rollout import MAX_SEED, MIN_TEMPERATURE
 from relayrl.contracts import control
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl_torch.sampling.sampler import sample
-from rollout_svc.custom import CustomGenerator
-from rollout_svc.engine_api import SamplingSpec
+from rollout_svc.engines.api import SamplingSpec
+from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.group_generator import GroupGenerator, PromptTooLong
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.serving.generator import CustomGenerator
 
 LOW = 1e-300  # what crash-looped the workers and made the trainer's weights NaN
 

@@ -9,7 +9,7 @@ import torch
 
 from relayrl.config import RunConfig
 from relayrl_torch.weights.tied import load_published, tied_aliases, without
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.torch import TorchEngine
 from trainer_svc.learner import Learner
 
 

@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from rollout_svc import vllm_engine
-from rollout_svc.vllm_engine import GIB, GPU_HEADROOM, gpu_memory_args
+from rollout_svc.engines import vllm as vllm_engine
+from rollout_svc.engines.vllm import GIB, GPU_HEADROOM, gpu_memory_args
 
 
 class Recorded(Exception):
@@ -111,8 +111,8 @@ def test_a_worker_that_cannot_fit_is_refused_before_vllm_starts_naming_the_numbe
 
 def test_the_kv_side_channel_listens_where_other_engines_dial_the_worker(tiny_lm, llm_args,
                                                                         monkeypatch):
-    from rollout_svc import vllm_kv
-    from rollout_svc.vllm_kv import SIDE_CHANNEL_ENV, SIDE_CHANNEL_HOST_ENV
+    from rollout_svc.engines import vllm_kv
+    from rollout_svc.engines.vllm_kv import SIDE_CHANNEL_ENV, SIDE_CHANNEL_HOST_ENV
 
     monkeypatch.delenv(SIDE_CHANNEL_ENV, raising=False)
     monkeypatch.delenv(SIDE_CHANNEL_HOST_ENV, raising=False)

@@ -1,4 +1,4 @@
-"""The ticket a vLLM worker hands over with a moved sequence (rollout_svc/vllm_kv.py), and
+"""The ticket a vLLM worker hands over with a moved sequence (rollout_svc/engines/vllm_kv.py), and
 the setting that turns KV moves on; the move itself is tests/integration/
 test_vllm_kv_migration.py."""
 
@@ -7,7 +7,7 @@ import pytest
 
 from relayrl.config import RunConfig
 from relayrl.contracts.codec import CodecError
-from rollout_svc.vllm_kv import KVTicket, park_params, pull_params
+from rollout_svc.engines.vllm_kv import KVTicket, park_params, pull_params
 
 pytestmark = pytest.mark.unit
 PARAMS = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2]],

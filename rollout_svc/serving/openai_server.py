@@ -5,12 +5,13 @@ Responses follow OpenAI's shapes, plus what RL needs and OpenAI does not give: e
 `token_ids` and `policy_versions`, the response's `prompt_token_ids` and `policy_version`.
 Chat requests may declare `tools` (rendered through the model's chat template,
 relayrl.plugins.chat); calls the model writes come back as the message's `tool_calls`. An
-assistant turn sent back is rendered as the tokens the model wrote (rollout_svc.chat_turns),
-so each turn's `prompt_token_ids` extends the turn before it and its completion exactly
-(turns are remembered per agent token, rollout.turn_memory_per_agent each):
+assistant turn sent back is rendered as the tokens the model wrote
+(rollout_svc.serving.chat_turns), so each turn's `prompt_token_ids` extends the turn before
+it and its completion exactly (turns are remembered per agent token,
+rollout.turn_memory_per_agent each):
 relayrl.plugins.buffer_client.trajectory_from_turns makes them one trainable trajectory.
 Fields we do not implement are refused by name rather than silently ignored (the request
-bodies and the refusals are in rollout_svc.openai_requests). Every route needs
+bodies and the refusals are in rollout_svc.serving.openai_requests). Every route needs
 `Authorization: Bearer <the run's token>` (what the `openai` client sends as its api_key)
 unless the run's auth.required is false. rollout_svc.server starts it when
 rollout.http_base_port is set; tests/integration/test_custom_rollouts.py exercises it.
@@ -30,9 +31,9 @@ from relayrl.runtime import auth
 from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard, BodyLimit
 from relayrl.runtime.roles import TokenBook
 from relayrl_tasks.envs.turns import TurnGlue
-from rollout_svc.chat_turns import TurnMemories, TurnMemory
-from rollout_svc.custom import CustomGenerator
-from rollout_svc.openai_requests import (
+from rollout_svc.serving.chat_turns import TurnMemories, TurnMemory
+from rollout_svc.serving.generator import CustomGenerator
+from rollout_svc.serving.openai_requests import (
     ChatRequest,
     CompletionRequest,
     TokenizeRequest,

@@ -8,8 +8,8 @@ from relayrl.config import ConfigError, RunConfig, TorchEngineConfig
 from relayrl_torch.devices import resolve_device
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.models.lora import with_lora
-from rollout_svc.engine_api import Engine
-from rollout_svc.torch_engine import TorchEngine
+from rollout_svc.engines.api import Engine
+from rollout_svc.engines.torch import TorchEngine
 
 
 def vllm_dtype(cfg: RunConfig) -> str:
@@ -34,7 +34,7 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
             lm.model = with_lora(lm.model, cfg.trainer.lora)
         return TorchEngine(lm, seed=seed, kv_cache_tokens=e.kv_cache_tokens,
                            device=resolve_device(e.device, "rollout.engine.device"))
-    from rollout_svc.vllm_engine import VllmEngine
+    from rollout_svc.engines.vllm import VllmEngine
 
     shipped = vllm_dtype(cfg)
     return VllmEngine(model_path, seed=seed, eos_ids=lm.eos_ids,

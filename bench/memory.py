@@ -91,7 +91,7 @@ def planned(cfg: RunConfig) -> dict[str, float]:
     """MiB per process that `relayrl check` plans (weights, caches and activations), for
     the model the run prepared."""
     from relayrl.config import HfModel, PretrainedModel
-    from relayrl_ops.check import longest_prompt, planned_memory
+    from relayrl_ops.memory_plan import longest_prompt, planned_memory
     from relayrl_tasks.tasks import load_run_task
     from relayrl_torch.models.cache import pretrained_dir, tiny_model_dir
 

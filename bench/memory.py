@@ -91,15 +91,16 @@ def planned(cfg: RunConfig) -> dict[str, float]:
     """MiB per process that `relayrl check` plans (weights, caches and activations), for
     the model the run prepared."""
     from relayrl.config import HfModel, PretrainedModel
-    from relayrl_ops.check import longest_prompt, planned_memory
-    from relayrl_torch.models import load_run_task
-    from relayrl_torch.models.cache import tiny_model_dir
+    from relayrl_ops.memory_plan import longest_prompt, planned_memory
+    from relayrl_tasks.tasks import load_run_task
+    from relayrl_torch.models.cache import pretrained_dir, tiny_model_dir
 
     m = cfg.model
     where = (Path(m.path) if isinstance(m, HfModel) else m.converted_dir
              if isinstance(m, PretrainedModel) else tiny_model_dir(m, cfg.task))
     # rows as long as the task's prompts make them, as relayrl check sizes them
-    plan = planned_memory(cfg, where, longest_prompt(cfg, load_run_task(cfg))) or []
+    task = load_run_task(cfg, pretrained_dir)
+    plan = planned_memory(cfg, where, longest_prompt(cfg, task)) or []
     names = {"rollout worker": "rollout"}
     return {names.get(name, name): round(sum(b for _, b in parts) / MIB, 1)
             for name, _, parts in plan}

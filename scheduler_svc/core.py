@@ -12,10 +12,11 @@ import threading
 import time
 import uuid
 from collections.abc import Collection
+from pathlib import Path
 
 import redis
 
-from relayrl.config import RunConfig
+from relayrl.config import PretrainedModel, RunConfig
 from relayrl.contracts import control, ledger
 from relayrl.contracts.control import LiveSettings, RunState, SettingsChange
 from relayrl.contracts.keys import RunKeys
@@ -23,7 +24,7 @@ from relayrl.contracts.leases import LeaseBatch, LeaseClient, LeasedPrompt, Prog
 from relayrl.rules.repack import Move
 from relayrl.rules.staleness import inflight_prompts, oldest_startable
 from relayrl.runtime.backpressure import is_oom
-from relayrl_torch.models import load_run_task
+from relayrl_tasks.tasks import load_run_task
 from scheduler_svc.idempotency import check_id
 from scheduler_svc.policy import LeasePolicy
 from scheduler_svc.saved_progress import SavedProgress
@@ -40,6 +41,15 @@ def unheld_grace_s(cfg: RunConfig) -> float:
     grant. A heartbeat interval on top covers the worker's own delay."""
     s = cfg.scheduler
     return 2 * s.call_timeout_s + s.heartbeat_interval_s
+
+
+def converted_model(model_cfg: PretrainedModel) -> Path:
+    """The pretrained model's converted directory, whose tokenizer counts the task's prompts;
+    converted first when it is not there yet."""
+    # imported here: of the model kinds, only a pretrained one needs the model side here
+    from relayrl_torch.models.cache import pretrained_dir
+
+    return pretrained_dir(model_cfg)
 
 
 class SchedulerCore(LeaseClient):
@@ -60,7 +70,7 @@ class SchedulerCore(LeaseClient):
         self.progress_unread = False  # the last read of the trainer's progress failed
         self.redis = redis
         self.keys = RunKeys(cfg.run_id)
-        self.task = load_run_task(cfg)
+        self.task = load_run_task(cfg, converted_model)
         self.clock = clock
         self.lock = threading.Lock()
         self.saved = SavedProgress(cfg, redis, self.keys)

@@ -28,9 +28,10 @@ from relayrl.runtime.backpressure import StoppedWaiting
 from relayrl.runtime.metrics import StepFigures, StepRecord, open_run_metrics
 from relayrl.runtime.outage import ride_out
 from relayrl.runtime.procs import release_freed_memory
+from relayrl_tasks.tasks import load_run_task
 from relayrl_torch.evaluation import build_sets, evaluate_sets
 from relayrl_torch.evaluation.runner import sequences
-from relayrl_torch.models import load_run_task
+from relayrl_torch.models import pretrained_dir
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.sampling.sampler import Stopped
 from trainer_svc.batching import TrainBatch, collate, split_stale, split_uniform
@@ -78,7 +79,7 @@ class Trainer:
         if self.learner.parallel.active:
             log.warning("under torchrun the trainer runs no eval and no engine check "
                         "(eval.every, trainer.engine_check_seqs); eval.mode separate does")
-        self.task = load_run_task(cfg)
+        self.task = load_run_task(cfg, pretrained_dir)
         # built at start-up, so a bad eval set stops the trainer before the first step
         self.eval_sets = build_sets(cfg, self.task) if self.evaluates else []
         self.run_dir = Path(cfg.run_dir)

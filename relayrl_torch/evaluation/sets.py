@@ -21,7 +21,8 @@ from relayrl.plugins.rewards import RewardFn
 from relayrl.plugins.tasks import Problem, Task
 from relayrl_tasks.envs import load_environment, make_environment
 from relayrl_tasks.rewards import get_reward
-from relayrl_torch.models import load_run_task
+from relayrl_tasks.tasks import load_run_task
+from relayrl_torch.models import pretrained_dir
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def build_sets(cfg: RunConfig, run_task: Task | None = None,
     out = []
     for s in wanted:
         if s.task is None and run_task is None:
-            run_task = load_run_task(cfg)
+            run_task = load_run_task(cfg, pretrained_dir)
         task = run_task if s.task is None else _own_task(cfg, s)
         out.append(_resolve(cfg, s, task, default=s.name == first))
     return out
@@ -56,7 +57,7 @@ def build_sets(cfg: RunConfig, run_task: Task | None = None,
 
 def _own_task(cfg: RunConfig, s: EvalSetConfig) -> Task:
     try:  # the run's model and rollout limits, the set's task
-        return load_run_task(cfg.model_copy(update={"task": s.task}))
+        return load_run_task(cfg.model_copy(update={"task": s.task}), pretrained_dir)
     except ValueError as err:
         raise ConfigError(f"eval.sets {s.name!r}: {err}") from None
 

@@ -12,9 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from relayrl.config import HfModel, ModelConfig, PretrainedModel, RunConfig, TaskConfig, TinyModel
-from relayrl.plugins.tasks import Task
-from relayrl_tasks.tasks import make_run_task
+from relayrl.config import HfModel, ModelConfig, PretrainedModel, TaskConfig, TinyModel
 
 TINY_BUILD_VERSION = 1  # raise when the tiny model's build changes, so caches are rebuilt
 
@@ -25,10 +23,15 @@ def resolve_model_path(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
     if isinstance(model_cfg, HfModel):
         return model_cfg.directory()
     if isinstance(model_cfg, PretrainedModel):
-        from relayrl_torch.models.smollm2 import ensure_smollm2  # converts with torch: on demand
-
-        return ensure_smollm2(model_cfg.cache_dir)
+        return pretrained_dir(model_cfg)
     return ensure_tiny_model(model_cfg, task_cfg)
+
+
+def pretrained_dir(model_cfg: PretrainedModel) -> Path:
+    """The pretrained model's converted directory, converted first when it is not there."""
+    from relayrl_torch.models.smollm2 import ensure_smollm2  # converts with torch: on demand
+
+    return ensure_smollm2(model_cfg.cache_dir)
 
 
 def tiny_model_dir(model_cfg: TinyModel, task_cfg: TaskConfig) -> Path:
@@ -55,14 +58,3 @@ def ensure_tiny_model(model_cfg: TinyModel, task_cfg: TaskConfig) -> Path:
         from relayrl_torch.models.tiny import build
 
         return build(out, model_cfg, task_cfg)
-
-
-def tokenizer_dir(cfg: RunConfig) -> Path | None:
-    """The directory whose tokenizer counts the run's prompts: the model's, fetched or
-    converted first where it is not there yet; None for the tiny model."""
-    return None if isinstance(cfg.model, TinyModel) else resolve_model_path(cfg.model, cfg.task)
-
-
-def load_run_task(cfg: RunConfig) -> Task:
-    """The run's task, its prompts counted by the run's tokenizer (make_run_task)."""
-    return make_run_task(cfg, tokenizer_dir(cfg))

@@ -16,3 +16,11 @@ def test_a_service_without_a_model_imports_no_torch(module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.split() == ["False", "False"], f"{module} imports torch or transformers"
+
+
+def test_the_scheduler_builds_its_task_without_the_model_side():
+    code = ("import sys, scheduler_svc.server; "
+            "print(sorted(m for m in sys.modules if m.startswith('relayrl_torch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", f"scheduler_svc.server imports {out.strip()}"

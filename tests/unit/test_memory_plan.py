@@ -9,7 +9,7 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 
 from relayrl.config import RunConfig, TinyModel
-from relayrl_ops.check import (
+from relayrl_ops.memory_plan import (
     memory_plan,
     pass_activations,
     pass_shape,

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from relayrl.config import RunConfig, load_run_config
-from relayrl_ops.check import Report, _placement, gpu_loads, gpu_memory
+from relayrl_ops.check import Report, _placement
 from relayrl_ops.launcher import PUBLISH_PARTIES, Launcher
+from relayrl_ops.memory_plan import gpu_loads, gpu_memory
 from relayrl_ops.plan import on_node, plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -294,7 +294,7 @@ def test_the_vllm_plane_is_refused_where_it_cannot_serve(tmp_path, change, messa
 
 
 def test_the_gpu_plan_counts_the_copy_and_the_buffers_a_transfer_holds():
-    from relayrl_ops.check import gpu_memory
+    from relayrl_ops.memory_plan import gpu_memory
     from relayrl_ops.plan import plan
 
     gib, buffers = 1 << 30, vllm_planes.PACKED_BUFFERS * vllm_planes.PACKED_BUFFER_BYTES

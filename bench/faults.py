@@ -46,8 +46,7 @@ def config(run_dir: Path, models: Path, steps: int, rounds: int) -> RunConfig:
         "trainer": {"max_steps": steps, "max_staleness": 1, "checkpoint": {"every": 4},
                     "progress": False},
         "eval": {"every": 0},
-        "rollout": {"num_workers": WORKERS, "samples_per_prompt": GROUP_SIZE,
-                    "max_new_tokens": 8, "segment_tokens": 4},
+        "rollout": {"num_workers": WORKERS, "max_new_tokens": 8, "segment_tokens": 4},
     }
     for section, fields in fault_settings(rounds).items():
         data.setdefault(section, {}).update(fields)

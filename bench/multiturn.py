@@ -105,7 +105,7 @@ def tiny(out: Path) -> LoadedModel:
 
 
 def batch(lm, args, multi: bool) -> tuple[float, float, int]:
-    rollout = {"samples_per_prompt": args.samples, "max_new_tokens": args.tokens,
+    rollout = {"max_new_tokens": args.tokens,
                "segment_tokens": 0}
     if multi:
         rollout["environment"] = {"cls": "bench.multiturn:ThreeTurns", "max_turns": TURNS}

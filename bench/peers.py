@@ -69,7 +69,7 @@ SETUPS = {  # config, steps, steps between saved policies, answers per held-out 
 SHARED = ("task.", "model.", "buffer.", "eval.", "trainer.optimizer.lr", "trainer.loss",
           "trainer.optimizer.grad_clip",
           "trainer.max_steps", "trainer.seed", "trainer.precision", "rollout.max_new_tokens",
-          "rollout.temperature", "rollout.samples_per_prompt", "rollout.seed",
+          "rollout.temperature", "rollout.seed",
           "rollout.engine.dtype")
 BF16 = ["trainer.precision=bf16", "rollout.engine.dtype=bfloat16"]  # --bf16, RelayRL's side
 SEED_STRIDE = 1000  # rollout.seed is offset by worker index: keep rounds' workers apart

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
             args.config, args.steps, args.skip = str(ROOT / "examples/tiny_cpu.yaml"), 2, 1
             args.overrides += [f"model={{kind: hf, path: {smoke_model(Path(tmp))}}}",
                                "rollout.num_workers=1", "scheduler.start_after_workers=1",
-                               "rollout.samples_per_prompt=4", "buffer.group_size=4",
+                               "buffer.group_size=4",
                                "buffer.groups_per_batch=2",
                                "rollout.segment_tokens=0", "rollout.max_new_tokens=8",
                                "rollout.environment={cls: examples.tools.calc_tools:CalcTools, "

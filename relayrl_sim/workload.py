@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from relayrl.config.rollout import RolloutConfig
+from relayrl.config.buffer import BufferConfig
 
 Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 KINDS = ("fixed", "uniform", "lognormal")
@@ -83,8 +83,8 @@ RESPONSE_DISTS: dict[str, LengthDist] = {
 class Workload:
     prompt: LengthDist = field(default_factory=lambda: LengthDist("uniform", low=64, high=512))
     response: LengthDist = field(default_factory=heavy_tail)
-    # samples per prompt (a GRPO group): rollout.samples_per_prompt's default
-    group_size: int = RolloutConfig.model_fields["samples_per_prompt"].default
+    # samples per prompt (a GRPO group): buffer.group_size's default
+    group_size: int = BufferConfig.model_fields["group_size"].default
     groups_per_worker: int = 16  # trainer batch = workers * groups_per_worker groups
     seed: int = 0
 

@@ -87,7 +87,7 @@ class EpisodeGenerator(GroupGenerator):
     def start(self, lease: LeasedPrompt) -> EpisodeGroup:
         problem = Problem(lease.prompt_id, lease.text, lease.reference, lease.messages,
                           lease.metadata)
-        n = self.cfg.rollout.samples_per_prompt
+        n = self.cfg.buffer.group_size
         openings = open_episodes(self.env_cls, self.env_cfg, [problem] * n, self.glue,
                                  self.lm.encode_problem, self.calls)
         self.episodes += n

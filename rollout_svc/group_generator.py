@@ -94,7 +94,7 @@ class GroupGenerator:
         return prompt_tokens
 
     def _start_group(self, lease: LeasedPrompt, prompt_tokens: list[int]) -> PartialGroup:
-        n = self.cfg.rollout.samples_per_prompt
+        n = self.cfg.buffer.group_size
         if lease.partial_state:
             try:
                 group = PartialGroup.decode(lease.partial_state, lease.prompt_id, n)

@@ -1,6 +1,6 @@
 """The rollout loop: refresh weights between segments, lease, generate, score, append.
 
-A worker runs up to `rollout.max_active_groups` x `samples_per_prompt` unfinished sequences
+A worker runs up to `rollout.max_active_groups` x `buffer.group_size` unfinished sequences
 at once, in shared engine calls. With `rollout.segment_tokens` set, a call generates one
 segment, so finished groups leave and newly leased ones join at every boundary (continuous
 batching at segment granularity) and no group waits for another's longest sample. At a
@@ -84,7 +84,7 @@ class RolloutWorker:
     @property
     def seats(self) -> int:
         """Sequences the training loop runs at once at most."""
-        return self.cfg.rollout.max_active_groups * self.cfg.rollout.samples_per_prompt
+        return self.cfg.rollout.max_active_groups * self.cfg.buffer.group_size
 
     def refresh_weights(self, holding: bool = False) -> bool:
         """Move to the newest version a relay offers (WeightRefresher.refresh). A worker
@@ -211,7 +211,7 @@ class RolloutWorker:
         rollout.max_active_groups groups' worth of sequences); new groups join at the next
         segment. Returns how long to wait if there is nothing to generate, and whether the
         scheduler asked to retry (no prompt free now: a trainer step may free one)."""
-        n = self.cfg.rollout.samples_per_prompt
+        n = self.cfg.buffer.group_size
         free = self.seats - sum(
             len(a.group.unfinished()) for a in active)
         if free <= 0:

@@ -60,7 +60,7 @@ class SchedulerCore(LeaseClient):
                                   max_inflight=cfg.inflight_limit,
                                   max_prompts=cfg.scheduler.max_prompts,
                                   start_after_workers=cfg.scheduler.start_after_workers,
-                                  group_size=cfg.rollout.samples_per_prompt,
+                                  group_size=cfg.buffer.group_size,
                                   worker_capacity=cfg.repack_capacity,
                                   repack_below=cfg.scheduler.repack_below,
                                   reservation_s=cfg.scheduler.repack_reservation_s,

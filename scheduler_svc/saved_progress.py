@@ -44,7 +44,7 @@ class SavedProgress:
             raise ValueError(f"{where}.state: {len(state)} bytes, more than "
                              f"scheduler.max_partial_state_bytes ({limit})")
         try:
-            return PartialGroup.decode(state, prompt_id, self.cfg.rollout.samples_per_prompt)
+            return PartialGroup.decode(state, prompt_id, self.cfg.buffer.group_size)
         except CodecError as err:
             raise ValueError(f"{where}.state: {err}") from None
 

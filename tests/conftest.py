@@ -91,8 +91,8 @@ def small_stack_config(tmp: Path, *, steps: int, groups_per_batch: int = 2,
         "trainer": {"endpoint": {"port": ports[3]}, "max_steps": steps, "max_staleness": 1,
                     "checkpoint": {"every": 4}, "progress": False},
         "eval": {"every": 5},
-        "rollout": {"base_port": ports[4], "num_workers": 2, "samples_per_prompt": group_size,
-                    "max_new_tokens": 3, "segment_tokens": 2},
+        "rollout": {"base_port": ports[4], "num_workers": 2, "max_new_tokens": 3,
+                    "segment_tokens": 2},
     }
 
 

@@ -186,7 +186,6 @@ class RolloutConfig(StrictModel):
         "relayrl-policy", min_length=1, max_length=256,
         description="The model name the HTTP server reports and accepts.",
     )
-    samples_per_prompt: int = Field(8, ge=1, le=1024, description="Completions per prompt.")
     max_new_tokens: int = Field(8, ge=1, le=65_536, description="Response length cap.")
     segment_tokens: int = Field(
         0, ge=0, le=65_536,
@@ -227,7 +226,7 @@ class RolloutConfig(StrictModel):
     max_active_groups: int = Field(
         1, ge=1, le=4096,
         description="A worker runs up to this many prompts' worth of sequences (x "
-        "samples_per_prompt) at once, in shared engine calls; with segment_tokens set it leases "
+        "buffer.group_size) at once, in shared engine calls; with segment_tokens set it leases "
         "another prompt at a segment boundary whenever a prompt's worth of seats is free.",
     )
     max_batch_seqs: int = Field(
@@ -294,10 +293,18 @@ class RolloutConfig(StrictModel):
 
     @classmethod
     def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
-        """An old flat engine field (rollout.vllm_dtype) is refused saying where it lives now."""
-        return {key: f"rollout.{key} is now rollout.engine.{new} with rollout.engine.kind: "
-                     f"{kind}, as in `rollout: {{engine: {{kind: {kind}, {new}: {data[key]!r}}}}}`"
-                for key, (kind, new) in MOVED_TO_ENGINE.items() if key in data}
+        """An old flat engine field (rollout.vllm_dtype), or the group size declared here
+        too, is refused saying where it lives now."""
+        refused = {key: f"rollout.{key} is now rollout.engine.{new} with rollout.engine.kind: "
+                        f"{kind}, as in `rollout: {{engine: {{kind: {kind}, {new}: "
+                        f"{data[key]!r}}}}}`"
+                   for key, (kind, new) in MOVED_TO_ENGINE.items() if key in data}
+        if "samples_per_prompt" in data:
+            refused["samples_per_prompt"] = (
+                "rollout.samples_per_prompt is now buffer.group_size, declared once (a group is "
+                f"all samples of a prompt), as in `buffer: {{group_size: "
+                f"{data['samples_per_prompt']!r}}}`")
+        return refused
 
     @field_validator("engine", mode="before")
     @classmethod

@@ -104,17 +104,6 @@ class RunConfig(StrictModel):
     # Cross-checks between sections: one validator per rule, run in this order.
 
     @model_validator(mode="after")
-    def _groups_hold_every_sample_of_a_prompt(self) -> RunConfig:
-        """rollout.samples_per_prompt equals buffer.group_size: a group is all samples of
-        one prompt."""
-        if self.rollout.samples_per_prompt != self.buffer.group_size:
-            raise ValueError(
-                f"rollout.samples_per_prompt ({self.rollout.samples_per_prompt}) must equal "
-                f"buffer.group_size ({self.buffer.group_size}): a group is all samples of a prompt"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _task_rewards_inside_the_buffers(self) -> RunConfig:
         """task.reward_range lies inside buffer.reward_range: what Submit admits, a sample
         may carry."""
@@ -532,7 +521,7 @@ class RunConfig(StrictModel):
         """Sequences a worker runs at once, for repacking; 0 when repacking is off."""
         if not self.scheduler.repack:
             return 0
-        return self.rollout.max_active_groups * self.rollout.samples_per_prompt
+        return self.rollout.max_active_groups * self.buffer.group_size
 
     def prompt_window(self) -> PromptWindow:
         """The longest prompt the configured engine takes (reads the model's config.json for

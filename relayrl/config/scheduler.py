@@ -74,7 +74,7 @@ class SchedulerConfig(StrictModel):
     repack_below: float = Field(
         0.25, gt=0, le=1,
         description="A worker holding at most this share of its capacity (rollout."
-        "max_active_groups x samples_per_prompt sequences) has its sequences repacked.",
+        "max_active_groups x buffer.group_size sequences) has its sequences repacked.",
     )
     repack_reservation_s: float = Field(
         5.0, gt=0, le=3600,

@@ -1,8 +1,8 @@
 """Redis-stream plumbing shared by producers and consumers of the buffer.
 
 The trajectory stream holds one entry per group (relayrl.contracts.messages.Group, its samples in
-one encoded value); every group is buffer.group_size samples (Submit refuses others, and the
-config ties rollout.samples_per_prompt to it), so the stream holds XLEN x group_size samples,
+one encoded value); every group is buffer.group_size samples (Submit refuses others, and
+every worker samples that many per prompt), so the stream holds XLEN x group_size samples,
 which is what buffer.max_pending_samples bounds.
 """
 

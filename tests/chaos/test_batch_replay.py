@@ -16,7 +16,7 @@ from relayrl_ops.redis_server import RedisServer
 
 CFG = RunConfig.model_validate({"run_id": "replay", "buffer": {"group_size": 1,
                                                                 "groups_per_batch": 2},
-                                "rollout": {"samples_per_prompt": 1}})
+                                "rollout": {}})
 
 
 @pytest.fixture

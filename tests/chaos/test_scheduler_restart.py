@@ -33,7 +33,7 @@ CFG = RunConfig.model_validate({
     "scheduler": {"lease_ttl_s": 10, "max_attempts": 2, "max_inflight_prompts": 4,
                   "max_prompts": 8},
     "buffer": {"group_size": 2, "groups_per_batch": 2},
-    "rollout": {"samples_per_prompt": 2}})
+    "rollout": {}})
 
 
 def test_a_restarted_scheduler_leases_again_what_was_out_and_goes_on(redis):

@@ -93,7 +93,7 @@ def _run(steps: int, trainer: dict) -> list[dict[str, float]]:
         "model": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "seed": 0,
                   "sft_steps": 200, "sft_eval_every": 1000, "sft_batch_size": 32,
                   "sft_lr": 1e-2},
-        "rollout": {"samples_per_prompt": SAMPLES, "max_new_tokens": 3},
+        "rollout": {"max_new_tokens": 3},
         # two updates per batch: the second one's ratio moves off 1, so the clip and the
         # importance weights take part; a KL term exercises the reference policy
         "trainer": {"loss": {"name": "grpo", "kl_coef": 0.01}, "optimizer": {"lr": 1e-3},

@@ -153,7 +153,7 @@ def test_bad_requests_are_refused_with_the_field(setup):
 def _state(core, prompt_id: int, tokens_each: int) -> bytes:
     from relayrl.contracts.partial import PartialGroup
 
-    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.rollout.samples_per_prompt)
+    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.buffer.group_size)
     for s in group.sequences:
         s.extend([7] * tokens_each, [-0.5] * tokens_each, version=3)
     return group.encode()
@@ -214,7 +214,7 @@ def test_malformed_progress_is_refused_naming_the_field_and_nothing_changes(setu
 def _tail_state(core, prompt_id: int, unfinished: int) -> bytes:
     from relayrl.contracts.partial import PartialGroup
 
-    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.rollout.samples_per_prompt)
+    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.buffer.group_size)
     for i, s in enumerate(group.sequences):
         s.extend([7, 8], [-0.5, -0.25], version=2)
         s.finish_reason = None if i < unfinished else "stop"

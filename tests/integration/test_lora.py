@@ -34,7 +34,7 @@ def env(tmp_path, tiny_lm):
     cfg = RunConfig.model_validate({
         "run_id": "lora", "run_dir": str(tmp_path / "run"), "redis": {"url": server.url},
         "task": {"digits": 1, "eval_size": 4},
-        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
+        "rollout": {"max_new_tokens": 3},
         "buffer": {"group_size": 2, "groups_per_batch": 2},
         "trainer": {"lora": LORA, "max_staleness": 100, "optimizer": {"lr": 5e-2},
                     "progress": False, "engine_check_seqs": 0,

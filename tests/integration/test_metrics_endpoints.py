@@ -61,7 +61,7 @@ def services(tmp_path):
         "scheduler": {"endpoint": {"port": ports[2]}, "metrics_port": ports[3]},
         "buffer": {"endpoint": {"port": ports[4]}, "metrics_port": ports[5], "group_size": GROUP,
                    "groups_per_batch": 1},
-        "rollout": {"samples_per_prompt": GROUP, "max_new_tokens": 3, "metrics_base_port":
+        "rollout": {"max_new_tokens": 3, "metrics_base_port":
                     ports[6]},
     }
     cfg = RunConfig.model_validate(data)

@@ -38,7 +38,7 @@ def test_versions_ship_in_the_model_dtype(tmp_path, tiny_lm, dtype):
         "run_id": "dtype", "run_dir": str(tmp_path / "run"), "redis": {"url": server.url},
         "model": {"kind": "hf", "path": str(tiny_lm.path), "dtype": dtype},
         "task": {"digits": 1, "eval_size": 4},
-        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
+        "rollout": {"max_new_tokens": 3},
         "buffer": {"group_size": 2, "groups_per_batch": 2},
         "trainer": {"max_staleness": 100, "progress": False, "engine_check_seqs": 0},
     })

@@ -43,7 +43,7 @@ def trained_version(tmp_path: Path, model_dir: Path) -> tuple[Trainer, dict, lis
     cfg = RunConfig.model_validate({
         "run_id": "family", "run_dir": str(tmp_path / "run"), "redis": {"url": server.url},
         "model": {"kind": "hf", "path": str(model_dir)}, "task": {"source": "addition"},
-        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 4},
+        "rollout": {"max_new_tokens": 4},
         "buffer": {"group_size": 2, "groups_per_batch": 1},
         "trainer": {"max_staleness": 100, "progress": False, "engine_check_seqs": 0,
                     "optimizer": {"lr": 1e-2}}})

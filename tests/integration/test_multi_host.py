@@ -71,8 +71,8 @@ def run_config(tmp: Path, a: dict[str, str], tls: dict[str, str]) -> dict:
                     "max_staleness": 1, "checkpoint": {"every": 5}, "progress": False,
                     "publish_plane": "grpc"},
         "eval": {"every": 0},
-        "rollout": {"base_port": 50560, "num_workers": 2, "samples_per_prompt": 4,
-                    "max_new_tokens": 3, "segment_tokens": 2, "weight_plane": "grpc"},
+        "rollout": {"base_port": 50560, "num_workers": 2, "max_new_tokens": 3,
+                    "segment_tokens": 2, "weight_plane": "grpc"},
     }
 
 

@@ -57,7 +57,7 @@ def stack(tmp_path, tiny_lm):
         "run_id": "partial", "task": {"digits": 1, "eval_size": 8},
         "scheduler": {"lease_ttl_s": 10, "max_prompts": 4},
         "buffer": {"group_size": N},
-        "rollout": {"samples_per_prompt": N, "max_new_tokens": MAX_NEW, "segment_tokens": 2,
+        "rollout": {"max_new_tokens": MAX_NEW, "segment_tokens": 2,
                     "save_every_s": 0,  # at every boundary, unless a test says otherwise
                     "temperature": 3.0}})  # hot sampling: eos rarely ends a response early
     clock = Clock()

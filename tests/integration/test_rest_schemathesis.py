@@ -32,7 +32,7 @@ def api_schema(tmp_path_factory):
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
     cfg = RunConfig.model_validate({
         "run_id": "fuzz", "scheduler": {"repack": True},
-        "rollout": {"segment_tokens": 4, "samples_per_prompt": 2},
+        "rollout": {"segment_tokens": 4},
         "buffer": {"group_size": 2}})
     core = SchedulerCore(cfg, connect(server.url))
     for w in ("w0", "w1"):  # something to list, drain and lease

@@ -16,7 +16,7 @@ from tests.conftest import free_ports
 pytestmark = pytest.mark.integration
 TOKEN = "s3cret-token"
 CFG = {"run_id": "ctl", "scheduler": {"lease_ttl_s": 30, "max_attempts": 2},
-       "rollout": {"samples_per_prompt": 2, "temperature": 1.0},
+       "rollout": {"temperature": 1.0},
        "buffer": {"group_size": 2, "groups_per_batch": 2}, "trainer": {"max_staleness": 1}}
 
 

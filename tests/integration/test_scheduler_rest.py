@@ -23,7 +23,7 @@ def stack(tmp_path):
     server = EmbeddedRedis(tmp_path)
     cfg = RunConfig.model_validate({
         "run_id": "rest", "scheduler": {"lease_ttl_s": 30, "repack": True, "repack_below": 0.34},
-        "rollout": {"segment_tokens": 4, "samples_per_prompt": 2, "max_active_groups": 3},
+        "rollout": {"segment_tokens": 4, "max_active_groups": 3},
         "buffer": {"group_size": 2}})
     core = SchedulerCore(cfg, connect(server.url))
     (port,) = free_ports(1)

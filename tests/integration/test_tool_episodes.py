@@ -80,7 +80,7 @@ def scripted(gen: EpisodeGenerator, replies: list[str]) -> None:
 def play(lm, replies: list[str], samples: int = 2):
     cfg = RunConfig.model_validate({
         "buffer": {"group_size": samples}, "rollout": {
-            "samples_per_prompt": samples, "max_new_tokens": 200, "segment_tokens": 0,
+            "max_new_tokens": 200, "segment_tokens": 0,
             "environment": {"cls": "tests.integration.test_tool_episodes:Adder",
                             "max_turns": 4, "options": {"tool_timeout_s": 5}}}})
     engine = TorchEngine(lm, seed=3, version=1, kv_cache_tokens=8192)

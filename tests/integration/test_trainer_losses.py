@@ -33,7 +33,7 @@ def config(tmp_path, url, loss, **loss_fields):
     return RunConfig.model_validate({
         "run_id": f"loss-{loss}", "run_dir": str(tmp_path / loss), "redis": {"url": url},
         "task": {"digits": 1, "eval_size": 4},
-        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
+        "rollout": {"max_new_tokens": 3},
         "buffer": {"group_size": 2, "groups_per_batch": 2},
         "trainer": {"loss": {"name": loss, "kl_coef": 0.05, "entropy_coef": 0.01, **loss_fields},
                     "max_staleness": 100, "optimizer": {"lr": 1e-2}, "progress": False,

@@ -36,7 +36,7 @@ def in_process_trainer(tmp_path, model_path, run_id: str, groups_per_batch: int,
     cfg = RunConfig.model_validate({
         "run_id": run_id, "run_dir": str(tmp_path / "run"), "redis": {"url": server.url},
         "task": {"digits": 1, "eval_size": 4},
-        "rollout": {"samples_per_prompt": GROUP, "max_new_tokens": RESPONSE},
+        "rollout": {"max_new_tokens": RESPONSE},
         "buffer": {"group_size": GROUP, "groups_per_batch": groups_per_batch},
         "trainer": {"progress": False, "checkpoint": {"every": 100}, **trainer},
         "eval": {"every": eval_every},

@@ -40,7 +40,7 @@ def new_trainer(tmp_path, url, run_id, model_path, **trainer):
     cfg = RunConfig.model_validate({
         "run_id": run_id, "run_dir": str(tmp_path / run_id), "redis": {"url": url},
         "task": {"digits": 1, "eval_size": 4},
-        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
+        "rollout": {"max_new_tokens": 3},
         "buffer": {"group_size": 2, "groups_per_batch": 2},
         "trainer": {"max_staleness": 100, "optimizer": {"lr": 1e-2}, "progress": False,
                     "engine_check_seqs": 0, **trainer},

@@ -27,7 +27,7 @@ def env(tmp_path, tiny_lm):
         "run_id": "resume", "run_dir": str(tmp_path / "run"),
         "redis": {"url": server.url},
         "task": {"digits": 1, "eval_size": 4},
-        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 3},
+        "rollout": {"max_new_tokens": 3},
         "buffer": {"group_size": 2, "groups_per_batch": 2},
         "trainer": {"checkpoint": {"every": 2}, "max_staleness": 100,
                     "optimizer": {"lr": 1e-2}, "progress": False},

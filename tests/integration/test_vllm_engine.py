@@ -344,7 +344,7 @@ def test_episodes_run_on_vllm_with_masked_environment_tokens(engine, lm, base_we
     tokenizer.chat_template = TEMPLATE
     chat_lm = LoadedModel(lm.model, tokenizer, lm.path)
     cfg = RunConfig.model_validate({"buffer": {"group_size": 4}, "rollout": {
-        "samples_per_prompt": 4, "max_new_tokens": 24, "segment_tokens": 0,
+        "max_new_tokens": 24, "segment_tokens": 0,
         "environment": {"cls": "tests.unit.test_episodes:Twice", "max_turns": 3}}})
     gen = EpisodeGenerator(cfg, engine, chat_lm, type("W", (), {"r": NoRedis()})())
     lease = LeasedPrompt("l", 1, "", "3", 0, messages=({"role": "user", "content": "1+2"},))

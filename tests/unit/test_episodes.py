@@ -103,7 +103,7 @@ def generator(lm, max_new_tokens=12, max_turns=4, env="tests.unit.test_episodes:
               options=None, samples=3, **bounds):
     cfg = RunConfig.model_validate({
         "buffer": {"group_size": samples}, "rollout": {
-            "samples_per_prompt": samples, "max_new_tokens": max_new_tokens,
+            "max_new_tokens": max_new_tokens,
             "segment_tokens": 0, "environment": {"cls": env, "max_turns": max_turns,
                                                  "options": options or {}, **bounds}}})
     # keeping KV states as a worker does: each turn resumes from the turn before

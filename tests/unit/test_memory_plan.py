@@ -112,7 +112,7 @@ def test_activations_grow_with_the_rows_and_shrink_with_checkpointing():
 def test_the_largest_pass_follows_micro_batch_tokens():
     def config(trainer: dict) -> RunConfig:
         return RunConfig.model_validate({"trainer": trainer,
-                                         "rollout": {"samples_per_prompt": 4},
+                                         "rollout": {},
                                          "buffer": {"groups_per_batch": 2, "group_size": 4}})
 
     plain = {"shared_prefix": False}

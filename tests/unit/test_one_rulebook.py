@@ -123,7 +123,7 @@ def test_the_simulator_takes_the_live_defaults():
     assert cfg.max_staleness == live.trainer.max_staleness
     assert cfg.repack_below == live.scheduler.repack_below
     assert cfg.max_start_lag == live.scheduler.max_start_lag
-    assert cfg.workload.group_size == live.rollout.samples_per_prompt
+    assert cfg.workload.group_size == live.buffer.group_size
     batch = live.buffer.groups_per_batch
     assert cfg.inflight_limit(batch) == live.inflight_limit
 

@@ -36,7 +36,7 @@ def redis(server):
 
 def submissions(redis, task=None, **buffer) -> Submissions:
     cfg = RunConfig.model_validate({
-        "run_id": "sub", "rollout": {"samples_per_prompt": 2}, "task": task or {},
+        "run_id": "sub", "task": task or {},
         "buffer": {"group_size": 2, "groups_per_batch": 2, "max_pending_samples": 64, **buffer}})
     return Submissions(redis, cfg, MODEL)
 

@@ -75,7 +75,7 @@ def rank_side(way: str, model_dir: str, fsdp: bool, kl: bool, out: str) -> None:
 
     from relayrl.config import RunConfig
     from relayrl_torch.models.loading import load_model
-    from trainer_svc.distributed import Parallel, close_world, init_world
+    from trainer_svc.distributed import Parallel, init_world, leave_world
     from trainer_svc.learner import Learner
 
     torch.set_num_threads(1)
@@ -108,7 +108,7 @@ def rank_side(way: str, model_dir: str, fsdp: bool, kl: bool, out: str) -> None:
         "held_anon_growth_mib": round((held - anon) / MIB, 1)})
     if world.is_main:
         Path(out).write_text(json.dumps(figures))
-    close_world(world)
+    leave_world(world)
 
 
 def run_way(way: str, model_dir: Path, ranks: int, fsdp: bool, kl: bool, tmp: Path) -> list:

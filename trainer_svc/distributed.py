@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -100,13 +101,24 @@ def init_world(device: str = "auto", timeout_s: float = TIMEOUT_S) -> World:
     return World(int(os.environ["RANK"]), size, resolved, timeout_s)
 
 
-def close_world(world: World) -> None:
-    """After a clean stop, on every rank: the ranks meet, then tear the process group down
-    together, so no rank destroys its end of a connection its peer is still using (a
-    follower that raced ahead of rank 0 here was seen to die of SIGABRT inside gloo)."""
-    if world.size > 1 and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+def leave_world(world: World) -> None:
+    """After a clean stop, the last act of every rank of a world of several: the ranks meet,
+    tear the process group down together, so no rank destroys its end of a connection its
+    peer is still using (a follower that raced ahead of rank 0 here was seen to die of
+    SIGABRT inside gloo), and the process exits at once, without the interpreter's teardown.
+    gloo's worker threads live as long as the group, which FSDP2's units and torch's own
+    caches hold past destroy_process_group; a worker still releasing its last operation's
+    tensors while the interpreter tears down needs the GIL, cannot have it, and aborts the
+    process ("terminate called without an active exception"), which torchrun reports as the
+    rank failing. In a world of one: nothing."""
+    if world.size <= 1 or not dist.is_initialized():
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def shard_rows(group_ids: torch.Tensor, rank: int, size: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ from relayrl_torch.models import resolve_model_path
 from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.signing import ManifestKeys
-from trainer_svc.distributed import Parallel, close_world, init_world
+from trainer_svc.distributed import Parallel, init_world, leave_world
 from trainer_svc.learner import Learner
 from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
@@ -82,10 +82,10 @@ def serve(cfg: RunConfig) -> None:
         publisher.close()
         trainer.metrics.close()
         # Only after a clean stop: on an error the followers may be inside a collective, and
-        # torchrun ends them when rank 0 exits. Last, so that they wait for close_world's
+        # torchrun ends them when rank 0 exits. Last, so that they wait for leave_world's
         # barrier no longer than rank 0 takes to reach it.
         trainer.learner.stop_followers()
-        close_world(world)
+    leave_world(world)
 
 
 def follow(cfg: RunConfig, lm, parallel: Parallel) -> None:
@@ -97,4 +97,4 @@ def follow(cfg: RunConfig, lm, parallel: Parallel) -> None:
         signal.signal(sig, signal.SIG_IGN)
     learner.follow()
     log.info("rank %d stopped with rank 0", parallel.world.rank)
-    close_world(parallel.world)
+    leave_world(parallel.world)

@@ -44,7 +44,7 @@ from relayrl.contracts.streams import FIELD
 from relayrl.runtime.redis_conn import connect
 from relayrl_torch.models.loading import load_model
 from trainer_svc.batching import collate
-from trainer_svc.distributed import Parallel, World, close_world, init_world, stored_state
+from trainer_svc.distributed import Parallel, World, init_world, leave_world, stored_state
 from trainer_svc.learner import Learner
 from trainer_svc.loop import Trainer
 from trainer_svc.publisher import AsyncPublisher
@@ -305,7 +305,7 @@ def main(mode: str, model_dir: str, out: str, *rest: str) -> None:
         runs["service"] = run_service_trainer(model_dir, redis_url, run_dir, world)
     if world.is_main:
         torch.save(runs, out)
-    close_world(world)
+    leave_world(world)
 
 
 if __name__ == "__main__":

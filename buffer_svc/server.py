@@ -21,7 +21,7 @@ from buffer_svc.assembler import GroupAssembler, ReadyBatch
 from buffer_svc.emit import BatchAppender
 from buffer_svc.submit import StaleGroup, Submissions, shown_source
 from buffer_svc.telemetry import BufferStats, StreamStats, buffer_metrics
-from relayrl.config import RunConfig
+from relayrl.config import BufferRun
 from relayrl.contracts import control, ledger
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import BUFFER_GROUP, TRAINER_GROUP, RunKeys
@@ -42,7 +42,7 @@ LOSABLE_METHODS = ("Submit",)
 
 
 class BufferService(buffer_pb2_grpc.BufferServicer):
-    def __init__(self, cfg: RunConfig, redis):
+    def __init__(self, cfg: BufferRun, redis):
         self.cfg = cfg
         self.r = redis
         self.keys = RunKeys(cfg.run_id)
@@ -229,7 +229,7 @@ class BufferService(buffer_pb2_grpc.BufferServicer):
         return buffer_pb2.SubmitResponse(prompt_id=prompt_id)
 
 
-def serve(cfg: RunConfig) -> None:
+def serve(cfg: BufferRun) -> None:
     setup_logging("buffer")
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         svc = BufferService(cfg, redis)

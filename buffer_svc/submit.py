@@ -20,7 +20,7 @@ import re
 import reprlib
 from dataclasses import dataclass
 
-from relayrl.config import ModelLimits, RunConfig
+from relayrl.config import BufferRun, ModelLimits
 from relayrl.contracts import control
 from relayrl.contracts.codec import CodecError, from_proto
 from relayrl.contracts.keys import EXTERNAL_PROMPT_BASE, RunKeys
@@ -128,7 +128,7 @@ def check_fresh(samples: list[Sample], latest_version: int, max_staleness: int) 
 
 
 class Submissions:
-    def __init__(self, redis, cfg: RunConfig, model: ModelLimits):
+    def __init__(self, redis, cfg: BufferRun, model: ModelLimits):
         self.r = redis
         self.cfg = cfg
         self.keys = RunKeys(cfg.run_id)
@@ -169,7 +169,7 @@ class Submissions:
             version, stored = pipe.execute()
             latest = int(version or 0)
             samples = to_samples(request, self.limits, latest)  # all checks before an id
-            max_staleness = control.settings_from_hash(stored, self.cfg).max_staleness
+            max_staleness = control.settings_from_hash(stored, self.cfg.live).max_staleness
             check_fresh(samples, latest, max_staleness)
         except CodecError:
             self.refused += 1

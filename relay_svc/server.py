@@ -14,7 +14,7 @@ from relay_svc.rendezvous import RendezvousTimeout, UnknownRendezvous
 from relay_svc.stored_version import HandoffRefused
 from relay_svc.telemetry import relay_metrics
 from relay_svc.version_store import AlreadyHeld, VersionStore
-from relayrl.config import RunConfig
+from relayrl.config import RelayRun
 from relayrl.config.relay import RelayConfig
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime.logs import setup_logging
@@ -182,7 +182,7 @@ def add_relay_servicer(servicer: RelayServicer, server: grpc.Server) -> None:
     with_fast_pull_bytes(relay_pb2_grpc.add_RelayServicer_to_server, servicer, server)
 
 
-def serve(cfg: RunConfig) -> None:
+def serve(cfg: RelayRun) -> None:
     setup_logging("relay")
     rc = cfg.relay
     planes = RelayPlanes(rc.data_planes, rc.endpoint.host, rc.timeout_s, rc.device,

@@ -131,7 +131,7 @@ class GroupGenerator:
         try:
             pipe = self.writer.r.pipeline(transaction=False)  # one round trip per segment
             stored, version = pipe.hgetall(keys.live_settings).get(keys.trainer_version).execute()
-            settings = control.settings_from_hash(stored, self.cfg)
+            settings = control.settings_from_hash(stored, self.cfg.live_defaults())
             self.temperature, self.max_staleness = settings.temperature, settings.max_staleness
             self.trainer_version = int(version or 0)
         except redis.RedisError as err:

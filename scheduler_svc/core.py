@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from relayrl.config import PretrainedModel, RunConfig
+from relayrl.config import PretrainedModel, SchedulerRun
 from relayrl.contracts import control, ledger
 from relayrl.contracts.control import LiveSettings, RunState, SettingsChange
 from relayrl.contracts.keys import RunKeys
@@ -34,7 +34,7 @@ MAX_HELD_LEASES = 65_536  # lease ids one heartbeat may name
 REFRESH_S = 0.2  # between refresh() calls: lapsed leases, the trainer's progress, repacks
 
 
-def unheld_grace_s(cfg: RunConfig) -> float:
+def unheld_grace_s(cfg: SchedulerRun) -> float:
     """How long a lease absent from its worker's heartbeats may be a grant still on its way:
     a heartbeat the scheduler acts on was sent at most one call deadline before (a later
     one is ignored), by a worker that had the grant's reply at most one deadline after the
@@ -53,14 +53,14 @@ def converted_model(model_cfg: PretrainedModel) -> Path:
 
 
 class SchedulerCore(LeaseClient):
-    def __init__(self, cfg: RunConfig, redis, clock=time.monotonic):
+    def __init__(self, cfg: SchedulerRun, redis, clock=time.monotonic):
         self.cfg = cfg
         self.policy = LeasePolicy(lease_ttl_s=cfg.scheduler.lease_ttl_s,
                                   max_attempts=cfg.scheduler.max_attempts,
                                   max_inflight=cfg.inflight_limit,
                                   max_prompts=cfg.scheduler.max_prompts,
                                   start_after_workers=cfg.scheduler.start_after_workers,
-                                  group_size=cfg.buffer.group_size,
+                                  group_size=cfg.groups.group_size,
                                   worker_capacity=cfg.repack_capacity,
                                   repack_below=cfg.scheduler.repack_below,
                                   reservation_s=cfg.scheduler.repack_reservation_s,
@@ -80,7 +80,7 @@ class SchedulerCore(LeaseClient):
         self.ledger_oom_refusals = 0
         # an operator's pause or stop and changed settings outlive a scheduler restart
         self.policy.control.state = control.read_run_state(redis, self.keys)
-        self.settings = control.read_settings(redis, self.keys, cfg)
+        self.settings = control.read_settings(redis, self.keys, cfg.live)
         self._apply(self.settings)
         self._take_up_ledger()
 
@@ -104,7 +104,7 @@ class SchedulerCore(LeaseClient):
 
     def _apply(self, settings: LiveSettings) -> None:
         if not self.cfg.scheduler.max_inflight_prompts:  # derived from the staleness bound
-            self.policy.max_inflight = inflight_prompts(self.cfg.buffer.groups_per_batch,
+            self.policy.max_inflight = inflight_prompts(self.cfg.groups.groups_per_batch,
                                                         settings.max_staleness)
 
     def change_settings(self, change: SettingsChange) -> LiveSettings:
@@ -238,7 +238,7 @@ class SchedulerCore(LeaseClient):
             new_ids = list(range(first_new, self.policy.cursor))
             done = self.policy.done
             # whole batches out before the last prompt granted: trained that much later
-            ahead = max(0, self.policy.inflight - 1) // self.cfg.buffer.groups_per_batch
+            ahead = max(0, self.policy.inflight - 1) // self.cfg.groups.groups_per_batch
         if new_ids:
             self._record("leased", new_ids)
         leases = []

@@ -18,7 +18,7 @@ def buffer_depth(core: SchedulerCore) -> BufferDepth:
     pipe.xlen(core.keys.trajectories)
     pipe.xlen(core.keys.batches)
     groups, batches = pipe.execute()
-    samples = groups * core.cfg.buffer.group_size  # one entry per group (relayrl.contracts.streams)
+    samples = groups * core.cfg.groups.group_size  # one entry per group (relayrl.contracts.streams)
     try:
         read = core.redis.xpending(core.keys.batches, TRAINER_GROUP)["pending"]
     except ResponseError:  # no batch stream, or no trainer yet

@@ -14,7 +14,7 @@ import logging
 
 import redis
 
-from relayrl.config import RunConfig
+from relayrl.config import SchedulerRun
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.partial import PartialGroup
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class SavedProgress:
     """The token and KV states workers left, by prompt, and the token states' Redis mirror."""
 
-    def __init__(self, cfg: RunConfig, redis, keys: RunKeys):
+    def __init__(self, cfg: SchedulerRun, redis, keys: RunKeys):
         self.cfg = cfg
         self.redis = redis
         self.keys = keys
@@ -44,7 +44,7 @@ class SavedProgress:
             raise ValueError(f"{where}.state: {len(state)} bytes, more than "
                              f"scheduler.max_partial_state_bytes ({limit})")
         try:
-            return PartialGroup.decode(state, prompt_id, self.cfg.buffer.group_size)
+            return PartialGroup.decode(state, prompt_id, self.cfg.groups.group_size)
         except CodecError as err:
             raise ValueError(f"{where}.state: {err}") from None
 

@@ -8,7 +8,7 @@ import threading
 
 import grpc
 
-from relayrl.config import ConfigError, RunConfig
+from relayrl.config import ConfigError, SchedulerRun
 from relayrl.contracts.proto.v1 import scheduler_pb2, scheduler_pb2_grpc
 from relayrl.runtime.auth import control_api_book
 from relayrl.runtime.auth import current as current_credentials
@@ -106,7 +106,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 worker_leases=p.leases_by_worker())
 
 
-def serve(cfg: RunConfig) -> None:
+def serve(cfg: SchedulerRun) -> None:
     setup_logging("scheduler")
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
         core = SchedulerCore(cfg, redis)

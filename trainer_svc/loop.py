@@ -95,7 +95,8 @@ class Trainer:
         self.set_aside = SetAside(self.books, self.link, lm.model, self.tc.max_nonfinite_steps,
                                   self.ckpt_dir, self.durable.record_progress)
         self.operator = Operator(redis, self.keys, cfg)
-        self.settings = control.configured_settings(cfg)  # the live ones, taken every step
+        # the live ones, taken every step
+        self.settings = control.configured_settings(cfg.live_defaults())
         self._warned_temperature = False
         self.latest = StepRecord(0)  # newest value of each figure, for /metrics
         self.finished = False

@@ -30,7 +30,7 @@ class Operator:
     def settings(self, current: control.LiveSettings) -> control.LiveSettings:
         """The live settings for the next step; `current` while Redis is away."""
         try:
-            return control.read_settings(self.r, self.keys, self.cfg)
+            return control.read_settings(self.r, self.keys, self.cfg.live_defaults())
         except redis_lib.RedisError as err:
             log.warning("live settings not read (%s); keeping the current ones", err)
             return current

@@ -18,6 +18,15 @@ from relayrl.config.rollout import RolloutConfig, TorchEngineConfig, VllmEngineC
 from relayrl.config.run import PromptWindow, RunConfig, load_run_config
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig, TlsConfig
+from relayrl.config.services import (
+    BufferRun,
+    GroupTerms,
+    LiveDefaults,
+    PromptTerms,
+    RelayRun,
+    RunCommon,
+    SchedulerRun,
+)
 from relayrl.config.task import (
     AdditionTaskConfig,
     DatasetTaskConfig,
@@ -36,6 +45,13 @@ from relayrl.config.trainer import (
 )
 
 __all__ = [
+    "BufferRun",
+    "GroupTerms",
+    "LiveDefaults",
+    "PromptTerms",
+    "RelayRun",
+    "RunCommon",
+    "SchedulerRun",
     "AdafactorConfig",
     "AdamWConfig",
     "OptimizerConfig",

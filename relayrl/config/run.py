@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from relayrl.config.base import (
     ConfigError,
-    StrictModel,
     apply_overrides,
     is_loopback,
     load_model,
@@ -19,17 +17,24 @@ from relayrl.config.base import (
 from relayrl.config.buffer import BufferConfig
 from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalConfig
-from relayrl.config.model import ModelConfig, TinyModel, model_shorthand
-from relayrl.config.redis import RedisConfig
+from relayrl.config.model import TinyModel
 from relayrl.config.relay import RelayConfig
 from relayrl.config.resources import Placement, ResourcesConfig
 from relayrl.config.restarts import RestartConfig
 from relayrl.config.rollout import RolloutConfig, VllmEngineConfig
 from relayrl.config.scheduler import SchedulerConfig
-from relayrl.config.security import AuthConfig
-from relayrl.config.task import AdditionTaskConfig, TaskConfig, task_shorthand
+from relayrl.config.services import (
+    BufferRun,
+    GroupTerms,
+    LiveDefaults,
+    PromptTerms,
+    PromptWindow,
+    RelayRun,
+    RunCommon,
+    SchedulerRun,
+    inflight_limit,
+)
 from relayrl.config.trainer import TrainerConfig
-from relayrl.rules.staleness import inflight_prompts
 from relayrl.runtime.deadlines import REDIS_BLOCK_MARGIN_S
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -38,46 +43,7 @@ VLLM_MAX_LORA_RANK = 512  # the largest LoRA rank vLLM serves
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
-@dataclass(frozen=True)
-class PromptWindow:
-    """The longest prompt a run's rollout takes: what its engine holds (the model's context,
-    or a vLLM engine's max_model_len when smaller) less the response it must leave room for,
-    within rollout.max_prompt_tokens. Tasks measure their prompts against `longest` when they
-    are built; a worker refuses to start on an engine that holds less."""
-
-    context: int  # the model's context length
-    engine: int  # the engine's window: min(context, rollout.engine.max_model_len if set)
-    engine_source: str  # which setting gives `engine`
-    max_new_tokens: int
-    max_prompt_tokens: int
-
-    @property
-    def longest(self) -> int:
-        return min(self.max_prompt_tokens, self.engine - self.max_new_tokens)
-
-    def describe(self) -> str:
-        room = (f"{self.engine_source} {self.engine} less rollout.max_new_tokens "
-                f"{self.max_new_tokens}")
-        if self.max_prompt_tokens < self.engine - self.max_new_tokens:
-            return f"rollout.max_prompt_tokens {self.max_prompt_tokens}, within {room}"
-        return room
-
-
-class RunConfig(StrictModel):
-    run_id: str = Field(
-        "tiny", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Names the run's Redis keys and directory.",
-    )
-    run_dir: str = Field("runs/tiny", description="Metrics, checkpoints, logs and plots.")
-    redis: RedisConfig = Field(default_factory=RedisConfig)
-    auth: AuthConfig = Field(default_factory=AuthConfig,
-                             description="Shared token and gRPC TLS of every service.")
-    model: ModelConfig = Field(default_factory=TinyModel,
-                               description="The policy model, picked by `kind` (tiny, hf or "
-                               "pretrained; relayrl/config/model.py).")
-    task: TaskConfig = Field(default_factory=AdditionTaskConfig,
-                             description="What to train on, picked by `source` "
-                             "(relayrl/config/task.py).")
+class RunConfig(RunCommon):
     relay: RelayConfig = Field(default_factory=RelayConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
@@ -90,16 +56,6 @@ class RunConfig(StrictModel):
     resources: ResourcesConfig | None = Field(
         None, description="Nodes, GPUs and where each process goes (relayrl/config/"
         "resources.py); None: every process sees every GPU of the machine it runs on.")
-
-    @field_validator("task", mode="before")
-    @classmethod
-    def _task_shorthand(cls, value: Any) -> Any:
-        return task_shorthand(value)
-
-    @field_validator("model", mode="before")
-    @classmethod
-    def _model_shorthand(cls, value: Any) -> Any:
-        return model_shorthand(value)
 
     # Cross-checks between sections: one validator per rule, run in this order.
 
@@ -510,11 +466,9 @@ class RunConfig(StrictModel):
 
     @property
     def inflight_limit(self) -> int:
-        """Prompts allowed out at once: scheduler.max_inflight_prompts, or derived from the
-        batch size and the staleness bound (inflight_prompts)."""
-        if self.scheduler.max_inflight_prompts:
-            return self.scheduler.max_inflight_prompts
-        return inflight_prompts(self.buffer.groups_per_batch, self.trainer.max_staleness)
+        """Prompts allowed out at once (relayrl.config.services.inflight_limit)."""
+        return inflight_limit(self.scheduler, self.buffer.groups_per_batch,
+                              self.trainer.max_staleness)
 
     @property
     def repack_capacity(self) -> int:
@@ -524,19 +478,47 @@ class RunConfig(StrictModel):
         return self.rollout.max_active_groups * self.buffer.group_size
 
     def prompt_window(self) -> PromptWindow:
-        """The longest prompt the configured engine takes (reads the model's config.json for
-        model.kind hf, and for pretrained once converted)."""
-        context = self.model.limits().context_length
-        engine, source = context, "the model's context"
-        e = self.rollout.engine
-        if isinstance(e, VllmEngineConfig) and e.max_model_len and e.max_model_len < context:
-            engine, source = e.max_model_len, "rollout.engine.max_model_len"
-        return PromptWindow(context, engine, source, self.rollout.max_new_tokens,
-                            self.rollout.max_prompt_tokens)
+        """The longest prompt the configured engine takes (PromptTerms.window)."""
+        return self.prompt_terms().window(self.model)
 
-    @property
-    def run_path(self) -> Path:
-        return Path(self.run_dir)
+    # -- each service's part (relayrl.config.services) --------------------------------------
+
+    def common(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in RunCommon.model_fields}
+
+    def prompt_terms(self) -> PromptTerms:
+        e = self.rollout.engine
+        return PromptTerms(max_new_tokens=self.rollout.max_new_tokens,
+                           max_prompt_tokens=self.rollout.max_prompt_tokens,
+                           max_model_len=e.max_model_len if isinstance(e, VllmEngineConfig)
+                           else 0)
+
+    def live_defaults(self) -> LiveDefaults:
+        return LiveDefaults(max_staleness=self.trainer.max_staleness,
+                            temperature=self.rollout.temperature)
+
+    def group_terms(self) -> GroupTerms:
+        return GroupTerms(group_size=self.buffer.group_size,
+                          groups_per_batch=self.buffer.groups_per_batch)
+
+    def scheduler_part(self) -> SchedulerRun:
+        return SchedulerRun(**self.common(), scheduler=self.scheduler, groups=self.group_terms(),
+                            live=self.live_defaults(), prompts=self.prompt_terms(),
+                            repack_capacity=self.repack_capacity)
+
+    def buffer_part(self) -> BufferRun:
+        return BufferRun(**self.common(), buffer=self.buffer, live=self.live_defaults())
+
+    def relay_part(self) -> RelayRun:
+        return RelayRun(**self.common(), relay=self.relay)
+
+    def part(self, service: str) -> Any:
+        """What `python -m <service>` is handed: the service's part where it has one
+        (relayrl.config.services), else the whole config."""
+        parts = {"scheduler_svc": self.scheduler_part, "buffer_svc": self.buffer_part,
+                 "relay_svc": self.relay_part}
+        return parts[service]() if service in parts else self
+
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

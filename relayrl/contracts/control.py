@@ -17,8 +17,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from relayrl.config import RunConfig
 from relayrl.config.rollout import RolloutConfig
+from relayrl.config.services import LiveDefaults
 from relayrl.config.trainer import TrainerConfig
 from relayrl.contracts.json_types import json_int
 from relayrl.contracts.keys import RunKeys
@@ -69,24 +69,23 @@ class SettingsChange(BaseModel):
         return settings.model_copy(update=self.model_dump(exclude_none=True))
 
 
-def configured_settings(cfg: RunConfig) -> LiveSettings:
-    return LiveSettings(max_staleness=cfg.trainer.max_staleness,
-                        temperature=cfg.rollout.temperature)
+def configured_settings(defaults: LiveDefaults) -> LiveSettings:
+    return LiveSettings(max_staleness=defaults.max_staleness, temperature=defaults.temperature)
 
 
-def read_settings(redis, keys: RunKeys, cfg: RunConfig) -> LiveSettings:
+def read_settings(redis, keys: RunKeys, defaults: LiveDefaults) -> LiveSettings:
     """The config's values, with whatever an operator changed since."""
-    return settings_from_hash(redis.hgetall(keys.live_settings), cfg)
+    return settings_from_hash(redis.hgetall(keys.live_settings), defaults)
 
 
-def settings_from_hash(stored: dict | None, cfg: RunConfig) -> LiveSettings:
+def settings_from_hash(stored: dict | None, defaults: LiveDefaults) -> LiveSettings:
     """The live settings from the raw hash (HGETALL of keys.live_settings), for a caller
     that read it in a pipeline with other keys. A stored value outside today's bounds (kept
     from an older version, or written by hand) keeps the config's value, with an error
     logged once per value: every service reads this hash, and a value that crashed them
     would crash them again at every restart."""
     changed = {k.decode() if isinstance(k, bytes) else k: v for k, v in (stored or {}).items()}
-    settings = configured_settings(cfg)
+    settings = configured_settings(defaults)
     for name, raw in sorted(changed.items()):
         if name not in LiveSettings.model_fields:
             continue

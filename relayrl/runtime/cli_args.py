@@ -55,7 +55,7 @@ def run_service(service: str) -> None:
     cfg, _ = parse_service_args(service)
     install_run_credentials(cfg, service)
     try:
-        importlib.import_module(f"{service}.server").serve(cfg)
+        importlib.import_module(f"{service}.server").serve(cfg.part(service))
     except ConfigError as err:
         print(f"{service}: {err}", file=sys.stderr)
         raise SystemExit(2) from None

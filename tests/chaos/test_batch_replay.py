@@ -35,7 +35,7 @@ def sample(prompt_id: int) -> Sample:
 
 def test_a_repeated_batch_append_appends_once_and_still_acknowledges(redis):
     keys = RunKeys(CFG.run_id)
-    svc = BufferService(CFG, redis)
+    svc = BufferService(CFG.buffer_part(), redis)
     writer = TrajectoryWriter(redis, keys, 100)
     for pid in (0, 1):
         writer.append(Group(pid, [sample(pid)]))

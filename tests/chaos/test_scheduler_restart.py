@@ -38,7 +38,7 @@ CFG = RunConfig.model_validate({
 
 def test_a_restarted_scheduler_leases_again_what_was_out_and_goes_on(redis):
     clock = FakeClock()
-    first = SchedulerCore(CFG, redis, clock=clock)
+    first = SchedulerCore(CFG.scheduler_part(), redis, clock=clock)
     first.register("w0", "here")
     out = first.acquire("w0", 4).leases
     assert [lp.prompt_id for lp in out] == [0, 1, 2, 3]
@@ -46,7 +46,7 @@ def test_a_restarted_scheduler_leases_again_what_was_out_and_goes_on(redis):
     assert first.complete("w0", out[0].lease_id) and first.complete("w0", out[1].lease_id)
     ledger.add(redis, RunKeys(CFG.run_id), "batched", [0, 1])
 
-    second = SchedulerCore(CFG, redis, clock=clock)  # the first died with its leases
+    second = SchedulerCore(CFG.scheduler_part(), redis, clock=clock)  # the first died with its leases
     second.register("w0", "here")
     again = second.acquire("w0", 4).leases
     assert [lp.prompt_id for lp in again] == [2, 3]  # the cap holds: 4 out, none finished
@@ -56,14 +56,14 @@ def test_a_restarted_scheduler_leases_again_what_was_out_and_goes_on(redis):
 
 def test_new_prompts_continue_after_the_last_one_handed_out(redis):
     clock = FakeClock()
-    first = SchedulerCore(CFG, redis, clock=clock)
+    first = SchedulerCore(CFG.scheduler_part(), redis, clock=clock)
     first.register("w0", "here")
     out = first.acquire("w0", 3).leases
     keys = RunKeys(CFG.run_id)
     ledger.add(redis, keys, "batched", [lp.prompt_id for lp in out])
     redis.set(keys.prompts_finished, 3)  # the trainer stepped past all three
 
-    second = SchedulerCore(CFG, redis, clock=clock)
+    second = SchedulerCore(CFG.scheduler_part(), redis, clock=clock)
     second.refresh()
     second.register("w0", "here")
     assert [lp.prompt_id for lp in second.acquire("w0", 2).leases] == [3, 4]
@@ -81,10 +81,10 @@ def test_a_restarted_scheduler_hands_out_the_same_records(redis, tmp_path):
         "task": {"source": "dataset", "path": str(rows), "prompt": {"field": "q"},
                  "eval_size": 0}})
     clock = FakeClock()
-    first = SchedulerCore(cfg, redis, clock=clock)
+    first = SchedulerCore(cfg.scheduler_part(), redis, clock=clock)
     first.register("w0", "here")
     out = first.acquire("w0", 4).leases
-    second = SchedulerCore(cfg, redis, clock=clock)
+    second = SchedulerCore(cfg.scheduler_part(), redis, clock=clock)
     second.register("w0", "here")
     again = second.acquire("w0", 4).leases
     assert [(lp.prompt_id, lp.messages, lp.reference, lp.metadata) for lp in again] == [

@@ -30,7 +30,7 @@ def api(tmp_path, monkeypatch):
            "scheduler": {"rest_port": port, "rest_token_env": "OPS_TOKEN"}}
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(doc))
-    core = SchedulerCore(RunConfig.model_validate(doc), connect(server.url))
+    core = SchedulerCore(RunConfig.model_validate(doc).scheduler_part(), connect(server.url))
     http = BackgroundHTTPServer(build_rest_app(core, TOKEN), "127.0.0.1", port, "rest")
     http.start()
     yield core, http.address, str(config)

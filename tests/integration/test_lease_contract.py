@@ -41,7 +41,7 @@ def setup(request, redis):
                       "call_timeout_s": 2, "heartbeat_interval_s": 1},  # 5 s unheld grace
         "rollout": {"segment_tokens": 4, "max_active_groups": 2}})
     clock = FakeClock()
-    core = SchedulerCore(cfg, redis, clock=clock)
+    core = SchedulerCore(cfg.scheduler_part(), redis, clock=clock)
     if request.param == "in_process":
         yield core, core, clock, redis
         return
@@ -153,7 +153,7 @@ def test_bad_requests_are_refused_with_the_field(setup):
 def _state(core, prompt_id: int, tokens_each: int) -> bytes:
     from relayrl.contracts.partial import PartialGroup
 
-    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.buffer.group_size)
+    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.groups.group_size)
     for s in group.sequences:
         s.extend([7] * tokens_each, [-0.5] * tokens_each, version=3)
     return group.encode()
@@ -214,7 +214,7 @@ def test_malformed_progress_is_refused_naming_the_field_and_nothing_changes(setu
 def _tail_state(core, prompt_id: int, unfinished: int) -> bytes:
     from relayrl.contracts.partial import PartialGroup
 
-    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.buffer.group_size)
+    group = PartialGroup.fresh(prompt_id, [1, 5, 6], core.cfg.groups.group_size)
     for i, s in enumerate(group.sequences):
         s.extend([7, 8], [-0.5, -0.25], version=2)
         s.finish_reason = None if i < unfinished else "stop"
@@ -392,7 +392,7 @@ def test_a_lease_behind_a_whole_batch_asks_for_the_trainers_weights(redis):
     the first, so its prompts may not start a version behind (they would be dropped)."""
     cfg = RunConfig.model_validate({"run_id": "floor", "buffer": {"groups_per_batch": 2},
                                     "trainer": {"max_staleness": 1}})
-    core = SchedulerCore(cfg, redis, clock=FakeClock())
+    core = SchedulerCore(cfg.scheduler_part(), redis, clock=FakeClock())
     redis.set(RunKeys("floor").trainer_version, 6)
     core.refresh()
     first = core.acquire("w0", 2)

@@ -61,7 +61,7 @@ def stack(tmp_path, tiny_lm):
                     "save_every_s": 0,  # at every boundary, unless a test says otherwise
                     "temperature": 3.0}})  # hot sampling: eos rarely ends a response early
     clock = Clock()
-    core = SchedulerCore(cfg, r, clock=clock)
+    core = SchedulerCore(cfg.scheduler_part(), r, clock=clock)
     yield cfg, r, core, clock, tiny_lm
     server.shutdown()
 
@@ -223,7 +223,7 @@ def test_a_repack_moves_a_tail_group_to_the_fuller_worker_which_finishes_it(stac
                              max_inflight_prompts=3)
     data["rollout"].update(max_active_groups=3, temperature=0.01)  # 12 seats; eos-free-ish
     cfg = RunConfig.model_validate(data)
-    core = SchedulerCore(cfg, r, clock=Clock())
+    core = SchedulerCore(cfg.scheduler_part(), r, clock=Clock())
     a = make_worker(cfg, r, core, tiny_lm, 0, None, kv_cache_tokens=4096)
     b = make_worker(cfg, r, core, tiny_lm, 1, None, kv_cache_tokens=4096)
     for w in (a, b):

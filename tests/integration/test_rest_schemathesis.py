@@ -34,7 +34,7 @@ def api_schema(tmp_path_factory):
         "run_id": "fuzz", "scheduler": {"repack": True},
         "rollout": {"segment_tokens": 4},
         "buffer": {"group_size": 2}})
-    core = SchedulerCore(cfg, connect(server.url))
+    core = SchedulerCore(cfg.scheduler_part(), connect(server.url))
     for w in ("w0", "w1"):  # something to list, drain and lease
         core.register(w, "here")
     core.acquire("w0", 2)

@@ -25,7 +25,7 @@ def stack(tmp_path):
     server = EmbeddedRedis(tmp_path)
     redis = connect(server.url)
     cfg = RunConfig.model_validate(CFG)
-    core = SchedulerCore(cfg, redis)
+    core = SchedulerCore(cfg.scheduler_part(), redis)
     (port,) = free_ports(1)
     http = BackgroundHTTPServer(build_rest_app(core, TOKEN), "127.0.0.1", port, "rest")
     http.start()
@@ -107,7 +107,7 @@ def test_settings_are_checked_by_field_and_reach_redis_and_the_lease_cap(stack):
     assert client.patch("/v1/settings", json={"temperature": 0.7}).json()["max_staleness"] == 3
     assert core.policy.max_inflight == 2 * 3  # the scheduler's cap follows the bound
     # what the trainer and the workers read, also after a scheduler restart
-    assert control.read_settings(core.redis, core.keys, core.cfg).model_dump() == {
+    assert control.read_settings(core.redis, core.keys, core.cfg.live).model_dump() == {
         "max_staleness": 3, "temperature": 0.7}
     assert SchedulerCore(core.cfg, core.redis).policy.max_inflight == 6
     assert client.get("/v1/status").json()["run"]["settings"]["temperature"] == 0.7
@@ -119,7 +119,7 @@ def test_a_bad_setting_left_in_redis_is_ignored_by_every_reader(stack):
     core, client = stack
     core.redis.hset(core.keys.live_settings, mapping={"temperature": "1e-300",
                                                       "max_staleness": "4"})
-    assert control.read_settings(core.redis, core.keys, core.cfg).model_dump() == {
+    assert control.read_settings(core.redis, core.keys, core.cfg.live).model_dump() == {
         "max_staleness": 4, "temperature": 1.0}
     restarted = SchedulerCore(core.cfg, core.redis)
     assert restarted.settings.temperature == 1.0 and restarted.policy.max_inflight == 2 * 4
@@ -142,7 +142,7 @@ def test_status_reads_the_trainer_workers_and_buffer(stack):
     status = client.get("/v1/status").json()
     run = status["run"]
     assert run["trainer_step"] == 5 and run["worker_versions"] == {"w0": 4}
-    group = core.cfg.buffer.group_size  # a trajectory entry is one group
+    group = core.cfg.groups.group_size  # a trajectory entry is one group
     assert run["buffer"] == {"samples_waiting": group, "batches_waiting": 1}
     assert (run["reward_mean"], run["samples_per_s"], run["tokens_per_s"]) == (0.25, 12.5, None)
     assert status["handed_out"] == 0 and status["done"] is False  # the earlier fields stay
@@ -172,5 +172,5 @@ def test_run_routes_need_the_token_and_a_refusal_changes_nothing(stack):
                                  json={"max_staleness": 7} if method == "PATCH" else None)
             assert resp.status_code == 401, (method, path, headers)
     assert control.read_run_state(core.redis, core.keys) is control.RunState.RUNNING
-    assert control.read_settings(core.redis, core.keys, core.cfg).max_staleness == 1
+    assert control.read_settings(core.redis, core.keys, core.cfg.live).max_staleness == 1
     assert core.policy.control.state is control.RunState.RUNNING

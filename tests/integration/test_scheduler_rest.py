@@ -25,7 +25,7 @@ def stack(tmp_path):
         "run_id": "rest", "scheduler": {"lease_ttl_s": 30, "repack": True, "repack_below": 0.34},
         "rollout": {"segment_tokens": 4, "max_active_groups": 3},
         "buffer": {"group_size": 2}})
-    core = SchedulerCore(cfg, connect(server.url))
+    core = SchedulerCore(cfg.scheduler_part(), connect(server.url))
     (port,) = free_ports(1)
     http = BackgroundHTTPServer(build_rest_app(core, TOKEN), "127.0.0.1", port, "rest")
     http.start()
@@ -177,7 +177,7 @@ def test_a_scheduler_waiting_for_workers_says_how_many(tmp_path, caplog):
     try:
         cfg = RunConfig.model_validate({"run_id": "gate",
                                         "scheduler": {"start_after_workers": 2}})
-        core = SchedulerCore(cfg, connect(server.url))
+        core = SchedulerCore(cfg.scheduler_part(), connect(server.url))
         core.register("w0", "127.0.0.1:1")
         assert "no lease until 2 workers have registered, 1 so far" in caplog.text
         assert core.acquire("w0", 4).leases == []

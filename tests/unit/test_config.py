@@ -52,7 +52,10 @@ def test_there_are_shipped_configs():
 
 @pytest.mark.parametrize("name,data", SHIPPED, ids=[name for name, _ in SHIPPED])
 def test_every_shipped_config_loads(tmp_path, name, data):
-    load_run_config(write(tmp_path, data))
+    """Every shipped config loads, and hands each service its part."""
+    cfg = load_run_config(write(tmp_path, data))
+    for service in ("scheduler_svc", "buffer_svc", "relay_svc"):
+        assert cfg.part(service).run_id == cfg.run_id
 
 
 def test_every_shipped_yaml_is_checked():

@@ -48,12 +48,13 @@ def test_a_bad_stored_setting_keeps_the_configs_value_and_is_logged_once(caplog,
     stored = {b"temperature": json.dumps(LOW).encode(), b"max_staleness": b"5"}
     with caplog.at_level(logging.ERROR, logger="relayrl.contracts.control"):
         for _ in range(3):  # every segment reads it: one line, not one per read
-            settings = control.settings_from_hash(stored, cfg)
+            settings = control.settings_from_hash(stored, cfg.live_defaults())
     assert (settings.temperature, settings.max_staleness) == (0.9, 5)  # the good one applies
     refusals = [r for r in caplog.records if "temperature" in r.getMessage()]
     assert len(refusals) == 1 and "1e-300" in refusals[0].getMessage()
     garbage = {"temperature": b"not json", "max_staleness": b"true"}
-    assert control.settings_from_hash(garbage, cfg) == control.configured_settings(cfg)
+    defaults = cfg.live_defaults()
+    assert control.settings_from_hash(garbage, defaults) == control.configured_settings(defaults)
 
 
 @pytest.mark.parametrize("spec", [dict(temperature=LOW), dict(temperature=math.nan),

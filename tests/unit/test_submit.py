@@ -38,7 +38,7 @@ def submissions(redis, task=None, **buffer) -> Submissions:
     cfg = RunConfig.model_validate({
         "run_id": "sub", "task": task or {},
         "buffer": {"group_size": 2, "groups_per_batch": 2, "max_pending_samples": 64, **buffer}})
-    return Submissions(redis, cfg, MODEL)
+    return Submissions(redis, cfg.buffer_part(), MODEL)
 
 
 def waiting(redis) -> int:

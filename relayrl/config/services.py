@@ -1,0 +1,169 @@
+"""What each service is handed: its own section and, typed, the few values it shares with
+the others. RunConfig is the file a user writes, one section per owner; `RunConfig.part(s)`
+hands service `s` its part, so that a service reads no other service's section and every
+value that crosses from one owner to another is named here, once.
+
+    scheduler = SchedulerRun                 # what the scheduler holds
+    cfg.part("scheduler").groups.group_size  # the buffer's group size, handed to it
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator
+
+from relayrl.config.base import StrictModel
+from relayrl.config.buffer import BufferConfig
+from relayrl.config.model import ModelConfig, TinyModel, model_shorthand
+from relayrl.config.redis import RedisConfig
+from relayrl.config.relay import RelayConfig
+from relayrl.config.scheduler import SchedulerConfig
+from relayrl.config.security import AuthConfig
+from relayrl.config.task import AdditionTaskConfig, TaskConfig, task_shorthand
+from relayrl.rules.staleness import inflight_prompts
+
+
+class RunCommon(StrictModel):
+    """The run's own values, which belong to no service: its name and directory, Redis, the
+    credentials, the model and the task. Every service reads these."""
+
+    run_id: str = Field(
+        "tiny", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Names the run's Redis keys and directory.",
+    )
+    run_dir: str = Field("runs/tiny", description="Metrics, checkpoints, logs and plots.")
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig,
+                             description="Shared token and gRPC TLS of every service.")
+    model: ModelConfig = Field(default_factory=TinyModel,
+                               description="The policy model, picked by `kind` (tiny, hf or "
+                               "pretrained; relayrl/config/model.py).")
+    task: TaskConfig = Field(default_factory=AdditionTaskConfig,
+                             description="What to train on, picked by `source` "
+                             "(relayrl/config/task.py).")
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_shorthand(cls, value: Any) -> Any:
+        return task_shorthand(value)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_shorthand(cls, value: Any) -> Any:
+        return model_shorthand(value)
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir)
+
+
+class Handed(StrictModel):
+    """A value one owner hands another: built by RunConfig, never written by hand."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LiveDefaults(Handed):
+    """The configured values of the live settings (relayrl.contracts.control.LiveSettings),
+    which an operator may change while the run goes on: trainer.max_staleness and
+    rollout.temperature."""
+
+    max_staleness: int
+    temperature: float
+
+
+class GroupTerms(Handed):
+    """The buffer's shape of the run's data: samples per prompt and groups per batch."""
+
+    group_size: int
+    groups_per_batch: int
+
+
+@dataclass(frozen=True)
+class PromptWindow:
+    """The longest prompt a run's rollout takes: what its engine holds (the model's context,
+    or a vLLM engine's max_model_len when smaller) less the response it must leave room for,
+    within rollout.max_prompt_tokens. Tasks measure their prompts against `longest` when they
+    are built; a worker refuses to start on an engine that holds less."""
+
+    context: int  # the model's context length
+    engine: int  # the engine's window: min(context, rollout.engine.max_model_len if set)
+    engine_source: str  # which setting gives `engine`
+    max_new_tokens: int
+    max_prompt_tokens: int
+
+    @property
+    def longest(self) -> int:
+        return min(self.max_prompt_tokens, self.engine - self.max_new_tokens)
+
+    def describe(self) -> str:
+        room = (f"{self.engine_source} {self.engine} less rollout.max_new_tokens "
+                f"{self.max_new_tokens}")
+        if self.max_prompt_tokens < self.engine - self.max_new_tokens:
+            return f"rollout.max_prompt_tokens {self.max_prompt_tokens}, within {room}"
+        return room
+
+
+
+class PromptTerms(Handed):
+    """What bounds a prompt, as the rollout's engine holds it: RunConfig.prompt_window reads
+    these with the model's context."""
+
+    max_new_tokens: int
+    max_prompt_tokens: int
+    max_model_len: int  # rollout.engine.max_model_len of a vLLM engine; 0: the model's context
+
+    def window(self, model: ModelConfig) -> PromptWindow:
+        """The longest prompt the engine takes (reads the model's config.json for model.kind
+        hf, and for pretrained once converted)."""
+        context = model.limits().context_length
+        engine, source = context, "the model's context"
+        if self.max_model_len and self.max_model_len < context:
+            engine, source = self.max_model_len, "rollout.engine.max_model_len"
+        return PromptWindow(context, engine, source, self.max_new_tokens,
+                            self.max_prompt_tokens)
+
+
+class ServicePart(RunCommon):
+    """A service's part of the run: the run's own values, then its section and what it is
+    handed. Frozen: a service's state is its own, never written into its config."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SchedulerRun(ServicePart):
+    scheduler: SchedulerConfig
+    groups: GroupTerms
+    live: LiveDefaults
+    prompts: PromptTerms
+    repack_capacity: int  # sequences a worker runs at once, for repacking; 0 with it off
+
+    def prompt_window(self) -> PromptWindow:
+        return self.prompts.window(self.model)
+
+    @property
+    def inflight_limit(self) -> int:
+        """Prompts allowed out at once: scheduler.max_inflight_prompts, or derived from the
+        batch size and the configured staleness bound (inflight_prompts)."""
+        return inflight_limit(self.scheduler, self.groups.groups_per_batch,
+                              self.live.max_staleness)
+
+
+class BufferRun(ServicePart):
+    buffer: BufferConfig
+    live: LiveDefaults
+
+
+class RelayRun(ServicePart):
+    relay: RelayConfig
+
+
+def inflight_limit(scheduler: SchedulerConfig, groups_per_batch: int, max_staleness: int) -> int:
+    """scheduler.max_inflight_prompts if set, else as many prompts as `max_staleness`
+    versions of batches of `groups_per_batch` groups take (inflight_prompts)."""
+    if scheduler.max_inflight_prompts:
+        return scheduler.max_inflight_prompts
+    return inflight_prompts(groups_per_batch, max_staleness)

@@ -1,0 +1,51 @@
+"""Each service is handed its part of the run (relayrl.config.services): the run's own values,
+its section and the values it shares with others, typed and frozen; the handed values are
+the ones the whole config derives; and the services that take a part name no RunConfig."""
+
+import ast
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from relayrl.config import RunConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = {"scheduler_svc": "SchedulerRun", "buffer_svc": "BufferRun", "relay_svc": "RelayRun"}
+CFG = RunConfig.model_validate({
+    "run_id": "parts", "buffer": {"group_size": 3, "groups_per_batch": 5},
+    "trainer": {"max_staleness": 2}, "rollout": {"temperature": 0.7, "max_new_tokens": 16,
+                                                 "max_active_groups": 2, "segment_tokens": 4},
+    "scheduler": {"repack": True}})
+
+
+@pytest.mark.parametrize("service", sorted(PARTS))
+def test_a_part_holds_the_run_s_own_values_and_is_frozen(service):
+    part = CFG.part(service)
+    assert type(part).__name__ == PARTS[service]
+    for name in ("run_id", "run_dir", "redis", "auth", "model", "task"):
+        assert getattr(part, name) == getattr(CFG, name)
+    with pytest.raises(ValidationError):
+        part.run_id = "other"
+
+
+def test_the_scheduler_is_handed_what_the_whole_config_derives():
+    part = CFG.part("scheduler_svc")
+    assert (part.groups.group_size, part.groups.groups_per_batch) == (3, 5)
+    assert (part.live.max_staleness, part.live.temperature) == (2, 0.7)
+    assert part.inflight_limit == CFG.inflight_limit
+    assert part.repack_capacity == CFG.repack_capacity == 6
+    assert part.prompt_window() == CFG.prompt_window()
+
+
+def test_a_service_without_a_part_is_handed_the_whole_config():
+    assert CFG.part("trainer_svc") is CFG
+
+
+@pytest.mark.parametrize("service", sorted(PARTS))
+def test_a_service_that_takes_its_part_names_no_run_config(service):
+    for path in sorted((ROOT / service).rglob("*.py")):
+        names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+        names |= {a.asname or a.name for n in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert "RunConfig" not in names, f"{path.relative_to(ROOT)} names RunConfig"

@@ -85,11 +85,11 @@ def mode_config(base: RunConfig, mode: str, run_dir: Path, args) -> RunConfig:
     data["eval"]["every"] = 0
     data["rollout"].update(num_workers=args.workers,
                            max_active_groups=active, max_new_tokens=args.max_tokens,
-                           synthetic_length_median=args.median,
-                           synthetic_length_p99_ratio=args.p99_ratio,
                            segment_tokens=args.segment if mode in SEGMENTED else 0,
                            reload="when_behind" if mode == "async_when_behind"
                            else "every_segment")
+    data["bench"].update(synthetic_length_median=args.median,
+                         synthetic_length_p99_ratio=args.p99_ratio)
     assign_free_ports(data)  # after num_workers: workers need a block of consecutive ports
     return RunConfig.model_validate(data)
 

@@ -115,7 +115,7 @@ class Launcher:
     def _children(self) -> list[Child]:
         """This node's processes of the plan, each with its restart budget."""
         c = self.cfg
-        return [Child(p, RestartBudget.of(c.restarts, c.rollout.max_restarts)
+        return [Child(p, RestartBudget.of(c.restarts, c.restarts.worker_max_restarts)
                       if p.module == "rollout_svc" else RestartBudget.of(c.restarts))
                 for p in on_node(plan(c), self.node)]
 

@@ -98,6 +98,6 @@ def fault_settings(rounds: int) -> dict[str, dict]:
     return {
         "scheduler": {"lease_ttl_s": 3.0, "heartbeat_interval_s": 0.3,
                       "max_attempts": 3 + 2 * rounds},
-        "restarts": {"max_restarts": rounds + 1, "backoff_s": 0.2, "backoff_max_s": 2.0},
-        "rollout": {"max_restarts": rounds + 1},
+        "restarts": {"max_restarts": rounds + 1, "worker_max_restarts": rounds + 1,
+                     "backoff_s": 0.2, "backoff_max_s": 2.0},
     }

@@ -117,11 +117,11 @@ class GroupGenerator:
                 log.info("lease %s: KV state not used (%s); re-prefilling", lease.lease_id, err)
 
     def _limit(self, group: PartialGroup, index: int) -> int:
-        rc = self.cfg.rollout
-        if not rc.synthetic_length_median:
+        rc, bench = self.cfg.rollout, self.cfg.bench
+        if not bench.synthetic_length_median:
             return rc.max_new_tokens
-        return target_length(group.prompt_id, index, rc.synthetic_length_median,
-                             rc.synthetic_length_p99_ratio, rc.max_new_tokens)
+        return target_length(group.prompt_id, index, bench.synthetic_length_median,
+                             bench.synthetic_length_p99_ratio, rc.max_new_tokens)
 
     def read_live(self) -> None:
         """The run's live settings (relayrl.contracts.control) and the trainer's version, read for
@@ -166,7 +166,7 @@ class GroupGenerator:
         if rc.segment_tokens:
             budget = min(budget, rc.segment_tokens)
         spec = SamplingSpec(max_new_tokens=budget, temperature=self.temperature,
-                            ignore_eos=bool(rc.synthetic_length_median),
+                            ignore_eos=bool(self.cfg.bench.synthetic_length_median),
                             keep_state=bool(rc.segment_tokens))
         with self.engine.lock:  # no swap between reading the version and sampling with it
             version = self.engine.version

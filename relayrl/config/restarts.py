@@ -12,7 +12,13 @@ class RestartConfig(StrictModel):
         3, ge=0, le=1000,
         description="Times `relayrl up` restarts the relay, scheduler, buffer, trainer or "
         "embedded Redis when it dies (each counted on its own); one more death stops the run. "
-        "Rollout workers follow rollout.max_restarts.",
+        "Rollout workers follow worker_max_restarts.",
+    )
+    worker_max_restarts: int = Field(
+        3, ge=0, le=1000,
+        description="Times `relayrl up` restarts a rollout worker that dies (each counted on "
+        "its own); its leases lapse and are re-issued meanwhile, and the new process "
+        "registers afresh.",
     )
     backoff_s: float = Field(
         0.5, ge=0, le=600,

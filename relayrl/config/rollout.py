@@ -141,6 +141,15 @@ MOVED_TO_ENGINE = {
                                          "enforce_eager")},
 }
 
+# Launcher and benchmark settings that left the rollout section: old key -> (section, new
+# key, what kind of setting it is).
+MOVED_OUT = {
+    "max_restarts": ("restarts", "worker_max_restarts", "a launcher setting"),
+    "synthetic_length_median": ("bench", "synthetic_length_median", "a benchmark setting"),
+    "synthetic_length_p99_ratio": ("bench", "synthetic_length_p99_ratio",
+                                   "a benchmark setting"),
+}
+
 
 def engine_shorthand(value: Any) -> Any:
     """`vllm` -> {kind: vllm}; a mapping without a kind is the torch engine's."""
@@ -213,16 +222,6 @@ class RolloutConfig(StrictModel):
     temperature: float = Field(
         1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, allow_inf_nan=False,
         description="Sampling temperature (at least 0.01, the floor every engine honours).")
-    synthetic_length_median: int = Field(
-        0, ge=0, le=65_536,
-        description="Benchmarks: give each response a length drawn from a lognormal with this "
-        "median (seeded by prompt and sample, capped by max_new_tokens), ignoring "
-        "end-of-sequence; 0 lets the model decide.",
-    )
-    synthetic_length_p99_ratio: float = Field(
-        10.0, ge=1.0, le=1000.0,
-        description="p99 / median of the synthetic lengths: 10 is a heavy tail.",
-    )
     max_active_groups: int = Field(
         1, ge=1, le=4096,
         description="A worker runs up to this many prompts' worth of sequences (x "
@@ -238,11 +237,6 @@ class RolloutConfig(StrictModel):
         5.0, ge=0, le=10_000,
         description="How long the request batcher waits for a batch to fill before an engine "
         "call; 0 runs whatever is waiting at once.",
-    )
-    max_restarts: int = Field(
-        3, ge=0, le=1000,
-        description="Times `relayrl up` restarts a worker that dies; its leases lapse and are "
-        "re-issued meanwhile, and the new process registers afresh.",
     )
     train_loop: bool = Field(
         True, description="Take prompts from the scheduler and write groups for training; "
@@ -293,8 +287,8 @@ class RolloutConfig(StrictModel):
 
     @classmethod
     def refused_keys(cls, data: dict[str, Any]) -> dict[str, str]:
-        """An old flat engine field (rollout.vllm_dtype), or the group size declared here
-        too, is refused saying where it lives now."""
+        """An old flat engine field (rollout.vllm_dtype), the group size declared here too,
+        or a launcher or benchmark setting (MOVED_OUT) is refused saying where it lives now."""
         refused = {key: f"rollout.{key} is now rollout.engine.{new} with rollout.engine.kind: "
                         f"{kind}, as in `rollout: {{engine: {{kind: {kind}, {new}: "
                         f"{data[key]!r}}}}}`"
@@ -304,6 +298,10 @@ class RolloutConfig(StrictModel):
                 "rollout.samples_per_prompt is now buffer.group_size, declared once (a group is "
                 f"all samples of a prompt), as in `buffer: {{group_size: "
                 f"{data['samples_per_prompt']!r}}}`")
+        for key, (section, new, what) in MOVED_OUT.items():
+            if key in data:
+                refused[key] = (f"rollout.{key} is now {section}.{new} ({what}), as in "
+                                f"`{section}: {{{new}: {data[key]!r}}}`")
         return refused
 
     @field_validator("engine", mode="before")

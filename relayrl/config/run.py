@@ -14,6 +14,7 @@ from relayrl.config.base import (
     load_model,
     read_yaml,
 )
+from relayrl.config.bench import BenchConfig
 from relayrl.config.buffer import BufferConfig
 from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalConfig
@@ -53,6 +54,9 @@ class RunConfig(RunCommon):
                              description="Held-out evaluation (relayrl/config/eval.py).")
     restarts: RestartConfig = Field(default_factory=RestartConfig,
                                     description="How `relayrl up` restarts a service that dies.")
+    bench: BenchConfig = Field(default_factory=BenchConfig,
+                               description="Knobs only benchmarks and the simulator set "
+                               "(relayrl/config/bench.py).")
     resources: ResourcesConfig | None = Field(
         None, description="Nodes, GPUs and where each process goes (relayrl/config/"
         "resources.py); None: every process sees every GPU of the machine it runs on.")

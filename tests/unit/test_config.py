@@ -87,6 +87,8 @@ def write(tmp_path, data):
     ({"rollout": {"temperature": 0}}, "rollout.temperature"),
     ({"rollout": {"samples_per_prompt": 3}},
      "rollout.samples_per_prompt is now buffer.group_size, declared once"),
+    ({"bench": {"synthetic_length_p99_ratio": 0.5}}, "bench.synthetic_length_p99_ratio"),
+    ({"restarts": {"worker_max_restarts": -1}}, "restarts.worker_max_restarts"),
     ({"trainer": {"bogus": 1}}, "trainer.bogus"),
     ({"relay": {"endpoint": {"port": 70000}}}, "relay.endpoint.port"),
     ({"scheduler": {"endpoint": {"port": 50551}}}, "port 50551"),
@@ -336,6 +338,31 @@ def test_every_old_key_of_a_config_is_refused_in_one_error(tmp_path):
                             "trainer.loss.clip_eps",
         "trainer.eval_every": "trainer.eval_every is now eval.every",
         "trainer.bogus": "Extra inputs are not permitted"}
+
+
+def test_launcher_and_benchmark_keys_of_the_rollout_are_refused_in_one_error(tmp_path):
+    """rollout.max_restarts and the synthetic lengths left the rollout section: each is a
+    line of one error naming its new place, in restarts or bench."""
+    data = {"rollout": {"max_restarts": 5, "synthetic_length_median": 16,
+                        "synthetic_length_p99_ratio": 10.0}}
+    with pytest.raises(ConfigError) as err:
+        load_run_config(write(tmp_path, data))
+    message = str(err.value)
+    for line in (
+            "rollout.max_restarts: rollout.max_restarts is now restarts.worker_max_restarts "
+            "(a launcher setting), as in `restarts: {worker_max_restarts: 5}`",
+            "rollout.synthetic_length_median: rollout.synthetic_length_median is now "
+            "bench.synthetic_length_median (a benchmark setting), as in `bench: "
+            "{synthetic_length_median: 16}`",
+            "rollout.synthetic_length_p99_ratio: rollout.synthetic_length_p99_ratio is now "
+            "bench.synthetic_length_p99_ratio (a benchmark setting), as in `bench: "
+            "{synthetic_length_p99_ratio: 10.0}`"):
+        assert f"\n  {line}" in message, message
+    cfg = load_run_config(write(tmp_path, {
+        "restarts": {"worker_max_restarts": 5},
+        "bench": {"synthetic_length_median": 16, "synthetic_length_p99_ratio": 10.0}}))
+    assert cfg.restarts.worker_max_restarts == 5
+    assert (cfg.bench.synthetic_length_median, cfg.bench.synthetic_length_p99_ratio) == (16, 10.0)
 
 
 def test_every_field_of_another_kind_is_refused_in_one_error(tmp_path):

@@ -9,7 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from relayrl.config import RunConfig
 from relayrl.config.restarts import RestartConfig
+from relayrl_ops.launcher import Launcher
 from relayrl_ops.restarts import RestartBudget
 from relayrl_testkit.fault_injector import FaultInjector
 from relayrl_testkit.fault_schedule import KINDS, draw_schedule, due_steps, steps_needed
@@ -67,6 +69,16 @@ def test_restarts_back_off_doubling_up_to_the_cap_and_stop_at_the_limit():
         assert not budget.take(budget.due_at)  # once
     assert due == [1.0, 2.0, 3.0, 3.0]
     assert not budget.book(400.0)
+
+
+def test_workers_restart_within_their_own_budget():
+    """restarts.worker_max_restarts bounds a rollout worker's restarts, max_restarts every
+    other process's."""
+    cfg = RunConfig.model_validate({"restarts": {"max_restarts": 2, "worker_max_restarts": 7}})
+    limits = {c.name: c.budget.limit for c in Launcher(cfg)._children()}
+    assert {n: v for n, v in limits.items() if n.startswith("rollout")} == {
+        "rollout-0": 7, "rollout-1": 7}
+    assert {v for n, v in limits.items() if not n.startswith("rollout")} == {2}
 
 
 def test_backoff_bounds_must_be_ordered():

@@ -1,6 +1,11 @@
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
+from relayrl.config import RunConfig
+from relayrl.contracts.partial import PartialGroup, PartialSequence
+from rollout_svc.group_generator import GroupGenerator
 from rollout_svc.synthetic_lengths import target_length
 
 
@@ -17,3 +22,19 @@ def test_lengths_are_seeded_capped_and_heavy_tailed():
 def test_bad_parameters_are_named():
     with pytest.raises(ValueError, match="median 0"):
         target_length(0, 0, median=0, p99_ratio=10, cap=8)
+
+
+def test_a_worker_draws_its_lengths_from_the_bench_section():
+    """bench.synthetic_length_median set, each sample runs to its drawn length (capped by
+    rollout.max_new_tokens); unset, to rollout.max_new_tokens."""
+    group = PartialGroup(3, [1, 2], [PartialSequence() for _ in range(4)])
+    engine = SimpleNamespace(version=0, context_length=256)
+    cfg = RunConfig.model_validate({"rollout": {"max_new_tokens": 64},
+                                    "bench": {"synthetic_length_median": 8,
+                                              "synthetic_length_p99_ratio": 4.0}})
+    gen = GroupGenerator(cfg, engine, lm=None, writer=None)
+    assert [gen._limit(group, i) for i in range(4)] == [target_length(3, i, 8, 4.0, 64)
+                                                        for i in range(4)]
+    plain = GroupGenerator(RunConfig.model_validate({"rollout": {"max_new_tokens": 64}}),
+                           engine, lm=None, writer=None)
+    assert [plain._limit(group, i) for i in range(4)] == [64] * 4

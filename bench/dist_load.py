@@ -91,7 +91,7 @@ def rank_side(way: str, model_dir: str, fsdp: bool, kl: bool, out: str) -> None:
     loss = {"name": "grpo", "kl_coef": 0.05 if kl else 0.0}
     cfg = RunConfig.model_validate({"trainer": {"loss": loss, "fsdp": fsdp}})
     lm = load_model(model_dir, meta=way == "shard")
-    learner = Learner(cfg, lm, Parallel(world, fsdp))
+    learner = Learner(cfg.trainer_part(), lm, Parallel(world, fsdp))
     time.sleep(10 * Peaks.SAMPLE_S)  # the sampler's last look
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     held, _ = resident()

@@ -75,7 +75,7 @@ def relayrl_steps(cfg: RunConfig, steps: int) -> dict:
     """RelayRL's side: per step the rows, the clipped gradient and its norm; the weights at
     the start and the end."""
     lm = load_model(resolve_model_path(cfg.model, cfg.task))
-    learner = Learner(cfg, lm)
+    learner = Learner(cfg.trainer_part(), lm)
     start = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
     generator = torch.Generator().manual_seed(cfg.rollout.seed)
     out = []

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from relayrl.config import AdafactorConfig, ConfigError, OptimizerConfig, RunConfig
+from relayrl.config import AdafactorConfig, ConfigError, OptimizerConfig, TrainerRun
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.models.lora import adapter_state, load_adapter, with_lora
 from relayrl_torch.weights.tied import tied_aliases, without
@@ -34,7 +34,7 @@ class TrainingState:
 class Learner:
     FOLLOWED = ("update", "weights", "training_state", "restore")
 
-    def __init__(self, cfg: RunConfig, lm: LoadedModel, parallel: Parallel | None = None):
+    def __init__(self, cfg: TrainerRun, lm: LoadedModel, parallel: Parallel | None = None):
         tc = cfg.trainer
         self.lm = lm
         self.parallel = parallel or Parallel()
@@ -52,8 +52,8 @@ class Learner:
         self.tied = tied_aliases(lm.model)  # published once, under the first name
         # before the policy is sharded: the reference is copied from it whole (under
         # torchrun both are built on the meta device, and each reads its weights from lm.path)
-        self.objective = Objective(tc, lm.model, cfg.rollout.max_new_tokens,
-                                   cfg.rollout.temperature, self.parallel, lm.path)
+        self.objective = Objective(tc, lm.model, cfg.generation.max_new_tokens,
+                                   cfg.generation.temperature, self.parallel, lm.path)
         self.parallel.shard(lm.model, self.objective.precision, lm.path)
         trained = [p for p in lm.model.parameters() if p.requires_grad]
         self.optimizer_kind = tc.optimizer.kind

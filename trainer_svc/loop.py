@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from relayrl.config import RunConfig
+from relayrl.config import TrainerRun
 from relayrl.contracts import control
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys
@@ -59,7 +59,7 @@ CONSUMER = "trainer-0"
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, lm: LoadedModel, redis, publisher: AsyncPublisher,
+    def __init__(self, cfg: TrainerRun, lm: LoadedModel, redis, publisher: AsyncPublisher,
                  parallel: Parallel | None = None):
         self.cfg = cfg
         self.tc = cfg.trainer
@@ -96,7 +96,7 @@ class Trainer:
                                   self.ckpt_dir, self.durable.record_progress)
         self.operator = Operator(redis, self.keys, cfg)
         # the live ones, taken every step
-        self.settings = control.configured_settings(cfg.live_defaults())
+        self.settings = control.configured_settings(cfg.live)
         self._warned_temperature = False
         self.latest = StepRecord(0)  # newest value of each figure, for /metrics
         self.finished = False
@@ -232,7 +232,7 @@ class Trainer:
         books.finish([g.prompt_id for g in batch.groups])
         books.left_out(split.stale, uniform)
         result = StepResult(version, batch, settings, split.stale, uniform, kept,
-                            agreeing=len(agreeing), episodes=bool(self.cfg.rollout.environment))
+                            agreeing=len(agreeing), episodes=self.cfg.generation.episodes)
         if kept:
             result.tb, result.update, result.rescored = self._update(kept, version)
             if result.update.nonfinite:
@@ -296,7 +296,7 @@ class Trainer:
         total = sequences(self.eval_sets)
         log.info("evaluating version %d: %d sequences of up to %d tokens (eval.every %d; "
                  "eval.mode separate evaluates beside training, eval.at_start false skips "
-                 "version 0)", self.step, total, self.cfg.rollout.max_new_tokens,
+                 "version 0)", self.step, total, self.cfg.generation.max_new_tokens,
                  self.cfg.eval.every)
         bar = tqdm(total=total, desc=f"eval v{self.step}", unit="seq", leave=False,
                    disable=not self.tc.progress, dynamic_ncols=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import redis as redis_lib
 
-from relayrl.config import RunConfig
+from relayrl.config import TrainerRun
 from relayrl.contracts import control
 from relayrl.contracts.keys import RunKeys
 
@@ -22,7 +22,7 @@ WATCH_S = 0.5
 
 
 class Operator:
-    def __init__(self, r: redis_lib.Redis, keys: RunKeys, cfg: RunConfig):
+    def __init__(self, r: redis_lib.Redis, keys: RunKeys, cfg: TrainerRun):
         self.r = r
         self.keys = keys
         self.cfg = cfg  # the configured values the live ones start from
@@ -30,7 +30,7 @@ class Operator:
     def settings(self, current: control.LiveSettings) -> control.LiveSettings:
         """The live settings for the next step; `current` while Redis is away."""
         try:
-            return control.read_settings(self.r, self.keys, self.cfg.live_defaults())
+            return control.read_settings(self.r, self.keys, self.cfg.live)
         except redis_lib.RedisError as err:
             log.warning("live settings not read (%s); keeping the current ones", err)
             return current

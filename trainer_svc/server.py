@@ -9,7 +9,7 @@ import signal
 
 import torch
 
-from relayrl.config import RunConfig
+from relayrl.config import TrainerRun
 from relayrl.contracts.proto.v1 import trainer_pb2, trainer_pb2_grpc
 from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.procs import set_mmap_threshold
@@ -46,7 +46,7 @@ def trainer_metrics_of(trainer: Trainer):
                            lambda: trainer.finished)
 
 
-def serve(cfg: RunConfig) -> None:
+def serve(cfg: TrainerRun) -> None:
     setup_logging("trainer")
     world = init_world(cfg.trainer.device, cfg.trainer.dist_timeout_s)
     parallel = Parallel(world, cfg.trainer.fsdp)
@@ -62,9 +62,9 @@ def serve(cfg: RunConfig) -> None:
         follow(cfg, lm, parallel)
         return
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
-        shm_dir = cfg.relay.shm_dir if cfg.trainer.publish_plane == "shm" else None
-        publisher = AsyncPublisher(RelayClient(cfg.relay.endpoint.address, cfg.relay.chunk_bytes,
-                                               cfg.relay.timeout_s, publish_shm_dir=shm_dir,
+        to = cfg.publish
+        publisher = AsyncPublisher(RelayClient(to.address, to.chunk_bytes, to.timeout_s,
+                                               publish_shm_dir=to.shm_dir,
                                                keys=ManifestKeys.for_trainer(cfg.auth)),
                                    dtype=getattr(torch, cfg.model.dtype_name()))
         trainer = Trainer(cfg, lm, redis, publisher, parallel)
@@ -88,7 +88,7 @@ def serve(cfg: RunConfig) -> None:
     leave_world(world)
 
 
-def follow(cfg: RunConfig, lm, parallel: Parallel) -> None:
+def follow(cfg: TrainerRun, lm, parallel: Parallel) -> None:
     """A rank other than 0: the same modules, running what rank 0 leads until it stops."""
     learner = Learner(cfg, lm, parallel)
     # Rank 0 turns a signal into a clean stop that still needs this rank (a last step, a

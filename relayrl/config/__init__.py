@@ -26,6 +26,7 @@ from relayrl.config.services import (
     RelayRun,
     RunCommon,
     SchedulerRun,
+    TrainerRun,
 )
 from relayrl.config.task import (
     AdditionTaskConfig,
@@ -52,6 +53,7 @@ __all__ = [
     "RelayRun",
     "RunCommon",
     "SchedulerRun",
+    "TrainerRun",
     "AdafactorConfig",
     "AdamWConfig",
     "OptimizerConfig",

@@ -26,13 +26,16 @@ from relayrl.config.rollout import RolloutConfig, VllmEngineConfig
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.services import (
     BufferRun,
+    Generation,
     GroupTerms,
     LiveDefaults,
     PromptTerms,
     PromptWindow,
+    PublishTarget,
     RelayRun,
     RunCommon,
     SchedulerRun,
+    TrainerRun,
     inflight_limit,
 )
 from relayrl.config.trainer import TrainerConfig
@@ -510,6 +513,22 @@ class RunConfig(RunCommon):
                             live=self.live_defaults(), prompts=self.prompt_terms(),
                             repack_capacity=self.repack_capacity)
 
+    def trainer_part(self) -> TrainerRun:
+        relay = self.relay
+        publish = PublishTarget(address=relay.endpoint.address, chunk_bytes=relay.chunk_bytes,
+                                timeout_s=relay.timeout_s,
+                                shm_dir=relay.shm_dir if self.trainer.publish_plane == "shm"
+                                else None)
+        return TrainerRun(**self.common(), trainer=self.trainer, eval=self.eval,
+                          generation=self.generation, publish=publish, live=self.live_defaults(),
+                          prompts=self.prompt_terms())
+
+    @property
+    def generation(self) -> Generation:
+        r = self.rollout
+        return Generation(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                          environment=r.environment)
+
     def buffer_part(self) -> BufferRun:
         return BufferRun(**self.common(), buffer=self.buffer, live=self.live_defaults())
 
@@ -519,8 +538,8 @@ class RunConfig(RunCommon):
     def part(self, service: str) -> Any:
         """What `python -m <service>` is handed: the service's part where it has one
         (relayrl.config.services), else the whole config."""
-        parts = {"scheduler_svc": self.scheduler_part, "buffer_svc": self.buffer_part,
-                 "relay_svc": self.relay_part}
+        parts = {"trainer_svc": self.trainer_part, "scheduler_svc": self.scheduler_part,
+                 "buffer_svc": self.buffer_part, "relay_svc": self.relay_part}
         return parts[service]() if service in parts else self
 
 

@@ -17,12 +17,15 @@ from pydantic import ConfigDict, Field, field_validator
 
 from relayrl.config.base import StrictModel
 from relayrl.config.buffer import BufferConfig
+from relayrl.config.environment import EnvironmentConfig
+from relayrl.config.eval import EvalConfig
 from relayrl.config.model import ModelConfig, TinyModel, model_shorthand
 from relayrl.config.redis import RedisConfig
 from relayrl.config.relay import RelayConfig
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig
 from relayrl.config.task import AdditionTaskConfig, TaskConfig, task_shorthand
+from relayrl.config.trainer import TrainerConfig
 from relayrl.rules.staleness import inflight_prompts
 
 
@@ -127,6 +130,31 @@ class PromptTerms(Handed):
                             self.max_prompt_tokens)
 
 
+class Generation(Handed):
+    """The rollout's sampling, which the trainer's objective and its evaluation read back: the
+    response cap (rollout.max_new_tokens), the configured temperature, and the environment
+    samples play their episodes in (rollout.environment; None: one completion a sample)."""
+
+    max_new_tokens: int
+    temperature: float
+    environment: EnvironmentConfig | None
+
+    @property
+    def episodes(self) -> bool:
+        return self.environment is not None
+
+
+class PublishTarget(Handed):
+    """Where the trainer publishes each version: the root relay's address and its transfer
+    settings (relay.chunk_bytes, relay.timeout_s), and relay.shm_dir when the trainer
+    publishes through shared memory (trainer.publish_plane shm)."""
+
+    address: str
+    chunk_bytes: int
+    timeout_s: float
+    shm_dir: str | None
+
+
 class ServicePart(RunCommon):
     """A service's part of the run: the run's own values, then its section and what it is
     handed. Frozen: a service's state is its own, never written into its config."""
@@ -150,6 +178,18 @@ class SchedulerRun(ServicePart):
         batch size and the configured staleness bound (inflight_prompts)."""
         return inflight_limit(self.scheduler, self.groups.groups_per_batch,
                               self.live.max_staleness)
+
+
+class TrainerRun(ServicePart):
+    trainer: TrainerConfig
+    eval: EvalConfig  # the evaluation's settings, which the trainer follows with eval.mode inline
+    generation: Generation
+    publish: PublishTarget
+    live: LiveDefaults
+    prompts: PromptTerms
+
+    def prompt_window(self) -> PromptWindow:
+        return self.prompts.window(self.model)
 
 
 class BufferRun(ServicePart):

@@ -74,16 +74,16 @@ def _resolve(cfg: RunConfig, s: EvalSetConfig, task: Task, default: bool) -> Eva
     if not problems:
         raise ConfigError(f"eval.sets {s.name!r}: its task holds no held-out problems (set "
                           "the task's eval_size, eval_path, eval_split or eval_fraction)")
-    environment = cfg.rollout.environment if s.environment else None
+    environment = cfg.generation.environment if s.environment else None
     if environment is not None:  # importable here too (the trainer, the evaluator)
         try:
             make_environment(load_environment(environment.cls), environment.options)
         except ValueError as err:
             raise ConfigError(f"eval.sets {s.name!r}: {err}") from None
-    temperature = cfg.rollout.temperature if s.temperature is None else s.temperature
+    temperature = cfg.generation.temperature if s.temperature is None else s.temperature
     return EvalSet(
         name=s.name, problems=problems, reward=reward, reward_name=reward_name,
         samples=s.samples, temperature=temperature,
-        max_new_tokens=s.max_new_tokens or cfg.rollout.max_new_tokens, greedy=s.greedy,
+        max_new_tokens=s.max_new_tokens or cfg.generation.max_new_tokens, greedy=s.greedy,
         pass_threshold=s.pass_threshold, default=default,
         environment=environment)

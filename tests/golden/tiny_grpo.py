@@ -110,7 +110,7 @@ def _run(steps: int, trainer: dict) -> list[dict[str, float]]:
     torch.manual_seed(cfg.model.seed)
     warm_start(policy, task, cfg.model, task.max_answer_tokens, show_progress=False)
     torch.manual_seed(cfg.trainer.seed)
-    learner = Learner(cfg, policy)
+    learner = Learner(cfg.trainer_part(), policy)
     engine = TorchEngine(sampler, seed=0)  # every call passes its own seed
     out = []
     for step in range(steps):

@@ -114,7 +114,7 @@ def run_scenario(name: str, model_dir: str, world: World) -> dict | None:
     the first step's old log-probabilities. The other ranks follow rank 0 and return None."""
     cfg = scenario_config(name)
     torch.manual_seed(0)
-    learner = Learner(cfg, load(model_dir, world), Parallel(world, cfg.trainer.fsdp))
+    learner = Learner(cfg.trainer_part(), load(model_dir, world), Parallel(world, cfg.trainer.fsdp))
     if not world.is_main:
         learner.follow()
         return None
@@ -142,7 +142,7 @@ def run_after_idling(model_dir: str, world: World, idle_s: float) -> dict | None
     and the weights after them. The other ranks follow and return None."""
     cfg = scenario_config("grpo")
     torch.manual_seed(0)
-    learner = Learner(cfg, load(model_dir, world), Parallel(world, cfg.trainer.fsdp))
+    learner = Learner(cfg.trainer_part(), load(model_dir, world), Parallel(world, cfg.trainer.fsdp))
     if not world.is_main:
         learner.follow()
         return None
@@ -164,7 +164,7 @@ def loaded_on_ranks(model_dir: str, world: World, fsdp: bool) -> dict:
     elements it holds. Every rank returns it."""
     cfg = RunConfig.model_validate({"trainer": {"loss": {"name": "ppo", "kl_coef": 0.05},
                                                 "fsdp": fsdp}})
-    learner = Learner(cfg, load(model_dir, world), Parallel(world, fsdp))
+    learner = Learner(cfg.trainer_part(), load(model_dir, world), Parallel(world, fsdp))
     if world.is_main:  # the rest is not led: every rank runs it
         learner.stop_followers()
     else:
@@ -199,7 +199,7 @@ def mixed_precision_step(model_dir: str, world: World, precision: str) -> dict |
         "trainer": {"optimizer": {"lr": 1e-2}, "max_staleness": 100, "engine_check_seqs": 0,
                     "precision": precision, "loss": {"name": "ppo", "kl_coef": 0.05}}})
     torch.manual_seed(0)
-    learner = Learner(cfg, load(model_dir, world), Parallel(world, cfg.trainer.fsdp))
+    learner = Learner(cfg.trainer_part(), load(model_dir, world), Parallel(world, cfg.trainer.fsdp))
     modules = {"policy": learner.lm.model, "reference": learner.objective.reference,
                "value_head": learner.objective.value_head}
     passes: set = set()
@@ -250,10 +250,10 @@ def run_service_trainer(model_dir: str, redis_url: str, run_dir: str, world: Wor
         lm = load(model_dir, world)
         parallel = Parallel(world, cfg.trainer.fsdp)
         if not world.is_main:
-            Learner(cfg, lm, parallel).follow()
+            Learner(cfg.trainer_part(), lm, parallel).follow()
             continue
         r = connect(redis_url)
-        trainer = Trainer(cfg, lm, r, AsyncPublisher(VersionStore(4)), parallel)
+        trainer = Trainer(cfg.trainer_part(), lm, r, AsyncPublisher(VersionStore(4)), parallel)
         trainer.resume()
         if life == 0:
             for i in range(3):

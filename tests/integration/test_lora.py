@@ -46,7 +46,7 @@ def env(tmp_path, tiny_lm):
 
 def trainer_of(cfg, r, path, store: VersionStore) -> Trainer:
     torch.manual_seed(0)
-    return Trainer(cfg, load_model(path), r, AsyncPublisher(store))
+    return Trainer(cfg.trainer_part(), load_model(path), r, AsyncPublisher(store))
 
 
 def step(t: Trainer, first_prompt: int) -> None:

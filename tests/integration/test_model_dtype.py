@@ -44,7 +44,7 @@ def test_versions_ship_in_the_model_dtype(tmp_path, tiny_lm, dtype):
     })
     store = VersionStore(4)
     try:
-        t = Trainer(cfg, load_model(tiny_lm.path), connect(server.url),
+        t = Trainer(cfg.trainer_part(), load_model(tiny_lm.path), connect(server.url),
                     AsyncPublisher(store, dtype=getattr(torch, cfg.model.dtype_name())))
         t.r.xadd(RunKeys("dtype").batches, {FIELD: encode_batch(make_batch(t.lm, 10))})
         t.train_step(*t.next_batch(threading.Event()))

@@ -48,7 +48,8 @@ def trained_version(tmp_path: Path, model_dir: Path) -> tuple[Trainer, dict, lis
         "trainer": {"max_staleness": 100, "progress": False, "engine_check_seqs": 0,
                     "optimizer": {"lr": 1e-2}}})
     store = VersionStore(4)
-    t = Trainer(cfg, load_model(model_dir), connect(server.url), AsyncPublisher(store))
+    t = Trainer(cfg.trainer_part(), load_model(model_dir), connect(server.url),
+                AsyncPublisher(store))
     prompt = t.lm.encode_chat([{"role": "user", "content": "What is 2+3?"}])
     samples = [Sample(prompt_id=1, lease_id="L", worker_id="w", prompt_tokens=prompt,
                       response_tokens=[10 + k, 20 + k, t.lm.eos_id], logprobs=[-1.0] * 3,

@@ -55,7 +55,7 @@ def push_batch(r, cfg, lm, varied_pid: int, uniform_pid: int) -> None:
 
 def new_trainer(cfg, r, model_path):
     torch.manual_seed(0)
-    return Trainer(cfg, load_model(model_path), r, AsyncPublisher(VersionStore(16)))
+    return Trainer(cfg.trainer_part(), load_model(model_path), r, AsyncPublisher(VersionStore(16)))
 
 
 @pytest.mark.parametrize("loss", sorted(LOSSES))

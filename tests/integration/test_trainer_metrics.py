@@ -42,7 +42,7 @@ def in_process_trainer(tmp_path, model_path, run_id: str, groups_per_batch: int,
         "eval": {"every": eval_every},
     })
     torch.manual_seed(0)
-    return Trainer(cfg, load_model(model_path), connect(server.url),
+    return Trainer(cfg.trainer_part(), load_model(model_path), connect(server.url),
                    AsyncPublisher(plane or VersionStore(8))), server
 
 
@@ -177,4 +177,4 @@ def test_live_settings_are_the_loop_s_own_and_leave_the_config_as_written(tmp_pa
         (0, 0.5), (0, 0.5)]
     assert rows[1]["train/groups_dropped_stale"] == 1  # dropped by the live bound of 0
     assert t.objective.temperature == 0.5
-    assert (t.cfg.trainer.max_staleness, t.cfg.rollout.temperature) == (100, 1.0)
+    assert (t.cfg.trainer.max_staleness, t.cfg.live.temperature) == (100, 1.0)

@@ -46,7 +46,8 @@ def new_trainer(tmp_path, url, run_id, model_path, **trainer):
                     "engine_check_seqs": 0, **trainer},
     })
     torch.manual_seed(0)
-    return Trainer(cfg, load_model(model_path), connect(url), AsyncPublisher(VersionStore(16)))
+    return Trainer(cfg.trainer_part(), load_model(model_path), connect(url),
+                   AsyncPublisher(VersionStore(16)))
 
 
 def group(t: Trainer, pid: int, prompt=None, response=None) -> Group:

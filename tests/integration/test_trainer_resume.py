@@ -50,7 +50,8 @@ def make_batch(lm, first_prompt: int) -> Batch:
 
 def new_trainer(cfg, r, model_path, relay: VersionStore | None = None):
     torch.manual_seed(0)
-    return Trainer(cfg, load_model(model_path), r, AsyncPublisher(relay or VersionStore(16)))
+    return Trainer(cfg.trainer_part(), load_model(model_path), r,
+                   AsyncPublisher(relay or VersionStore(16)))
 
 
 def step_once(trainer):

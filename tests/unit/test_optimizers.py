@@ -44,7 +44,7 @@ def state_numel(optimizer: torch.optim.Optimizer, param: torch.nn.Parameter) -> 
 @pytest.mark.parametrize("kind", ["adamw", "adafactor"])
 def test_each_optimizer_steps_the_policy_and_keeps_its_own_state(tiny_lm, kind):
     torch.manual_seed(0)
-    learner = Learner(run_config({"kind": kind, "lr": 1e-2}), copy.deepcopy(tiny_lm))
+    learner = Learner(run_config({"kind": kind, "lr": 1e-2}).trainer_part(), copy.deepcopy(tiny_lm))
     before = {k: v.clone() for k, v in learner.lm.model.state_dict().items()}
 
     learner.update(tiny_batch(tiny_lm))
@@ -62,17 +62,17 @@ def test_each_optimizer_steps_the_policy_and_keeps_its_own_state(tiny_lm, kind):
 
 def test_a_checkpoint_resumes_into_the_optimizer_that_wrote_it(tiny_lm):
     torch.manual_seed(0)
-    adamw = Learner(run_config({"lr": 1e-2}), copy.deepcopy(tiny_lm))
+    adamw = Learner(run_config({"lr": 1e-2}).trainer_part(), copy.deepcopy(tiny_lm))
     adamw.update(tiny_batch(tiny_lm))
     state = adamw.training_state()
     assert checkpoint_optimizer_kind(state.optimizer) == "adamw"
 
-    adafactor = Learner(run_config("adafactor"), copy.deepcopy(tiny_lm))
+    adafactor = Learner(run_config("adafactor").trainer_part(), copy.deepcopy(tiny_lm))
     with pytest.raises(ValueError, match="optimizer state is adamw's and "
                        "trainer.optimizer.kind is 'adafactor'"):
         adafactor.restore(state.objective, state.model, state.optimizer)
 
-    again = Learner(run_config({"lr": 1e-2}), copy.deepcopy(tiny_lm))
+    again = Learner(run_config({"lr": 1e-2}).trainer_part(), copy.deepcopy(tiny_lm))
     again.restore(state.objective, state.model, state.optimizer)
     for p, q in zip(adamw.lm.model.parameters(), again.lm.model.parameters(), strict=True):
         for key, value in adamw.optimizer.state[p].items():
@@ -81,12 +81,14 @@ def test_a_checkpoint_resumes_into_the_optimizer_that_wrote_it(tiny_lm):
 
 def test_adafactor_state_round_trips_through_a_checkpoint(tiny_lm):
     torch.manual_seed(0)
-    first = Learner(run_config({"kind": "adafactor", "lr": 1e-2}), copy.deepcopy(tiny_lm))
+    first = Learner(run_config({"kind": "adafactor", "lr": 1e-2}).trainer_part(),
+                    copy.deepcopy(tiny_lm))
     batch = tiny_batch(tiny_lm)
     first.update(batch)
     state = copy.deepcopy(first.training_state())  # in one process it holds live tensors
     assert checkpoint_optimizer_kind(state.optimizer) == "adafactor"
-    resumed = Learner(run_config({"kind": "adafactor", "lr": 1e-2}), copy.deepcopy(tiny_lm))
+    resumed = Learner(run_config({"kind": "adafactor", "lr": 1e-2}).trainer_part(),
+                      copy.deepcopy(tiny_lm))
     resumed.restore(state.objective, state.model, state.optimizer)
 
     first.update(batch)

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from relayrl.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = {"scheduler_svc": "SchedulerRun", "buffer_svc": "BufferRun", "relay_svc": "RelayRun"}
+PARTS = {"trainer_svc": "TrainerRun", "scheduler_svc": "SchedulerRun", "buffer_svc": "BufferRun",
+         "relay_svc": "RelayRun"}
 CFG = RunConfig.model_validate({
     "run_id": "parts", "buffer": {"group_size": 3, "groups_per_batch": 5},
     "trainer": {"max_staleness": 2}, "rollout": {"temperature": 0.7, "max_new_tokens": 16,
@@ -38,8 +39,18 @@ def test_the_scheduler_is_handed_what_the_whole_config_derives():
     assert part.prompt_window() == CFG.prompt_window()
 
 
+def test_the_trainer_is_handed_what_the_whole_config_derives():
+    part = CFG.part("trainer_svc")
+    assert (part.generation.max_new_tokens, part.generation.temperature) == (16, 0.7)
+    assert not part.generation.episodes
+    assert part.publish.address == CFG.relay.endpoint.address
+    assert part.publish.shm_dir is None  # published over gRPC
+    assert part.prompt_window() == CFG.prompt_window()
+    assert part.eval == CFG.eval and part.trainer == CFG.trainer
+
+
 def test_a_service_without_a_part_is_handed_the_whole_config():
-    assert CFG.part("trainer_svc") is CFG
+    assert CFG.part("rollout_svc") is CFG
 
 
 @pytest.mark.parametrize("service", sorted(PARTS))

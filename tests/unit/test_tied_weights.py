@@ -24,7 +24,7 @@ def test_a_tied_output_embedding_is_an_alias_on_any_device(tiny_lm):
 
 
 def test_the_trainer_publishes_each_tensor_once(tiny_lm):
-    learner = Learner(RunConfig(), copy.deepcopy(tiny_lm))
+    learner = Learner(RunConfig().trainer_part(), copy.deepcopy(tiny_lm))
     weights = learner.weights()
     assert "lm_head.weight" not in weights
     assert set(weights) == set(tiny_lm.model.state_dict()) - {"lm_head.weight"}

@@ -20,12 +20,20 @@ from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig, TlsConfig
 from relayrl.config.services import (
     BufferRun,
+    EvalRun,
+    EvaluatesSets,
     GroupTerms,
     LiveDefaults,
+    MetricSinks,
     PromptTerms,
+    RelayLink,
     RelayRun,
     RunCommon,
+    RunsTask,
     SchedulerRun,
+    SetDecoding,
+    TrainerTerms,
+    WritesMetrics,
 )
 from relayrl.config.task import (
     AdditionTaskConfig,
@@ -46,6 +54,14 @@ from relayrl.config.trainer import (
 
 __all__ = [
     "BufferRun",
+    "EvalRun",
+    "EvaluatesSets",
+    "MetricSinks",
+    "RelayLink",
+    "RunsTask",
+    "SetDecoding",
+    "TrainerTerms",
+    "WritesMetrics",
     "GroupTerms",
     "LiveDefaults",
     "PromptTerms",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayrl.config import ConfigError, RunConfig
+from relayrl.config import ConfigError, EvaluatesSets
 from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalSetConfig
 from relayrl.plugins.rewards import RewardFn
@@ -40,10 +40,11 @@ class EvalSet:
     default: bool = False  # the first set: also writes eval/accuracy_sampled and _greedy
 
 
-def build_sets(cfg: RunConfig, run_task: Task | None = None,
+def build_sets(cfg: EvaluatesSets, run_task: Task | None = None,
                names: list[str] | None = None) -> list[EvalSet]:
-    """cfg.eval.sets (only those in `names`, when given), in order. `run_task`: the run's
-    task where the caller has built it already (the trainer)."""
+    """cfg.eval.sets (only those in `names`, when given), in order. `cfg`: a RunConfig (the
+    trainer) or the evaluator's EvalRun. `run_task`: the run's task where the caller has
+    built it already (the trainer)."""
     wanted = [cfg.eval.set_named(n) for n in names] if names else list(cfg.eval.sets)
     first = cfg.eval.sets[0].name
     out = []
@@ -55,14 +56,14 @@ def build_sets(cfg: RunConfig, run_task: Task | None = None,
     return out
 
 
-def _own_task(cfg: RunConfig, s: EvalSetConfig) -> Task:
+def _own_task(cfg: EvaluatesSets, s: EvalSetConfig) -> Task:
     try:  # the run's model and rollout limits, the set's task
         return load_run_task(cfg.model_copy(update={"task": s.task}), pretrained_dir)
     except ValueError as err:
         raise ConfigError(f"eval.sets {s.name!r}: {err}") from None
 
 
-def _resolve(cfg: RunConfig, s: EvalSetConfig, task: Task, default: bool) -> EvalSet:
+def _resolve(cfg: EvaluatesSets, s: EvalSetConfig, task: Task, default: bool) -> EvalSet:
     reward_name = s.reward or task.reward_name
     try:
         reward = get_reward(reward_name)
@@ -74,16 +75,17 @@ def _resolve(cfg: RunConfig, s: EvalSetConfig, task: Task, default: bool) -> Eva
     if not problems:
         raise ConfigError(f"eval.sets {s.name!r}: its task holds no held-out problems (set "
                           "the task's eval_size, eval_path, eval_split or eval_fraction)")
-    environment = cfg.rollout.environment if s.environment else None
+    decoding = cfg.set_decoding()
+    environment = decoding.environment if s.environment else None
     if environment is not None:  # importable here too (the trainer, the evaluator)
         try:
             make_environment(load_environment(environment.cls), environment.options)
         except ValueError as err:
             raise ConfigError(f"eval.sets {s.name!r}: {err}") from None
-    temperature = cfg.rollout.temperature if s.temperature is None else s.temperature
+    temperature = decoding.temperature if s.temperature is None else s.temperature
     return EvalSet(
         name=s.name, problems=problems, reward=reward, reward_name=reward_name,
         samples=s.samples, temperature=temperature,
-        max_new_tokens=s.max_new_tokens or cfg.rollout.max_new_tokens, greedy=s.greedy,
+        max_new_tokens=s.max_new_tokens or decoding.max_new_tokens, greedy=s.greedy,
         pass_threshold=s.pass_threshold, default=default,
         environment=environment)

@@ -46,7 +46,8 @@ def test_a_restarted_scheduler_leases_again_what_was_out_and_goes_on(redis):
     assert first.complete("w0", out[0].lease_id) and first.complete("w0", out[1].lease_id)
     ledger.add(redis, RunKeys(CFG.run_id), "batched", [0, 1])
 
-    second = SchedulerCore(CFG.scheduler_part(), redis, clock=clock)  # the first died with its leases
+    # the first died with its leases
+    second = SchedulerCore(CFG.scheduler_part(), redis, clock=clock)
     second.register("w0", "here")
     again = second.acquire("w0", 4).leases
     assert [lp.prompt_id for lp in again] == [2, 3]  # the cap holds: 4 out, none finished

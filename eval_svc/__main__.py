@@ -16,11 +16,12 @@ def main() -> None:
         print(f"eval.mode is {cfg.eval.mode!r}: the evaluator runs with eval.mode separate "
               "only", file=sys.stderr)
         raise SystemExit(2)
+    part = cfg.part("eval_svc")
     install_run_credentials(cfg)
     from eval_svc.follower import serve
 
     try:
-        serve(cfg)
+        serve(part)
     except ConfigError as err:  # refused once it meets the machine (a GPU that is not there)
         print(f"eval_svc: {err}", file=sys.stderr)
         raise SystemExit(2) from None

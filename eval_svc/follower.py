@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from relayrl.config import RunConfig
+from relayrl.config import EvalRun
 from relayrl.runtime.metrics import MetricsWriter, StepRecord, open_run_metrics, read_records
 from relayrl_torch.devices import resolve_device
 from relayrl_torch.evaluation.runner import evaluate_sets
@@ -49,7 +49,7 @@ def is_due(version: int, every: int, max_steps: int) -> bool:
 
 
 class Follower:
-    def __init__(self, cfg: RunConfig, lm: LoadedModel, relays: list[RelayClient],
+    def __init__(self, cfg: EvalRun, lm: LoadedModel, relays: list[RelayClient],
                  writer: MetricsWriter):
         self.cfg = cfg
         self.lm = lm
@@ -75,7 +75,6 @@ class Follower:
 
     def next_due(self) -> tuple[RelayClient, int] | None:
         """The newest due version above the last evaluated one any relay holds."""
-        tc = self.cfg.trainer
         for relay in self.relays:
             try:
                 held = relay.versions()
@@ -83,7 +82,7 @@ class Follower:
                 log.debug("relay %s: %s", relay.address, err)
                 continue
             due = [v for v in held if v > self.last and is_due(v, self.cfg.eval.every,
-                                                                tc.max_steps)]
+                                                                self.cfg.trainer.max_steps)]
             if due:
                 return relay, max(due)
         return None
@@ -121,22 +120,16 @@ class Follower:
             log.info("stopped during an evaluation; nothing of it written")
 
 
-def weight_plane(cfg: RunConfig) -> str:
-    """The plane the evaluator pulls versions through: the workers' (rollout.weight_plane),
-    but gRPC where that is vllm, which delivers into vLLM alone."""
-    return "grpc" if cfg.rollout.weight_plane == "vllm" else cfg.rollout.weight_plane
-
-
-def devices(cfg: RunConfig) -> tuple[torch.device, torch.device | None]:
+def devices(cfg: EvalRun) -> tuple[torch.device, torch.device | None]:
     """(where the evaluator holds its model and decodes, where it receives versions over the
     nccl weight plane or None on the host planes): eval.device, resolved once at start-up
     (relayrl_torch.devices), before the model loads, so a GPU that is not there stops it at
     once."""
     return (resolve_device(cfg.eval.device, "eval.device"),
-            worker_device(weight_plane(cfg), cfg.eval.device, "eval.device"))
+            worker_device(cfg.pull_plane, cfg.eval.device, "eval.device"))
 
 
-def evaluated_model(cfg: RunConfig, device: torch.device) -> LoadedModel:
+def evaluated_model(cfg: EvalRun, device: torch.device) -> LoadedModel:
     """The run's model as the evaluator holds it: in model.dtype, the dtype versions ship in;
     with trainer.lora wrapped in the trainer's adapter settings (versions are the adapter);
     on `device`."""
@@ -150,19 +143,20 @@ def evaluated_model(cfg: RunConfig, device: torch.device) -> LoadedModel:
     return lm
 
 
-def serve(cfg: RunConfig) -> None:
+def serve(cfg: EvalRun) -> None:
     import torch
 
     from relayrl.runtime.logs import setup_logging
 
     setup_logging("evaluator")
-    torch.set_num_threads(cfg.rollout.torch_threads)
+    torch.set_num_threads(cfg.torch_threads)
     device, weight_device = devices(cfg)
     lm = evaluated_model(cfg, device)
     log.info("evaluator on %s", device)
     keys = ManifestKeys(verifier=ManifestKeys.from_config(cfg.auth).verifier)
-    relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s, weight_plane(cfg),
-                          weight_device, keys=keys) for a in cfg.relay_addresses]
+    link = cfg.relays
+    relays = [RelayClient(a, link.chunk_bytes, link.timeout_s, cfg.pull_plane, weight_device,
+                          keys=keys) for a in link.addresses]
     writer = open_run_metrics(cfg, EVAL_FILE, job_type="eval")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -18,7 +18,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from relayrl.config import RunConfig
+from relayrl.config import EvalRun, RunCommon
 from relayrl_torch.devices import resolve_device
 from relayrl_torch.evaluation.runner import SetResult, evaluate_sets
 from relayrl_torch.evaluation.sets import build_sets
@@ -26,8 +26,9 @@ from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.models.lora import is_adapter_dir, merged_from
 
 
-def load_checkpoint(cfg: RunConfig, checkpoint: Path) -> LoadedModel:
-    """The checkpoint's weights with its own tokenizer, or the run model's."""
+def load_checkpoint(cfg: RunCommon, checkpoint: Path) -> LoadedModel:
+    """The checkpoint's weights with its own tokenizer, or the run model's (`cfg`: any
+    part of the run, or the whole config: it reads the model and the task)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from relayrl_torch.models import resolve_model_path
@@ -76,7 +77,7 @@ def _step_of(checkpoint: Path) -> int | None:
     return int(tail) if checkpoint.name.startswith("step_") and tail.isdigit() else None
 
 
-def run(cfg: RunConfig, checkpoint: str | Path, names: list[str] | None = None,
+def run(cfg: EvalRun, checkpoint: str | Path, names: list[str] | None = None,
         as_json: bool = False) -> int:
     """Evaluate and print; ValueError for a bad checkpoint, set name or set."""
     import torch
@@ -96,7 +97,7 @@ def run(cfg: RunConfig, checkpoint: str | Path, names: list[str] | None = None,
     return 0
 
 
-def main(cfg: RunConfig, checkpoint: str, names: list[str], as_json: bool) -> int:
+def main(cfg: EvalRun, checkpoint: str, names: list[str], as_json: bool) -> int:
     """`run`, exit 2 naming a bad checkpoint, set name or set."""
     try:
         return run(cfg, checkpoint, names, as_json)

@@ -193,14 +193,15 @@ def cmd_eval(args) -> int:
     args.overrides = [s for s in args.sets if "=" in s]  # SECTION.FIELD=VALUE, as elsewhere
     from eval_svc.offline import main
 
-    return main(_load(args), args.checkpoint, [s for s in args.sets if "=" not in s], args.json)
+    names = [s for s in args.sets if "=" not in s]
+    return main(_load(args).part("eval_svc"), args.checkpoint, names, args.json)
 
 
 def cmd_export(args) -> int:
     """A checkpoint as a standalone Hugging Face directory (relayrl_ops.export)."""
     from relayrl_ops.export import main
 
-    return main(_load(args), args.checkpoint, args.out)
+    return main(_load(args).part("eval_svc"), args.checkpoint, args.out)
 
 
 def cmd_health(args) -> int:

@@ -20,13 +20,20 @@ from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig, TlsConfig
 from relayrl.config.services import (
     BufferRun,
+    EvalRun,
+    EvaluatesSets,
     GroupTerms,
     LiveDefaults,
+    MetricSinks,
     PromptTerms,
+    RelayLink,
     RelayRun,
     RunCommon,
+    RunsTask,
     SchedulerRun,
     TrainerRun,
+    TrainerTerms,
+    WritesMetrics,
 )
 from relayrl.config.task import (
     AdditionTaskConfig,
@@ -47,6 +54,13 @@ from relayrl.config.trainer import (
 
 __all__ = [
     "BufferRun",
+    "EvalRun",
+    "EvaluatesSets",
+    "MetricSinks",
+    "RelayLink",
+    "RunsTask",
+    "TrainerTerms",
+    "WritesMetrics",
     "GroupTerms",
     "LiveDefaults",
     "PromptTerms",

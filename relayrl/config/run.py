@@ -26,16 +26,20 @@ from relayrl.config.rollout import RolloutConfig, VllmEngineConfig
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.services import (
     BufferRun,
+    EvalRun,
     Generation,
     GroupTerms,
     LiveDefaults,
+    MetricSinks,
     PromptTerms,
     PromptWindow,
     PublishTarget,
+    RelayLink,
     RelayRun,
     RunCommon,
     SchedulerRun,
     TrainerRun,
+    TrainerTerms,
     inflight_limit,
 )
 from relayrl.config.trainer import TrainerConfig
@@ -508,6 +512,17 @@ class RunConfig(RunCommon):
         return GroupTerms(group_size=self.buffer.group_size,
                           groups_per_batch=self.buffer.groups_per_batch)
 
+    def metric_sinks(self) -> MetricSinks:
+        return MetricSinks(tensorboard=self.trainer.tensorboard, wandb=self.trainer.wandb)
+
+    def relay_link(self) -> RelayLink:
+        return RelayLink(addresses=self.relay_addresses, chunk_bytes=self.relay.chunk_bytes,
+                         timeout_s=self.relay.timeout_s)
+
+    def trainer_terms(self) -> TrainerTerms:
+        t = self.trainer
+        return TrainerTerms(lora=t.lora, max_steps=t.max_steps, torch_threads=t.torch_threads)
+
     def scheduler_part(self) -> SchedulerRun:
         return SchedulerRun(**self.common(), scheduler=self.scheduler, groups=self.group_terms(),
                             live=self.live_defaults(), prompts=self.prompt_terms(),
@@ -535,11 +550,19 @@ class RunConfig(RunCommon):
     def relay_part(self) -> RelayRun:
         return RelayRun(**self.common(), relay=self.relay)
 
+    def eval_part(self) -> EvalRun:
+        return EvalRun(**self.common(), eval=self.eval, relays=self.relay_link(),
+                       weight_plane=self.rollout.weight_plane,
+                       torch_threads=self.rollout.torch_threads, trainer=self.trainer_terms(),
+                       prompts=self.prompt_terms(), generation=self.generation,
+                       sinks=self.metric_sinks())
+
     def part(self, service: str) -> Any:
         """What `python -m <service>` is handed: the service's part where it has one
         (relayrl.config.services), else the whole config."""
         parts = {"trainer_svc": self.trainer_part, "scheduler_svc": self.scheduler_part,
-                 "buffer_svc": self.buffer_part, "relay_svc": self.relay_part}
+                 "buffer_svc": self.buffer_part, "relay_svc": self.relay_part,
+                 "eval_svc": self.eval_part}
         return parts[service]() if service in parts else self
 
 

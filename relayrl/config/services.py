@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from pydantic import ConfigDict, Field, field_validator
 
@@ -25,7 +25,7 @@ from relayrl.config.relay import RelayConfig
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig
 from relayrl.config.task import AdditionTaskConfig, TaskConfig, task_shorthand
-from relayrl.config.trainer import TrainerConfig
+from relayrl.config.trainer import LoraConfig, TrainerConfig, WandbConfig
 from relayrl.rules.staleness import inflight_prompts
 
 
@@ -191,6 +191,9 @@ class TrainerRun(ServicePart):
     def prompt_window(self) -> PromptWindow:
         return self.prompts.window(self.model)
 
+    def metric_sinks(self) -> MetricSinks:
+        return MetricSinks(tensorboard=self.trainer.tensorboard, wandb=self.trainer.wandb)
+
 
 class BufferRun(ServicePart):
     buffer: BufferConfig
@@ -199,6 +202,97 @@ class BufferRun(ServicePart):
 
 class RelayRun(ServicePart):
     relay: RelayConfig
+
+
+class RelayLink(Handed):
+    """How a puller reaches the relays: the addresses it pulls from in order of preference
+    (RunConfig.relay_addresses: rollout.relays, else the child relay, then the root) and the
+    relay's chunk size and call timeout (relay.chunk_bytes, relay.timeout_s)."""
+
+    addresses: list[str]
+    chunk_bytes: int
+    timeout_s: float
+
+
+class MetricSinks(Handed):
+    """Where a run's metrics go besides their file, as the trainer's section says:
+    trainer.tensorboard and trainer.wandb. The evaluator writes its records to the same."""
+
+    tensorboard: bool
+    wandb: WandbConfig
+
+
+class TrainerTerms(Handed):
+    """The trainer's values the evaluator follows: trainer.lora (the versions it pulls are
+    the adapter, wrapped in these settings), trainer.max_steps (the last version, after
+    which it exits) and trainer.torch_threads (the threads `relayrl eval` decodes a
+    checkpoint with, as the trainer would)."""
+
+    lora: LoraConfig | None
+    max_steps: int
+    torch_threads: int
+
+
+class RunsTask(Protocol):
+    """What builds the run's task (relayrl_tasks.tasks.load_run_task): a RunConfig or a
+    service's part that holds the prompt terms."""
+
+    @property
+    def task(self) -> TaskConfig: ...
+    @property
+    def model(self) -> ModelConfig: ...
+    def prompt_window(self) -> PromptWindow: ...
+    def model_copy(self, *, update: dict[str, Any] | None = None,
+                   deep: bool = False) -> Any: ...
+
+
+class EvaluatesSets(RunsTask, Protocol):
+    """What builds the eval sets (relayrl_torch.evaluation.build_sets): a RunConfig (the
+    trainer's inline evaluation) or an EvalRun (the evaluator)."""
+
+    @property
+    def eval(self) -> EvalConfig: ...
+    @property
+    def generation(self) -> Generation: ...
+
+
+class WritesMetrics(Protocol):
+    """What opens a run's metrics (relayrl.runtime.metrics.open_run_metrics): a RunConfig or
+    an EvalRun."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def run_dir(self) -> str: ...
+    def metric_sinks(self) -> MetricSinks: ...
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]: ...
+
+
+class EvalRun(ServicePart):
+    """The evaluator's part (eval_svc): its section, how it reaches the relays and which
+    plane it pulls through, the trainer's values it follows, the prompt terms and the
+    generation its sets take from the rollout, and the trainer's metric sinks."""
+
+    eval: EvalConfig
+    relays: RelayLink
+    weight_plane: Literal["grpc", "shm", "torch_dist", "nixl", "nccl", "vllm"]  # rollout's
+    torch_threads: int  # rollout.torch_threads: the evaluator decodes as a worker does
+    trainer: TrainerTerms
+    prompts: PromptTerms
+    generation: Generation
+    sinks: MetricSinks
+
+    def prompt_window(self) -> PromptWindow:
+        return self.prompts.window(self.model)
+
+    def metric_sinks(self) -> MetricSinks:
+        return self.sinks
+
+    @property
+    def pull_plane(self) -> str:
+        """The plane the evaluator pulls versions through: the workers' (rollout.weight_plane),
+        but gRPC where that is vllm, which delivers into vLLM alone."""
+        return "grpc" if self.weight_plane == "vllm" else self.weight_plane
 
 
 def inflight_limit(scheduler: SchedulerConfig, groups_per_batch: int, max_staleness: int) -> int:

@@ -25,7 +25,7 @@ from relayrl.config import ConfigError
 from relayrl.runtime.stats import Stats, gauge
 
 if TYPE_CHECKING:
-    from relayrl.config import RunConfig
+    from relayrl.config import WritesMetrics
 
 
 def _figure(help: str, section: str | None = None, label: str | None = None,
@@ -217,12 +217,14 @@ def open_metrics(run_dir: str | Path, tensorboard: bool, wandb_run: Any = None,
         raise ConfigError(f"trainer.tensorboard is true, but {err}") from None
 
 
-def open_run_metrics(cfg: RunConfig, name: str = "metrics.jsonl",
+def open_run_metrics(cfg: WritesMetrics, name: str = "metrics.jsonl",
                      job_type: str = "train") -> MetricsWriter:
-    """A run's metrics file with the TensorBoard and W&B output its config asks for."""
+    """A run's metrics file with the TensorBoard and W&B output its config asks for
+    (cfg.metric_sinks(): a RunConfig's, or the evaluator's EvalRun's)."""
     from relayrl.runtime.wandb_sink import open_wandb
 
-    return open_metrics(cfg.run_dir, cfg.trainer.tensorboard, open_wandb(cfg, job_type), name)
+    return open_metrics(cfg.run_dir, cfg.metric_sinks().tensorboard, open_wandb(cfg, job_type),
+                        name)
 
 
 def open_tensorboard(log_dir: str | Path):

@@ -14,13 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relayrl.config import RunConfig
+from relayrl.config import WritesMetrics
 
 
-def open_wandb(cfg: RunConfig, job_type: str = "train") -> Any:
-    """A started wandb run for cfg.trainer.wandb, or None when its mode is disabled;
-    ValueError when the wandb package is missing or the run cannot start."""
-    wc = cfg.trainer.wandb
+def open_wandb(cfg: WritesMetrics, job_type: str = "train") -> Any:
+    """A started wandb run for trainer.wandb (cfg.metric_sinks(): a RunConfig's or an
+    EvalRun's), or None when its mode is disabled; ValueError when the wandb package is
+    missing or the run cannot start."""
+    wc = cfg.metric_sinks().wandb
     if wc.mode == "disabled":
         return None
     try:

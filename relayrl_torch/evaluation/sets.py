@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayrl.config import ConfigError, RunConfig
+from relayrl.config import ConfigError, EvaluatesSets
 from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalSetConfig
 from relayrl.plugins.rewards import RewardFn
@@ -40,10 +40,11 @@ class EvalSet:
     default: bool = False  # the first set: also writes eval/accuracy_sampled and _greedy
 
 
-def build_sets(cfg: RunConfig, run_task: Task | None = None,
+def build_sets(cfg: EvaluatesSets, run_task: Task | None = None,
                names: list[str] | None = None) -> list[EvalSet]:
-    """cfg.eval.sets (only those in `names`, when given), in order. `run_task`: the run's
-    task where the caller has built it already (the trainer)."""
+    """cfg.eval.sets (only those in `names`, when given), in order. `cfg`: a RunConfig (the
+    trainer) or the evaluator's EvalRun. `run_task`: the run's task where the caller has
+    built it already (the trainer)."""
     wanted = [cfg.eval.set_named(n) for n in names] if names else list(cfg.eval.sets)
     first = cfg.eval.sets[0].name
     out = []
@@ -55,14 +56,14 @@ def build_sets(cfg: RunConfig, run_task: Task | None = None,
     return out
 
 
-def _own_task(cfg: RunConfig, s: EvalSetConfig) -> Task:
+def _own_task(cfg: EvaluatesSets, s: EvalSetConfig) -> Task:
     try:  # the run's model and rollout limits, the set's task
         return load_run_task(cfg.model_copy(update={"task": s.task}), pretrained_dir)
     except ValueError as err:
         raise ConfigError(f"eval.sets {s.name!r}: {err}") from None
 
 
-def _resolve(cfg: RunConfig, s: EvalSetConfig, task: Task, default: bool) -> EvalSet:
+def _resolve(cfg: EvaluatesSets, s: EvalSetConfig, task: Task, default: bool) -> EvalSet:
     reward_name = s.reward or task.reward_name
     try:
         reward = get_reward(reward_name)

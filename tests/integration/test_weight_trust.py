@@ -169,7 +169,7 @@ def test_the_evaluator_evaluates_no_forged_version(start_relay, trainer_keys, ti
         "eval": {"every": 2, "mode": "separate", "sets": [{"name": "a", "samples": 1}]}})
     relay = RelayClient(address, timeout_s=10, keys=ManifestKeys(verifier=trainer_keys.verifier))
     writer = MetricsWriter(tmp_path / "eval.jsonl")
-    evaluator = EvalFollower(cfg, tiny_lm, [relay], writer)
+    evaluator = EvalFollower(cfg.part("eval_svc"), tiny_lm, [relay], writer)
     assert not evaluator.step()
     assert relay.signatures_refused == 1 and evaluator.last == -1
 

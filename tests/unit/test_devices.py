@@ -10,6 +10,7 @@ from eval_svc.follower import devices
 from relayrl.config import (
     ConfigError,
     EvalConfig,
+    EvalRun,
     RunConfig,
     TorchEngineConfig,
     TrainerConfig,
@@ -97,10 +98,11 @@ def test_a_run_config_names_the_bad_field(tmp_path):
         load_run_config(path)
 
 
-def evaluator(device: str, plane: str = "grpc") -> RunConfig:
+def evaluator(device: str, plane: str = "grpc") -> EvalRun:
     return RunConfig.model_validate({
         "eval": {"mode": "separate", "device": device},
-        "rollout": {"weight_plane": plane}, "relay": {"data_planes": ["grpc", plane]}})
+        "rollout": {"weight_plane": plane}, "relay": {"data_planes": ["grpc", plane]},
+    }).part("eval_svc")
 
 
 def test_the_evaluator_holds_its_model_and_receives_nccl_versions_on_eval_device(two_gpus):

@@ -211,7 +211,7 @@ def test_the_evaluator_holds_its_model_on_eval_device_and_decodes_as_on_the_cpu(
         cfg = RunConfig.model_validate({
             "model": {"kind": "hf", "path": str(tiny_lm.path), "dtype": "float32"},
             "task": {"digits": 1, "eval_size": 8},
-            "eval": {"mode": "separate", "device": device}})
+            "eval": {"mode": "separate", "device": device}}).part("eval_svc")
         held, _ = devices(cfg)
         lm = evaluated_model(cfg, held)
         assert {p.device.type for p in lm.model.parameters()} == {device}

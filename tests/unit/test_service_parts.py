@@ -12,12 +12,15 @@ from relayrl.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = {"trainer_svc": "TrainerRun", "scheduler_svc": "SchedulerRun", "buffer_svc": "BufferRun",
-         "relay_svc": "RelayRun"}
+         "relay_svc": "RelayRun", "eval_svc": "EvalRun"}
 CFG = RunConfig.model_validate({
     "run_id": "parts", "buffer": {"group_size": 3, "groups_per_batch": 5},
-    "trainer": {"max_staleness": 2}, "rollout": {"temperature": 0.7, "max_new_tokens": 16,
-                                                 "max_active_groups": 2, "segment_tokens": 4},
-    "scheduler": {"repack": True}})
+    "trainer": {"max_staleness": 2, "max_steps": 9, "torch_threads": 3, "tensorboard": True,
+                "lora": {"rank": 4}},
+    "rollout": {"temperature": 0.7, "max_new_tokens": 16, "max_active_groups": 2,
+                "segment_tokens": 4, "torch_threads": 2, "weight_plane": "torch_dist"},
+    "relay": {"children": 2, "chunk_bytes": 65536, "timeout_s": 7.5},
+    "eval": {"mode": "separate", "every": 3}, "scheduler": {"repack": True}})
 
 
 @pytest.mark.parametrize("service", sorted(PARTS))
@@ -47,6 +50,22 @@ def test_the_trainer_is_handed_what_the_whole_config_derives():
     assert part.publish.shm_dir is None  # published over gRPC
     assert part.prompt_window() == CFG.prompt_window()
     assert part.eval == CFG.eval and part.trainer == CFG.trainer
+
+
+def test_the_evaluator_is_handed_what_the_whole_config_derives():
+    part = CFG.part("eval_svc")
+    assert part.eval == CFG.eval
+    assert part.relays.addresses == CFG.relay_addresses and len(part.relays.addresses) == 2
+    assert (part.relays.chunk_bytes, part.relays.timeout_s) == (65536, 7.5)
+    assert (part.trainer.lora, part.trainer.max_steps, part.trainer.torch_threads) == (
+        CFG.trainer.lora, 9, 3)
+    assert part.torch_threads == 2
+    assert part.weight_plane == part.pull_plane == CFG.rollout.weight_plane == "torch_dist"
+    assert part.prompt_window() == CFG.prompt_window()
+    assert part.generation == CFG.generation
+    assert (part.generation.temperature, part.generation.max_new_tokens) == (0.7, 16)
+    assert part.metric_sinks() == CFG.metric_sinks()
+    assert part.sinks.tensorboard and part.sinks.wandb == CFG.trainer.wandb
 
 
 def test_a_service_without_a_part_is_handed_the_whole_config():

@@ -43,7 +43,7 @@ def test_follows_the_newest_due_version(tmp_path, tiny_lm):
     cfg = config(tmp_path)
     relay = FakeRelay(tiny_lm, [1, 2, 3])
     writer = MetricsWriter(tmp_path / "eval.jsonl")
-    f = Follower(cfg, tiny_lm, [relay], writer)
+    f = Follower(cfg.part("eval_svc"), tiny_lm, [relay], writer)
     f.evaluate(0)
     assert f.step() and relay.pulled == [2]
     assert not f.step()  # 2 is done, 3 is not due
@@ -62,7 +62,7 @@ def test_a_restarted_follower_goes_on_where_it_stopped(tmp_path, tiny_lm):
     (tmp_path / "eval.jsonl").write_text('{"step": 0}\n{"step": 4}\n')
     relay = FakeRelay(tiny_lm, [3, 4, 5, 6])
     writer = MetricsWriter(tmp_path / "eval.jsonl")
-    f = Follower(cfg, tiny_lm, [relay], writer)
+    f = Follower(cfg.part("eval_svc"), tiny_lm, [relay], writer)
     assert f.last == 4
     f.run(threading.Event())  # no second version 0; ends once max_steps is evaluated
     writer.close()

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict = {"bench": "calibrate_sim", "model": path.name, "threads": 1}
     for name in args.engines.split(","):
         ecfg = cfg.model_copy(update={"rollout": cfg.rollout.with_engine(name)})
-        engine = make_engine(ecfg, lm, path)
+        engine = make_engine(ecfg.rollout_part(), lm, path)
         engine.generate([[3, 4, 5]], SamplingSpec(max_new_tokens=4))  # warm up
         points = []
         for batch in batches:

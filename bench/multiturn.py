@@ -114,7 +114,7 @@ def batch(lm, args, multi: bool) -> tuple[float, float, int]:
     engine = FixedTurns(lm, seed=3, kv_cache_tokens=cfg.rollout.engine.kv_cache_tokens)
     engine.turn_tokens = args.tokens // TURNS if multi else 0
     writer = type("Writer", (), {"r": OffRedis()})()
-    gen = (EpisodeGenerator if multi else GroupGenerator)(cfg, engine, lm, writer)
+    gen = (EpisodeGenerator if multi else GroupGenerator)(cfg.rollout_part(), engine, lm, writer)
     leases = [LeasedPrompt(f"l{i}", i, "", "3", 0,
                            messages=({"role": "user", "content": f"{10 + i}+{20 + i}"},))
               for i in range(args.groups)]

@@ -184,7 +184,7 @@ def run_engines(cfg, lm, path, prompts, args, tmp: Path, relay: str, result: dic
     """Raw and served rounds for each engine, each engine's figures into `result`."""
     for engine in args.engines.split(","):
         ecfg = cfg.model_copy(update={"rollout": cfg.rollout.with_engine(engine)})
-        raw_engine = make_engine(ecfg, lm, path)
+        raw_engine = make_engine(ecfg.rollout_part(), lm, path)
         spec = SamplingSpec(max_new_tokens=args.max_new_tokens,
                             temperature=ecfg.rollout.temperature)
         raw_engine.generate(prompts[:args.batch_prompts], spec)  # warm up

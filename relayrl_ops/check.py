@@ -135,7 +135,8 @@ def _engine(cfg: RunConfig, report: Report) -> None:
                     f"{e.kv_cache_gib:g} GiB a worker{ports}; {r.num_workers} worker(s)")
         from rollout_svc.engines.factory import vllm_dtype
 
-        report.step("rollout.engine.dtype", lambda: vllm_dtype(cfg))  # as a worker refuses it
+        # as a worker refuses it
+        report.step("rollout.engine.dtype", lambda: vllm_dtype(cfg.rollout.engine, cfg.model))
     else:
         report.line(f"engine: torch on {e.device}, float32, KV cache kept for "
                     f"{e.kv_cache_tokens} tokens; {r.num_workers} worker(s)")

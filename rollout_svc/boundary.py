@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from relayrl.config import RunConfig
+from relayrl.config import RolloutRun
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import Group, Sample, validate_sample
 from relayrl.contracts.partial import PartialGroup
@@ -47,20 +47,20 @@ class BoundarySettings:
 
     worker_id: str
     reward_name: str
-    reward_range: tuple[float, float]  # buffer.reward_range
+    reward_range: tuple[float, float]  # buffer.reward_range (SubmitTerms)
     segment_tokens: int  # rollout.segment_tokens: 0 runs a group in one call, never saved
     save_every_s: float  # rollout.save_every_s
-    repack_capacity: int  # RunConfig.repack_capacity: 0 with repacking off
-    repack_below: float  # scheduler.repack_below
+    repack_capacity: int  # LeaseTerms.repack_capacity: 0 with repacking off
+    repack_below: float  # scheduler.repack_below (LeaseTerms)
 
     @classmethod
-    def of(cls, cfg: RunConfig, reward_name: str) -> BoundarySettings:
+    def of(cls, cfg: RolloutRun, reward_name: str) -> BoundarySettings:
         return cls(worker_id=cfg.rollout.worker_id, reward_name=reward_name,
-                   reward_range=cfg.buffer.reward_range,
+                   reward_range=cfg.submit.reward_range,
                    segment_tokens=cfg.rollout.segment_tokens,
                    save_every_s=cfg.rollout.save_every_s,
-                   repack_capacity=cfg.repack_capacity,
-                   repack_below=cfg.scheduler.repack_below)
+                   repack_capacity=cfg.lease.repack_capacity,
+                   repack_below=cfg.lease.repack_below)
 
 
 class SegmentBoundary:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from relayrl.config import RunConfig
+from relayrl.config import RolloutRun
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.plugins.envs.calls import EnvCalls
@@ -65,7 +65,7 @@ IDLE_WAIT_S = 0.1
 
 
 class EpisodeGenerator(GroupGenerator):
-    def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
+    def __init__(self, cfg: RolloutRun, engine: Engine, lm: LoadedModel,
                  writer: TrajectoryWriter):
         super().__init__(cfg, engine, lm, writer)
         env = cfg.rollout.environment
@@ -87,7 +87,7 @@ class EpisodeGenerator(GroupGenerator):
     def start(self, lease: LeasedPrompt) -> EpisodeGroup:
         problem = Problem(lease.prompt_id, lease.text, lease.reference, lease.messages,
                           lease.metadata)
-        n = self.cfg.buffer.group_size
+        n = self.cfg.groups.group_size
         openings = open_episodes(self.env_cls, self.env_cfg, [problem] * n, self.glue,
                                  self.lm.encode_problem, self.calls)
         self.episodes += n

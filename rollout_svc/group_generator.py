@@ -7,7 +7,7 @@ import logging
 
 import redis
 
-from relayrl.config import ConfigError, RunConfig
+from relayrl.config import ConfigError, RolloutRun
 from relayrl.contracts import control
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import RunKeys
@@ -27,7 +27,7 @@ class PromptTooLong(ValueError):
 
 
 class GroupGenerator:
-    def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
+    def __init__(self, cfg: RolloutRun, engine: Engine, lm: LoadedModel,
                  writer: TrajectoryWriter):
         self.cfg = cfg
         self.engine = engine
@@ -44,14 +44,14 @@ class GroupGenerator:
         self.tokens_reprefilled = 0  # context of moved groups prefilled again (no KV came)
         self.prompt_limit = self._prompt_limit()
         # the run's live settings and the trainer's version, as last read
-        self.temperature = cfg.rollout.temperature
-        self.max_staleness = cfg.trainer.max_staleness
+        self.temperature = cfg.live.temperature
+        self.max_staleness = cfg.live.max_staleness
         self.trainer_version = 0
 
     def _prompt_limit(self) -> int:
         """The longest leased prompt a group can start from: within rollout.max_prompt_tokens
         and leaving the engine's window room for a whole response. The task measured every
-        prompt against the configured window (RunConfig.prompt_window) when it was built; an
+        prompt against the configured window (RolloutRun.prompt_window) when it was built; an
         engine that holds less is refused here, so a leased prompt always fits."""
         rc = self.cfg.rollout
         room = self.engine.context_length - rc.max_new_tokens
@@ -94,7 +94,7 @@ class GroupGenerator:
         return prompt_tokens
 
     def _start_group(self, lease: LeasedPrompt, prompt_tokens: list[int]) -> PartialGroup:
-        n = self.cfg.buffer.group_size
+        n = self.cfg.groups.group_size
         if lease.partial_state:
             try:
                 group = PartialGroup.decode(lease.partial_state, lease.prompt_id, n)
@@ -131,7 +131,7 @@ class GroupGenerator:
         try:
             pipe = self.writer.r.pipeline(transaction=False)  # one round trip per segment
             stored, version = pipe.hgetall(keys.live_settings).get(keys.trainer_version).execute()
-            settings = control.settings_from_hash(stored, self.cfg.live_defaults())
+            settings = control.settings_from_hash(stored, self.cfg.live)
             self.temperature, self.max_staleness = settings.temperature, settings.max_staleness
             self.trainer_version = int(version or 0)
         except redis.RedisError as err:

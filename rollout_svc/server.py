@@ -8,7 +8,7 @@ import logging
 import grpc
 import torch
 
-from relayrl.config import RunConfig, TorchEngineConfig
+from relayrl.config import RolloutRun, TorchEngineConfig
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.leases import GrpcLeaseClient
 from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc
@@ -89,7 +89,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"GenerateRequest.{err}")
 
 
-def serve(cfg: RunConfig) -> None:
+def serve(cfg: RolloutRun) -> None:
     setup_logging(cfg.rollout.worker_id)
     torch.set_num_threads(cfg.rollout.torch_threads)
     # before the model loads: a worker set for the nccl plane on a machine without CUDA stops
@@ -102,14 +102,14 @@ def serve(cfg: RunConfig) -> None:
     engine = make_engine(cfg, lm, model_path)
     log.info("%s engine on %s", engine.name, getattr(engine, "device", "its own device"))
     with redis_session(cfg.redis.url, cfg.run_dir, cfg.redis.socket_timeout_s) as redis:
-        scheduler = GrpcLeaseClient(cfg.scheduler.endpoint.address, cfg.scheduler.call_timeout_s)
+        scheduler = GrpcLeaseClient(cfg.lease.address, cfg.lease.call_timeout_s)
         keys = ManifestKeys(verifier=ManifestKeys.from_config(cfg.auth).verifier)
-        relays = [RelayClient(a, cfg.relay.chunk_bytes, cfg.relay.timeout_s,
+        relays = [RelayClient(a, cfg.relays.chunk_bytes, cfg.relays.timeout_s,
                               cfg.rollout.weight_plane, weight_device, keys=keys)
-                  for a in cfg.relay_addresses]
+                  for a in cfg.relays.addresses]
         worker = RolloutWorker(cfg, engine, lm, scheduler, relays,
                                TrajectoryWriter(redis, RunKeys(cfg.run_id),
-                                                cfg.buffer.max_pending_samples),
+                                                cfg.submit.max_pending_samples),
                                check_reward(cfg.task))
         generator = CustomGenerator(engine, lm, cfg.rollout)
         turns = TurnMemories(cfg.rollout.turn_memory_per_agent)  # the HTTP server's, if any

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import grpc
 import redis
 
-from relayrl.config import RunConfig
+from relayrl.config import RolloutRun
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.leases import LeaseClient, LeasedPrompt
 from relayrl.contracts.streams import TrajectoryWriter
@@ -59,7 +59,7 @@ class RolloutWorker:
     back) and `loop` (LoopClock: seconds by part). The worker counts only its failed scheduler
     calls."""
 
-    def __init__(self, cfg: RunConfig, engine: Engine, lm: LoadedModel,
+    def __init__(self, cfg: RolloutRun, engine: Engine, lm: LoadedModel,
                  scheduler: LeaseClient, relays: list[WeightPlane],
                  writer: TrajectoryWriter, reward_name: str,
                  clock: Callable[[], float] = time.monotonic):
@@ -84,7 +84,7 @@ class RolloutWorker:
     @property
     def seats(self) -> int:
         """Sequences the training loop runs at once at most."""
-        return self.cfg.rollout.max_active_groups * self.cfg.buffer.group_size
+        return self.cfg.rollout.max_active_groups * self.cfg.groups.group_size
 
     def refresh_weights(self, holding: bool = False) -> bool:
         """Move to the newest version a relay offers (WeightRefresher.refresh). A worker
@@ -96,7 +96,7 @@ class RolloutWorker:
             return self.weights.refresh()
         return self.weights.refresh(stay=lambda newest: not behind(
             self.engine.version, newest, self.generator.max_staleness,
-            self.cfg.scheduler.max_start_lag))
+            self.cfg.lease.max_start_lag))
 
     def register(self) -> None:
         self.leases.register(self.cfg.rollout.endpoint.address)
@@ -105,7 +105,7 @@ class RolloutWorker:
         self.scheduler_call_failures += 1
 
     def heartbeat_loop(self, stop: threading.Event) -> None:
-        interval = self.cfg.scheduler.heartbeat_interval_s
+        interval = self.cfg.lease.heartbeat_interval_s
         while not stop.wait(interval):
             try:
                 if not self.leases.heartbeat(self.engine.version):
@@ -204,14 +204,14 @@ class RolloutWorker:
         before its tokens are dropped as stale (scheduler.max_start_lag). Gives up after a
         fraction of the lease TTL rather than let the leases lapse."""
         self.weights.catch_up(min_version, stop,
-                              CATCH_UP_SHARE * self.cfg.scheduler.lease_ttl_s)
+                              CATCH_UP_SHARE * self.cfg.lease.lease_ttl_s)
 
     def _refill(self, active: list[ActiveGroup], stop: threading.Event) -> tuple[float, bool]:
         """Lease about as many prompts as there are free seats for (capacity:
         rollout.max_active_groups groups' worth of sequences); new groups join at the next
         segment. Returns how long to wait if there is nothing to generate, and whether the
         scheduler asked to retry (no prompt free now: a trainer step may free one)."""
-        n = self.cfg.buffer.group_size
+        n = self.cfg.groups.group_size
         free = self.seats - sum(
             len(a.group.unfinished()) for a in active)
         if free <= 0:

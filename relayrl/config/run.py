@@ -29,6 +29,7 @@ from relayrl.config.services import (
     EvalRun,
     Generation,
     GroupTerms,
+    LeaseTerms,
     LiveDefaults,
     MetricSinks,
     PromptTerms,
@@ -36,8 +37,11 @@ from relayrl.config.services import (
     PublishTarget,
     RelayLink,
     RelayRun,
+    RolloutRun,
     RunCommon,
     SchedulerRun,
+    ServicePart,
+    SubmitTerms,
     TrainerRun,
     TrainerTerms,
     inflight_limit,
@@ -557,13 +561,30 @@ class RunConfig(RunCommon):
                        prompts=self.prompt_terms(), generation=self.generation,
                        sinks=self.metric_sinks())
 
-    def part(self, service: str) -> Any:
-        """What `python -m <service>` is handed: the service's part where it has one
-        (relayrl.config.services), else the whole config."""
+    def rollout_part(self) -> RolloutRun:
+        r, s, b = self.rollout, self.scheduler, self.buffer
+        lease = LeaseTerms(address=s.endpoint.address, call_timeout_s=s.call_timeout_s,
+                           heartbeat_interval_s=s.heartbeat_interval_s,
+                           lease_ttl_s=s.lease_ttl_s, max_start_lag=s.max_start_lag,
+                           repack_below=s.repack_below, repack_capacity=self.repack_capacity)
+        return RolloutRun(**self.common(), rollout=r, bench=self.bench,
+                          groups=self.group_terms(),
+                          submit=SubmitTerms(reward_range=b.reward_range,
+                                             max_pending_samples=b.max_pending_samples),
+                          lease=lease, relays=self.relay_link(), live=self.live_defaults(),
+                          prompts=self.prompt_terms(), lora=self.trainer.lora,
+                          vllm_transfer=(self.vllm_transfer(r.worker_index)
+                                         if r.weight_plane == "vllm" else None))
+
+    def part(self, service: str) -> ServicePart:
+        """What `python -m <service>` is handed: the service's part (relayrl.config.services)."""
         parts = {"trainer_svc": self.trainer_part, "scheduler_svc": self.scheduler_part,
                  "buffer_svc": self.buffer_part, "relay_svc": self.relay_part,
-                 "eval_svc": self.eval_part}
-        return parts[service]() if service in parts else self
+                 "eval_svc": self.eval_part, "rollout_svc": self.rollout_part}
+        if service not in parts:
+            raise ValueError(f"service {service!r} has no part of the config; one of "
+                             f"{sorted(parts)}")
+        return parts[service]()
 
 
 

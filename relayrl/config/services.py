@@ -4,7 +4,7 @@ hands service `s` its part, so that a service reads no other service's section a
 value that crosses from one owner to another is named here, once.
 
     scheduler = SchedulerRun                 # what the scheduler holds
-    cfg.part("scheduler").groups.group_size  # the buffer's group size, handed to it
+    cfg.part("scheduler_svc").groups.group_size  # the buffer's group size, handed to it
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from typing import Any, Literal, Protocol
 from pydantic import ConfigDict, Field, field_validator
 
 from relayrl.config.base import StrictModel
+from relayrl.config.bench import BenchConfig
 from relayrl.config.buffer import BufferConfig
 from relayrl.config.environment import EnvironmentConfig
 from relayrl.config.eval import EvalConfig
 from relayrl.config.model import ModelConfig, TinyModel, model_shorthand
 from relayrl.config.redis import RedisConfig
 from relayrl.config.relay import RelayConfig
+from relayrl.config.rollout import RolloutConfig
 from relayrl.config.scheduler import SchedulerConfig
 from relayrl.config.security import AuthConfig
 from relayrl.config.task import AdditionTaskConfig, TaskConfig, task_shorthand
@@ -293,6 +295,53 @@ class EvalRun(ServicePart):
         """The plane the evaluator pulls versions through: the workers' (rollout.weight_plane),
         but gRPC where that is vllm, which delivers into vLLM alone."""
         return "grpc" if self.weight_plane == "vllm" else self.weight_plane
+
+
+class SubmitTerms(Handed):
+    """What the buffer takes from a worker: rewards within buffer.reward_range (outside: a
+    reward error, scored 0) and at most buffer.max_pending_samples samples in its stream."""
+
+    reward_range: tuple[float, float]
+    max_pending_samples: int
+
+
+class LeaseTerms(Handed):
+    """The scheduler's side of a worker's leases: where it listens and how long a call may
+    take (scheduler.endpoint, scheduler.call_timeout_s), how often a worker beats and how
+    long a silent lease lives (scheduler.heartbeat_interval_s, scheduler.lease_ttl_s), how
+    many versions a lease may start behind (scheduler.max_start_lag), and repacking: a worker
+    holding at most repack_below of the repack_capacity sequences it runs at once has them
+    repacked (RunConfig.repack_capacity; 0 with repacking off)."""
+
+    address: str
+    call_timeout_s: float
+    heartbeat_interval_s: float
+    lease_ttl_s: float
+    max_start_lag: int
+    repack_below: float
+    repack_capacity: int
+
+
+class RolloutRun(ServicePart):
+    """A rollout worker's part (rollout_svc): its section and the bench's synthetic lengths;
+    the buffer's group shape and what it takes; the scheduler's lease terms; how it reaches
+    the relays; the live defaults; the prompt terms; the trainer's adapter (trainer.lora),
+    which the versions it pulls are; and, on the vllm weight plane, the transfer engine its
+    vLLM engine starts with (RunConfig.vllm_transfer)."""
+
+    rollout: RolloutConfig
+    bench: BenchConfig
+    groups: GroupTerms
+    submit: SubmitTerms
+    lease: LeaseTerms
+    relays: RelayLink
+    live: LiveDefaults
+    prompts: PromptTerms
+    lora: LoraConfig | None
+    vllm_transfer: Literal["ipc", "nccl"] | None
+
+    def prompt_window(self) -> PromptWindow:
+        return self.prompts.window(self.model)
 
 
 def inflight_limit(scheduler: SchedulerConfig, groups_per_batch: int, max_staleness: int) -> int:

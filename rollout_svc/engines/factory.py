@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relayrl.config import ConfigError, RunConfig, TorchEngineConfig
+from relayrl.config import ConfigError, ModelConfig, RolloutRun, TorchEngineConfig
+from relayrl.config.rollout import EngineConfig
 from relayrl_torch.devices import resolve_device
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.models.lora import with_lora
@@ -12,11 +13,11 @@ from rollout_svc.engines.api import Engine
 from rollout_svc.engines.torch import TorchEngine
 
 
-def vllm_dtype(cfg: RunConfig) -> str:
-    """The dtype a vLLM engine loads and samples in: model.dtype's, which versions are
+def vllm_dtype(e: EngineConfig, model: ModelConfig) -> str:
+    """The dtype a vLLM engine `e` loads and samples in: model.dtype's, which versions are
     shipped in (read from the model's config for auto); a rollout.engine.dtype naming
     another is refused. `relayrl check` calls it too."""
-    e, shipped = cfg.rollout.engine, cfg.model.dtype_name()
+    shipped = model.dtype_name()
     if getattr(e, "dtype", "auto") not in ("auto", shipped):
         raise ConfigError(f"rollout.engine.dtype {e.dtype!r} differs from model.dtype "
                           f"{shipped!r}, the dtype versions are shipped in; set one of them "
@@ -24,19 +25,19 @@ def vllm_dtype(cfg: RunConfig) -> str:
     return shipped
 
 
-def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engine:
+def make_engine(cfg: RolloutRun, lm: LoadedModel, model_path: str | Path) -> Engine:
     """The torch engine over the loaded model, on rollout.engine.device, or a vLLM engine over
     the same directory (imported only then: vLLM is an optional dependency)."""
     r, e = cfg.rollout, cfg.rollout.engine
     seed = r.seed * 1000 + r.worker_index
     if isinstance(e, TorchEngineConfig):
-        if cfg.trainer.lora is not None:  # the trainer's adapter, applied version by version
-            lm.model = with_lora(lm.model, cfg.trainer.lora)
+        if cfg.lora is not None:  # the trainer's adapter, applied version by version
+            lm.model = with_lora(lm.model, cfg.lora)
         return TorchEngine(lm, seed=seed, kv_cache_tokens=e.kv_cache_tokens,
                            device=resolve_device(e.device, "rollout.engine.device"))
     from rollout_svc.engines.vllm import VllmEngine
 
-    shipped = vllm_dtype(cfg)
+    shipped = vllm_dtype(e, cfg.model)
     return VllmEngine(model_path, seed=seed, eos_ids=lm.eos_ids,
                       kv_cache_gib=e.kv_cache_gib, max_model_len=e.max_model_len,
                       dtype=shipped, enforce_eager=e.enforce_eager,
@@ -46,7 +47,6 @@ def make_engine(cfg: RunConfig, lm: LoadedModel, model_path: str | Path) -> Engi
                                         if e.kv_transfer_base_port else 0),
                       # other engines dial its side channel where they dial the worker
                       kv_transfer_host=r.host if r.endpoint.dialable else "localhost",
-                      port_range=e.port_range, lora=cfg.trainer.lora,
+                      port_range=e.port_range, lora=cfg.lora,
                       lora_serving=e.lora_serving,
-                      weight_transfer=(cfg.vllm_transfer(r.worker_index)
-                                       if r.weight_plane == "vllm" else None))
+                      weight_transfer=cfg.vllm_transfer)

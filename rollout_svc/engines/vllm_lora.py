@@ -9,7 +9,7 @@ request uses it), made the one every request runs with, and the version before i
 Version 0 is the base model itself (a new adapter's B is 0), so no adapter is used until
 version 1.
 
-    adapters = AdapterVersions(model_dir, cfg.trainer.lora, dtype)
+    adapters = AdapterVersions(model_dir, lora, dtype)  # lora: trainer.lora
     request = adapters.write(tensors, version)     # checked against the expected adapter
 
 merged: each version is added into the base weights, W + (alpha / rank) B A for every
@@ -19,7 +19,7 @@ whole-weight copy instead of a few MB, and decoding runs at the base model's spe
 LoRA layers add two small matmuls and a gather per adapted layer per token, which on CPU cut
 its sampling rate by about a third (docs/guides/models.md, LoRA).
 
-    merger = MergedVersions(model_dir, cfg.trainer.lora, dtype)
+    merger = MergedVersions(model_dir, lora, dtype)    # lora: trainer.lora
     state = merger.merged(tensors, version)        # a full state dict, the base's names
 """
 

@@ -95,7 +95,8 @@ def test_every_service_exports_its_figures_and_health(services, tiny_lm):
     relay.publish(1, 1, tiny_lm.model.state_dict())
     lm = load_model(tiny_lm.path)
     engine = TorchEngine(lm, seed=0)
-    worker = RolloutWorker(cfg, engine, lm, GrpcLeaseClient(cfg.scheduler.endpoint.address),
+    worker = RolloutWorker(cfg.rollout_part(), engine, lm,
+                           GrpcLeaseClient(cfg.scheduler.endpoint.address),
                            [relay], TrajectoryWriter(connect(cfg.redis.url), RunKeys("obs"),
                                                      cfg.buffer.max_pending_samples),
                            "exact_match")

@@ -73,7 +73,7 @@ def make_worker(cfg, r, core, tiny_lm, index, store, after_segment=None, kv_cach
     lm = load_model(tiny_lm.path)
     engine = PublishingEngine(lm, store, after_segment, kv_cache_tokens)
     writer = TrajectoryWriter(r, RunKeys("partial"), cfg.buffer.max_pending_samples)
-    return RolloutWorker(cfg, engine, lm, core, [store], writer, "exact_match",
+    return RolloutWorker(cfg.rollout_part(), engine, lm, core, [store], writer, "exact_match",
                          **({"clock": clock} if clock else {}))
 
 
@@ -285,7 +285,7 @@ def test_a_reward_outside_the_range_is_an_error_on_its_sample(stack):
     register("test_huge_reward")(lambda completion, reference: 3e38)
     try:
         lm = load_model(tiny_lm.path)
-        worker = RolloutWorker(cfg, PublishingEngine(lm, None), lm, core, [store],
+        worker = RolloutWorker(cfg.rollout_part(), PublishingEngine(lm, None), lm, core, [store],
                                TrajectoryWriter(r, RunKeys("partial"), 64), "test_huge_reward")
         worker.refresh_weights()
         assert worker.run_lease(core.acquire(worker.worker_id, 1).leases[0])

@@ -84,7 +84,7 @@ def play(lm, replies: list[str], samples: int = 2):
             "environment": {"cls": "tests.integration.test_tool_episodes:Adder",
                             "max_turns": 4, "options": {"tool_timeout_s": 5}}}})
     engine = TorchEngine(lm, seed=3, version=1, kv_cache_tokens=8192)
-    gen = EpisodeGenerator(cfg, engine, lm, type("Writer", (), {"r": NoRedis()})())
+    gen = EpisodeGenerator(cfg.rollout_part(), engine, lm, type("Writer", (), {"r": NoRedis()})())
     scripted(gen, replies)
     lease = LeasedPrompt("l1", 5, "", "5", 0, messages=QUESTION)
     group = gen.start(lease)

@@ -62,7 +62,7 @@ def engine(model_dir, lm, tmp_path_factory):
         "run_dir": str(tmp_path_factory.mktemp("run")),
         "rollout": {"engine": {"kind": "vllm", "kv_cache_gib": 0.0625}, "seed": 3},
     })
-    eng = make_engine(cfg, lm, model_dir)
+    eng = make_engine(cfg.rollout_part(), lm, model_dir)
     assert eng.name == "vllm" and eng.version == 0
     yield eng
     eng.close()
@@ -320,7 +320,7 @@ def test_logprobs_agree_across_vllm_torch_engine_and_trainer(engine, lm, base_we
 def test_make_engine_builds_the_torch_engine_by_default(lm, model_dir, tmp_path):
     cfg = RunConfig.model_validate({"run_dir": str(tmp_path),
                                     "rollout": {"seed": 2, "worker_index": 1}})
-    eng = make_engine(cfg, lm, model_dir)
+    eng = make_engine(cfg.rollout_part(), lm, model_dir)
     assert isinstance(eng, TorchEngine)
     ref = torch.Generator().manual_seed(2 * 1000 + 1)
     assert torch.equal(eng.generator.get_state(), ref.get_state())
@@ -346,7 +346,7 @@ def test_episodes_run_on_vllm_with_masked_environment_tokens(engine, lm, base_we
     cfg = RunConfig.model_validate({"buffer": {"group_size": 4}, "rollout": {
         "max_new_tokens": 24, "segment_tokens": 0,
         "environment": {"cls": "tests.unit.test_episodes:Twice", "max_turns": 3}}})
-    gen = EpisodeGenerator(cfg, engine, chat_lm, type("W", (), {"r": NoRedis()})())
+    gen = EpisodeGenerator(cfg.rollout_part(), engine, chat_lm, type("W", (), {"r": NoRedis()})())
     lease = LeasedPrompt("l", 1, "", "3", 0, messages=({"role": "user", "content": "1+2"},))
     group = gen.start(lease)
     while not group.finished:

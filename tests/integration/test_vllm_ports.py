@@ -39,7 +39,7 @@ PROBE = textwrap.dedent('''
     before = {c.laddr.port for c in me.net_connections("inet") if c.status == "LISTEN"}
     cfg = RunConfig.model_validate({"run_dir": str(out / "run"), "rollout": {"engine": {
         "kind": "vllm", "kv_cache_gib": 0.0625, "port_range": [int(a) for a in sys.argv[2:]]}}})
-    engine = make_engine(cfg, load_model(out), out)
+    engine = make_engine(cfg.rollout_part(), load_model(out), out)
     after = {c.laddr.port for c in me.net_connections("inet") if c.status == "LISTEN"}
     groups = len(dist.distributed_c10d._world.pg_map)
     print(json.dumps({"opened": sorted(after - before), "groups": groups}))

@@ -72,7 +72,7 @@ def new_version(lm) -> dict[str, torch.Tensor]:
 def make_worker(tiny_lm, relays):
     lm = load_model(tiny_lm.path)
     engine = TorchEngine(lm)
-    return RolloutWorker(RunConfig(), engine, lm, scheduler=None, relays=relays,
+    return RolloutWorker(RunConfig().rollout_part(), engine, lm, scheduler=None, relays=relays,
                          writer=None, reward_name="exact_match"), lm
 
 

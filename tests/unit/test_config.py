@@ -54,7 +54,8 @@ def test_there_are_shipped_configs():
 def test_every_shipped_config_loads(tmp_path, name, data):
     """Every shipped config loads, and hands each service its part."""
     cfg = load_run_config(write(tmp_path, data))
-    for service in ("trainer_svc", "scheduler_svc", "buffer_svc", "relay_svc", "eval_svc"):
+    for service in ("trainer_svc", "scheduler_svc", "buffer_svc", "relay_svc", "eval_svc",
+                    "rollout_svc"):
         assert cfg.part(service).run_id == cfg.run_id
 
 

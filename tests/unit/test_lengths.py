@@ -32,9 +32,9 @@ def test_a_worker_draws_its_lengths_from_the_bench_section():
     cfg = RunConfig.model_validate({"rollout": {"max_new_tokens": 64},
                                     "bench": {"synthetic_length_median": 8,
                                               "synthetic_length_p99_ratio": 4.0}})
-    gen = GroupGenerator(cfg, engine, lm=None, writer=None)
+    gen = GroupGenerator(cfg.rollout_part(), engine, lm=None, writer=None)
     assert [gen._limit(group, i) for i in range(4)] == [target_length(3, i, 8, 4.0, 64)
                                                         for i in range(4)]
-    plain = GroupGenerator(RunConfig.model_validate({"rollout": {"max_new_tokens": 64}}),
-                           engine, lm=None, writer=None)
+    plain_cfg = RunConfig.model_validate({"rollout": {"max_new_tokens": 64}})
+    plain = GroupGenerator(plain_cfg.rollout_part(), engine, lm=None, writer=None)
     assert [plain._limit(group, i) for i in range(4)] == [64] * 4

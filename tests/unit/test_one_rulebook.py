@@ -88,7 +88,7 @@ def test_the_rollout_restarts_what_the_simulator_restarts(max_staleness, repack)
     holds = [e for e in sim.trace if e[0] == "hold"]
     assert holds
     for _, _, engine_version, trainer_version in holds:
-        gen = GroupGenerator(RunConfig(), SimpleNamespace(version=engine_version,
+        gen = GroupGenerator(RunConfig().rollout_part(), SimpleNamespace(version=engine_version,
                                                           context_length=256),
                              lm=None, writer=None)
         gen.trainer_version, gen.max_staleness = trainer_version, max_staleness
@@ -108,7 +108,8 @@ def test_a_worker_reloads_under_no_group_the_rollout_would_restart(max_staleness
     assert sim.swaps == len(swaps) > 0
     for _, _, old, new, prompt_versions in swaps:
         assert old < new
-        gen = GroupGenerator(RunConfig(), SimpleNamespace(version=new, context_length=256),
+        gen = GroupGenerator(RunConfig().rollout_part(),
+                             SimpleNamespace(version=new, context_length=256),
                              lm=None, writer=None)
         gen.trainer_version, gen.max_staleness = new, max_staleness
         groups = [PartialGroup(p, [1, 2], [PartialSequence(tokens=[7, 8], logprobs=[-1.0] * 2,

@@ -119,14 +119,15 @@ def test_an_unasked_budget_is_what_the_context_leaves(gen):
 
 def test_a_leased_prompt_too_long_is_refused_never_cut(tiny_lm):
     cfg = RunConfig.model_validate({"rollout": {"max_new_tokens": 6, "max_prompt_tokens": 100}})
-    groups = GroupGenerator(cfg, TorchEngine(tiny_lm), tiny_lm, writer=None)
+    groups = GroupGenerator(cfg.rollout_part(), TorchEngine(tiny_lm), tiny_lm, writer=None)
     with pytest.raises(PromptTooLong, match="prompt 3: 601 tokens, more than the 100"):
         groups.start(LeasedPrompt("L1", 3, "12+34=" * 100, "46", attempt=1))
     near = RunConfig.model_validate({"rollout": {"max_new_tokens": 200}})
-    assert GroupGenerator(near, TorchEngine(tiny_lm), tiny_lm, writer=None).prompt_limit == 56
+    near_groups = GroupGenerator(near.rollout_part(), TorchEngine(tiny_lm), tiny_lm, writer=None)
+    assert near_groups.prompt_limit == 56
+    none_left = RunConfig.model_validate({"rollout": {"max_new_tokens": 256}})
     with pytest.raises(ValueError, match="rollout.max_new_tokens: 256 leaves no room"):
-        GroupGenerator(RunConfig.model_validate({"rollout": {"max_new_tokens": 256}}),
-                       TorchEngine(tiny_lm), tiny_lm, writer=None)
+        GroupGenerator(none_left.rollout_part(), TorchEngine(tiny_lm), tiny_lm, writer=None)
 
 
 def test_an_engine_holding_less_than_the_configured_window_is_refused(tiny_lm):
@@ -138,4 +139,4 @@ def test_an_engine_holding_less_than_the_configured_window_is_refused(tiny_lm):
     assert cfg.prompt_window().longest == 248
     with pytest.raises(ValueError, match="engine holds 200 tokens, so prompts of at most 192, "
                                          "fewer than the 248"):
-        GroupGenerator(cfg, engine, tiny_lm, writer=None)
+        GroupGenerator(cfg.rollout_part(), engine, tiny_lm, writer=None)

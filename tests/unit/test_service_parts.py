@@ -12,7 +12,7 @@ from relayrl.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = {"trainer_svc": "TrainerRun", "scheduler_svc": "SchedulerRun", "buffer_svc": "BufferRun",
-         "relay_svc": "RelayRun", "eval_svc": "EvalRun"}
+         "relay_svc": "RelayRun", "eval_svc": "EvalRun", "rollout_svc": "RolloutRun"}
 CFG = RunConfig.model_validate({
     "run_id": "parts", "buffer": {"group_size": 3, "groups_per_batch": 5},
     "trainer": {"max_staleness": 2, "max_steps": 9, "torch_threads": 3, "tensorboard": True,
@@ -68,8 +68,40 @@ def test_the_evaluator_is_handed_what_the_whole_config_derives():
     assert part.sinks.tensorboard and part.sinks.wandb == CFG.trainer.wandb
 
 
-def test_a_service_without_a_part_is_handed_the_whole_config():
-    assert CFG.part("rollout_svc") is CFG
+def test_a_rollout_worker_is_handed_what_the_whole_config_derives():
+    part = CFG.part("rollout_svc")
+    assert part.rollout == CFG.rollout and part.bench == CFG.bench
+    assert (part.groups.group_size, part.groups.groups_per_batch) == (3, 5)
+    assert part.live == CFG.live_defaults()
+    assert part.submit.reward_range == CFG.buffer.reward_range
+    assert part.submit.max_pending_samples == CFG.buffer.max_pending_samples
+    s = CFG.scheduler
+    assert (part.lease.address, part.lease.call_timeout_s, part.lease.heartbeat_interval_s,
+            part.lease.lease_ttl_s, part.lease.max_start_lag, part.lease.repack_below) == (
+        s.endpoint.address, s.call_timeout_s, s.heartbeat_interval_s, s.lease_ttl_s,
+        s.max_start_lag, s.repack_below)
+    assert part.lease.repack_capacity == CFG.repack_capacity == 6
+    assert part.relays == CFG.relay_link() and len(part.relays.addresses) == 2
+    assert part.lora == CFG.trainer.lora
+    assert part.vllm_transfer is None  # pulled over torch_dist, not into vLLM
+    assert part.prompt_window() == CFG.prompt_window()
+
+
+def test_a_vllm_plane_worker_is_handed_its_own_transfer_engine():
+    """Worker 0 shares its relay's GPU (ipc), worker 1 does not (nccl)."""
+    def worker(index):
+        return RunConfig.model_validate({
+            "relay": {"data_planes": ["grpc", "vllm"]},
+            "rollout": {"weight_plane": "vllm", "engine": {"kind": "vllm"}, "num_workers": 2,
+                        "worker_index": index},
+            "resources": {"nodes": [{"gpus": 2}], "relay": {"gpus": [0]},
+                          "rollout": [{"gpus": [0, 1]}]}})
+    assert [worker(i).part("rollout_svc").vllm_transfer for i in (0, 1)] == ["ipc", "nccl"]
+
+
+def test_a_service_without_a_part_is_refused_by_name():
+    with pytest.raises(ValueError, match="'tools_svc' has no part"):
+        CFG.part("tools_svc")
 
 
 @pytest.mark.parametrize("service", sorted(PARTS))

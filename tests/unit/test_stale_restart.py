@@ -18,7 +18,8 @@ def group(*versions_per_sequence: list[int]) -> PartialGroup:
 
 
 def generator(engine_version: int, trainer_version: int, max_staleness: int) -> GroupGenerator:
-    gen = GroupGenerator(RunConfig(), SimpleNamespace(version=engine_version, context_length=256),
+    gen = GroupGenerator(RunConfig().rollout_part(),
+                         SimpleNamespace(version=engine_version, context_length=256),
                          lm=None, writer=None)
     gen.trainer_version, gen.max_staleness = trainer_version, max_staleness
     return gen

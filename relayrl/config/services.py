@@ -164,15 +164,23 @@ class ServicePart(RunCommon):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SchedulerRun(ServicePart):
-    scheduler: SchedulerConfig
-    groups: GroupTerms
-    live: LiveDefaults
+class PromptedPart(ServicePart):
+    """A part whose service builds the run's task, whose prompts are measured against the
+    engine's window: the scheduler (which hands them out), the trainer and the evaluator
+    (which build the eval sets) and the rollout worker (which refuses an engine that holds
+    less)."""
+
     prompts: PromptTerms
-    repack_capacity: int  # sequences a worker runs at once, for repacking; 0 with it off
 
     def prompt_window(self) -> PromptWindow:
         return self.prompts.window(self.model)
+
+
+class SchedulerRun(PromptedPart):
+    scheduler: SchedulerConfig
+    groups: GroupTerms
+    live: LiveDefaults
+    repack_capacity: int  # sequences a worker runs at once, for repacking; 0 with it off
 
     @property
     def inflight_limit(self) -> int:
@@ -182,16 +190,12 @@ class SchedulerRun(ServicePart):
                               self.live.max_staleness)
 
 
-class TrainerRun(ServicePart):
+class TrainerRun(PromptedPart):
     trainer: TrainerConfig
     eval: EvalConfig  # the evaluation's settings, which the trainer follows with eval.mode inline
     generation: Generation
     publish: PublishTarget
     live: LiveDefaults
-    prompts: PromptTerms
-
-    def prompt_window(self) -> PromptWindow:
-        return self.prompts.window(self.model)
 
     def metric_sinks(self) -> MetricSinks:
         return MetricSinks(tensorboard=self.trainer.tensorboard, wandb=self.trainer.wandb)
@@ -270,7 +274,7 @@ class WritesMetrics(Protocol):
     def model_dump(self, *, mode: str = "python") -> dict[str, Any]: ...
 
 
-class EvalRun(ServicePart):
+class EvalRun(PromptedPart):
     """The evaluator's part (eval_svc): its section, how it reaches the relays and which
     plane it pulls through, the trainer's values it follows, the prompt terms and the
     generation its sets take from the rollout, and the trainer's metric sinks."""
@@ -280,12 +284,8 @@ class EvalRun(ServicePart):
     weight_plane: Literal["grpc", "shm", "torch_dist", "nixl", "nccl", "vllm"]  # rollout's
     torch_threads: int  # rollout.torch_threads: the evaluator decodes as a worker does
     trainer: TrainerTerms
-    prompts: PromptTerms
     generation: Generation
     sinks: MetricSinks
-
-    def prompt_window(self) -> PromptWindow:
-        return self.prompts.window(self.model)
 
     def metric_sinks(self) -> MetricSinks:
         return self.sinks
@@ -322,7 +322,7 @@ class LeaseTerms(Handed):
     repack_capacity: int
 
 
-class RolloutRun(ServicePart):
+class RolloutRun(PromptedPart):
     """A rollout worker's part (rollout_svc): its section and the bench's synthetic lengths;
     the buffer's group shape and what it takes; the scheduler's lease terms; how it reaches
     the relays; the live defaults; the prompt terms; the trainer's adapter (trainer.lora),
@@ -336,12 +336,8 @@ class RolloutRun(ServicePart):
     lease: LeaseTerms
     relays: RelayLink
     live: LiveDefaults
-    prompts: PromptTerms
     lora: LoraConfig | None
     vllm_transfer: Literal["ipc", "nccl"] | None
-
-    def prompt_window(self) -> PromptWindow:
-        return self.prompts.window(self.model)
 
 
 def inflight_limit(scheduler: SchedulerConfig, groups_per_batch: int, max_staleness: int) -> int:

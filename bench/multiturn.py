@@ -125,7 +125,7 @@ def batch(lm, args, multi: bool) -> tuple[float, float, int]:
         gen.generate_segment([g for g in groups if not g.finished])
     wall = time.perf_counter() - start
     busy = engine.stats().get("busy_s", 0.0) - busy0
-    policy = sum(sum(e.mask) for g in groups for e in g.episodes) if multi else sum(
+    policy = sum(e.policy_tokens for g in groups for e in g.episodes) if multi else sum(
         len(s.tokens) for g in groups for s in g.sequences)
     return wall, busy, policy
 

@@ -38,8 +38,8 @@ from relayrl.plugins.envs.calls import EnvCalls
 from relayrl.plugins.envs.tools import ToolEnvironment, check_deadlines, declared_tools
 from relayrl.plugins.tasks.problem import Problem
 from relayrl.rules.staleness import must_restart
-from relayrl_tasks.envs import TurnGlue, load_environment, make_environment
-from relayrl_tasks.envs.play import (
+from relayrl_tasks.envs import load_environment, make_environment
+from relayrl_tasks.episodes.play import (
     Move,
     Turn,
     answer,
@@ -49,6 +49,7 @@ from relayrl_tasks.envs.play import (
     open_episodes,
     start_step,
 )
+from relayrl_tasks.episodes.turns import TurnGlue
 from relayrl_torch.models.loading import LoadedModel
 from rollout_svc.engines.api import Engine, SamplingSpec
 from rollout_svc.episodes import Episode, EpisodeGroup, PendingStep

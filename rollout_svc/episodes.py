@@ -3,14 +3,14 @@
 Each sample of the group plays its own episode against its own environment instance
 (relayrl.plugins.envs.protocol). Its response is one token sequence: the model's tokens of every
 turn as sampled, with their log-probabilities and versions, and between turns the environment's
-tokens (the chat template's glue around the observation, relayrl_tasks.envs.turns), which carry
-loss_mask 0, log-probability 0 and the version of the turn before them: values the trainer
-never reads, under the mask.
+tokens (the chat template's glue around the observation, relayrl_tasks.episodes.turns), which
+carry loss_mask 0 (relayrl_tasks.episodes.sequence), log-probability 0 and the version of the
+turn before them: values the trainer never reads, under the mask.
 
-The reward rule: an episode whose environment returned rewards earns their sum; one that
-returned none earns the task's reward on the model's final message; an environment that
-raised, or returned something that is not a step, scores 0 with the error reported on the
-sample (counted in train/reward_errors, like a reward that raises).
+A group's samples are rewarded by the episode rule (relayrl_tasks.episodes.reward): the sum
+of the environment's rewards, else the task's reward on the model's final message, 0 with the
+error on an environment that failed (counted in train/reward_errors, like a reward that
+raises).
 
 rollout_svc.episode_generator runs the turns; rollout_svc.boundary delivers.
 """
@@ -25,8 +25,9 @@ from relayrl.contracts.partial import PartialSequence
 from relayrl.plugins.envs import Environment
 from relayrl.plugins.envs.calls import Handle, Refused
 from relayrl.plugins.rewards import RewardFn
-from relayrl_tasks.envs.play import Turn, conversation, environment_total
-from relayrl_tasks.rewards import score_group
+from relayrl_tasks.episodes.play import Turn
+from relayrl_tasks.episodes.reward import episode_rewards
+from relayrl_tasks.episodes.sequence import PolicyMask
 
 
 @dataclass
@@ -43,7 +44,7 @@ class Episode:
     messages: list[dict[str, str]]  # the conversation so far, as the template renders it
     prompt_tokens: list[int]
     seq: PartialSequence = field(default_factory=PartialSequence)
-    mask: list[int] = field(default_factory=list)  # 1: the model's token, 0: the environment's
+    mask: PolicyMask = field(default_factory=PolicyMask)
     rewards: list[float] = field(default_factory=list)  # what the environment's steps returned
     turns: int = 0
     last_reply: str = ""  # the model's final message, for the task's reward
@@ -66,16 +67,16 @@ class Episode:
 
     @property
     def policy_tokens(self) -> int:
-        return sum(self.mask)
+        return self.mask.policy_tokens
 
     def add_model_turn(self, tokens: list[int], logprobs: list[float], version: int) -> None:
         self.seq.extend(tokens, logprobs, version)
-        self.mask.extend([1] * len(tokens))
+        self.mask.add_model(len(tokens))
         self.turns += 1
 
     def add_env_tokens(self, tokens: list[int], version: int) -> None:
         self.seq.extend(tokens, [0.0] * len(tokens), version)
-        self.mask.extend([0] * len(tokens))
+        self.mask.add_env(len(tokens))
 
     def end(self, reason: str, error: str = "") -> None:
         self.seq.finish_reason = FinishReason(reason)
@@ -114,24 +115,12 @@ class EpisodeGroup:
 def episode_samples(lease: LeasedPrompt, group: EpisodeGroup, worker_id: str,
                     reward_fn: RewardFn, reward_range: tuple[float, float] | None
                     ) -> list[Sample]:
-    """The group's samples, rewarded by the rule in the module docstring."""
-    plain = [e for e in group.episodes if not e.rewards]
-    task_scores = iter(score_group(
-        reward_fn, [e.last_reply for e in plain], lease.reference, lease.metadata,
-        reward_range, prompt=lease.messages or lease.text,
-        conversations=[conversation(e.messages, e.last_reply) for e in plain]) if plain else ())
-    samples = []
-    for e in group.episodes:
-        if e.rewards:
-            reward, error = environment_total(e.rewards, reward_range)
-        else:
-            reward, error = next(task_scores)
-        if e.error:
-            reward, error = 0.0, e.error
-        samples.append(Sample(
-            prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=worker_id,
-            prompt_tokens=e.prompt_tokens, response_tokens=e.seq.tokens,
-            logprobs=e.seq.logprobs, versions=e.seq.versions, reward=reward,
-            finish_reason=e.seq.finish_reason, reward_error=error,
-            loss_mask=e.mask if 0 in e.mask else None))
-    return samples
+    """The group's samples, rewarded by the episode rule."""
+    scores = episode_rewards(group.episodes, reward_fn, lease.reference, lease.metadata,
+                             reward_range, prompt=lease.messages or lease.text)
+    return [Sample(
+        prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=worker_id,
+        prompt_tokens=e.prompt_tokens, response_tokens=e.seq.tokens, logprobs=e.seq.logprobs,
+        versions=e.seq.versions, reward=reward, finish_reason=e.seq.finish_reason,
+        reward_error=error, loss_mask=e.mask.loss_mask())
+        for e, (reward, error) in zip(group.episodes, scores, strict=True)]

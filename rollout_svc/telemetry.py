@@ -78,7 +78,7 @@ class EpisodeStats(Stats, section="env"):
         "Episodes ended by an environment error: a constructor, reset or step that raised, "
         "returned too much or too late, or passed the episode's budget (the sample scores 0).")
     errors_by_kind: dict[str, int] | None = counter(
-        "Environment errors by kind (relayrl_tasks/envs/play.py: raised, invalid, "
+        "Environment errors by kind (relayrl_tasks/episodes/play.py: raised, invalid, "
         "max_observation_chars, max_env_tokens, reset_timeout_s, step_timeout_s, "
         "max_stuck_calls).", label="kind")
     tool_calls: int | None = counter(

@@ -3,12 +3,13 @@
 The loop (trainer_svc.loop) hands each step's `StepResult` here, with its evaluation if one
 ran, and writes the `StepRecord` that comes back to metrics.jsonl, /metrics and the control
 API: nothing else writes a step's figures. Beside the builder are the figures it computes
-from the step's samples: what went wrong in them, by kind, and how many episodes and turns
-they held; and the throughput over the last 30 s.
+from the step's samples (what went wrong in them, by kind; how many episodes and turns they
+held is counted from their masks by relayrl_tasks.episodes.sequence, beside the mask's
+writer) and the throughput over the last 30 s.
 
 A sample whose reward raised or was refused, or whose environment failed, is scored 0 and
 carries the error as text (`Sample.reward_error`). The text's form names its kind: an
-environment's `environment: <Class>.<method>: <kind>: <detail>` (relayrl_tasks.envs.play),
+environment's `environment: <Class>.<method>: <kind>: <detail>` (relayrl_tasks.episodes.play),
 else one of the reward's (relayrl_tasks.rewards.scoring). Each step counts them per kind
 into metrics.jsonl (`errors/reward_error_kinds/<kind>`, `errors/env_error_kinds/<kind>`) and
 logs one example of each kind, so a run that fails in two ways says so twice, not once.
@@ -22,13 +23,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from relayrl.contracts.control import LiveSettings
 from relayrl.contracts.keys import is_external
 from relayrl.contracts.messages import Batch, Group, Sample
 from relayrl.runtime.metrics import StepFigures, StepRecord
-from relayrl_tasks.envs.play import error_kind as environment_error_kind
+from relayrl_tasks.episodes.play import error_kind as environment_error_kind
+from relayrl_tasks.episodes.sequence import episode_counts
 from relayrl_tasks.rewards.scoring import reward_error_kind
 from trainer_svc.batching import TrainBatch, lag_histogram, token_lag_histogram
 from trainer_svc.objective import UpdateResult
@@ -187,17 +187,6 @@ def count_errors(samples: Sequence[Sample], step: int) -> ErrorCounts:
                     step, count, source, kind, example)
     return ErrorCounts(sum(reward.values()) + sum(environment.values()),
                        dict(reward) or None, dict(environment) or None)
-
-
-def episode_counts(samples: Sequence[Sample]) -> tuple[int, int]:
-    """(episodes, model turns): each sample of an environment run is one episode, and each
-    run of the policy's tokens in its response one turn."""
-    turns = 0
-    for s in samples:
-        mask = s.policy_token_mask
-        if mask.size:  # a turn starts wherever a policy token follows a non-policy one
-            turns += int(mask[0]) + int(np.count_nonzero(mask[1:] & ~mask[:-1]))
-    return len(samples), turns
 
 
 class Throughput:

@@ -18,7 +18,7 @@ problems (and the reward when the environment gives none).
 
 The bounds keep a user's environment from slowing the run beyond its own episode: a call or
 an output past one ends that episode with an error naming the field and the limit
-(relayrl_tasks/envs/play.py lists the errors), and the other episodes go on.
+(relayrl_tasks/episodes/play.py lists the errors), and the other episodes go on.
 """
 
 from __future__ import annotations

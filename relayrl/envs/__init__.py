@@ -3,5 +3,6 @@
 import relayrl.plugins.envs as _new
 from relayrl.plugins.moved import alias
 
-__getattr__, __all__ = alias(__name__, _new, dict.fromkeys(
-    ("BUILTIN", "TurnGlue", "load_environment", "make_environment"), "relayrl_tasks.envs"))
+__getattr__, __all__ = alias(__name__, _new, {
+    **dict.fromkeys(("BUILTIN", "load_environment", "make_environment"), "relayrl_tasks.envs"),
+    "TurnGlue": "relayrl_tasks.episodes.turns"})

@@ -8,7 +8,7 @@ tokens (a call's JSON is re-spaced, a text re-tokenized differently). So the ser
 remembers each assistant turn it returned, keyed by the context it continued and the
 message it gave, and renders a conversation turn by turn: the template's tokens up to an
 assistant turn, that turn's own tokens, then the template's tokens between it and the next
-(relayrl_tasks.envs.turns.TurnGlue, the rule the worker's own episodes follow). A
+(relayrl_tasks.episodes.turns.TurnGlue, the rule the worker's own episodes follow). A
 conversation with an assistant turn the server does not remember (written by the agent, or
 forgotten for its quota) is rendered whole by the template instead: still a valid prompt,
 but not an extension of the earlier turns' tokens.
@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from relayrl.plugins.chat import ToolCall, hermes_text
-from relayrl_tasks.envs.turns import TurnGlue
+from relayrl_tasks.episodes.turns import TurnGlue
 
 
 def key(context: Sequence[int], message: Mapping[str, Any]) -> str:

@@ -30,7 +30,7 @@ from relayrl.plugins.chat import parse_tool_calls
 from relayrl.runtime import auth
 from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard, BodyLimit
 from relayrl.runtime.roles import TokenBook
-from relayrl_tasks.envs.turns import TurnGlue
+from relayrl_tasks.episodes.turns import TurnGlue
 from rollout_svc.serving.chat_turns import TurnMemories, TurnMemory
 from rollout_svc.serving.generator import CustomGenerator
 from rollout_svc.serving.openai_requests import (

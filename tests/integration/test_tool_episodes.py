@@ -19,7 +19,7 @@ from relayrl.contracts.messages import validate_sample
 from relayrl.plugins.chat import ToolCall, hermes_text
 from relayrl.plugins.envs import ToolEnvironment
 from relayrl.plugins.envs.tools import declared_tools
-from relayrl_tasks.envs import TurnGlue
+from relayrl_tasks.episodes.turns import TurnGlue
 from relayrl_tasks.rewards import get_reward
 from relayrl_testkit.families import build_family
 from relayrl_torch.models.loading import load_model

@@ -21,8 +21,8 @@ from relayrl.config import RunConfig
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import validate_sample
 from relayrl.plugins.envs import Environment, Step
-from relayrl_tasks.envs import TurnGlue
-from relayrl_tasks.envs.play import error_kind
+from relayrl_tasks.episodes.play import error_kind
+from relayrl_tasks.episodes.turns import TurnGlue
 from relayrl_tasks.rewards import get_reward
 from rollout_svc.engines.torch import TorchEngine
 from rollout_svc.episode_generator import EpisodeGenerator
@@ -166,7 +166,7 @@ def test_the_token_budget_spans_turns_and_a_cut_reply_is_not_stepped(chat_lm):
     _, gen = generator(chat_lm, max_new_tokens=2, max_turns=8)
     group = run(gen, LEASE)
     for e in group.episodes:
-        assert sum(e.mask) <= 2
+        assert e.policy_tokens <= 2
         assert e.seq.finish_reason == "length" or e.turns <= 2
 
 
@@ -238,6 +238,26 @@ def test_environment_rewards_sum_and_are_checked_against_the_range():
                               get_reward("exact_match"), (0.0, 1.0))
     assert samples[0].reward == 0.75 and not samples[0].reward_error
     assert samples[1].reward == 0 and "outside buffer.reward_range" in samples[1].reward_error
+
+
+def test_a_failed_environment_scores_zero_and_only_the_others_ask_the_task():
+    from relayrl_tasks.episodes.reward import episode_rewards
+    from rollout_svc.episodes import Episode
+
+    asked = []
+
+    def reward(completions, conversations):
+        asked.append([c[-1]["content"] for c in conversations])
+        return [float(c == "3") for c in completions]
+
+    error = "environment: E.step: raised: RuntimeError: boom"
+    failed = Episode(None, USER, [1], rewards=[1.0], last_reply="3", error=error)
+    failed_plain = Episode(None, USER, [1], last_reply="3", error=error)
+    stepped = Episode(None, USER, [1], rewards=[0.5], last_reply="7")
+    plain = Episode(None, USER, [1], last_reply="4")
+    assert episode_rewards([failed, failed_plain, stepped, plain], reward, "3",
+                           prompt=USER) == [(0.0, error), (0.0, error), (0.5, ""), (0.0, "")]
+    assert asked == [["4"]]  # once for the group, with the whole conversation
 
 
 def test_a_non_finite_step_reward_is_refused_by_name():

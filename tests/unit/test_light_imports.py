@@ -24,3 +24,11 @@ def test_the_scheduler_builds_its_task_without_the_model_side():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]", f"scheduler_svc.server imports {out.strip()}"
+
+
+def test_the_episode_rules_import_no_torch():
+    code = ("import sys, relayrl_tasks.episodes.play, relayrl_tasks.episodes.reward, "
+            "relayrl_tasks.episodes.sequence; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False", "relayrl_tasks.episodes imports torch"

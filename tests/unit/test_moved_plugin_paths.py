@@ -59,6 +59,7 @@ def test_an_old_path_warns_once_and_gives_the_new_modules_objects(old, new):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("old,name,where", [
     ("relayrl.envs", "load_environment", "relayrl_tasks.envs"),
+    ("relayrl.envs", "TurnGlue", "relayrl_tasks.episodes.turns"),
     ("relayrl.envs.protocol", "import_user_module", "relayrl_tasks.envs.loading"),
     ("relayrl.rewards", "math_verify", "relayrl_tasks.rewards"),
     ("relayrl.tasks", "make_task", "relayrl_tasks.tasks"),

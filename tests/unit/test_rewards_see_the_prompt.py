@@ -4,7 +4,7 @@ batched, and through weighted sums and `module:function` specs alike."""
 
 from __future__ import annotations
 
-from relayrl_tasks.envs.play import conversation
+from relayrl_tasks.episodes.reward import conversation
 from relayrl_tasks.rewards import score, score_group, weighted
 from relayrl_tasks.rewards.calling import conversation_of
 

@@ -1,5 +1,6 @@
 """A step's failed samples are counted per kind of reward and environment error, with one
-example of each kind logged; its episodes and turns are counted from the loss masks."""
+example of each kind logged; its episodes and turns are counted from the loss masks, as an
+episode's PolicyMask writes them."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import logging
 import numpy as np
 
 from relayrl.contracts.messages import Sample
-from relayrl_tasks.envs.play import failure
+from relayrl_tasks.episodes.play import failure
+from relayrl_tasks.episodes.sequence import PolicyMask, episode_counts
 from relayrl_tasks.rewards import score
 from relayrl_tasks.rewards.scoring import reward_error_kind
-from trainer_svc.record import count_errors, episode_counts
+from trainer_svc.record import count_errors
 
 
 def sample(error: str = "", mask: list[int] | None = None) -> Sample:
@@ -61,3 +63,15 @@ def test_turns_are_the_runs_of_policy_tokens():
     starts_with_tool = sample(mask=[0, 1, 1, 0, 1])
     assert episode_counts([three_turns, one_turn, starts_with_tool]) == (3, 6)
     assert np.array_equal(one_turn.policy_token_mask, [True] * 3)
+
+
+def test_the_turns_counted_are_the_turns_the_mask_was_written_with():
+    mask = PolicyMask()
+    for model, env in ((2, 3), (1, 2), (4, 0)):
+        mask.add_model(model)
+        mask.add_env(env)
+    assert (len(mask), mask.policy_tokens, mask.env_tokens) == (12, 7, 5)
+    assert episode_counts([sample(mask=mask.loss_mask())]) == (1, 3)
+    alone = PolicyMask()
+    alone.add_model(3)
+    assert alone.loss_mask() is None  # one turn: the sample carries no mask

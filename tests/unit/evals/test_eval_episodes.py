@@ -1,7 +1,7 @@
-"""A run with rollout.environment is evaluated in episodes of it, by the rollout worker's rule
-(relayrl_tasks.envs.play): the environment's rewards summed, the set's reward when it gave none, 0
-when it raised, the max_new_tokens budget over every turn; `environment: false` evaluates one
-turn. On the tiny model with a chat template (tests/conftest.py's chat_lm)."""
+"""A run with rollout.environment is evaluated in episodes of it, by the rollout worker's rules
+(relayrl_tasks.episodes): the environment's rewards summed, the set's reward when it gave none,
+0 when it raised, the max_new_tokens budget over every turn; `environment: false` evaluates
+one turn. On the tiny model with a chat template (tests/conftest.py's chat_lm)."""
 
 import pytest
 

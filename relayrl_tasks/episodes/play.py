@@ -1,7 +1,8 @@
-"""One episode's moves that do not depend on who samples the model: opening it, and answering
-a reply of the model. The rollout worker (rollout_svc/episode_generator.py) and the
-evaluator (relayrl_torch/evaluation/episodes.py) both play episodes through these, so an evaluated
-episode ends and is scored by the same rule as a trained one.
+"""One episode's moves that do not depend on who samples the model: opening it, answering a
+reply of the model, and whether the model gets another turn. The rollout worker
+(rollout_svc/episode_generator.py) and the evaluator (relayrl_torch/evaluation/episodes.py)
+both play episodes through these, so an evaluated episode ends as a trained one does (and is
+scored by the same rule, relayrl_tasks/episodes/reward.py).
 
     calls = EnvCalls(cfg.max_stuck_calls)                 # one per process that plays
     openings = open_episodes(env_cls, cfg, problems, glue, encode_problem, calls)
@@ -33,7 +34,6 @@ value and the limit.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -49,8 +49,7 @@ from relayrl.plugins.envs.protocol import (
 )
 from relayrl.plugins.tasks.problem import Problem
 from relayrl_tasks.envs.loading import make_environment
-from relayrl_tasks.envs.turns import TurnGlue
-from relayrl_tasks.rewards import score
+from relayrl_tasks.episodes.turns import TurnGlue
 
 KINDS = ("raised", "invalid", "max_observation_chars", "max_env_tokens", "reset_timeout_s",
          "step_timeout_s", "max_stuck_calls", "prompt_window")
@@ -82,15 +81,6 @@ class Move(NamedTuple):
     def ends(self) -> bool:
         """The environment ended the episode (done, or nothing more for the model to read)."""
         return self.step is None or self.step.done or not self.step.messages
-
-
-def conversation(messages: list[dict[str, str]], last_reply: str) -> list[dict[str, str]]:
-    """An episode's whole conversation, ending with the model's last reply (which the
-    episode's messages hold already when the environment stepped on it)."""
-    said = [m for m in messages if m["role"] == "assistant"]
-    if said and said[-1]["content"] == last_reply:
-        return list(messages)
-    return [*messages, {"role": "assistant", "content": last_reply}]
 
 
 def failure(where: str, kind: str, detail: str) -> str:
@@ -216,10 +206,3 @@ def goes_on(move: Move, *, turns: int, max_turns: int, policy_tokens: int,
                 or policy_tokens >= max_new_tokens
                 or context + len(move.glue) >= context_length)
 
-
-def environment_total(rewards: Sequence[float],
-                      reward_range: tuple[float, float] | None = None) -> tuple[float, str]:
-    """(reward, error) of an episode whose environment returned `rewards`: their sum, checked
-    as any reward is (finite, within `reward_range`; else 0 with the error)."""
-    total = math.fsum(rewards)
-    return score(lambda _c, _r: total, "", "", reward_range)

@@ -11,7 +11,7 @@ waits alone: the worker's other episodes take their turns meanwhile, new groups 
 worker moves to newer weights between segments. Were every turn to wait for all steps, each
 turn would cost the slowest tool call among the worker's episodes, and a heavy tail would set
 the pace of the whole worker. The answer's observation is appended, inside the template's
-glue, as environment tokens (rollout_svc/episodes.py, relayrl_tasks/envs/turns.py).
+glue, as environment tokens (rollout_svc/episodes.py, relayrl_tasks/episodes/turns.py).
 Turns of one episode may run under different weights: every token keeps its own version.
 
 An episode ends when the environment says done (or gives no observation), after
@@ -19,7 +19,7 @@ rollout.environment.max_turns model turns, when the model's tokens over all its 
 rollout.max_new_tokens (finish "length", the reply cut, no step), or when the next turn would
 not fit the model's context, or with an error: the environment raised, returned too much,
 ran past its time limit or the episode's environment-token budget (rollout.environment's
-bounds; relayrl_tasks/envs/play.py lists the errors). The environment calls of a group's
+bounds; relayrl_tasks/episodes/play.py lists the errors). The environment calls of a group's
 resets, and of a turn's steps, run at once on threads, each with its deadline
 (relayrl/plugins/envs/calls.py): a slow call holds the worker for one deadline at most,
 ends its own episode, and the others go on. Each error is logged and counted per kind.

@@ -82,7 +82,7 @@ class Follower:
                 log.debug("relay %s: %s", relay.address, err)
                 continue
             due = [v for v in held if v > self.last and is_due(v, self.cfg.eval.every,
-                                                                self.cfg.trainer.max_steps)]
+                                                                self.cfg.follows.max_steps)]
             if due:
                 return relay, max(due)
         return None
@@ -107,7 +107,7 @@ class Follower:
 
     @property
     def finished(self) -> bool:
-        return self.last >= self.cfg.trainer.max_steps
+        return self.last >= self.cfg.follows.max_steps
 
     def run(self, stop: threading.Event) -> None:
         try:
@@ -137,8 +137,8 @@ def evaluated_model(cfg: EvalRun, device: torch.device) -> LoadedModel:
     from relayrl_torch.models.loading import load_model
 
     lm = load_model(resolve_model_path(cfg.model, cfg.task), cfg.model.dtype_name())
-    if cfg.trainer.lora is not None:
-        lm.model = with_lora(lm.model, cfg.trainer.lora)
+    if cfg.follows.lora is not None:
+        lm.model = with_lora(lm.model, cfg.follows.lora)
     lm.model.to(device)
     return lm
 

@@ -83,7 +83,7 @@ def run(cfg: EvalRun, checkpoint: str | Path, names: list[str] | None = None,
     import torch
 
     checkpoint = Path(checkpoint)
-    torch.set_num_threads(cfg.trainer.torch_threads)
+    torch.set_num_threads(cfg.follows.torch_threads)
     device = resolve_device(cfg.eval.device, "eval.device")
     sets = build_sets(cfg, names=names or None)
     lm = load_checkpoint(cfg, checkpoint)

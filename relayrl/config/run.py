@@ -557,7 +557,7 @@ class RunConfig(RunCommon):
     def eval_part(self) -> EvalRun:
         return EvalRun(**self.common(), eval=self.eval, relays=self.relay_link(),
                        weight_plane=self.rollout.weight_plane,
-                       torch_threads=self.rollout.torch_threads, trainer=self.trainer_terms(),
+                       torch_threads=self.rollout.torch_threads, follows=self.trainer_terms(),
                        prompts=self.prompt_terms(), generation=self.generation,
                        sinks=self.metric_sinks())
 

@@ -283,7 +283,7 @@ class EvalRun(PromptedPart):
     relays: RelayLink
     weight_plane: Literal["grpc", "shm", "torch_dist", "nixl", "nccl", "vllm"]  # rollout's
     torch_threads: int  # rollout.torch_threads: the evaluator decodes as a worker does
-    trainer: TrainerTerms
+    follows: TrainerTerms  # the trainer's values it follows
     generation: Generation
     sinks: MetricSinks
 

@@ -57,7 +57,7 @@ def test_the_evaluator_is_handed_what_the_whole_config_derives():
     assert part.eval == CFG.eval
     assert part.relays.addresses == CFG.relay_addresses and len(part.relays.addresses) == 2
     assert (part.relays.chunk_bytes, part.relays.timeout_s) == (65536, 7.5)
-    assert (part.trainer.lora, part.trainer.max_steps, part.trainer.torch_threads) == (
+    assert (part.follows.lora, part.follows.max_steps, part.follows.torch_threads) == (
         CFG.trainer.lora, 9, 3)
     assert part.torch_threads == 2
     assert part.weight_plane == part.pull_plane == CFG.rollout.weight_plane == "torch_dist"

@@ -4,6 +4,7 @@ optionally the OpenAI-compatible HTTP server."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import grpc
 import torch
@@ -23,6 +24,7 @@ from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import worker_device
 from relayrl_torch.weights.signing import ManifestKeys
 from rollout_svc.engines.factory import make_engine
+from rollout_svc.serving.agent_episodes import AgentEpisodes, buffer_submitter
 from rollout_svc.serving.chat_turns import TurnMemories
 from rollout_svc.serving.generator import CustomGenerator
 from rollout_svc.telemetry import rollout_metrics
@@ -113,23 +115,31 @@ def serve(cfg: RolloutRun) -> None:
                                check_reward(cfg.task))
         generator = CustomGenerator(engine, lm, cfg.rollout)
         turns = TurnMemories(cfg.rollout.turn_memory_per_agent)  # the HTTP server's, if any
+        episodes = (AgentEpisodes(cfg.groups.group_size, cfg.rollout.agent_episodes,
+                                  cfg.task.reward_range,
+                                  buffer_submitter(cfg.submit.address, cfg.rollout.worker_id))
+                    if cfg.rollout.http_base_port else None)
         runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.bind_address,
                                [(rollout_pb2_grpc.add_RolloutServicer_to_server,
                                  RolloutServicer(worker, generator))],
-                               rollout_metrics(worker, generator.batcher, turns),
+                               rollout_metrics(worker, generator.batcher, turns, episodes),
                                cfg.rollout.metrics_port,
                                max_receive_bytes=cfg.rollout.grpc_receive_bytes,
                                max_concurrent_rpcs=cfg.rollout.grpc.max_concurrent_rpcs)
-        http = None
+        http, swept = None, threading.Event()
         if cfg.rollout.http_base_port:
             from rollout_svc.serving.openai_server import OpenAIServer
 
             http = OpenAIServer(generator, cfg.rollout.http_host,
                                 cfg.rollout.http_base_port + cfg.rollout.worker_index,
-                                model_name=cfg.rollout.served_model_name, turns=turns)
+                                model_name=cfg.rollout.served_model_name, turns=turns,
+                                episodes=episodes)
             http.start()
+            threading.Thread(target=episodes.run_sweeps, args=(swept,), daemon=True,
+                             name="agent-episodes").start()
         try:
             runner.run(worker.run)
         finally:
+            swept.set()
             if http is not None:
                 http.stop()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from relayrl.runtime.exporter import ServiceMetrics
 from relayrl.runtime.stats import Stats, counter, gauge
 from rollout_svc.episode_generator import EpisodeGenerator
+from rollout_svc.serving.agent_episodes import AgentEpisodes
 from rollout_svc.serving.batcher import RequestBatcher
 from rollout_svc.serving.chat_turns import TurnMemories
 from rollout_svc.worker import RolloutWorker
@@ -92,6 +93,39 @@ class EpisodeStats(Stats, section="env"):
         "thread; rollout.environment.max_stuck_calls at most).")
 
 
+@dataclass
+class AgentEpisodeStats(Stats, section="agents"):
+    """Episodes agents tagged on the OpenAI-compatible server (rollout_svc.serving.
+    agent_episodes); none reported where the worker serves no HTTP."""
+
+    episodes: int | None = counter("Agent episodes opened.")
+    turns: int | None = counter("Turns recorded in agent episodes.")
+    rewarded: int | None = counter("Agent episodes rewarded.")
+    held: int | None = gauge("Agent episodes held: played, or rewarded and waiting for their "
+                             "group.")
+    groups_submitted: int | None = counter("Groups of agent episodes the buffer took.")
+    episodes_submitted: int | None = counter("Agent episodes in those groups.")
+    submit_failures: int | None = counter(
+        "Submissions the buffer did not take (kept and retried under their request id).")
+    dropped: dict[str, int] | None = counter(
+        "Agent episodes dropped at a deadline, by reason: idle (rollout.agent_episodes."
+        "idle_s), group_incomplete and not_submitted (group_wait_s).", label="reason")
+    refused: dict[str, int] | None = counter(
+        "Episode requests refused, by the field named: episode, task, messages, reward.",
+        label="field")
+
+
+def agent_episode_stats(episodes: AgentEpisodes | None) -> AgentEpisodeStats:
+    if episodes is None:
+        return AgentEpisodeStats(None, None, None, None, None, None, None, None, None)
+    e = episodes
+    return AgentEpisodeStats(episodes=e.opened, turns=e.turns, rewarded=e.rewarded,
+                             held=e.held(), groups_submitted=e.groups_submitted,
+                             episodes_submitted=e.episodes_submitted,
+                             submit_failures=e.submit_failures, dropped=dict(e.dropped),
+                             refused=dict(e.refused))
+
+
 def episode_stats(worker: RolloutWorker) -> EpisodeStats:
     gen = worker.generator
     if not isinstance(gen, EpisodeGenerator):
@@ -102,9 +136,10 @@ def episode_stats(worker: RolloutWorker) -> EpisodeStats:
 
 
 def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher,
-                    turns: TurnMemories | None = None) -> ServiceMetrics:
-    """`turns`: the OpenAI-compatible server's, where the worker serves one."""
-    def read() -> tuple[RolloutStats, PullStats, EpisodeStats]:
+                    turns: TurnMemories | None = None,
+                    episodes: AgentEpisodes | None = None) -> ServiceMetrics:
+    """`turns` and `episodes`: the OpenAI-compatible server's, where the worker serves one."""
+    def read() -> tuple[RolloutStats, PullStats, EpisodeStats, AgentEpisodeStats]:
         w = worker
         pressure = w.writer.counters
         engine = w.engine.stats()
@@ -123,7 +158,7 @@ def rollout_metrics(worker: RolloutWorker, batcher: RequestBatcher,
             redis_oom_refusals=pressure.oom_refusals, redis_oom_wait_s=pressure.oom_wait_s)
         pulls = PullStats.from_attributes(w.weights, swaps=w.weights.weight_swaps,
                                           pull_s=w.weights.last_pull_s)
-        return rollout, pulls, episode_stats(w)
+        return rollout, pulls, episode_stats(w), agent_episode_stats(episodes)
 
-    return ServiceMetrics((RolloutStats, PullStats, EpisodeStats), read,
+    return ServiceMetrics((RolloutStats, PullStats, EpisodeStats, AgentEpisodeStats), read,
                           {"service": "rollout", "worker_id": worker.worker_id})

@@ -156,6 +156,29 @@ def engine_shorthand(value: Any) -> Any:
     return tagged_shorthand(value, "kind", "torch")
 
 
+class AgentEpisodesConfig(StrictModel):
+    """Episodes agents play through the OpenAI-compatible server and the server records
+    (rollout_svc.serving.agent_episodes): each credential's quota and the deadlines after
+    which an episode is dropped and counted."""
+
+    max_open: int = Field(
+        1024, ge=1, le=1_000_000,
+        description="Episodes one agent credential may hold at once (played, or rewarded and "
+        "waiting for the rest of their group); a new one past it is refused (429).")
+    max_turns: int = Field(
+        64, ge=1, le=10_000,
+        description="Chat turns one episode may take; a turn past it is refused (409) and the "
+        "episode may still be rewarded with the turns it has.")
+    idle_s: float = Field(
+        600.0, gt=0, le=7 * 86400,
+        description="An episode with no turn and no reward for this long is dropped, counted.")
+    group_wait_s: float = Field(
+        1800.0, gt=0, le=7 * 86400,
+        description="A rewarded episode whose group (buffer.group_size episodes of one task) "
+        "is not complete this long after its reward is dropped, counted; so is a complete "
+        "group the buffer has not taken by then.")
+
+
 class RolloutConfig(StrictModel):
     host: str = Field(
         "127.0.0.1", min_length=1, max_length=253,
@@ -265,6 +288,10 @@ class RolloutConfig(StrictModel):
         "model's own tokens (4 bytes a token); each token's callers have their own quota, so "
         "one agent's traffic never evicts another's turns.",
     )
+    agent_episodes: AgentEpisodesConfig = Field(
+        default_factory=AgentEpisodesConfig,
+        description="Episodes agents tag (X-RelayRL-Episode) and the server records, groups "
+        "and submits for training once rewarded.")
     grpc: GrpcLimits = Field(
         default_factory=grpc_limits(256),
         description="The gRPC server's limits: max_receive_bytes None is max_request_bytes; "

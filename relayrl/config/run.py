@@ -569,7 +569,8 @@ class RunConfig(RunCommon):
                            repack_below=s.repack_below, repack_capacity=self.repack_capacity)
         return RolloutRun(**self.common(), rollout=r, bench=self.bench,
                           groups=self.group_terms(),
-                          submit=SubmitTerms(reward_range=b.reward_range,
+                          submit=SubmitTerms(address=b.endpoint.address,
+                                             reward_range=b.reward_range,
                                              max_pending_samples=b.max_pending_samples),
                           lease=lease, relays=self.relay_link(), live=self.live_defaults(),
                           prompts=self.prompt_terms(), lora=self.trainer.lora,

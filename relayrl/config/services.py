@@ -299,8 +299,10 @@ class EvalRun(PromptedPart):
 
 class SubmitTerms(Handed):
     """What the buffer takes from a worker: rewards within buffer.reward_range (outside: a
-    reward error, scored 0) and at most buffer.max_pending_samples samples in its stream."""
+    reward error, scored 0), at most buffer.max_pending_samples samples in its stream, and
+    the groups of agents' episodes through Buffer.Submit at buffer.endpoint."""
 
+    address: str
     reward_range: tuple[float, float]
     max_pending_samples: int
 

@@ -51,6 +51,11 @@ def as_text(message: Mapping[str, Any]) -> str:
     return (message.get("content") or "") + (hermes_text(calls) if calls else "")
 
 
+def credential_key(authorization: str | None) -> str:
+    """What tells callers apart: a hash of their Authorization header, never the token."""
+    return hashlib.sha256((authorization or "").encode("utf-8", "replace")).hexdigest()
+
+
 class TurnMemory:
     """The assistant turns the server returned to one agent, oldest forgotten first."""
 
@@ -114,7 +119,7 @@ class TurnMemories:
     def of(self, authorization: str | None) -> TurnMemory:
         """The memory of the caller whose `authorization` header this is (None: the one
         memory of a server without auth)."""
-        who = hashlib.sha256((authorization or "").encode("utf-8", "replace")).hexdigest()
+        who = credential_key(authorization)
         with self._lock:
             memory = self._memories.get(who)
             if memory is None:

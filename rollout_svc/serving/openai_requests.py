@@ -143,6 +143,11 @@ class ChatRequest(_Sampling):
         return bool(self.tools) and self.tool_choice != "none"
 
 
+class EpisodeReward(_Strict):
+    """The reward of an episode the server recorded (rollout_svc.serving.agent_episodes)."""
+    reward: float = Field(description="Finite, within the task's task.reward_range.")
+
+
 class TokenizeRequest(_Strict):
     prompt: str
     add_special_tokens: bool = True

@@ -26,16 +26,19 @@ from typing import Any
 
 from fastapi import Request
 
+from relayrl.plugins.buffer_client import ChatTurn
 from relayrl.plugins.chat import parse_tool_calls
 from relayrl.runtime import auth
 from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard, BodyLimit
 from relayrl.runtime.roles import TokenBook
 from relayrl_tasks.episodes.turns import TurnGlue
-from rollout_svc.serving.chat_turns import TurnMemories, TurnMemory
+from rollout_svc.serving.agent_episodes import AgentEpisodes, EpisodeRefused
+from rollout_svc.serving.chat_turns import TurnMemories, TurnMemory, credential_key
 from rollout_svc.serving.generator import CustomGenerator
 from rollout_svc.serving.openai_requests import (
     ChatRequest,
     CompletionRequest,
+    EpisodeReward,
     TokenizeRequest,
     error_body,
     http_error,
@@ -44,6 +47,8 @@ from rollout_svc.serving.openai_requests import (
 )
 
 STREAM_CHUNK_TOKENS = 8  # tokens per streamed event; the worker may change version between them
+EPISODE_HEADER = "x-relayrl-episode"  # the episode a request's turn belongs to
+TASK_HEADER = "x-relayrl-task"  # its task, where the first prompt does not say it
 
 
 class _TextDiff:
@@ -79,12 +84,56 @@ class _Routes:
     """The route handlers, over one generator serving one model name."""
 
     def __init__(self, gen: CustomGenerator, model_name: str, stream_chunk_tokens: int,
-                 turns: TurnMemories, by_credential: bool):
+                 turns: TurnMemories, by_credential: bool, episodes: AgentEpisodes | None):
         self.gen = gen
         self.model_name = model_name
         self.stream_chunk_tokens = stream_chunk_tokens
         self.turns = turns
         self.by_credential = by_credential  # False: no tokens checked, every caller is one
+        self.episodes = episodes  # None: tagged episodes are not recorded here
+
+    def _owner(self, request: Request) -> str:
+        return credential_key(request.headers.get("authorization") if self.by_credential
+                              else None)
+
+    def _episode(self, request: Request, body, ids: list[int]) -> tuple[str, str] | None:
+        """(episode, task) of a tagged request, its turn checked before it is generated
+        (rollout_svc.serving.agent_episodes); None for an untagged one."""
+        from fastapi import HTTPException
+
+        episode = request.headers.get(EPISODE_HEADER)
+        if episode is None:
+            return None
+        if self.episodes is None:
+            raise HTTPException(400, f"{EPISODE_HEADER}: this server records no episodes "
+                                "(rollout.train_loop false, or no buffer to submit to)")
+        if body.n != 1:
+            raise HTTPException(400, f"n: {body.n}; an episode's turn takes one choice")
+        task = request.headers.get(TASK_HEADER)
+        try:
+            self.episodes.check(self._owner(request), episode, ids, task)
+        except EpisodeRefused as err:
+            raise HTTPException(err.status, str(err)) from None
+        return episode, task
+
+    def _record(self, request: Request, tag: tuple[str, str] | None, ids: list[int],
+                tokens: list[int], logprobs: list[float], versions: list[int],
+                finish_reason: str) -> None:
+        if tag is not None:
+            self.episodes.record(self._owner(request), tag[0], tag[1],
+                                 ChatTurn(ids, tokens, logprobs, versions), finish_reason)
+
+    def reward(self, episode_id: str, body: EpisodeReward, request: Request) -> dict:
+        """POST /v1/episodes/{episode_id}/reward: the episode's one reward."""
+        from fastapi import HTTPException
+
+        if self.episodes is None:
+            raise HTTPException(404, "episodes: this server records no episodes")
+        try:
+            status = self.episodes.reward(self._owner(request), episode_id, body.reward)
+        except EpisodeRefused as err:
+            raise HTTPException(err.status, str(err)) from None
+        return {"episode": episode_id, "status": status}
 
     def _turns_of(self, request: Request) -> TurnMemory:
         """The caller's own turn memory, by its bearer token."""
@@ -113,9 +162,10 @@ class _Routes:
         version, outs = self.gen.generate(req)
         return req, version, outs
 
-    def _stream(self, req, head: dict, choice):
+    def _stream(self, req, head: dict, choice, done=None):
         """Server-sent events, one per chunk of one choice; `choice(chunk, text, first)`
-        shapes the choice of each event."""
+        shapes the choice of each event; `done(tokens, logprobs, versions, finish_reason)`
+        is handed the first choice whole once it has streamed."""
         from fastapi.responses import StreamingResponse
 
         gen = self.gen
@@ -123,11 +173,19 @@ class _Routes:
         def events():
             texts = [_TextDiff(gen) for _ in range(req.n)]
             started = [False] * req.n
+            tokens, logprobs, versions, finish = [], [], [], "length"
             for c in gen.stream(req, min(self.stream_chunk_tokens, req.spec.max_new_tokens)):
                 text = texts[c.index].add(c.tokens)
                 yield {**head, "choices": [choice(c, text, not started[c.index])],
                        "policy_version": c.version}
                 started[c.index] = True
+                if c.index == 0:
+                    tokens += c.tokens
+                    logprobs += c.logprobs
+                    versions += [c.version] * len(c.tokens)
+                    finish = c.finish_reason or finish
+            if done is not None:
+                done(tokens, logprobs, versions, finish)
 
         return StreamingResponse(_sse(events()), media_type="text/event-stream")
 
@@ -146,7 +204,7 @@ class _Routes:
                else lm.tokenizer.encode(body.prompt, add_special_tokens=False))
         return {"tokens": ids, "count": len(ids)}
 
-    def completions(self, body: CompletionRequest):
+    def completions(self, body: CompletionRequest, request: Request):
         from fastapi import HTTPException
 
         gen = self.gen
@@ -157,6 +215,7 @@ class _Routes:
                 raise HTTPException(400, "prompt: one prompt per request (use n for several)")
             prompt = prompt[0]
         ids = gen.lm.encode_prompt(prompt) if isinstance(prompt, str) else list(prompt)
+        tag = self._episode(request, body, ids)
         if body.stream:
             head = self._head("cmpl", "text_completion")
             return self._stream(self._check(ids, body, body.max_tokens, "completions"), head,
@@ -167,8 +226,11 @@ class _Routes:
                                         "tokens": [gen.decode([t]) for t in c.tokens],
                                         "token_logprobs": c.logprobs, "top_logprobs": None},
                                     "token_ids": c.tokens,
-                                    "policy_versions": [c.version] * len(c.tokens)})
+                                    "policy_versions": [c.version] * len(c.tokens)},
+                                lambda *turn: self._record(request, tag, ids, *turn))
         _, version, outs = self._run(ids, body, body.max_tokens, "completions")
+        self._record(request, tag, ids, outs[0].tokens, outs[0].logprobs,
+                     [version] * len(outs[0].tokens), outs[0].finish_reason)
         choices = []
         for i, o in enumerate(outs):
             pieces = [gen.decode([t]) for t in o.tokens]
@@ -208,6 +270,7 @@ class _Routes:
         self._check_model(body.model)
         turns = self._turns_of(request)
         ids = self._prompt(body, turns)
+        tag = self._episode(request, body, ids)
         if body.stream:
             head = self._head("chatcmpl", "chat.completion.chunk")
             return self._stream(
@@ -221,9 +284,12 @@ class _Routes:
                         {"token": gen.decode([t]), "logprob": lp, "top_logprobs": []}
                         for t, lp in zip(c.tokens, c.logprobs, strict=True)]}
                     if body.logprobs else None,
-                    "token_ids": c.tokens, "policy_versions": [c.version] * len(c.tokens)})
+                    "token_ids": c.tokens, "policy_versions": [c.version] * len(c.tokens)},
+                lambda *turn: self._record(request, tag, ids, *turn))
         _, version, outs = self._run(ids, body, body.max_completion_tokens or body.max_tokens,
                                      "chat.completions")
+        self._record(request, tag, ids, outs[0].tokens, outs[0].logprobs,
+                     [version] * len(outs[0].tokens), outs[0].finish_reason)
         choices = []
         for i, o in enumerate(outs):
             content = [{"token": gen.decode([t]), "logprob": lp, "top_logprobs": []}
@@ -259,9 +325,11 @@ def template_messages(body: ChatRequest) -> list[dict[str, Any]]:
 
 def build_app(gen: CustomGenerator, model_name: str,
               stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
-              token: str | TokenBook | None = None, turns: TurnMemories | None = None):
+              token: str | TokenBook | None = None, turns: TurnMemories | None = None,
+              episodes: AgentEpisodes | None = None):
     """`token` None serves everyone (auth.required false); `turns`: where chat turns are
-    remembered (by default rollout.turn_memory_per_agent for each token)."""
+    remembered (by default rollout.turn_memory_per_agent for each token); `episodes`: where
+    tagged episodes are recorded (None: a tagged request is refused)."""
     from fastapi import FastAPI, HTTPException
     from fastapi.exceptions import RequestValidationError
 
@@ -275,11 +343,12 @@ def build_app(gen: CustomGenerator, model_name: str,
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, invalid_body)
     turns = turns or TurnMemories(gen.defaults.turn_memory_per_agent)
-    routes = _Routes(gen, model_name, stream_chunk_tokens, turns, token is not None)
+    routes = _Routes(gen, model_name, stream_chunk_tokens, turns, token is not None, episodes)
     app.get("/v1/models")(routes.models)
     app.post("/tokenize")(routes.tokenize)
     app.post("/v1/completions")(routes.completions)
     app.post("/v1/chat/completions")(routes.chat)
+    app.post("/v1/episodes/{episode_id}/reward")(routes.reward)
     return app
 
 
@@ -289,8 +358,8 @@ class OpenAIServer(BackgroundHTTPServer):
     def __init__(self, gen: CustomGenerator, host: str, port: int, model_name: str,
                  stream_chunk_tokens: int = STREAM_CHUNK_TOKENS,
                  credentials: auth.Credentials | None = None,
-                 turns: TurnMemories | None = None):
+                 turns: TurnMemories | None = None, episodes: AgentEpisodes | None = None):
         creds = credentials or auth.current()
         token = creds.book  # agent, service (relayrl.runtime.roles)
-        super().__init__(build_app(gen, model_name, stream_chunk_tokens, token, turns), host,
-                         port, "openai-http", creds)
+        super().__init__(build_app(gen, model_name, stream_chunk_tokens, token, turns,
+                                   episodes), host, port, "openai-http", creds)

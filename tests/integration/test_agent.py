@@ -1,9 +1,10 @@
 """Agents run outside the services against the real stack: the chain agent (completions with
 token-id prompts, an environment turn between answers) and the tool agent (chat completions
 with `tools`, written with the `openai` client alone) play their multi-turn episodes through
-a worker's OpenAI-compatible server and submit them to the buffer, and the trainer trains on
-them alongside the scheduler's prompts, every one accounted for. The model is a tiny Llama
-with SmolLM2's tokenizer and chat template."""
+a worker's OpenAI-compatible server and submit them to the buffer; the tagged agent only tags
+its requests and reports rewards, and the worker records and submits its episodes. The
+trainer trains on them alongside the scheduler's prompts, every one accounted for. The model
+is a tiny Llama with SmolLM2's tokenizer and chat template."""
 
 import os
 import subprocess
@@ -22,7 +23,8 @@ from relayrl_torch.models.smollm2 import ensure_smollm2
 from tests.conftest import free_ports, small_stack_config
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, GROUPS, GROUP_SIZE, AGENT_GROUPS = 4, 2, 4, 2  # AGENT_GROUPS from each agent
+STEPS, GROUPS, GROUP_SIZE, AGENT_GROUPS = 5, 2, 4, 2  # AGENT_GROUPS from each agent
+AGENTS = 3
 
 
 def agent(script: str, http_port: int, cfg: RunConfig, *flags: str) -> str:
@@ -30,8 +32,8 @@ def agent(script: str, http_port: int, cfg: RunConfig, *flags: str) -> str:
     env = {**os.environ, "RELAYRL_TOKEN": os.environ[cfg.auth.token_env]}  # the run's
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples/agent" / script), "--http",
-         f"127.0.0.1:{http_port}", "--buffer", cfg.buffer.endpoint.address, "--groups",
-         str(AGENT_GROUPS), "--group-size", str(GROUP_SIZE), *flags],
+         f"127.0.0.1:{http_port}", "--groups", str(AGENT_GROUPS), "--group-size",
+         str(GROUP_SIZE), *flags],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -43,7 +45,7 @@ def test_agent_groups_are_trained_and_the_books_balance(tmp_path):
     data = small_stack_config(tmp_path, steps=STEPS, groups_per_batch=GROUPS,
                               group_size=GROUP_SIZE)
     data["model"] = {"kind": "hf", "path": str(model)}
-    data["scheduler"]["max_prompts"] = STEPS * GROUPS - 2 * AGENT_GROUPS
+    data["scheduler"]["max_prompts"] = STEPS * GROUPS - AGENTS * AGENT_GROUPS
     data["trainer"]["max_staleness"] = STEPS  # an agent's slow turns may lag a version
     data["eval"] = {"every": 0}
     (http_port,) = free_ports(1)
@@ -53,20 +55,25 @@ def test_agent_groups_are_trained_and_the_books_balance(tmp_path):
     try:
         launcher.start()
         cfg = launcher.cfg
-        chain = agent("chain_agent.py", http_port, cfg, "--max-tokens", "3")
-        tools = agent("tool_agent.py", http_port, cfg, "--max-tokens", "16", "--max-turns",
-                      "2")
+        buffer = ("--buffer", cfg.buffer.endpoint.address)
+        chain = agent("chain_agent.py", http_port, cfg, *buffer, "--max-tokens", "3")
+        tools = agent("tool_agent.py", http_port, cfg, *buffer, "--max-tokens", "16",
+                      "--max-turns", "2")
+        # submits nothing itself: the worker records its tagged episodes and submits them
+        tagged = agent("tagged_agent.py", http_port, cfg, "--token-env", "RELAYRL_TOKEN",
+                       "--max-tokens", "16", "--max-turns", "2")
         assert chain.count("mean reward") == tools.count("mean reward") == AGENT_GROUPS
+        assert tagged.count("submitted, mean reward") == AGENT_GROUPS
         assert launcher.wait() == 0
         r = redis_lib.Redis.from_url(cfg.redis.url)
         led = ledger.all_members(r, RunKeys(cfg.run_id))
     finally:
         launcher.shutdown()
     rows = read_metrics(f"{cfg.run_dir}/metrics.jsonl")
-    assert sum(row.get("train/external_groups", 0) for row in rows) == 2 * AGENT_GROUPS
+    assert sum(row.get("train/external_groups", 0) for row in rows) == AGENTS * AGENT_GROUPS
     finished = led["consumed"] | led["dropped"]
     external = {p for p in finished if is_external(p)}
-    assert len(external) == 2 * AGENT_GROUPS
+    assert len(external) == AGENTS * AGENT_GROUPS
     assert finished - external == led["leased"]  # every scheduler prompt, once
     assert not led["consumed"] & led["dropped"]
     assert led["batched"] == finished

@@ -15,13 +15,15 @@ from buffer_svc.server import BufferService
 from buffer_svc.telemetry import buffer_metrics
 from relay_svc.telemetry import relay_metrics
 from relay_svc.version_store import VersionStore
+from relayrl.config.rollout import AgentEpisodesConfig
 from relayrl.plugins.envs.calls import EnvCalls
 from relayrl.runtime.backpressure import PressureCounters
 from relayrl.runtime.exporter import RunnerStats, SnapshotCollector
 from relayrl.runtime.metrics import StepRecord
 from relayrl.runtime.stats import MetricSpec, Stats, counter, gauge, prometheus_name
 from rollout_svc.episode_generator import EpisodeGenerator
-from rollout_svc.telemetry import EpisodeStats, rollout_metrics
+from rollout_svc.serving.agent_episodes import AgentEpisodes
+from rollout_svc.telemetry import AgentEpisodeStats, EpisodeStats, rollout_metrics
 from scheduler_svc.policy import LeasePolicy, WorkerState
 from scheduler_svc.telemetry import scheduler_metrics
 from tests.unit.exported import ALL_SPECS
@@ -154,8 +156,10 @@ def test_rollout_snapshot_gives_what_it_declares():
         writer=SimpleNamespace(waiting_for_room=False, counters=PressureCounters()))
     exported = rollout_metrics(worker, SimpleNamespace(requests=0, batches=0))
     episode_names = {s.name for s in EpisodeStats.specs()}
+    agent_names = {s.name for s in AgentEpisodeStats.specs()}
     snap = exported.snapshot()
-    assert set(snap) == declared(exported) - episode_names  # no environment, no env/...
+    # no environment, no env/...; no OpenAI-compatible server, no agents/...
+    assert set(snap) == declared(exported) - episode_names - agent_names
     assert snap["rollout/tokens_per_s"] == 30.0
     assert exported.labels == {"service": "rollout", "worker_id": "rollout-1"}
     worker.generator = object.__new__(EpisodeGenerator)
@@ -165,10 +169,15 @@ def test_rollout_snapshot_gives_what_it_declares():
     worker.generator.tool_calls, worker.generator.tool_error_kinds = 9, {"unknown_tool": 2}
     worker.generator.calls = EnvCalls(4)
     snap = exported.snapshot()
-    assert set(snap) == declared(exported)
+    assert set(snap) == declared(exported) - agent_names
     assert (snap["env/episodes"], snap["env/turns"], snap["env/errors"]) == (6, 11, 1)
     assert snap["env/errors_by_kind"] == {"step_timeout_s": 1} and snap["env/stuck_calls"] == 0
     assert snap["env/tool_calls"] == 9 and snap["env/tool_errors"] == {"unknown_tool": 2}
+    episodes = AgentEpisodes(4, AgentEpisodesConfig(), (0.0, 1.0), submit=lambda *_: None)
+    snap = rollout_metrics(worker, SimpleNamespace(requests=0, batches=0),
+                           episodes=episodes).snapshot()
+    assert set(snap) == declared(exported)
+    assert snap["agents/held"] == 0 and snap["agents/dropped"] == {}
 
 
 def test_trainer_snapshot_gives_what_it_declares_once_every_figure_was_recorded():

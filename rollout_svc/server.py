@@ -14,6 +14,7 @@ from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.leases import GrpcLeaseClient
 from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from relayrl.contracts.streams import TrajectoryWriter
+from relayrl.runtime import auth
 from relayrl.runtime.logs import setup_logging
 from relayrl.runtime.redis_conn import redis_session
 from relayrl.runtime.service import ServiceRunner
@@ -24,8 +25,8 @@ from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.collective import worker_device
 from relayrl_torch.weights.signing import ManifestKeys
 from rollout_svc.engines.factory import make_engine
-from rollout_svc.serving.agent_episodes import AgentEpisodes, buffer_submitter
-from rollout_svc.serving.chat_turns import TurnMemories
+from rollout_svc.serving.agent_episodes import AgentEpisodes, EpisodeRefused, buffer_submitter
+from rollout_svc.serving.chat_turns import TurnMemories, credential_key
 from rollout_svc.serving.generator import CustomGenerator
 from rollout_svc.telemetry import rollout_metrics
 from rollout_svc.worker import RolloutWorker
@@ -33,10 +34,21 @@ from rollout_svc.worker import RolloutWorker
 log = logging.getLogger(__name__)
 
 
+EPISODE_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+                 409: grpc.StatusCode.FAILED_PRECONDITION,
+                 429: grpc.StatusCode.RESOURCE_EXHAUSTED}  # EpisodeRefused.status
+
+
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
-    def __init__(self, worker: RolloutWorker, generator: CustomGenerator):
+    """`episodes`: the OpenAI-compatible server's record of tagged episodes, whose rewards
+    RewardEpisode takes as POST /v1/episodes/{episode}/reward does (None: it serves none)."""
+
+    def __init__(self, worker: RolloutWorker, generator: CustomGenerator,
+                 episodes: AgentEpisodes | None = None, by_credential: bool = True):
         self.worker = worker
         self.gen = generator
+        self.episodes = episodes
+        self.by_credential = by_credential  # False: no tokens checked, every caller is one
 
     def Status(self, request, context):
         w = self.worker
@@ -74,6 +86,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             sequences=[rollout_pb2.GeneratedSequence(
                 token_ids=o.tokens, logprobs=o.logprobs, versions=[version] * len(o.tokens),
                 finish_reason=o.finish_reason, text=self.gen.decode(o.tokens)) for o in outs])
+
+    def RewardEpisode(self, request, context):
+        if self.episodes is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "episodes: this worker serves no "
+                          "OpenAI-compatible server (rollout.http_base_port 0)")
+        caller = dict(context.invocation_metadata()).get("authorization")
+        owner = credential_key(caller if self.by_credential else None)
+        try:
+            status = self.episodes.reward(owner, request.episode, request.reward)
+        except EpisodeRefused as err:
+            context.abort(EPISODE_CODES[err.status], f"EpisodeRewardRequest.{err}")
+        return rollout_pb2.EpisodeRewardReply(episode=request.episode, status=status)
 
     def GenerateStream(self, request, context):
         req = self._request(request, context)
@@ -121,7 +145,8 @@ def serve(cfg: RolloutRun) -> None:
                     if cfg.rollout.http_base_port else None)
         runner = ServiceRunner(cfg.rollout.worker_id, cfg.rollout.endpoint.bind_address,
                                [(rollout_pb2_grpc.add_RolloutServicer_to_server,
-                                 RolloutServicer(worker, generator))],
+                                 RolloutServicer(worker, generator, episodes,
+                                                 auth.current().book is not None))],
                                rollout_metrics(worker, generator.batcher, turns, episodes),
                                cfg.rollout.metrics_port,
                                max_receive_bytes=cfg.rollout.grpc_receive_bytes,

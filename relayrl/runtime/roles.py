@@ -1,7 +1,7 @@
 """Who may call what: four roles, one token each, and the table of every gRPC method and HTTP
 API to the roles that may call it, declared once here.
 
-    agent     a custom rollout: Generate and GenerateStream, the OpenAI-compatible API,
+    agent     a custom rollout: Generate, GenerateStream and RewardEpisode, the OpenAI API,
               Buffer.Submit, and the read-only Rollout.Status and Buffer.Stats
     operator  a person or script running the run: the scheduler's REST control API
               (`relayrl status|pause|resume|stop|...`) and every read-only status method
@@ -27,6 +27,7 @@ _STATUS = frozenset({AGENT, OPERATOR})
 METHOD_ROLES: dict[str, frozenset[str]] = {
     "/relayrl.v1.Rollout/Generate": frozenset({AGENT}),
     "/relayrl.v1.Rollout/GenerateStream": frozenset({AGENT}),
+    "/relayrl.v1.Rollout/RewardEpisode": frozenset({AGENT}),
     "/relayrl.v1.Rollout/Status": _STATUS,
     "/relayrl.v1.Buffer/Submit": frozenset({AGENT}),
     "/relayrl.v1.Buffer/Stats": _STATUS,

@@ -4,13 +4,17 @@ one reward gets its turns submitted as the tokens the model wrote, one group per
 history it edited, a turn past its budget or a second reward is refused by name (another
 credential's episode: tests/unit/test_agent_episodes.py)."""
 
+import grpc
 import httpx
 import openai
 import pytest
 
 from relayrl.config.rollout import AgentEpisodesConfig
+from relayrl.contracts.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from relayrl.runtime import auth
+from relayrl.runtime.grpc_util import channel, make_server
 from rollout_svc.engines.torch import TorchEngine
+from rollout_svc.server import RolloutServicer
 from rollout_svc.serving.agent_episodes import AgentEpisodes
 from rollout_svc.serving.generator import CustomGenerator
 from rollout_svc.serving.openai_server import OpenAIServer
@@ -38,10 +42,16 @@ def served(chat_lm):
                           RolloutConfig(max_new_tokens=4, max_prompt_tokens=200))
     buffer = Buffer()
     episodes = AgentEpisodes(GROUP, AgentEpisodesConfig(max_turns=3), (0.0, 1.0), buffer)
-    (port,) = free_ports(1)
+    port, grpc_port = free_ports(2)
     server = OpenAIServer(gen, "127.0.0.1", port, MODEL, episodes=episodes)
     server.start()
+    rpc, _ = make_server(f"127.0.0.1:{grpc_port}", [(
+        rollout_pb2_grpc.add_RolloutServicer_to_server,
+        RolloutServicer(None, gen, episodes, auth.current().book is not None))])
+    rpc.start()
+    server.rpc = rollout_pb2_grpc.RolloutStub(channel(f"127.0.0.1:{grpc_port}"))
     yield server, episodes, buffer
+    rpc.stop(0)
     server.stop()
 
 
@@ -114,3 +124,20 @@ def test_bad_episode_requests_are_refused_by_name(served):
     again = reward(server, "ep-3", 1.0)
     assert again.status_code == 409 and "already rewarded" in again.text
     assert episodes.held() == 2 and not buffer.groups
+
+
+def test_a_reward_may_come_over_grpc_as_over_http(served):
+    server, episodes, buffer = served
+    play(server, "ep-5", turns=1)
+    play(server, "ep-6", turns=1)
+    assert reward(server, "ep-5", 1.0).json()["status"] == "waiting"
+    reply = server.rpc.RewardEpisode(rollout_pb2.EpisodeRewardRequest(episode="ep-6",
+                                                                     reward=0.5), timeout=30)
+    assert (reply.episode, reply.status) == ("ep-6", "submitted") and len(buffer.groups) == 1
+    for episode, code, says in (("ep-6", grpc.StatusCode.NOT_FOUND, "no open episode"),
+                                ("a b", grpc.StatusCode.INVALID_ARGUMENT, "1 to 128")):
+        with pytest.raises(grpc.RpcError) as err:
+            server.rpc.RewardEpisode(rollout_pb2.EpisodeRewardRequest(episode=episode,
+                                                                     reward=1.0), timeout=30)
+        assert err.value.code() == code and says in err.value.details()
+        assert err.value.details().startswith("EpisodeRewardRequest.episode")

@@ -43,7 +43,8 @@ def test_the_role_table_names_only_real_methods():
 def test_each_role_may_call_what_it_needs_and_no_more():
     r = "/relayrl.v1."
     assert may(AGENT) == {r + "Rollout/Generate", r + "Rollout/GenerateStream",
-                          r + "Rollout/Status", r + "Buffer/Submit", r + "Buffer/Stats"}
+                          r + "Rollout/RewardEpisode", r + "Rollout/Status",
+                          r + "Buffer/Submit", r + "Buffer/Stats"}
     assert may(OPERATOR) == {r + "Rollout/Status", r + "Buffer/Stats", r + "Scheduler/Status",
                              r + "Trainer/Status", r + "Relay/ListVersions"}
     assert may(TRAINER) == {r + "Relay/Publish"}

@@ -287,3 +287,53 @@ class RolloutStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RolloutStatus: _TypeAlias = RolloutStatus  # noqa: Y015
+
+@_typing.final
+class EpisodeRewardRequest(_message.Message):
+    """The reward of an episode the worker's OpenAI-compatible server recorded (requests tagged
+    X-RelayRL-Episode); the same as POST /v1/episodes/{episode}/reward.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPISODE_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    episode: _builtins.str
+    reward: _builtins.float
+    """finite, within the task's task.reward_range"""
+    def __init__(
+        self,
+        *,
+        episode: _builtins.str = ...,
+        reward: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode", b"episode", "reward", b"reward"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EpisodeRewardRequest: _TypeAlias = EpisodeRewardRequest  # noqa: Y015
+
+@_typing.final
+class EpisodeRewardReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPISODE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    episode: _builtins.str
+    status: _builtins.str
+    """waiting, submitted, queued, stale or refused"""
+    def __init__(
+        self,
+        *,
+        episode: _builtins.str = ...,
+        status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode", b"episode", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EpisodeRewardReply: _TypeAlias = EpisodeRewardReply  # noqa: Y015

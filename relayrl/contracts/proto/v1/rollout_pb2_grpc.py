@@ -49,6 +49,11 @@ class RolloutStub:
                 request_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.RewardEpisode = channel.unary_unary(
+                '/relayrl.v1.Rollout/RewardEpisode',
+                request_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.EpisodeRewardRequest.SerializeToString,
+                response_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.EpisodeRewardReply.FromString,
+                _registered_method=True)
 
 
 class RolloutServicer:
@@ -72,6 +77,12 @@ class RolloutServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RewardEpisode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +100,11 @@ def add_RolloutServicer_to_server(servicer, server):
                     servicer.GenerateStream,
                     request_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.GenerateRequest.FromString,
                     response_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.GenerateChunk.SerializeToString,
+            ),
+            'RewardEpisode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RewardEpisode,
+                    request_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.EpisodeRewardRequest.FromString,
+                    response_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.EpisodeRewardReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +188,33 @@ class Rollout:
             '/relayrl.v1.Rollout/GenerateStream',
             relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
             relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RewardEpisode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/relayrl.v1.Rollout/RewardEpisode',
+            relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.EpisodeRewardRequest.SerializeToString,
+            relayrl_dot_contracts_dot_proto_dot_v1_dot_rollout__pb2.EpisodeRewardReply.FromString,
             options,
             channel_credentials,
             insecure,

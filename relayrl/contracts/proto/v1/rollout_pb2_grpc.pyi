@@ -36,6 +36,7 @@ class RolloutStub:
     Status: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.RolloutStatusRequest, _rollout_pb2.RolloutStatus]
     Generate: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.GenerateRequest, _rollout_pb2.GenerateResponse]
     GenerateStream: _grpc.UnaryStreamMultiCallable[_rollout_pb2.GenerateRequest, _rollout_pb2.GenerateChunk]
+    RewardEpisode: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.EpisodeRewardRequest, _rollout_pb2.EpisodeRewardReply]
 
 @_typing.type_check_only
 class RolloutAsyncStub(RolloutStub):
@@ -43,6 +44,7 @@ class RolloutAsyncStub(RolloutStub):
     Status: _aio.UnaryUnaryMultiCallable[_rollout_pb2.RolloutStatusRequest, _rollout_pb2.RolloutStatus]  # type: ignore[assignment]
     Generate: _aio.UnaryUnaryMultiCallable[_rollout_pb2.GenerateRequest, _rollout_pb2.GenerateResponse]  # type: ignore[assignment]
     GenerateStream: _aio.UnaryStreamMultiCallable[_rollout_pb2.GenerateRequest, _rollout_pb2.GenerateChunk]  # type: ignore[assignment]
+    RewardEpisode: _aio.UnaryUnaryMultiCallable[_rollout_pb2.EpisodeRewardRequest, _rollout_pb2.EpisodeRewardReply]  # type: ignore[assignment]
 
 class RolloutServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -65,5 +67,12 @@ class RolloutServicer(metaclass=_abc_1.ABCMeta):
         request: _rollout_pb2.GenerateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_rollout_pb2.GenerateChunk], _abc.AsyncIterator[_rollout_pb2.GenerateChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def RewardEpisode(
+        self,
+        request: _rollout_pb2.EpisodeRewardRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.EpisodeRewardReply, _abc.Awaitable[_rollout_pb2.EpisodeRewardReply]]: ...
 
 def add_RolloutServicer_to_server(servicer: RolloutServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -67,32 +67,64 @@ class ChatTurn(NamedTuple):
     policy_versions: Sequence[int]
 
 
-def trajectory_from_turns(turns: Sequence[ChatTurn], reward: float,
-                          finish_reason: str = "stop") -> buffer_pb2.Trajectory:
-    """One trajectory of a conversation's turns: the first turn's prompt, then each turn's
-    completion (the policy's tokens) and the tokens between it and the next turn's
-    completion (the tool results and the template's, masked from the loss, with the version
-    of the turn before them). ValueError when a turn's prompt does not extend the turn
-    before it exactly (the server renders every assistant turn it returned as its own
-    tokens; a turn the agent rewrote, or one the server no longer remembers, breaks it)."""
-    if not turns:
-        raise ValueError("turns: a trajectory needs at least one turn")
-    first = list(turns[0].prompt_token_ids)
-    seq, logprobs, versions, mask = list(first), [], [], []
-    for n, t in enumerate(turns):
+class TurnSequence:
+    """A conversation's turns laid out as one training sequence as they come: the first
+    turn's prompt, then each turn's completion (the policy's tokens) and the tokens between it
+    and the next turn's completion (the tool results and the template's, masked from the loss,
+    with the version of the turn before them). Holds each token once, whatever the turns."""
+
+    def __init__(self) -> None:
+        self.prompt: list[int] | None = None
+        self.response: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.mask: list[int] = []
+        self.turns = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        """The whole sequence so far, which the next turn's prompt must extend."""
+        return [*(self.prompt or ()), *self.response]
+
+    def extends(self, prompt_token_ids: Sequence[int]) -> bool:
+        seen = self.tokens
+        return list(prompt_token_ids[:len(seen)]) == seen
+
+    def add(self, t: ChatTurn) -> None:
+        """ValueError when the turn's lengths differ, or its prompt does not extend the turns
+        before it exactly (the server renders every assistant turn it returned as its own
+        tokens; a turn the agent rewrote, or one the server no longer remembers, breaks it)."""
+        n = self.turns
         if not len(t.token_ids) == len(t.logprobs) == len(t.policy_versions):
             raise ValueError(f"turns[{n}]: token_ids, logprobs and policy_versions differ in "
                              "length")
-        prompt = list(t.prompt_token_ids)
-        if prompt[:len(seq)] != seq:
+        if self.prompt is None:
+            self.prompt = list(t.prompt_token_ids)
+        elif not self.extends(t.prompt_token_ids):
             raise ValueError(f"turns[{n}].prompt_token_ids: does not extend the turn before "
                              "it (was an assistant message changed before it was sent back?)")
-        between = prompt[len(seq):]
-        seq += between + list(t.token_ids)
-        logprobs += [0.0] * len(between) + list(t.logprobs)
-        before = versions[-1] if versions else min(t.policy_versions, default=0)
-        versions += [before] * len(between) + list(t.policy_versions)
-        mask += [0] * len(between) + [1] * len(t.token_ids)
-    return buffer_pb2.Trajectory(
-        prompt_tokens=first, response_tokens=seq[len(first):], logprobs=logprobs,
-        versions=versions, loss_mask=mask, reward=reward, finish_reason=finish_reason)
+        between = list(t.prompt_token_ids[len(self.prompt) + len(self.response):])
+        before = self.versions[-1] if self.versions else min(t.policy_versions, default=0)
+        self.response += between + list(t.token_ids)
+        self.logprobs += [0.0] * len(between) + list(t.logprobs)
+        self.versions += [before] * len(between) + list(t.policy_versions)
+        self.mask += [0] * len(between) + [1] * len(t.token_ids)
+        self.turns += 1
+
+    def trajectory(self, reward: float, finish_reason: str = "stop") -> buffer_pb2.Trajectory:
+        if self.prompt is None:
+            raise ValueError("turns: a trajectory needs at least one turn")
+        return buffer_pb2.Trajectory(
+            prompt_tokens=self.prompt, response_tokens=self.response, logprobs=self.logprobs,
+            versions=self.versions, loss_mask=self.mask, reward=reward,
+            finish_reason=finish_reason)
+
+
+def trajectory_from_turns(turns: Sequence[ChatTurn], reward: float,
+                          finish_reason: str = "stop") -> buffer_pb2.Trajectory:
+    """One trajectory of a conversation's turns, laid out by TurnSequence; ValueError when
+    a turn's prompt does not extend the turn before it exactly."""
+    seq = TurnSequence()
+    for t in turns:
+        seq.add(t)
+    return seq.trajectory(reward, finish_reason)

@@ -15,10 +15,10 @@ The rules:
 - An episode is one training sequence: its first turn's prompt, then every completion (the
   policy's tokens, trained) and the tokens between a completion and the next turn's prompt
   (tool results and the chat template's, masked from the loss), as
-  relayrl.plugins.buffer_client.trajectory_from_turns lays them out. A turn whose prompt does
-  not extend the episode's tokens exactly (an agent that edited its history, or a turn the
-  server no longer remembers) is refused before anything is generated, never merged: the
-  agent goes on in a new episode.
+  relayrl.plugins.buffer_client.TurnSequence lays them out, each token held once. A turn
+  whose prompt does not extend the episode's tokens exactly (an agent that edited its
+  history, or a turn the server no longer remembers) is refused before anything is
+  generated, never merged: the agent goes on in a new episode.
 - Its task is the request's X-RelayRL-Task, else its first turn's prompt (episodes that
   start from the same prompt are one task). buffer.group_size rewarded episodes of one task,
   from one credential, make a group, submitted once under a request id made from their
@@ -47,7 +47,7 @@ import grpc
 
 from relayrl.config.rollout import AgentEpisodesConfig
 from relayrl.contracts.proto.v1 import buffer_pb2, buffer_pb2_grpc
-from relayrl.plugins.buffer_client import RETRIED, ChatTurn, submit_group, trajectory_from_turns
+from relayrl.plugins.buffer_client import RETRIED, ChatTurn, TurnSequence, submit_group
 from relayrl.runtime.grpc_util import channel
 from relayrl.runtime.outage import is_too_large
 
@@ -82,8 +82,7 @@ class _Episode:
     episode_id: str
     task: str
     touched: float  # when it last took a turn or its reward
-    turns: list[ChatTurn] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)  # its sequence so far
+    seq: TurnSequence = field(default_factory=TurnSequence)  # its turns, each token once
     finish_reason: str = "stop"  # of its last turn
     reward: float | None = None
 
@@ -190,14 +189,14 @@ class AgentEpisodes:
             if e.reward is not None:
                 raise self._refuse(409, "episode", f"episode {episode_id!r}: already "
                                    "rewarded; a new turn needs a new episode")
-            if len(e.turns) >= self.limits.max_turns:
+            if e.seq.turns >= self.limits.max_turns:
                 raise self._refuse(409, "episode", (
-                    f"episode {episode_id!r}: {len(e.turns)} turns, the most one episode takes "
+                    f"episode {episode_id!r}: {e.seq.turns} turns, the most one episode takes "
                     f"(rollout.agent_episodes.max_turns {self.limits.max_turns}); reward it"))
-            if list(prompt_ids[:len(e.tokens)]) != e.tokens:
+            if not e.seq.extends(prompt_ids):
                 raise self._refuse(409, "messages", (
                     f"episode {episode_id!r}: this turn's conversation does not extend the "
-                    f"episode's {len(e.turns)} turns as the model wrote them (a message was "
+                    f"episode's {e.seq.turns} turns as the model wrote them (a message was "
                     "changed, or a turn is no longer remembered); go on in a new episode"))
 
     def record(self, owner: str, episode_id: str, task: str | None, turn: ChatTurn,
@@ -212,10 +211,9 @@ class AgentEpisodes:
                 self._episodes[(owner, episode_id)] = e
                 self._held[owner] += 1
                 self.opened += 1
-            elif e.reward is not None or list(turn.prompt_token_ids[:len(e.tokens)]) != e.tokens:
+            elif e.reward is not None or not e.seq.extends(turn.prompt_token_ids):
                 return  # a concurrent turn of the same episode got there first: not merged
-            e.turns.append(turn)
-            e.tokens = [*turn.prompt_token_ids, *turn.token_ids]
+            e.seq.add(turn)
             e.finish_reason, e.touched = finish_reason, now
             self.turns += 1
 
@@ -256,8 +254,7 @@ class AgentEpisodes:
     def _send(self, group: _Group) -> str:
         """Submit a complete group: "submitted", "queued" (to retry at sweep), or the reason
         the buffer refused it for good, its episodes dropped."""
-        trajectories = [trajectory_from_turns(e.turns, e.reward, e.finish_reason)
-                        for e in group.episodes]
+        trajectories = [e.seq.trajectory(e.reward, e.finish_reason) for e in group.episodes]
         try:
             self.submit(group.request_id, trajectories)
         except NotTaken as err:

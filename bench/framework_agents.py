@@ -25,7 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import httpx  # noqa: E402
 import redis as redis_lib  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from bench import harness  # noqa: E402
 from bench.common import assign_free_ports  # noqa: E402
@@ -59,6 +61,7 @@ def config(work: Path, model: Path, groups: int, group_size: int, prompts: int) 
     }
     assign_free_ports(data)
     data["rollout"]["http_base_port"] = free_port_block(1)
+    data["rollout"]["metrics_base_port"] = free_port_block(1)
     return RunConfig.model_validate(data)
 
 
@@ -74,6 +77,15 @@ def play(framework: str, python: Path, http: str, groups: int, group_size: int) 
         print(f"{framework} failed:\n{proc.stderr[-3000:]}", flush=True)
     return {"rc": proc.returncode, "groups": lines, "seconds": time.monotonic() - start,
             "submitted": sum("submitted" in line or "queued" in line for line in lines)}
+
+
+def agent_figures(cfg: RunConfig) -> dict[str, float]:
+    """The worker's agents/* counters (rollout_svc.telemetry.AgentEpisodeStats)."""
+    page = httpx.get(f"http://127.0.0.1:{cfg.rollout.metrics_base_port}/metrics", timeout=10)
+    return {s.name.removeprefix("relayrl_agents_").removesuffix("_total"): s.value
+            for f in text_string_to_metric_families(page.text) for s in f.samples
+            if s.name.startswith("relayrl_agents_") and not s.labels.get("reason")
+            and not s.labels.get("field")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                       for f in args.frameworks}
             # a framework that failed leaves the trainer short of its last batches
             failed = any(p["rc"] for p in played.values())
+            worker = agent_figures(cfg)
             rc = 1 if failed else launcher.wait(timeout_s=900)
             audit = audit_redis(redis_lib.Redis.from_url(launcher.cfg.redis.url), cfg.run_id,
                                 cfg.trainer.max_steps)
@@ -114,13 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     trained = sum(row.get("train/external_groups", 0) for row in rows)
     submitted = sum(p["submitted"] for p in played.values())
     result = {"model": args.model, "group_size": args.group_size, "frameworks": played,
-              "trainer_rc": rc,
+              "worker": worker, "trainer_rc": rc,
               "external_groups_trained": trained, "groups_submitted": submitted,
               "trained_over_submitted": trained / submitted if submitted else 0.0,
               "audit": audit.to_dict()}
     print(f"trained / submitted external groups: {trained} / {submitted} = "
           f"{result['trained_over_submitted']:.2f} (must be 1.00); audit balanced: "
-          f"{audit.balanced}", flush=True)
+          f"{audit.balanced}; the worker recorded {worker.get('turns', 0):.0f} turns of "
+          f"{worker.get('episodes', 0):.0f} episodes", flush=True)
     harness.report(args, result)
     ok = rc == 0 and audit.balanced and all(p["rc"] == 0 for p in played.values())
     return 0 if ok and trained == submitted == len(args.frameworks) * args.groups else 1

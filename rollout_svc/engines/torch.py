@@ -27,6 +27,7 @@ from relayrl_torch.models.lora import is_lora, load_adapter
 from relayrl_torch.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, windowed
 from relayrl_torch.sampling.sampler import Completion, sample_with_kv
 from relayrl_torch.weights.tied import check_state_dict, load_published, tied_aliases, without
+from rollout_svc.engines import stop_strings
 from rollout_svc.engines.api import Engine, SamplingSpec
 
 log = logging.getLogger(__name__)
@@ -82,12 +83,28 @@ class TorchEngine(Engine):
                 self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
                 eos_ids=() if spec.ignore_eos else self.lm.eos_ids, pad_id=self.lm.pad_id,
                 temperature=spec.temperature, greedy=spec.greedy, generator=generator,
-                states=prior, return_states=keeping, version=self._version)
+                states=prior, return_states=keeping, version=self._version,
+                top_logprobs=spec.top_logprobs,
+                ends=stop_strings.TailCheck(self.lm.decode, spec.stop) if spec.stop else None)
+            if spec.stop:
+                outs = [self._stopped(o, spec.stop) for o in outs]
             if caching:
                 self._keep(prior, outs, finals if keeping else None, spec.keep_stopped)
             self.busy_s += time.monotonic() - t0
         self.tokens_generated += sum(len(o.tokens) for o in outs)
         return outs
+
+    def _stopped(self, out: Completion, stops: tuple[str, ...]) -> Completion:
+        """`out` cut at the token completing its first stop string, exactly (the check
+        while sampling reads a tail of the text only)."""
+        found = stop_strings.first_stop(self.lm.decode, out.tokens, stops)
+        if found is None:
+            return out
+        keep, stop = found
+        return dataclasses.replace(
+            out, tokens=out.tokens[:keep], logprobs=out.logprobs[:keep], finish_reason="stop",
+            stop_reason=stop,
+            top_logprobs=None if out.top_logprobs is None else out.top_logprobs[:keep])
 
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         with self.lock:

@@ -374,7 +374,7 @@ class VllmEngine(Engine):
                                                                         strict=True)):
                 raise RuntimeError(f"vLLM returned {len(outs)} outputs that do not match the "
                                    f"{len(contexts)} contexts asked for")
-            completions = [completion(o.outputs[0]) for o in outs]
+            completions = [completion(o.outputs[0], spec.top_logprobs) for o in outs]
             self.tokens_generated += sum(len(c.tokens) for c in completions)
         return completions
 

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE
 from relayrl.contracts.json_types import json_int
+from rollout_svc.engines import stop_strings
+from rollout_svc.engines.api import MAX_TOP_LOGPROBS
 from rollout_svc.serving.generator import CustomGenerator
 
 
@@ -28,7 +30,13 @@ class _Strict(BaseModel):
 Count = json_int(Field(ge=1))
 Choices = json_int(Field(ge=1, le=64))
 Seed = json_int(Field(ge=0, le=MAX_SEED))
-OnlySampled = json_int(Field(ge=0, le=0))
+TopLogprobs = json_int(Field(ge=0, le=MAX_TOP_LOGPROBS))
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = Field(False, description="A last chunk with the request's usage "
+                                "(and no choices); every other chunk has usage null.")
 
 
 class _Sampling(_Strict):
@@ -43,16 +51,54 @@ class _Sampling(_Strict):
     ignore_eos: bool = Field(False, description="Generate max_tokens even past the end of "
                              "sequence (as vLLM's extra parameter; for benchmarks).")
     stream: bool = False
+    stream_options: StreamOptions | None = None
     user: str | None = None
+    stop: str | list[str] | None = Field(None, description=(
+        f"Up to {stop_strings.MAX_STOP_STRINGS} strings of 1..{stop_strings.MAX_STOP_CHARS} "
+        "characters: a sequence ends at the token whose text completes one (its last token "
+        "id), and its text ends before it, as vLLM's include_stop_str_in_output false."))
+    metadata: dict[str, str] | None = Field(None, description=(
+        f"At most {MAX_METADATA_KEYS} keys of up to {MAX_METADATA_KEY_CHARS} characters, "
+        f"values of up to {MAX_METADATA_VALUE_CHARS}; kept with the request, not used in "
+        "sampling."))
+
+    @model_validator(mode="after")
+    def _shared(self) -> _Sampling:
+        if self.stop is not None:
+            stop_strings.check(self.stop)
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream true")
+        meta = self.metadata or {}
+        if len(meta) > MAX_METADATA_KEYS:
+            raise ValueError(f"metadata: {len(meta)} keys, more than {MAX_METADATA_KEYS}")
+        for k, v in meta.items():
+            if len(k) > MAX_METADATA_KEY_CHARS:
+                raise ValueError(f"metadata: key {_shown(k)} has {len(k)} characters, more "
+                                 f"than {MAX_METADATA_KEY_CHARS}")
+            if len(v) > MAX_METADATA_VALUE_CHARS:
+                raise ValueError(f"metadata: the value of {_shown(k)} has {len(v)} "
+                                 f"characters, more than {MAX_METADATA_VALUE_CHARS}")
+        return self
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return () if self.stop is None else stop_strings.check(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: OnlySampled | None = Field(None, description="Only the sampled token's.")
+    logprobs: TopLogprobs | None = Field(None, description=(
+        f"The sampled token's logprob, and 1..{MAX_TOP_LOGPROBS}: that many most likely "
+        "tokens' at each position too."))
     echo: Literal[False] = False
 
 
-FIELD_FIRST = re.compile(r"^([a-z_][a-z0-9_]*): ")  # "tool_choice: ..." from a model check
+# "tool_choice: ...", "stop.3: ...", from a model check
+FIELD_FIRST = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)*): ")
 MAX_TOOLS = 128  # declared in one request
 FunctionName = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -82,10 +128,20 @@ class ToolCallIn(_Strict):
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = Field(None, description="None only in an assistant message that "
-                                "made tool calls.")
+                                "made tool calls. A list of text parts "
+                                "([{\"type\": \"text\", \"text\": ...}]) is joined with "
+                                "newlines, as vLLM joins them; other parts are refused.")
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[ToolCallIn] | None = Field(None, max_length=MAX_TOOLS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parts(cls, data: Any) -> Any:
+        """Content given as parts, as their text."""
+        if isinstance(data, dict) and isinstance(data.get("content"), list):
+            return {**data, "content": "\n".join(_text_parts(data["content"]))}
+        return data
 
     @model_validator(mode="after")
     def _content(self) -> ChatMessage:
@@ -96,6 +152,36 @@ class ChatMessage(_Strict):
             raise ValueError("content: a message needs content (or, from the assistant, "
                              "tool_calls)")
         return self
+
+
+def _text_parts(parts: list[Any]) -> list[str]:
+    """The texts of a message's content parts; ValueError naming the part that is not text
+    (the model takes text only)."""
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise ValueError(f"content.{j}: a content part is an object, got {_shown(part)}")
+        kind = part.get("type")
+        if kind != "text":
+            if not isinstance(kind, str):
+                raise ValueError(f"content.{j}.type: must be 'text', got {_shown(kind)}")
+            raise ValueError(f"content.{j}.type: {kind!r} is not supported: this model takes "
+                             "text")
+        extra = sorted(set(part) - {"type", "text"})
+        if extra:
+            raise ValueError(f"content.{j}.{extra[0]}: not a field of a text part")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"content.{j}.text: must be a string, got "
+                             f"{_shown(part.get('text'))}")
+        texts.append(part["text"])
+    if not texts:
+        raise ValueError("content: an empty list of parts")
+    return texts
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 class FunctionSpec(_Strict):
@@ -114,7 +200,12 @@ class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: OnlySampled | None = None
+    top_logprobs: TopLogprobs | None = Field(None, description=(
+        f"1..{MAX_TOP_LOGPROBS}: each position's that many most likely tokens (needs "
+        "logprobs true)."))
+    response_format: ResponseFormat | None = Field(None, description=(
+        "{'type': 'text'} (the default); json_object and json_schema would need constrained "
+        "decoding, which is not implemented: they are refused."))
     tools: list[ToolSpec] | None = Field(None, max_length=MAX_TOOLS, description=(
         "Functions the model may call, rendered through its chat template; its calls come "
         "back as the message's tool_calls."))
@@ -125,6 +216,15 @@ class ChatRequest(_Sampling):
 
     @model_validator(mode="after")
     def _tools(self) -> ChatRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs true")
+        fmt = self.response_format
+        if fmt is not None and fmt.type != "text":
+            raise ValueError(f"response_format: type {fmt.type!r} is not supported: only "
+                             "'text' is (JSON output needs constrained decoding, which is "
+                             "not implemented)")
+        if fmt is not None and fmt.json_schema is not None:
+            raise ValueError("response_format: json_schema goes only with type 'json_schema'")
         choice = self.tool_choice
         if choice is not None and choice not in ("auto", "none"):
             raise ValueError(f"tool_choice: {_shown(choice)} is not supported: only 'auto' "
@@ -149,14 +249,16 @@ class TokenizeRequest(_Strict):
 
 
 def sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, n, seed,
-             ignore_eos: bool, where: str, prompt_field: str):
+             ignore_eos: bool, where: str, prompt_field: str, stop: tuple[str, ...] = (),
+             top_logprobs: int = 0, top_logprobs_field: str = "top_logprobs"):
     """The generator's request for a body's sampling fields; ValueError names the field."""
     # OpenAI's temperature 0 means greedy
     greedy = temperature == 0
     return gen.request(token_ids=prompt, max_new_tokens=max_tokens or 0,
                        temperature=0.0 if greedy or temperature is None else temperature,
                        n=n, greedy=greedy, seed=seed or 0, ignore_eos=ignore_eos,
-                       where=where, prompt_field=prompt_field)
+                       where=where, prompt_field=prompt_field, stop=stop,
+                       top_logprobs=top_logprobs, top_logprobs_field=top_logprobs_field)
 
 
 def error_body(message: str, param: str | None = None, status: int = 400) -> bytes:

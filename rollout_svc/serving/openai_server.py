@@ -31,6 +31,7 @@ from relayrl.runtime import auth
 from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard, BodyLimit
 from relayrl.runtime.roles import TokenBook
 from relayrl_tasks.episodes.turns import TurnGlue
+from rollout_svc.engines import stop_strings
 from rollout_svc.serving.chat_turns import TurnMemories, TurnMemory
 from rollout_svc.serving.generator import CustomGenerator
 from rollout_svc.serving.openai_requests import (
@@ -48,16 +49,23 @@ STREAM_CHUNK_TOKENS = 8  # tokens per streamed event; the worker may change vers
 
 class _TextDiff:
     """Text of a growing token sequence, handed out as the part not yet sent: decoding
-    tokens one chunk at a time would split characters and merges."""
+    tokens one chunk at a time would split characters and merges. With stop strings, the
+    last characters that could begin one are held back until the next chunk (as vLLM holds
+    them), and a sequence a stop string ended hands out its text before it only."""
 
-    def __init__(self, gen: CustomGenerator):
+    def __init__(self, gen: CustomGenerator, stops: tuple[str, ...] = ()):
         self.gen, self.tokens, self.sent = gen, [], ""
+        self.hold = max((len(s) for s in stops), default=1) - 1
 
-    def add(self, tokens: list[int]) -> str:
+    def add(self, tokens: list[int], done: bool = False, stop: str | None = None) -> str:
         self.tokens.extend(tokens)
         text = self.gen.decode(self.tokens)
-        if text.endswith("\ufffd"):  # a character still incomplete: wait for its next token
-            return ""
+        if stop:
+            text = stop_strings.cut(text, stop)
+        elif not done:
+            if text.endswith("\ufffd"):  # a character still incomplete: wait for its next
+                return ""
+            text = text[:len(text) - self.hold]
         new = text[len(self.sent):] if text.startswith(self.sent) else text
         self.sent = text
         return new
@@ -101,10 +109,12 @@ class _Routes:
     def _check(self, prompt: list[int], body, max_tokens, where: str):
         from fastapi import HTTPException
 
+        chat = where == "chat.completions"
+        top = (body.top_logprobs or 0) if chat else (body.logprobs or 0)
         try:
             return sampling(self.gen, prompt, max_tokens, body.temperature, body.n, body.seed,
-                            body.ignore_eos, where,
-                            "messages" if where == "chat.completions" else "prompt")
+                            body.ignore_eos, where, "messages" if chat else "prompt",
+                            body.stops, top, "top_logprobs" if chat else "logprobs")
         except ValueError as err:  # named as OpenAI names the field
             raise HTTPException(400, str(err).replace("max_new_tokens", "max_tokens")) from None
 
@@ -113,21 +123,29 @@ class _Routes:
         version, outs = self.gen.generate(req)
         return req, version, outs
 
-    def _stream(self, req, head: dict, choice):
+    def _stream(self, req, head: dict, choice, include_usage: bool = False):
         """Server-sent events, one per chunk of one choice; `choice(chunk, text, first)`
-        shapes the choice of each event."""
+        shapes the choice of each event. `include_usage`: every event has usage null and a
+        last one, with no choices, the request's usage (as OpenAI's stream_options)."""
         from fastapi.responses import StreamingResponse
 
         gen = self.gen
+        usage = {"usage": None} if include_usage else {}
 
         def events():
-            texts = [_TextDiff(gen) for _ in range(req.n)]
+            texts = [_TextDiff(gen, req.spec.stop) for _ in range(req.n)]
             started = [False] * req.n
+            made = 0
             for c in gen.stream(req, min(self.stream_chunk_tokens, req.spec.max_new_tokens)):
-                text = texts[c.index].add(c.tokens)
+                text = texts[c.index].add(c.tokens, bool(c.finish_reason), c.stop_reason)
+                made += len(c.tokens)
                 yield {**head, "choices": [choice(c, text, not started[c.index])],
-                       "policy_version": c.version}
+                       "policy_version": c.version, **usage}
                 started[c.index] = True
+            if include_usage:
+                yield {**head, "choices": [], "usage": {
+                    "prompt_tokens": len(req.prompt), "completion_tokens": made,
+                    "total_tokens": len(req.prompt) + made}}
 
         return StreamingResponse(_sse(events()), media_type="text/event-stream")
 
@@ -165,22 +183,38 @@ class _Routes:
                                     "finish_reason": c.finish_reason or None,
                                     "logprobs": None if body.logprobs is None else {
                                         "tokens": [gen.decode([t]) for t in c.tokens],
-                                        "token_logprobs": c.logprobs, "top_logprobs": None},
+                                        "token_logprobs": c.logprobs,
+                                        "top_logprobs": self._top_dicts(c.top_logprobs)},
                                     "token_ids": c.tokens,
-                                    "policy_versions": [c.version] * len(c.tokens)})
+                                    "policy_versions": [c.version] * len(c.tokens)},
+                                body.include_usage)
         _, version, outs = self._run(ids, body, body.max_tokens, "completions")
         choices = []
         for i, o in enumerate(outs):
             pieces = [gen.decode([t]) for t in o.tokens]
             offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
             choices.append({
-                "index": i, "text": gen.decode(o.tokens), "finish_reason": o.finish_reason,
+                "index": i, "text": stop_strings.cut(gen.decode(o.tokens), o.stop_reason),
+                "finish_reason": o.finish_reason,
                 "logprobs": None if body.logprobs is None else {
-                    "tokens": pieces, "token_logprobs": o.logprobs, "top_logprobs": None,
-                    "text_offset": offsets},
+                    "tokens": pieces, "token_logprobs": o.logprobs,
+                    "top_logprobs": self._top_dicts(o.top_logprobs), "text_offset": offsets},
                 "token_ids": o.tokens, "policy_versions": [version] * len(o.tokens)})
         return {**self._head("cmpl", "text_completion"), "choices": choices,
                 "usage": _usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
+
+    def _top_dicts(self, top) -> list[dict[str, float]] | None:
+        """Completions' top_logprobs: a {token text: logprob} per position."""
+        if top is None:
+            return None
+        return [{self.gen.decode([t]): lp for t, lp in position} for position in top]
+
+    def _content(self, tokens: list[int], logprobs: list[float], top) -> list[dict]:
+        """Chat's logprobs.content: each token, its logprob and its top_logprobs."""
+        decode = self.gen.decode
+        return [{"token": decode([t]), "logprob": lp, "top_logprobs": [] if top is None else
+                 [{"token": decode([a]), "logprob": b} for a, b in top[k]]}
+                for k, (t, lp) in enumerate(zip(tokens, logprobs, strict=True))]
 
     def _prompt(self, body: ChatRequest, turns: TurnMemory) -> list[int]:
         """The conversation's token ids, its remembered assistant turns as their tokens."""
@@ -217,20 +251,21 @@ class _Routes:
                     "index": c.index, "finish_reason": c.finish_reason or None,
                     "delta": {"role": "assistant", "content": text} if first
                     else {"content": text},
-                    "logprobs": {"content": [
-                        {"token": gen.decode([t]), "logprob": lp, "top_logprobs": []}
-                        for t, lp in zip(c.tokens, c.logprobs, strict=True)]}
+                    "logprobs": {"content": self._content(c.tokens, c.logprobs,
+                                                          c.top_logprobs)}
                     if body.logprobs else None,
-                    "token_ids": c.tokens, "policy_versions": [c.version] * len(c.tokens)})
+                    "token_ids": c.tokens, "policy_versions": [c.version] * len(c.tokens)},
+                body.include_usage)
         _, version, outs = self._run(ids, body, body.max_completion_tokens or body.max_tokens,
                                      "chat.completions")
         choices = []
         for i, o in enumerate(outs):
-            content = [{"token": gen.decode([t]), "logprob": lp, "top_logprobs": []}
-                       for t, lp in zip(o.tokens, o.logprobs, strict=True)]
-            text = gen.decode(o.tokens)
+            content = self._content(o.tokens, o.logprobs, o.top_logprobs)
+            text = stop_strings.cut(gen.decode(o.tokens), o.stop_reason)
             message, called = self._message(body, text)
-            turns.remember(ids, message, o.tokens, o.finish_reason == "stop", text)
+            # a stop string ends the text, not the turn: the template's closing follows
+            turns.remember(ids, message, o.tokens,
+                           o.finish_reason == "stop" and o.stop_reason is None, text)
             choices.append({
                 "index": i,
                 "finish_reason": "tool_calls" if called and o.finish_reason == "stop"

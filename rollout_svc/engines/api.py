@@ -18,6 +18,7 @@ or version. A state travels in its own wire form: `.encode()`, and the engine's 
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from abc import ABC, abstractmethod
@@ -52,6 +53,9 @@ class SamplingSpec:
     # stop_strings): the token completing one is its last, finish_reason "stop"
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0  # each position's this many most likely tokens, too (0..20)
+    # constrained output, as the JSON of vLLM's StructuredOutputsParams fields: {"json":
+    # schema} or {"json_object": true}; only the vLLM engine honours it ("": none)
+    structured: str = ""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -66,9 +70,27 @@ class SamplingSpec:
         if not isinstance(self.stop, tuple):
             raise ValueError(f"stop: must be a tuple of strings, got {self.stop!r}")
         stop_strings.check(self.stop)
+        if self.structured:
+            structured_kind(self.structured)
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs: must be in 0..{MAX_TOP_LOGPROBS}, got "
                              f"{self.top_logprobs}")
+
+
+def structured_kind(structured: str) -> str:
+    """The response_format a SamplingSpec's `structured` stands for (json_schema or
+    json_object); ValueError for anything else."""
+    try:
+        value = json.loads(structured)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and len(value) == 1:
+        if value.get("json_object") is True:
+            return "json_object"
+        if isinstance(value.get("json"), dict):
+            return "json_schema"
+    raise ValueError(f"structured: must be the JSON of {{\"json\": schema}} or "
+                     f"{{\"json_object\": true}}, got {structured[:80]!r}")
 
 
 class Engine(ABC):

@@ -28,7 +28,7 @@ from relayrl_torch.sampling.kv_state import ModelFingerprint, SequenceKV, StateC
 from relayrl_torch.sampling.sampler import Completion, sample_with_kv
 from relayrl_torch.weights.tied import check_state_dict, load_published, tied_aliases, without
 from rollout_svc.engines import stop_strings
-from rollout_svc.engines.api import Engine, SamplingSpec
+from rollout_svc.engines.api import Engine, SamplingSpec, structured_kind
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ class TorchEngine(Engine):
         return self._version
 
     def generate(self, contexts: list[list[int]], spec: SamplingSpec) -> list[Completion]:
+        if spec.structured:
+            raise ValueError(f"structured: {structured_kind(spec.structured)} needs the vllm "
+                             "engine's structured outputs (rollout.engine.kind: vllm)")
         longest = max((len(c) for c in contexts), default=0)
         if longest >= self.context_length:
             raise ValueError(f"context of {longest} tokens leaves no room to generate: the "

@@ -363,9 +363,16 @@ class VllmEngine(Engine):
             params = sampling_params(self._SamplingParams, spec, contexts,
                                      self.max_model_len, self.eos_ids)
             self._pull_moved(contexts, params)
+            from vllm.exceptions import VLLMClientError
+
             t0 = time.monotonic()
-            outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params,
-                                     use_tqdm=False, lora_request=self._lora_request)
+            try:
+                outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts],
+                                         params, use_tqdm=False,
+                                         lora_request=self._lora_request)
+            except VLLMClientError as err:  # a request vLLM refuses (a structured-output
+                # schema it cannot compile) before any work; it drops what it had added
+                raise ValueError(str(err)) from None
             self.busy_s += time.monotonic() - t0
             # LLM.generate returns every request it finished, leftovers of an interrupted
             # call included: never hand those out as this call's completions

@@ -18,6 +18,7 @@ tests/integration/test_vllm_engine.py exercises both directions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,6 +142,11 @@ def sampling_params(params_cls: Any, spec: SamplingSpec, contexts: list[list[int
     else:
         rng = np.random.default_rng(spec.seed)
         seeds = [int(s) for s in rng.integers(0, 1 << 62, size=len(contexts))]
+    structured = None
+    if spec.structured:  # vLLM's structured outputs (its default backend, xgrammar)
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = StructuredOutputsParams(**json.loads(spec.structured))
     params = []
     for ctx, seed in zip(contexts, seeds, strict=True):
         params.append(params_cls(
@@ -151,6 +157,7 @@ def sampling_params(params_cls: Any, spec: SamplingSpec, contexts: list[list[int
             stop=list(spec.stop) or None, detokenize=bool(spec.stop),
             stop_token_ids=[] if spec.ignore_eos else list(eos_ids),
             extra_args={GREEDY_TEMPERATURE_KEY: spec.temperature} if spec.greedy else None,
+            **({"structured_outputs": structured} if structured is not None else {}),
         ))
     return params
 

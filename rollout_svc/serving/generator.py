@@ -13,7 +13,7 @@ from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.sampling.sampler import Completion
 from rollout_svc.engines import stop_strings
-from rollout_svc.engines.api import MAX_TOP_LOGPROBS, Engine, SamplingSpec
+from rollout_svc.engines.api import MAX_TOP_LOGPROBS, Engine, SamplingSpec, structured_kind
 from rollout_svc.serving.batcher import RequestBatcher
 
 MAX_N = 64
@@ -52,7 +52,8 @@ class CustomGenerator:
                 max_new_tokens: int = 0, temperature: float = 0.0, n: int = 0,
                 greedy: bool = False, seed: int = 0, ignore_eos: bool = False,
                 where: str = "", prompt_field: str = "", stop: tuple[str, ...] = (),
-                top_logprobs: int = 0, top_logprobs_field: str = "top_logprobs") -> Request:
+                top_logprobs: int = 0, top_logprobs_field: str = "top_logprobs",
+                structured: str = "") -> Request:
         """Check a request and fill in the worker's defaults; ValueError names the field, the
         value and the limit. Sizes are checked before the work they would cost (tokenizing,
         scanning ids); `prompt_field` names the prompt as the caller's API does."""
@@ -102,10 +103,14 @@ class CustomGenerator:
         if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"{pre}{top_logprobs_field}: must be in 0..{MAX_TOP_LOGPROBS}, "
                              f"got {top_logprobs}")
+        if structured and self.engine.name != "vllm":
+            raise ValueError(f"{pre}response_format: {structured_kind(structured)} needs the "
+                             "vllm engine's structured outputs (rollout.engine.kind: vllm); "
+                             f"this worker runs the {self.engine.name} engine")
         spec = SamplingSpec(max_new_tokens=max_new,
                             temperature=temperature or limits.temperature,
                             greedy=greedy, seed=seed or None, ignore_eos=ignore_eos,
-                            stop=stop, top_logprobs=top_logprobs)
+                            stop=stop, top_logprobs=top_logprobs, structured=structured)
         return Request(prompt, spec, n)
 
     def _check_prompt_tokens(self, field: str, count: int) -> None:
@@ -126,6 +131,8 @@ class CustomGenerator:
         weights between chunks (each chunk names its version). Stop strings are matched here,
         over each sequence's tokens so far (one may span two chunks): the chunk that
         completes one is cut at the token completing it and ends the sequence."""
+        if req.spec.structured:  # each chunk's call would start the grammar over
+            raise ValueError("structured: constrained output is not streamed")
         if not 1 <= chunk_tokens <= req.spec.max_new_tokens:
             raise ValueError(f"chunk_tokens: must be in 1..{req.spec.max_new_tokens}, "
                              f"got {chunk_tokens}")

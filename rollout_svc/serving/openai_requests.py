@@ -179,9 +179,22 @@ def _text_parts(parts: list[Any]) -> list[str]:
     return texts
 
 
+class JsonSchemaFormat(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema", description="A JSON schema object.")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema: given with type 'json_schema', and only then")
+        return self
 
 
 class FunctionSpec(_Strict):
@@ -204,8 +217,9 @@ class ChatRequest(_Sampling):
         f"1..{MAX_TOP_LOGPROBS}: each position's that many most likely tokens (needs "
         "logprobs true)."))
     response_format: ResponseFormat | None = Field(None, description=(
-        "{'type': 'text'} (the default); json_object and json_schema would need constrained "
-        "decoding, which is not implemented: they are refused."))
+        "{'type': 'text'} (the default); json_object and json_schema constrain the reply "
+        "through the vllm engine's structured outputs (refused on the torch engine, and "
+        "with stream)."))
     tools: list[ToolSpec] | None = Field(None, max_length=MAX_TOOLS, description=(
         "Functions the model may call, rendered through its chat template; its calls come "
         "back as the message's tool_calls."))
@@ -218,13 +232,9 @@ class ChatRequest(_Sampling):
     def _tools(self) -> ChatRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs true")
-        fmt = self.response_format
-        if fmt is not None and fmt.type != "text":
-            raise ValueError(f"response_format: type {fmt.type!r} is not supported: only "
-                             "'text' is (JSON output needs constrained decoding, which is "
-                             "not implemented)")
-        if fmt is not None and fmt.json_schema is not None:
-            raise ValueError("response_format: json_schema goes only with type 'json_schema'")
+        if self.structured and self.stream:
+            raise ValueError("stream: constrained (JSON) output is returned only without "
+                             "streaming; send stream false with this response_format")
         choice = self.tool_choice
         if choice is not None and choice not in ("auto", "none"):
             raise ValueError(f"tool_choice: {_shown(choice)} is not supported: only 'auto' "
@@ -236,6 +246,16 @@ class ChatRequest(_Sampling):
         if len(set(names)) != len(names):
             raise ValueError("tools: two functions have the same name")
         return self
+
+    @property
+    def structured(self) -> str:
+        """The response_format as the engine's SamplingSpec.structured ("" for text)."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return ""
+        if fmt.json_schema is None:
+            return json.dumps({"json_object": True})
+        return json.dumps({"json": fmt.json_schema.schema_})
 
     @property
     def calls_tools(self) -> bool:
@@ -250,7 +270,8 @@ class TokenizeRequest(_Strict):
 
 def sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, n, seed,
              ignore_eos: bool, where: str, prompt_field: str, stop: tuple[str, ...] = (),
-             top_logprobs: int = 0, top_logprobs_field: str = "top_logprobs"):
+             top_logprobs: int = 0, top_logprobs_field: str = "top_logprobs",
+             structured: str = ""):
     """The generator's request for a body's sampling fields; ValueError names the field."""
     # OpenAI's temperature 0 means greedy
     greedy = temperature == 0
@@ -258,7 +279,8 @@ def sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, n
                        temperature=0.0 if greedy or temperature is None else temperature,
                        n=n, greedy=greedy, seed=seed or 0, ignore_eos=ignore_eos,
                        where=where, prompt_field=prompt_field, stop=stop,
-                       top_logprobs=top_logprobs, top_logprobs_field=top_logprobs_field)
+                       top_logprobs=top_logprobs, top_logprobs_field=top_logprobs_field,
+                       structured=structured)
 
 
 def error_body(message: str, param: str | None = None, status: int = 400) -> bytes:

@@ -114,13 +114,22 @@ class _Routes:
         try:
             return sampling(self.gen, prompt, max_tokens, body.temperature, body.n, body.seed,
                             body.ignore_eos, where, "messages" if chat else "prompt",
-                            body.stops, top, "top_logprobs" if chat else "logprobs")
+                            body.stops, top, "top_logprobs" if chat else "logprobs",
+                            body.structured if chat else "")
         except ValueError as err:  # named as OpenAI names the field
             raise HTTPException(400, str(err).replace("max_new_tokens", "max_tokens")) from None
 
     def _run(self, prompt: list[int], body, max_tokens, where: str):
+        from fastapi import HTTPException
+
         req = self._check(prompt, body, max_tokens, where)
-        version, outs = self.gen.generate(req)
+        try:
+            version, outs = self.gen.generate(req)
+        except ValueError as err:
+            if not req.spec.structured:
+                raise
+            # vLLM checks a schema when the request is added, before any work
+            raise HTTPException(400, f"{where}.response_format: {err}") from None
         return req, version, outs
 
     def _stream(self, req, head: dict, choice, include_usage: bool = False):

@@ -215,17 +215,36 @@ def test_top_logprobs_past_the_bound_are_refused_by_name(app, path, body, param,
     assert (error["param"], error["message"]) == (param, message)
 
 
-def test_response_format_text_is_taken_and_json_refused_by_name(app):
+def test_response_format_text_is_taken_and_json_refused_on_the_torch_engine(app):
     client, _ = app
     messages = [{"role": "user", "content": "1"}]
     assert post(client, "chat/completions", messages=messages, max_tokens=1,
                 response_format={"type": "text"}).status_code == 200
-    for kind in ("json_object", "json_schema"):
+    schema = {"name": "n", "schema": {"type": "integer"}}
+    for kind, extra in (("json_object", {}), ("json_schema", {"json_schema": schema})):
         error = refused(client, "chat/completions", messages=messages,
-                        response_format={"type": kind, **({"json_schema": {"name": "x"}}
-                                                          if kind == "json_schema" else {})})
-        assert error["param"] == "response_format"
-        assert error["message"].startswith(f"response_format: type '{kind}' is not supported")
+                        response_format={"type": kind, **extra})
+        assert error["message"] == (
+            f"chat.completions.response_format: {kind} needs the vllm engine's structured "
+            "outputs (rollout.engine.kind: vllm); this worker runs the torch engine")
+    error = refused(client, "chat/completions", messages=messages, stream=True,
+                    response_format={"type": "json_schema", "json_schema": schema})
+    assert error["param"] == "stream" and "only without streaming" in error["message"]
+    error = refused(client, "chat/completions", messages=messages,
+                    response_format={"type": "json_schema"})
+    assert error["param"] == "response_format.json_schema"
+    error = refused(client, "chat/completions", messages=messages,
+                    response_format={"type": "json_schema", "json_schema": {"name": "n"}})
+    assert error["param"] == "response_format.json_schema.schema"
     error = refused(client, "chat/completions", messages=messages,
                     response_format={"type": "yaml"})
     assert error["param"] == "response_format.type"
+
+
+def test_a_forced_tool_choice_is_refused_with_the_reason(app):
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        error = refused(app[0], "chat/completions", tools=[tool], tool_choice=choice,
+                        messages=[{"role": "user", "content": "1"}])
+        assert error["param"] == "tool_choice"
+        assert "forcing a call needs constrained decoding" in error["message"]

@@ -79,6 +79,13 @@ def test_the_torch_engine_stops_sampling_at_the_stop_string(tiny_lm):
     assert plain.finish_reason == "length"
 
 
+def test_the_torch_engine_refuses_structured_output_naming_the_engine_that_has_it(tiny_lm):
+    spec = SamplingSpec(max_new_tokens=2, structured='{"json_object": true}')
+    with pytest.raises(ValueError, match=r"json_object needs the vllm engine's structured "
+                                         r"outputs \(rollout.engine.kind: vllm\)"):
+        TorchEngine(tiny_lm, seed=0).generate([[1, 2]], spec)
+
+
 def test_top_logprobs_are_each_positions_best(tiny_lm):
     engine = TorchEngine(tiny_lm, seed=0)
     (out,) = engine.generate([tiny_lm.encode_prompt("5+5=")], SamplingSpec(
@@ -97,6 +104,8 @@ def test_top_logprobs_are_each_positions_best(tiny_lm):
     (dict(stop=("",)), "stop.0: must be a string of 1..256 characters"),
     (dict(stop=["a"]), "stop: must be a tuple of strings"),
     (dict(top_logprobs=21), "top_logprobs: must be in 0..20, got 21"),
+    (dict(structured='{"regex": "a+"}'), "structured: must be the JSON of"),
+    (dict(structured='{"json": "x"}'), "structured: must be the JSON of"),
 ])
 def test_the_spec_refuses_stops_and_top_logprobs_past_the_bounds(kw, message):
     with pytest.raises(ValueError, match=message):

@@ -310,6 +310,11 @@ class VllmEngine(Engine):
                     max_num_batched_tokens=max(MIN_BATCHED_TOKENS, max_len),
                     logprobs_mode="processed_logprobs",
                     generation_config="vllm",  # no sampling defaults from the model directory
+                    # constrained JSON (response_format, a forced tool call) by xgrammar,
+                    # its default backend, without the free whitespace the grammar would
+                    # allow between tokens: an untrained policy fills its budget with it
+                    structured_outputs_config={"backend": "xgrammar",
+                                               "disable_any_whitespace": True},
                     **transfer, **lora_args,
                     **({"weight_transfer_config": {"backend": weight_transfer}}
                        if weight_transfer else {}),

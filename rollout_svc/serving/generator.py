@@ -53,12 +53,17 @@ class CustomGenerator:
                 greedy: bool = False, seed: int = 0, ignore_eos: bool = False,
                 where: str = "", prompt_field: str = "", stop: tuple[str, ...] = (),
                 top_logprobs: int = 0, top_logprobs_field: str = "top_logprobs",
-                structured: str = "") -> Request:
+                structured: str = "", structured_what: str = "") -> Request:
         """Check a request and fill in the worker's defaults; ValueError names the field, the
         value and the limit. Sizes are checked before the work they would cost (tokenizing,
         scanning ids); `prompt_field` names the prompt as the caller's API does."""
         pre = f"{where}." if where else ""
         limits = self.defaults
+        if structured and self.engine.name != "vllm":  # before any work on the prompt
+            what = structured_what or f"response_format: {structured_kind(structured)}"
+            raise ValueError(f"{pre}{what} needs the vllm engine's structured outputs "
+                             "(rollout.engine.kind: vllm); "
+                             f"this worker runs the {self.engine.name} engine")
         if token_ids:
             field = f"{pre}{prompt_field or 'token_ids'}"
             self._check_prompt_tokens(field, len(token_ids))
@@ -103,10 +108,6 @@ class CustomGenerator:
         if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"{pre}{top_logprobs_field}: must be in 0..{MAX_TOP_LOGPROBS}, "
                              f"got {top_logprobs}")
-        if structured and self.engine.name != "vllm":
-            raise ValueError(f"{pre}response_format: {structured_kind(structured)} needs the "
-                             "vllm engine's structured outputs (rollout.engine.kind: vllm); "
-                             f"this worker runs the {self.engine.name} engine")
         spec = SamplingSpec(max_new_tokens=max_new,
                             temperature=temperature or limits.temperature,
                             greedy=greedy, seed=seed or None, ignore_eos=ignore_eos,

@@ -224,32 +224,93 @@ class ChatRequest(_Sampling):
         "Functions the model may call, rendered through its chat template; its calls come "
         "back as the message's tool_calls."))
     tool_choice: str | dict[str, Any] | None = Field(None, description=(
-        "'auto' (the default with tools) or 'none'. 'required' and a named function would "
-        "need constrained decoding, which is not implemented: they are refused."))
+        "'auto' (the default with tools) or 'none'; 'required' or a named function "
+        "({'type': 'function', 'function': {'name': ...}}) force a call through the vllm "
+        "engine's structured outputs, as vLLM's server does (refused on the torch engine)."))
     parallel_tool_calls: bool = Field(True, description="False: only the first call.")
 
     @model_validator(mode="after")
     def _tools(self) -> ChatRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs true")
-        if self.structured and self.stream:
-            raise ValueError("stream: constrained (JSON) output is returned only without "
-                             "streaming; send stream false with this response_format")
         choice = self.tool_choice
-        if choice is not None and choice not in ("auto", "none"):
-            raise ValueError(f"tool_choice: {_shown(choice)} is not supported: only 'auto' "
-                             "and 'none' are (forcing a call needs constrained decoding)")
+        if choice is not None and choice not in ("auto", "none", "required") and (
+                self.forced_function is None):
+            raise ValueError(f"tool_choice: {_shown(choice)} is not supported: 'auto', "
+                             "'none', 'required' or {'type': 'function', 'function': "
+                             "{'name': ...}} are")
+        names = [t.function.name for t in self.tools or ()]
+        if self.forces_call:
+            if not self.tools:
+                raise ValueError(f"tool_choice: {_shown(choice)} needs tools")
+            named = self.forced_function
+            if named is not None and named not in names:
+                raise ValueError(f"tool_choice: function {named!r} is not among tools")
+            fmt = self.response_format
+            if fmt is not None and fmt.type != "text":
+                raise ValueError("response_format: JSON output and a forced tool_choice "
+                                 "constrain the same reply; send one of them")
+        if self.structured and self.stream:
+            raise ValueError("stream: constrained output (a JSON response_format, a forced "
+                             "tool_choice) is returned only without streaming; send stream "
+                             "false")
         if self.tools and self.stream:
             raise ValueError("stream: tool calls are returned only without streaming; send "
                              "stream false with tools")
-        names = [t.function.name for t in self.tools or ()]
         if len(set(names)) != len(names):
             raise ValueError("tools: two functions have the same name")
         return self
 
     @property
+    def forced_function(self) -> str | None:
+        """The function a named tool_choice forces ({'type': 'function', 'function':
+        {'name': ...}})."""
+        choice = self.tool_choice
+        if (isinstance(choice, dict) and set(choice) == {"type", "function"}
+                and choice["type"] == "function" and isinstance(choice["function"], dict)
+                and set(choice["function"]) == {"name"}
+                and isinstance(choice["function"]["name"], str)):
+            return choice["function"]["name"]
+        return None
+
+    @property
+    def forces_call(self) -> bool:
+        return self.tool_choice == "required" or self.forced_function is not None
+
+    @property
+    def forced_schema(self) -> dict[str, Any]:
+        """The JSON schema of a forced call's reply, as vLLM's server builds it
+        (vllm/tool_parsers/utils.py get_json_schema_from_tools): a named function's
+        arguments; for 'required', a list of {name, parameters}, at least one (one only
+        with parallel_tool_calls false)."""
+        params = {t.function.name: t.function.parameters or {"type": "object",
+                                                            "properties": {}}
+                  for t in self.tools or ()}
+        named = self.forced_function
+        if named is not None:
+            return params[named]
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {
+            "type": "object", "anyOf": [{
+                "properties": {"name": {"type": "string", "enum": [name]},
+                               "parameters": p},
+                "required": ["name", "parameters"]} for name, p in params.items()]}}
+        if not self.parallel_tool_calls:
+            schema["maxItems"] = 1
+        return schema
+
+    @property
+    def structured_what(self) -> str:
+        """What asks for constrained output, as a refusal names it."""
+        if self.forces_call:
+            return f"tool_choice: {_shown(self.tool_choice)}"
+        return f"response_format: {self.response_format.type if self.response_format else ''}"
+
+    @property
     def structured(self) -> str:
-        """The response_format as the engine's SamplingSpec.structured ("" for text)."""
+        """The response_format (or a forced tool_choice) as the engine's
+        SamplingSpec.structured ("" for none)."""
+        if self.forces_call:
+            return json.dumps({"json": self.forced_schema})
         fmt = self.response_format
         if fmt is None or fmt.type == "text":
             return ""
@@ -271,7 +332,7 @@ class TokenizeRequest(_Strict):
 def sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, n, seed,
              ignore_eos: bool, where: str, prompt_field: str, stop: tuple[str, ...] = (),
              top_logprobs: int = 0, top_logprobs_field: str = "top_logprobs",
-             structured: str = ""):
+             structured: str = "", structured_what: str = ""):
     """The generator's request for a body's sampling fields; ValueError names the field."""
     # OpenAI's temperature 0 means greedy
     greedy = temperature == 0
@@ -280,7 +341,7 @@ def sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, n
                        n=n, greedy=greedy, seed=seed or 0, ignore_eos=ignore_eos,
                        where=where, prompt_field=prompt_field, stop=stop,
                        top_logprobs=top_logprobs, top_logprobs_field=top_logprobs_field,
-                       structured=structured)
+                       structured=structured, structured_what=structured_what)
 
 
 def error_body(message: str, param: str | None = None, status: int = 400) -> bytes:

@@ -115,7 +115,8 @@ class _Routes:
             return sampling(self.gen, prompt, max_tokens, body.temperature, body.n, body.seed,
                             body.ignore_eos, where, "messages" if chat else "prompt",
                             body.stops, top, "top_logprobs" if chat else "logprobs",
-                            body.structured if chat else "")
+                            body.structured if chat else "",
+                            body.structured_what if chat else "")
         except ValueError as err:  # named as OpenAI names the field
             raise HTTPException(400, str(err).replace("max_new_tokens", "max_tokens")) from None
 
@@ -237,14 +238,33 @@ class _Routes:
 
     def _message(self, body: ChatRequest, text: str) -> tuple[dict[str, Any], bool]:
         """The assistant message of a choice, and whether it made tool calls."""
+        if body.forces_call:
+            return self._forced(body, text)
         reply = parse_tool_calls(text) if body.calls_tools else None
         if not reply or not reply.calls:
             return {"role": "assistant", "content": text}, False
         calls = reply.calls if body.parallel_tool_calls else reply.calls[:1]
-        return {"role": "assistant", "content": reply.content or None, "tool_calls": [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-            for c in calls]}, True
+        return _calls_message(reply.content or None,
+                              [(c.name, json.dumps(c.arguments)) for c in calls])
+
+    def _forced(self, body: ChatRequest, text: str) -> tuple[dict[str, Any], bool]:
+        """A forced call's reply, which the schema made JSON (as vLLM's server reads it):
+        a named function's arguments, or for 'required' a list of {name, parameters}. A
+        reply cut short by max_tokens is no JSON: it comes back as content."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return {"role": "assistant", "content": text}, False
+        named = body.forced_function
+        if named is not None:
+            if not isinstance(value, dict):
+                return {"role": "assistant", "content": text}, False
+            return _calls_message(None, [(named, json.dumps(value))])
+        if not (isinstance(value, list) and value and all(
+                isinstance(c, dict) and isinstance(c.get("name"), str)
+                and isinstance(c.get("parameters"), dict) for c in value)):
+            return {"role": "assistant", "content": text}, False
+        return _calls_message(None, [(c["name"], json.dumps(c["parameters"])) for c in value])
 
     def chat(self, body: ChatRequest, request: Request):
         gen = self.gen
@@ -284,6 +304,14 @@ class _Routes:
                 "token_ids": o.tokens, "policy_versions": [version] * len(o.tokens)})
         return {**self._head("chatcmpl", "chat.completion"), "choices": choices,
                 "usage": _usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
+
+
+def _calls_message(content: str | None, calls: list[tuple[str, str]]
+                  ) -> tuple[dict[str, Any], bool]:
+    """An assistant message making `calls` (name, arguments as JSON text)."""
+    return {"role": "assistant", "content": content, "tool_calls": [
+        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+         "function": {"name": name, "arguments": arguments}} for name, arguments in calls]}, True
 
 
 def template_messages(body: ChatRequest) -> list[dict[str, Any]]:

@@ -241,10 +241,29 @@ def test_response_format_text_is_taken_and_json_refused_on_the_torch_engine(app)
     assert error["param"] == "response_format.type"
 
 
-def test_a_forced_tool_choice_is_refused_with_the_reason(app):
+def test_a_forced_tool_choice_is_refused_on_the_torch_engine_with_the_reason(app):
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
-    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+    messages = [{"role": "user", "content": "1"}]
+    for choice, shown in (("required", "'required'"),
+                          ({"type": "function", "function": {"name": "add"}},
+                           "{'type': 'function', 'function': {'name': 'add'}}")):
         error = refused(app[0], "chat/completions", tools=[tool], tool_choice=choice,
-                        messages=[{"role": "user", "content": "1"}])
-        assert error["param"] == "tool_choice"
-        assert "forcing a call needs constrained decoding" in error["message"]
+                        messages=messages)
+        assert error["message"] == (
+            f"chat.completions.tool_choice: {shown} needs the vllm engine's structured "
+            "outputs (rollout.engine.kind: vllm); this worker runs the torch engine")
+    for choice, message in (
+            ({"type": "function", "function": {"name": "sub"}},
+             "tool_choice: function 'sub' is not among tools"),
+            ({"type": "function", "function": {"name": "add", "strict": True}},
+             "tool_choice: {'type': 'function', 'function': {'name': 'add', 'strict': True}} "
+             "is not supported: 'auto', 'none', 'required' or {'type': 'function', "
+             "'function': {'name': ...}} are")):
+        error = refused(app[0], "chat/completions", tools=[tool], tool_choice=choice,
+                        messages=messages)
+        assert (error["param"], error["message"]) == ("tool_choice", message)
+    error = refused(app[0], "chat/completions", tool_choice="required", messages=messages)
+    assert error["message"] == "tool_choice: 'required' needs tools"
+    error = refused(app[0], "chat/completions", tools=[tool], tool_choice="required",
+                    response_format={"type": "json_object"}, messages=messages)
+    assert error["param"] == "response_format"

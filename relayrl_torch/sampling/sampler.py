@@ -13,7 +13,7 @@ small copy of the probabilities per step; the torch engine keeps its generator o
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +32,10 @@ class Stopped(Exception):
 class Completion:
     tokens: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (emitted eos) or "length"
+    finish_reason: str  # "stop" (emitted eos, or a stop string) or "length"
+    stop_reason: str | None = None  # the stop string that ended it (None: eos or length)
+    # each position's most likely tokens, most likely first: (token, logprob), when asked
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @torch.no_grad()
@@ -71,11 +74,15 @@ def sample_with_kv(
     return_states: bool = False,
     version: int = 0,
     stop: threading.Event | None = None,
+    top_logprobs: int = 0,
+    ends: Callable[[list[int]], bool] | None = None,
 ) -> tuple[list[Completion], list[SequenceKV] | None]:
     """`sample`, resuming each context from its KV state where one is given (it must cover a
     prefix of the context; the rest is fed with the first step) and, with return_states,
     returning every sequence's final state (tagged `version`): it covers the context and all
-    generated tokens but the last, which was sampled but never fed."""
+    generated tokens but the last, which was sampled but never fed. `top_logprobs` > 0 also
+    records each position's most likely tokens; `ends(tokens)`, asked after every token of
+    a sequence not yet finished, ends it there when true (a stop string)."""
     if not contexts or any(len(c) == 0 for c in contexts):
         raise ValueError("prompts: every prompt needs at least one token")
     if states is not None and len(states) != len(contexts):
@@ -95,7 +102,9 @@ def sample_with_kv(
     out_logprobs = torch.zeros((batch, max_new_tokens), device=device)
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    ends = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+    top: list[torch.Tensor] = []  # [batch, 2, k] per step: ids, logprobs
+    made: list[list[int]] = [[] for _ in range(batch)] if ends is not None else []
     # a group's samples share their prompt: with no state to resume, prefill each distinct
     # context once and select its cache into its rows
     shared = _distinct_rows(contexts) if past is None else None
@@ -127,7 +136,20 @@ def sample_with_kv(
         tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
         out_tokens[:, t] = tok
         out_logprobs[:, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
-        newly_done = (~finished) & torch.isin(tok, ends)
+        if top_logprobs:
+            best = logp.topk(top_logprobs, dim=-1)
+            top.append(torch.stack([best.indices.to(logp.dtype), best.values], dim=1))
+        newly_done = (~finished) & torch.isin(tok, eos)
+        if ends is not None:  # one copy of the step's tokens to the host: only when asked
+            hit = []
+            for i, (token, done) in enumerate(zip(tok.tolist(), finished.tolist(),
+                                                  strict=True)):
+                if not done:
+                    made[i].append(token)
+                    hit.append(ends(made[i]))
+                else:
+                    hit.append(False)
+            newly_done |= torch.tensor(hit, dtype=torch.bool, device=device)
         lengths[newly_done] = t + 1
         finished |= newly_done
         if bool(finished.all()) or t == max_new_tokens - 1:
@@ -139,6 +161,7 @@ def sample_with_kv(
 
     out_tokens, out_logprobs = out_tokens.cpu(), out_logprobs.cpu()
     lengths, finished = lengths.cpu(), finished.cpu()
+    tops = torch.stack(top, dim=1).cpu() if top else None  # [batch, steps, 2, k]
     results = []
     for i in range(batch):
         n = int(lengths[i])
@@ -147,6 +170,9 @@ def sample_with_kv(
                 tokens=out_tokens[i, :n].tolist(),
                 logprobs=out_logprobs[i, :n].tolist(),
                 finish_reason="stop" if bool(finished[i]) and n <= max_new_tokens else "length",
+                top_logprobs=None if tops is None else [
+                    [(int(a), float(b)) for a, b in zip(*tops[i, s].tolist(), strict=True)]
+                    for s in range(n)],
             )
         )
     if not return_states:

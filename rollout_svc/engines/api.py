@@ -18,6 +18,7 @@ or version. A state travels in its own wire form: `.encode()`, and the engine's 
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from abc import ABC, abstractmethod
@@ -28,6 +29,9 @@ import torch
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
 from relayrl_torch.sampling.kv_state import SequenceKV
 from relayrl_torch.sampling.sampler import Completion
+from rollout_svc.engines import stop_strings
+
+MAX_TOP_LOGPROBS = 20  # as OpenAI bounds top_logprobs
 
 __all__ = ["Completion", "Engine", "SamplingSpec"]
 
@@ -45,6 +49,13 @@ class SamplingSpec:
     # ... and continues the sequences that stopped too (an episode's next turn extends the
     # reply with the environment's tokens): kept as well, so the turn is not re-prefilled
     keep_stopped: bool = False
+    # strings that end a sequence, matched on its decoded text (rollout_svc.engines.
+    # stop_strings): the token completing one is its last, finish_reason "stop"
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0  # each position's this many most likely tokens, too (0..20)
+    # constrained output, as the JSON of vLLM's StructuredOutputsParams fields: {"json":
+    # schema} or {"json_object": true}; only the vLLM engine honours it ("": none)
+    structured: str = ""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -56,6 +67,30 @@ class SamplingSpec:
                              f"got {self.temperature}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed: must be in 0..{MAX_SEED}, got {self.seed}")
+        if not isinstance(self.stop, tuple):
+            raise ValueError(f"stop: must be a tuple of strings, got {self.stop!r}")
+        stop_strings.check(self.stop)
+        if self.structured:
+            structured_kind(self.structured)
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs: must be in 0..{MAX_TOP_LOGPROBS}, got "
+                             f"{self.top_logprobs}")
+
+
+def structured_kind(structured: str) -> str:
+    """The response_format a SamplingSpec's `structured` stands for (json_schema or
+    json_object); ValueError for anything else."""
+    try:
+        value = json.loads(structured)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and len(value) == 1:
+        if value.get("json_object") is True:
+            return "json_object"
+        if isinstance(value.get("json"), dict):
+            return "json_schema"
+    raise ValueError(f"structured: must be the JSON of {{\"json\": schema}} or "
+                     f"{{\"json_object\": true}}, got {structured[:80]!r}")
 
 
 class Engine(ABC):
@@ -86,8 +121,10 @@ class Engine(ABC):
     def generate(self, contexts: list[list[int]], spec: SamplingSpec) -> list[Completion]:
         """One completion per context. Log-probabilities are those of the distribution the
         token was sampled from (after temperature). finish_reason is "stop" when the
-        end-of-sequence token was produced (it is included) and "length" when the budget ran
-        out."""
+        end-of-sequence token was produced (it is included) or a stop string of the spec's
+        was completed (the token completing it is the last; stop_reason names it), and
+        "length" when the budget ran out. With spec.top_logprobs each position's most likely
+        tokens come too."""
 
     @abstractmethod
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:

@@ -27,7 +27,8 @@ from relayrl_torch.models.lora import is_lora, load_adapter
 from relayrl_torch.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, windowed
 from relayrl_torch.sampling.sampler import Completion, sample_with_kv
 from relayrl_torch.weights.tied import check_state_dict, load_published, tied_aliases, without
-from rollout_svc.engines.api import Engine, SamplingSpec
+from rollout_svc.engines import stop_strings
+from rollout_svc.engines.api import Engine, SamplingSpec, structured_kind
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class TorchEngine(Engine):
         return self._version
 
     def generate(self, contexts: list[list[int]], spec: SamplingSpec) -> list[Completion]:
+        if spec.structured:
+            raise ValueError(f"structured: {structured_kind(spec.structured)} needs the vllm "
+                             "engine's structured outputs (rollout.engine.kind: vllm)")
         longest = max((len(c) for c in contexts), default=0)
         if longest >= self.context_length:
             raise ValueError(f"context of {longest} tokens leaves no room to generate: the "
@@ -82,12 +86,28 @@ class TorchEngine(Engine):
                 self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
                 eos_ids=() if spec.ignore_eos else self.lm.eos_ids, pad_id=self.lm.pad_id,
                 temperature=spec.temperature, greedy=spec.greedy, generator=generator,
-                states=prior, return_states=keeping, version=self._version)
+                states=prior, return_states=keeping, version=self._version,
+                top_logprobs=spec.top_logprobs,
+                ends=stop_strings.TailCheck(self.lm.decode, spec.stop) if spec.stop else None)
+            if spec.stop:
+                outs = [self._stopped(o, spec.stop) for o in outs]
             if caching:
                 self._keep(prior, outs, finals if keeping else None, spec.keep_stopped)
             self.busy_s += time.monotonic() - t0
         self.tokens_generated += sum(len(o.tokens) for o in outs)
         return outs
+
+    def _stopped(self, out: Completion, stops: tuple[str, ...]) -> Completion:
+        """`out` cut at the token completing its first stop string, exactly (the check
+        while sampling reads a tail of the text only)."""
+        found = stop_strings.first_stop(self.lm.decode, out.tokens, stops)
+        if found is None:
+            return out
+        keep, stop = found
+        return dataclasses.replace(
+            out, tokens=out.tokens[:keep], logprobs=out.logprobs[:keep], finish_reason="stop",
+            stop_reason=stop,
+            top_logprobs=None if out.top_logprobs is None else out.top_logprobs[:keep])
 
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         with self.lock:

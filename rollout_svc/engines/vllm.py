@@ -310,6 +310,11 @@ class VllmEngine(Engine):
                     max_num_batched_tokens=max(MIN_BATCHED_TOKENS, max_len),
                     logprobs_mode="processed_logprobs",
                     generation_config="vllm",  # no sampling defaults from the model directory
+                    # constrained JSON (response_format, a forced tool call) by xgrammar,
+                    # its default backend, without the free whitespace the grammar would
+                    # allow between tokens: an untrained policy fills its budget with it
+                    structured_outputs_config={"backend": "xgrammar",
+                                               "disable_any_whitespace": True},
                     **transfer, **lora_args,
                     **({"weight_transfer_config": {"backend": weight_transfer}}
                        if weight_transfer else {}),
@@ -363,9 +368,16 @@ class VllmEngine(Engine):
             params = sampling_params(self._SamplingParams, spec, contexts,
                                      self.max_model_len, self.eos_ids)
             self._pull_moved(contexts, params)
+            from vllm.exceptions import VLLMClientError
+
             t0 = time.monotonic()
-            outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params,
-                                     use_tqdm=False, lora_request=self._lora_request)
+            try:
+                outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts],
+                                         params, use_tqdm=False,
+                                         lora_request=self._lora_request)
+            except VLLMClientError as err:  # a request vLLM refuses (a structured-output
+                # schema it cannot compile) before any work; it drops what it had added
+                raise ValueError(str(err)) from None
             self.busy_s += time.monotonic() - t0
             # LLM.generate returns every request it finished, leftovers of an interrupted
             # call included: never hand those out as this call's completions
@@ -374,7 +386,7 @@ class VllmEngine(Engine):
                                                                         strict=True)):
                 raise RuntimeError(f"vLLM returned {len(outs)} outputs that do not match the "
                                    f"{len(contexts)} contexts asked for")
-            completions = [completion(o.outputs[0]) for o in outs]
+            completions = [completion(o.outputs[0], spec.top_logprobs) for o in outs]
             self.tokens_generated += sum(len(c.tokens) for c in completions)
         return completions
 

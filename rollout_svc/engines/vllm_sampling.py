@@ -18,6 +18,7 @@ tests/integration/test_vllm_engine.py exercises both directions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,22 +142,41 @@ def sampling_params(params_cls: Any, spec: SamplingSpec, contexts: list[list[int
     else:
         rng = np.random.default_rng(spec.seed)
         seeds = [int(s) for s in rng.integers(0, 1 << 62, size=len(contexts))]
+    structured = None
+    if spec.structured:  # vLLM's structured outputs (its default backend, xgrammar)
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = StructuredOutputsParams(**json.loads(spec.structured))
     params = []
     for ctx, seed in zip(contexts, seeds, strict=True):
         params.append(params_cls(
             max_tokens=min(spec.max_new_tokens, max_model_len - len(ctx)),
             temperature=0.0 if spec.greedy else spec.temperature,
-            seed=seed, logprobs=0, detokenize=False, ignore_eos=spec.ignore_eos,
+            seed=seed, logprobs=spec.top_logprobs, ignore_eos=spec.ignore_eos,
+            # vLLM matches stop strings on its detokenized text, so only then detokenizes
+            stop=list(spec.stop) or None, detokenize=bool(spec.stop),
             stop_token_ids=[] if spec.ignore_eos else list(eos_ids),
             extra_args={GREEDY_TEMPERATURE_KEY: spec.temperature} if spec.greedy else None,
+            **({"structured_outputs": structured} if structured is not None else {}),
         ))
     return params
 
 
-def completion(out: Any) -> Completion:
-    """A vLLM CompletionOutput as a Completion, with the sampled tokens' logprobs."""
+def completion(out: Any, top_logprobs: int = 0) -> Completion:
+    """A vLLM CompletionOutput as a Completion, with the sampled tokens' logprobs (and each
+    position's `top_logprobs` most likely tokens: those vLLM ranks 1..top_logprobs; it adds
+    the sampled token, of whatever rank). A stop string that ended it is its stop_reason (an
+    id of stop_token_ids, an end of sequence, is not)."""
     tokens = list(out.token_ids)
     if out.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r}")
-    logprobs = [float(out.logprobs[i][t].logprob) for i, t in enumerate(tokens)]
-    return Completion(tokens=tokens, logprobs=logprobs, finish_reason=out.finish_reason)
+    positions = [out.logprobs[i] for i in range(len(tokens))]
+    logprobs = [float(p[t].logprob) for p, t in zip(positions, tokens, strict=True)]
+    top = None
+    if top_logprobs:
+        top = [sorted(((int(t), float(lp.logprob)) for t, lp in p.items()
+                       if lp.rank is not None and lp.rank <= top_logprobs),
+                      key=lambda pair: -pair[1]) for p in positions]
+    stop = out.stop_reason if isinstance(out.stop_reason, str) else None
+    return Completion(tokens=tokens, logprobs=logprobs, finish_reason=out.finish_reason,
+                      stop_reason=stop, top_logprobs=top)

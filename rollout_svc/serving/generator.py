@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from relayrl.config import RolloutConfig
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.sampling.sampler import Completion
-from rollout_svc.engines.api import Engine, SamplingSpec
+from rollout_svc.engines import stop_strings
+from rollout_svc.engines.api import MAX_TOP_LOGPROBS, Engine, SamplingSpec, structured_kind
 from rollout_svc.serving.batcher import RequestBatcher
 
 MAX_N = 64
@@ -25,6 +26,8 @@ class Chunk:
     logprobs: list[float]
     version: int
     finish_reason: str  # "" until the sequence's last chunk
+    stop_reason: str | None = None  # the stop string that ended the sequence
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -48,12 +51,19 @@ class CustomGenerator:
     def request(self, *, text: str = "", token_ids: list[int] | None = None,
                 max_new_tokens: int = 0, temperature: float = 0.0, n: int = 0,
                 greedy: bool = False, seed: int = 0, ignore_eos: bool = False,
-                where: str = "", prompt_field: str = "") -> Request:
+                where: str = "", prompt_field: str = "", stop: tuple[str, ...] = (),
+                top_logprobs: int = 0, top_logprobs_field: str = "top_logprobs",
+                structured: str = "", structured_what: str = "") -> Request:
         """Check a request and fill in the worker's defaults; ValueError names the field, the
         value and the limit. Sizes are checked before the work they would cost (tokenizing,
         scanning ids); `prompt_field` names the prompt as the caller's API does."""
         pre = f"{where}." if where else ""
         limits = self.defaults
+        if structured and self.engine.name != "vllm":  # before any work on the prompt
+            what = structured_what or f"response_format: {structured_kind(structured)}"
+            raise ValueError(f"{pre}{what} needs the vllm engine's structured outputs "
+                             "(rollout.engine.kind: vllm); "
+                             f"this worker runs the {self.engine.name} engine")
         if token_ids:
             field = f"{pre}{prompt_field or 'token_ids'}"
             self._check_prompt_tokens(field, len(token_ids))
@@ -94,9 +104,14 @@ class CustomGenerator:
             raise ValueError(f"{pre}n: must be in 1..{MAX_N}, got {n}")
         if not 0 <= seed <= MAX_SEED:
             raise ValueError(f"{pre}seed: must be in 0..{MAX_SEED}, got {seed}")
+        stop = stop_strings.check(stop, f"{pre}stop")
+        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"{pre}{top_logprobs_field}: must be in 0..{MAX_TOP_LOGPROBS}, "
+                             f"got {top_logprobs}")
         spec = SamplingSpec(max_new_tokens=max_new,
                             temperature=temperature or limits.temperature,
-                            greedy=greedy, seed=seed or None, ignore_eos=ignore_eos)
+                            greedy=greedy, seed=seed or None, ignore_eos=ignore_eos,
+                            stop=stop, top_logprobs=top_logprobs, structured=structured)
         return Request(prompt, spec, n)
 
     def _check_prompt_tokens(self, field: str, count: int) -> None:
@@ -114,7 +129,11 @@ class CustomGenerator:
 
     def stream(self, req: Request, chunk_tokens: int = 1) -> Iterator[Chunk]:
         """Chunks of at most `chunk_tokens` tokens per sequence; the engine may move to newer
-        weights between chunks (each chunk names its version)."""
+        weights between chunks (each chunk names its version). Stop strings are matched here,
+        over each sequence's tokens so far (one may span two chunks): the chunk that
+        completes one is cut at the token completing it and ends the sequence."""
+        if req.spec.structured:  # each chunk's call would start the grammar over
+            raise ValueError("structured: constrained output is not streamed")
         if not 1 <= chunk_tokens <= req.spec.max_new_tokens:
             raise ValueError(f"chunk_tokens: must be in 1..{req.spec.max_new_tokens}, "
                              f"got {chunk_tokens}")
@@ -123,26 +142,31 @@ class CustomGenerator:
         step = 0
         while live:
             room = req.spec.max_new_tokens - len(made[live[0]])
-            spec = SamplingSpec(max_new_tokens=min(chunk_tokens, room),
-                                temperature=req.spec.temperature, greedy=req.spec.greedy,
-                                seed=None if req.spec.seed is None
-                                else (req.spec.seed + step) % (MAX_SEED + 1),
-                                ignore_eos=req.spec.ignore_eos, keep_state=True)
+            spec = replace(req.spec, max_new_tokens=min(chunk_tokens, room),
+                           seed=None if req.spec.seed is None
+                           else (req.spec.seed + step) % (MAX_SEED + 1),
+                           keep_state=True, stop=())
             with self.engine.lock:
                 version = self.engine.version
                 outs = self.engine.generate([req.prompt + made[i] for i in live], spec)
             self._count(outs)
             still = []
             for i, out in zip(live, outs, strict=True):
-                made[i].extend(out.tokens)
-                if out.finish_reason == "stop":
+                tokens, logprobs, top = out.tokens, out.logprobs, out.top_logprobs
+                found = stop_strings.first_stop(self.decode, made[i] + tokens, req.spec.stop)
+                keep = len(tokens) if found is None else max(found[0] - len(made[i]), 0)
+                tokens, logprobs = tokens[:keep], logprobs[:keep]
+                top = None if top is None else top[:keep]
+                made[i].extend(tokens)
+                if found is not None or out.finish_reason == "stop":
                     finish = "stop"
                 elif len(made[i]) >= req.spec.max_new_tokens:
                     finish = "length"
                 else:
                     finish = ""
                     still.append(i)
-                yield Chunk(i, out.tokens, out.logprobs, version, finish)
+                yield Chunk(i, tokens, logprobs, version, finish,
+                            None if found is None else found[1], top)
             live, step = still, step + 1
 
     def decode(self, tokens: list[int]) -> str:

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE
 from relayrl.contracts.json_types import json_int
+from rollout_svc.engines import stop_strings
+from rollout_svc.engines.api import MAX_TOP_LOGPROBS
 from rollout_svc.serving.generator import CustomGenerator
 
 
@@ -28,7 +30,13 @@ class _Strict(BaseModel):
 Count = json_int(Field(ge=1))
 Choices = json_int(Field(ge=1, le=64))
 Seed = json_int(Field(ge=0, le=MAX_SEED))
-OnlySampled = json_int(Field(ge=0, le=0))
+TopLogprobs = json_int(Field(ge=0, le=MAX_TOP_LOGPROBS))
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = Field(False, description="A last chunk with the request's usage "
+                                "(and no choices); every other chunk has usage null.")
 
 
 class _Sampling(_Strict):
@@ -43,16 +51,55 @@ class _Sampling(_Strict):
     ignore_eos: bool = Field(False, description="Generate max_tokens even past the end of "
                              "sequence (as vLLM's extra parameter; for benchmarks).")
     stream: bool = False
+    stream_options: StreamOptions | None = None
     user: str | None = None
+    stop: str | list[str] | None = Field(None, description=(
+        f"Up to {stop_strings.MAX_STOP_STRINGS} strings of 1..{stop_strings.MAX_STOP_CHARS} "
+        "characters: a sequence ends at the token whose text completes one (its last token "
+        "id), and its text ends before it, as vLLM's include_stop_str_in_output false."))
+    metadata: dict[str, str] | None = Field(None, description=(
+        f"At most {MAX_METADATA_KEYS} keys of up to {MAX_METADATA_KEY_CHARS} characters, "
+        f"values of up to {MAX_METADATA_VALUE_CHARS}; not used in sampling. relayrl_episode and "
+        "relayrl_task tag a recorded episode as the X-RelayRL-Episode and X-RelayRL-Task "
+        "headers do."))
+
+    @model_validator(mode="after")
+    def _shared(self) -> _Sampling:
+        if self.stop is not None:
+            stop_strings.check(self.stop)
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream true")
+        meta = self.metadata or {}
+        if len(meta) > MAX_METADATA_KEYS:
+            raise ValueError(f"metadata: {len(meta)} keys, more than {MAX_METADATA_KEYS}")
+        for k, v in meta.items():
+            if len(k) > MAX_METADATA_KEY_CHARS:
+                raise ValueError(f"metadata: key {_shown(k)} has {len(k)} characters, more "
+                                 f"than {MAX_METADATA_KEY_CHARS}")
+            if len(v) > MAX_METADATA_VALUE_CHARS:
+                raise ValueError(f"metadata: the value of {_shown(k)} has {len(v)} "
+                                 f"characters, more than {MAX_METADATA_VALUE_CHARS}")
+        return self
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return () if self.stop is None else stop_strings.check(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: OnlySampled | None = Field(None, description="Only the sampled token's.")
+    logprobs: TopLogprobs | None = Field(None, description=(
+        f"The sampled token's logprob, and 1..{MAX_TOP_LOGPROBS}: that many most likely "
+        "tokens' at each position too."))
     echo: Literal[False] = False
 
 
-FIELD_FIRST = re.compile(r"^([a-z_][a-z0-9_]*): ")  # "tool_choice: ..." from a model check
+# "tool_choice: ...", "stop.3: ...", from a model check
+FIELD_FIRST = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)*): ")
 MAX_TOOLS = 128  # declared in one request
 FunctionName = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -82,10 +129,20 @@ class ToolCallIn(_Strict):
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = Field(None, description="None only in an assistant message that "
-                                "made tool calls.")
+                                "made tool calls. A list of text parts "
+                                "([{\"type\": \"text\", \"text\": ...}]) is joined with "
+                                "newlines, as vLLM joins them; other parts are refused.")
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[ToolCallIn] | None = Field(None, max_length=MAX_TOOLS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parts(cls, data: Any) -> Any:
+        """Content given as parts, as their text."""
+        if isinstance(data, dict) and isinstance(data.get("content"), list):
+            return {**data, "content": "\n".join(_text_parts(data["content"]))}
+        return data
 
     @model_validator(mode="after")
     def _content(self) -> ChatMessage:
@@ -95,6 +152,49 @@ class ChatMessage(_Strict):
         if self.content is None and not self.tool_calls:
             raise ValueError("content: a message needs content (or, from the assistant, "
                              "tool_calls)")
+        return self
+
+
+def _text_parts(parts: list[Any]) -> list[str]:
+    """The texts of a message's content parts; ValueError naming the part that is not text
+    (the model takes text only)."""
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise ValueError(f"content.{j}: a content part is an object, got {_shown(part)}")
+        kind = part.get("type")
+        if kind != "text":
+            if not isinstance(kind, str):
+                raise ValueError(f"content.{j}.type: must be 'text', got {_shown(kind)}")
+            raise ValueError(f"content.{j}.type: {kind!r} is not supported: this model takes "
+                             "text")
+        extra = sorted(set(part) - {"type", "text"})
+        if extra:
+            raise ValueError(f"content.{j}.{extra[0]}: not a field of a text part")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"content.{j}.text: must be a string, got "
+                             f"{_shown(part.get('text'))}")
+        texts.append(part["text"])
+    if not texts:
+        raise ValueError("content: an empty list of parts")
+    return texts
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema", description="A JSON schema object.")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema: given with type 'json_schema', and only then")
         return self
 
 
@@ -114,28 +214,110 @@ class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: OnlySampled | None = None
+    top_logprobs: TopLogprobs | None = Field(None, description=(
+        f"1..{MAX_TOP_LOGPROBS}: each position's that many most likely tokens (needs "
+        "logprobs true)."))
+    response_format: ResponseFormat | None = Field(None, description=(
+        "{'type': 'text'} (the default); json_object and json_schema constrain the reply "
+        "through the vllm engine's structured outputs (refused on the torch engine, and "
+        "with stream)."))
     tools: list[ToolSpec] | None = Field(None, max_length=MAX_TOOLS, description=(
         "Functions the model may call, rendered through its chat template; its calls come "
         "back as the message's tool_calls."))
     tool_choice: str | dict[str, Any] | None = Field(None, description=(
-        "'auto' (the default with tools) or 'none'. 'required' and a named function would "
-        "need constrained decoding, which is not implemented: they are refused."))
+        "'auto' (the default with tools) or 'none'; 'required' or a named function "
+        "({'type': 'function', 'function': {'name': ...}}) force a call through the vllm "
+        "engine's structured outputs, as vLLM's server does (refused on the torch engine)."))
     parallel_tool_calls: bool = Field(True, description="False: only the first call.")
 
     @model_validator(mode="after")
     def _tools(self) -> ChatRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs true")
         choice = self.tool_choice
-        if choice is not None and choice not in ("auto", "none"):
-            raise ValueError(f"tool_choice: {_shown(choice)} is not supported: only 'auto' "
-                             "and 'none' are (forcing a call needs constrained decoding)")
+        if choice is not None and choice not in ("auto", "none", "required") and (
+                self.forced_function is None):
+            raise ValueError(f"tool_choice: {_shown(choice)} is not supported: 'auto', "
+                             "'none', 'required' or {'type': 'function', 'function': "
+                             "{'name': ...}} are")
+        names = [t.function.name for t in self.tools or ()]
+        if self.forces_call:
+            if not self.tools:
+                raise ValueError(f"tool_choice: {_shown(choice)} needs tools")
+            named = self.forced_function
+            if named is not None and named not in names:
+                raise ValueError(f"tool_choice: function {named!r} is not among tools")
+            fmt = self.response_format
+            if fmt is not None and fmt.type != "text":
+                raise ValueError("response_format: JSON output and a forced tool_choice "
+                                 "constrain the same reply; send one of them")
+        if self.structured and self.stream:
+            raise ValueError("stream: constrained output (a JSON response_format, a forced "
+                             "tool_choice) is returned only without streaming; send stream "
+                             "false")
         if self.tools and self.stream:
             raise ValueError("stream: tool calls are returned only without streaming; send "
                              "stream false with tools")
-        names = [t.function.name for t in self.tools or ()]
         if len(set(names)) != len(names):
             raise ValueError("tools: two functions have the same name")
         return self
+
+    @property
+    def forced_function(self) -> str | None:
+        """The function a named tool_choice forces ({'type': 'function', 'function':
+        {'name': ...}})."""
+        choice = self.tool_choice
+        if (isinstance(choice, dict) and set(choice) == {"type", "function"}
+                and choice["type"] == "function" and isinstance(choice["function"], dict)
+                and set(choice["function"]) == {"name"}
+                and isinstance(choice["function"]["name"], str)):
+            return choice["function"]["name"]
+        return None
+
+    @property
+    def forces_call(self) -> bool:
+        return self.tool_choice == "required" or self.forced_function is not None
+
+    @property
+    def forced_schema(self) -> dict[str, Any]:
+        """The JSON schema of a forced call's reply, as vLLM's server builds it
+        (vllm/tool_parsers/utils.py get_json_schema_from_tools): a named function's
+        arguments; for 'required', a list of {name, parameters}, at least one (one only
+        with parallel_tool_calls false)."""
+        params = {t.function.name: t.function.parameters or {"type": "object",
+                                                            "properties": {}}
+                  for t in self.tools or ()}
+        named = self.forced_function
+        if named is not None:
+            return params[named]
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {
+            "type": "object", "anyOf": [{
+                "properties": {"name": {"type": "string", "enum": [name]},
+                               "parameters": p},
+                "required": ["name", "parameters"]} for name, p in params.items()]}}
+        if not self.parallel_tool_calls:
+            schema["maxItems"] = 1
+        return schema
+
+    @property
+    def structured_what(self) -> str:
+        """What asks for constrained output, as a refusal names it."""
+        if self.forces_call:
+            return f"tool_choice: {_shown(self.tool_choice)}"
+        return f"response_format: {self.response_format.type if self.response_format else ''}"
+
+    @property
+    def structured(self) -> str:
+        """The response_format (or a forced tool_choice) as the engine's
+        SamplingSpec.structured ("" for none)."""
+        if self.forces_call:
+            return json.dumps({"json": self.forced_schema})
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return ""
+        if fmt.json_schema is None:
+            return json.dumps({"json_object": True})
+        return json.dumps({"json": fmt.json_schema.schema_})
 
     @property
     def calls_tools(self) -> bool:
@@ -154,14 +336,18 @@ class TokenizeRequest(_Strict):
 
 
 def sampling(gen: CustomGenerator, prompt: list[int], max_tokens, temperature, n, seed,
-             ignore_eos: bool, where: str, prompt_field: str):
+             ignore_eos: bool, where: str, prompt_field: str, stop: tuple[str, ...] = (),
+             top_logprobs: int = 0, top_logprobs_field: str = "top_logprobs",
+             structured: str = "", structured_what: str = ""):
     """The generator's request for a body's sampling fields; ValueError names the field."""
     # OpenAI's temperature 0 means greedy
     greedy = temperature == 0
     return gen.request(token_ids=prompt, max_new_tokens=max_tokens or 0,
                        temperature=0.0 if greedy or temperature is None else temperature,
                        n=n, greedy=greedy, seed=seed or 0, ignore_eos=ignore_eos,
-                       where=where, prompt_field=prompt_field)
+                       where=where, prompt_field=prompt_field, stop=stop,
+                       top_logprobs=top_logprobs, top_logprobs_field=top_logprobs_field,
+                       structured=structured, structured_what=structured_what)
 
 
 def error_body(message: str, param: str | None = None, status: int = 400) -> bytes:

@@ -32,6 +32,7 @@ from relayrl.runtime import auth
 from relayrl.runtime.http_server import BackgroundHTTPServer, BearerGuard, BodyLimit
 from relayrl.runtime.roles import TokenBook
 from relayrl_tasks.episodes.turns import TurnGlue
+from rollout_svc.engines import stop_strings
 from rollout_svc.serving.agent_episodes import AgentEpisodes, EpisodeRefused
 from rollout_svc.serving.chat_turns import TurnMemories, TurnMemory, credential_key
 from rollout_svc.serving.generator import CustomGenerator
@@ -47,22 +48,31 @@ from rollout_svc.serving.openai_requests import (
 )
 
 STREAM_CHUNK_TOKENS = 8  # tokens per streamed event; the worker may change version between them
-EPISODE_HEADER = "x-relayrl-episode"  # the episode a request's turn belongs to
-TASK_HEADER = "x-relayrl-task"  # its task, where the first prompt does not say it
+# the episode a request's turn belongs to, and its task where the first prompt does not say
+# it: headers, or metadata relayrl_episode and relayrl_task
+EPISODE_HEADER = "x-relayrl-episode"
+TASK_HEADER = "x-relayrl-task"
 
 
 class _TextDiff:
     """Text of a growing token sequence, handed out as the part not yet sent: decoding
-    tokens one chunk at a time would split characters and merges."""
+    tokens one chunk at a time would split characters and merges. With stop strings, the
+    last characters that could begin one are held back until the next chunk (as vLLM holds
+    them), and a sequence a stop string ended hands out its text before it only."""
 
-    def __init__(self, gen: CustomGenerator):
+    def __init__(self, gen: CustomGenerator, stops: tuple[str, ...] = ()):
         self.gen, self.tokens, self.sent = gen, [], ""
+        self.hold = max((len(s) for s in stops), default=1) - 1
 
-    def add(self, tokens: list[int]) -> str:
+    def add(self, tokens: list[int], done: bool = False, stop: str | None = None) -> str:
         self.tokens.extend(tokens)
         text = self.gen.decode(self.tokens)
-        if text.endswith("\ufffd"):  # a character still incomplete: wait for its next token
-            return ""
+        if stop:
+            text = stop_strings.cut(text, stop)
+        elif not done:
+            if text.endswith("\ufffd"):  # a character still incomplete: wait for its next
+                return ""
+            text = text[:len(text) - self.hold]
         new = text[len(self.sent):] if text.startswith(self.sent) else text
         self.sent = text
         return new
@@ -101,7 +111,9 @@ class _Routes:
         (rollout_svc.serving.agent_episodes); None for an untagged one."""
         from fastapi import HTTPException
 
-        episode = request.headers.get(EPISODE_HEADER)
+        # a header, or metadata for a framework that sets no headers
+        tags = getattr(body, "metadata", None) or {}
+        episode = request.headers.get(EPISODE_HEADER) or tags.get("relayrl_episode")
         if episode is None:
             return None
         if self.episodes is None:
@@ -109,7 +121,7 @@ class _Routes:
                                 "(rollout.train_loop false, or no buffer to submit to)")
         if body.n != 1:
             raise HTTPException(400, f"n: {body.n}; an episode's turn takes one choice")
-        task = request.headers.get(TASK_HEADER)
+        task = request.headers.get(TASK_HEADER) or tags.get("relayrl_task")
         try:
             self.episodes.check(self._owner(request), episode, ids, task)
         except EpisodeRefused as err:
@@ -150,34 +162,51 @@ class _Routes:
     def _check(self, prompt: list[int], body, max_tokens, where: str):
         from fastapi import HTTPException
 
+        chat = where == "chat.completions"
+        top = (body.top_logprobs or 0) if chat else (body.logprobs or 0)
         try:
             return sampling(self.gen, prompt, max_tokens, body.temperature, body.n, body.seed,
-                            body.ignore_eos, where,
-                            "messages" if where == "chat.completions" else "prompt")
+                            body.ignore_eos, where, "messages" if chat else "prompt",
+                            body.stops, top, "top_logprobs" if chat else "logprobs",
+                            body.structured if chat else "",
+                            body.structured_what if chat else "")
         except ValueError as err:  # named as OpenAI names the field
             raise HTTPException(400, str(err).replace("max_new_tokens", "max_tokens")) from None
 
     def _run(self, prompt: list[int], body, max_tokens, where: str):
+        from fastapi import HTTPException
+
         req = self._check(prompt, body, max_tokens, where)
-        version, outs = self.gen.generate(req)
+        try:
+            version, outs = self.gen.generate(req)
+        except ValueError as err:
+            if not req.spec.structured:
+                raise
+            # vLLM checks a schema when the request is added, before any work
+            raise HTTPException(400, f"{where}.response_format: {err}") from None
         return req, version, outs
 
-    def _stream(self, req, head: dict, choice, done=None):
+    def _stream(self, req, head: dict, choice, include_usage: bool = False, done=None):
         """Server-sent events, one per chunk of one choice; `choice(chunk, text, first)`
-        shapes the choice of each event; `done(tokens, logprobs, versions, finish_reason)`
-        is handed the first choice whole once it has streamed."""
+        shapes the choice of each event. `include_usage`: every event has usage null and a
+        last one, with no choices, the request's usage (as OpenAI's stream_options).
+        `done(tokens, logprobs, versions, finish_reason)` is handed the first choice whole
+        once it has streamed."""
         from fastapi.responses import StreamingResponse
 
         gen = self.gen
+        usage = {"usage": None} if include_usage else {}
 
         def events():
-            texts = [_TextDiff(gen) for _ in range(req.n)]
+            texts = [_TextDiff(gen, req.spec.stop) for _ in range(req.n)]
             started = [False] * req.n
+            made = 0
             tokens, logprobs, versions, finish = [], [], [], "length"
             for c in gen.stream(req, min(self.stream_chunk_tokens, req.spec.max_new_tokens)):
-                text = texts[c.index].add(c.tokens)
+                text = texts[c.index].add(c.tokens, bool(c.finish_reason), c.stop_reason)
+                made += len(c.tokens)
                 yield {**head, "choices": [choice(c, text, not started[c.index])],
-                       "policy_version": c.version}
+                       "policy_version": c.version, **usage}
                 started[c.index] = True
                 if c.index == 0:
                     tokens += c.tokens
@@ -186,6 +215,10 @@ class _Routes:
                     finish = c.finish_reason or finish
             if done is not None:
                 done(tokens, logprobs, versions, finish)
+            if include_usage:
+                yield {**head, "choices": [], "usage": {
+                    "prompt_tokens": len(req.prompt), "completion_tokens": made,
+                    "total_tokens": len(req.prompt) + made}}
 
         return StreamingResponse(_sse(events()), media_type="text/event-stream")
 
@@ -224,9 +257,11 @@ class _Routes:
                                     "finish_reason": c.finish_reason or None,
                                     "logprobs": None if body.logprobs is None else {
                                         "tokens": [gen.decode([t]) for t in c.tokens],
-                                        "token_logprobs": c.logprobs, "top_logprobs": None},
+                                        "token_logprobs": c.logprobs,
+                                        "top_logprobs": self._top_dicts(c.top_logprobs)},
                                     "token_ids": c.tokens,
                                     "policy_versions": [c.version] * len(c.tokens)},
+                                body.include_usage,
                                 lambda *turn: self._record(request, tag, ids, *turn))
         _, version, outs = self._run(ids, body, body.max_tokens, "completions")
         self._record(request, tag, ids, outs[0].tokens, outs[0].logprobs,
@@ -236,13 +271,27 @@ class _Routes:
             pieces = [gen.decode([t]) for t in o.tokens]
             offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
             choices.append({
-                "index": i, "text": gen.decode(o.tokens), "finish_reason": o.finish_reason,
+                "index": i, "text": stop_strings.cut(gen.decode(o.tokens), o.stop_reason),
+                "finish_reason": o.finish_reason,
                 "logprobs": None if body.logprobs is None else {
-                    "tokens": pieces, "token_logprobs": o.logprobs, "top_logprobs": None,
-                    "text_offset": offsets},
+                    "tokens": pieces, "token_logprobs": o.logprobs,
+                    "top_logprobs": self._top_dicts(o.top_logprobs), "text_offset": offsets},
                 "token_ids": o.tokens, "policy_versions": [version] * len(o.tokens)})
         return {**self._head("cmpl", "text_completion"), "choices": choices,
                 "usage": _usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
+
+    def _top_dicts(self, top) -> list[dict[str, float]] | None:
+        """Completions' top_logprobs: a {token text: logprob} per position."""
+        if top is None:
+            return None
+        return [{self.gen.decode([t]): lp for t, lp in position} for position in top]
+
+    def _content(self, tokens: list[int], logprobs: list[float], top) -> list[dict]:
+        """Chat's logprobs.content: each token, its logprob and its top_logprobs."""
+        decode = self.gen.decode
+        return [{"token": decode([t]), "logprob": lp, "top_logprobs": [] if top is None else
+                 [{"token": decode([a]), "logprob": b} for a, b in top[k]]}
+                for k, (t, lp) in enumerate(zip(tokens, logprobs, strict=True))]
 
     def _prompt(self, body: ChatRequest, turns: TurnMemory) -> list[int]:
         """The conversation's token ids, its remembered assistant turns as their tokens."""
@@ -256,14 +305,33 @@ class _Routes:
 
     def _message(self, body: ChatRequest, text: str) -> tuple[dict[str, Any], bool]:
         """The assistant message of a choice, and whether it made tool calls."""
+        if body.forces_call:
+            return self._forced(body, text)
         reply = parse_tool_calls(text) if body.calls_tools else None
         if not reply or not reply.calls:
             return {"role": "assistant", "content": text}, False
         calls = reply.calls if body.parallel_tool_calls else reply.calls[:1]
-        return {"role": "assistant", "content": reply.content or None, "tool_calls": [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-            for c in calls]}, True
+        return _calls_message(reply.content or None,
+                              [(c.name, json.dumps(c.arguments)) for c in calls])
+
+    def _forced(self, body: ChatRequest, text: str) -> tuple[dict[str, Any], bool]:
+        """A forced call's reply, which the schema made JSON (as vLLM's server reads it):
+        a named function's arguments, or for 'required' a list of {name, parameters}. A
+        reply cut short by max_tokens is no JSON: it comes back as content."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return {"role": "assistant", "content": text}, False
+        named = body.forced_function
+        if named is not None:
+            if not isinstance(value, dict):
+                return {"role": "assistant", "content": text}, False
+            return _calls_message(None, [(named, json.dumps(value))])
+        if not (isinstance(value, list) and value and all(
+                isinstance(c, dict) and isinstance(c.get("name"), str)
+                and isinstance(c.get("parameters"), dict) for c in value)):
+            return {"role": "assistant", "content": text}, False
+        return _calls_message(None, [(c["name"], json.dumps(c["parameters"])) for c in value])
 
     def chat(self, body: ChatRequest, request: Request):
         gen = self.gen
@@ -280,23 +348,23 @@ class _Routes:
                     "index": c.index, "finish_reason": c.finish_reason or None,
                     "delta": {"role": "assistant", "content": text} if first
                     else {"content": text},
-                    "logprobs": {"content": [
-                        {"token": gen.decode([t]), "logprob": lp, "top_logprobs": []}
-                        for t, lp in zip(c.tokens, c.logprobs, strict=True)]}
+                    "logprobs": {"content": self._content(c.tokens, c.logprobs,
+                                                          c.top_logprobs)}
                     if body.logprobs else None,
                     "token_ids": c.tokens, "policy_versions": [c.version] * len(c.tokens)},
-                lambda *turn: self._record(request, tag, ids, *turn))
+                body.include_usage, lambda *turn: self._record(request, tag, ids, *turn))
         _, version, outs = self._run(ids, body, body.max_completion_tokens or body.max_tokens,
                                      "chat.completions")
         self._record(request, tag, ids, outs[0].tokens, outs[0].logprobs,
                      [version] * len(outs[0].tokens), outs[0].finish_reason)
         choices = []
         for i, o in enumerate(outs):
-            content = [{"token": gen.decode([t]), "logprob": lp, "top_logprobs": []}
-                       for t, lp in zip(o.tokens, o.logprobs, strict=True)]
-            text = gen.decode(o.tokens)
+            content = self._content(o.tokens, o.logprobs, o.top_logprobs)
+            text = stop_strings.cut(gen.decode(o.tokens), o.stop_reason)
             message, called = self._message(body, text)
-            turns.remember(ids, message, o.tokens, o.finish_reason == "stop", text)
+            # a stop string ends the text, not the turn: the template's closing follows
+            turns.remember(ids, message, o.tokens,
+                           o.finish_reason == "stop" and o.stop_reason is None, text)
             choices.append({
                 "index": i,
                 "finish_reason": "tool_calls" if called and o.finish_reason == "stop"
@@ -306,6 +374,14 @@ class _Routes:
                 "token_ids": o.tokens, "policy_versions": [version] * len(o.tokens)})
         return {**self._head("chatcmpl", "chat.completion"), "choices": choices,
                 "usage": _usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
+
+
+def _calls_message(content: str | None, calls: list[tuple[str, str]]
+                  ) -> tuple[dict[str, Any], bool]:
+    """An assistant message making `calls` (name, arguments as JSON text)."""
+    return {"role": "assistant", "content": content, "tool_calls": [
+        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+         "function": {"name": name, "arguments": arguments}} for name, arguments in calls]}, True
 
 
 def template_messages(body: ChatRequest) -> list[dict[str, Any]]:

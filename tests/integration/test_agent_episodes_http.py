@@ -141,3 +141,19 @@ def test_a_reward_may_come_over_grpc_as_over_http(served):
                                                                      reward=1.0), timeout=30)
         assert err.value.code() == code and says in err.value.details()
         assert err.value.details().startswith("EpisodeRewardRequest.episode")
+
+
+def test_a_framework_that_sets_no_headers_tags_its_episode_in_metadata(served):
+    server, episodes, buffer = served
+    plain = openai.OpenAI(base_url=f"{server.address}/v1", max_retries=0,
+                          api_key=auth.current().token or "unused")
+    for n in range(GROUP):
+        plain.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1="}],
+                                      max_tokens=3, metadata={"relayrl_episode": f"m{n}",
+                                                              "relayrl_task": "ones"})
+    assert episodes.held() == GROUP
+    assert [reward(server, f"m{n}", 1.0).json()["status"] for n in range(GROUP)] == [
+        "waiting", "submitted"]
+    plain.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1="}],
+                                  max_tokens=3)  # untagged: nothing recorded
+    assert episodes.held() == 0 and len(buffer.groups) == 1

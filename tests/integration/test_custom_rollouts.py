@@ -181,6 +181,36 @@ def test_openai_client_completions_chat_and_models(http, tiny_lm):
     assert len(choice.logprobs.content) == len(choice.model_extra["token_ids"])
 
 
+def test_openai_client_stop_strings_and_text_parts(http, tiny_lm):
+    """A stop string ends the text before it and the token ids at the token completing it,
+    through the openai client on both endpoints; content given as text parts is the same
+    prompt as the joined text."""
+    args = dict(model=MODEL, max_tokens=5, temperature=1.0, seed=9,
+                extra_body={"ignore_eos": True})
+    whole = http.completions.create(prompt="12+34=", **args).choices[0]
+    ids = whole.model_extra["token_ids"]
+    stop = next(whole.text[k:k + 2] for k in range(1, len(whole.text) - 1)
+                if whole.text.find(whole.text[k:k + 2]) == k)
+    keep = next(k for k in range(1, len(ids) + 1) if stop in tiny_lm.decode(ids[:k]))
+    cut = http.completions.create(prompt="12+34=", stop=[stop], **args).choices[0]
+    assert cut.text == whole.text[:whole.text.find(stop)] and cut.finish_reason == "stop"
+    assert cut.model_extra["token_ids"] == ids[:keep]
+    chat = dict(args, messages=[{"role": "user", "content": "12+34="}])
+    said = http.chat.completions.create(**chat).choices[0]
+    text, ids = said.message.content, said.model_extra["token_ids"]
+    stop = next(text[k:k + 2] for k in range(1, len(text) - 1) if text.find(text[k:k + 2]) == k)
+    keep = next(k for k in range(1, len(ids) + 1) if stop in tiny_lm.decode(ids[:k]))
+    cut = http.chat.completions.create(**chat, stop=stop, logprobs=True).choices[0]
+    assert cut.message.content == text[:text.find(stop)] and cut.finish_reason == "stop"
+    assert cut.model_extra["token_ids"] == ids[:keep] and len(cut.logprobs.content) == keep
+    parts = http.chat.completions.create(model=MODEL, max_tokens=1, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "12+"},
+                                     {"type": "text", "text": "34="}]}])
+    joined = http.chat.completions.create(model=MODEL, max_tokens=1, messages=[
+        {"role": "user", "content": "12+\n34="}])
+    assert parts.model_extra["prompt_token_ids"] == joined.model_extra["prompt_token_ids"]
+
+
 def test_openai_ignore_eos_as_vllm_takes_it(http):
     done = http.completions.create(model=MODEL, prompt="2+2=", max_tokens=4, n=8,
                                    temperature=5.0, seed=2, extra_body={"ignore_eos": True})
@@ -215,8 +245,12 @@ def test_openai_bad_requests_are_refused_by_name(http):
         http.completions.create(model=MODEL, prompt="1+1=", max_tokens=500)
     with pytest.raises(openai.NotFoundError, match="model"):
         http.completions.create(model="gpt-9", prompt="1+1=")
-    with pytest.raises(openai.BadRequestError, match="stop: Extra inputs"):
-        http.completions.create(model=MODEL, prompt="1+1=", stop=["\n"])
+    with pytest.raises(openai.BadRequestError, match="stop: 17 strings, more than 16"):
+        http.completions.create(model=MODEL, prompt="1+1=", stop=[str(i) for i in range(17)])
+    with pytest.raises(openai.BadRequestError, match="messages.0.content.0.type: 'image_url' "
+                                                     "is not supported: this model takes text"):
+        http.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}])
     with pytest.raises(openai.BadRequestError,
                        match=f"seed: Input should be less than or equal to {MAX_SEED}, got "
                              f"{2**70}"):  # once a 500

@@ -117,8 +117,10 @@ def test_a_turn_the_server_did_not_write_is_rendered_by_the_template(served):
 
 
 @pytest.mark.parametrize("extra, param, says", [
-    ({"tools": [ADD], "tool_choice": "required"}, "tool_choice",
-     "'required' is not supported: only 'auto' and 'none' are"),
+    ({"tools": [ADD], "tool_choice": "required"}, None,
+     "tool_choice: 'required' needs the vllm engine's structured outputs"),
+    ({"tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "sub"}}},
+     "tool_choice", "function 'sub' is not among tools"),
     ({"tools": [ADD], "stream": True}, "stream",
      "tool calls are returned only without streaming"),
     ({"tools": [ADD, ADD]}, "tools", "two functions have the same name"),

@@ -176,6 +176,87 @@ def test_generate_returns_one_well_formed_completion_per_context(engine, lm):
     assert stats["tokens_generated"] >= sum(len(o.tokens) for o in outs)
 
 
+def test_stop_strings_and_top_logprobs_on_vllm(engine, lm):
+    """vLLM ends a sequence at the token completing a stop string, as the torch engine's
+    check does on the same tokens, and gives each position's most likely tokens."""
+    from rollout_svc.engines import stop_strings
+
+    prompt = lm.encode_prompt("12+34=")
+    spec = dict(max_new_tokens=30, temperature=1.0, seed=5, ignore_eos=True)
+    (whole,) = engine.generate([prompt], SamplingSpec(**spec))
+    text = lm.decode(whole.tokens)
+    stop = next(text[k:k + 2] for k in range(4, len(text)) if text.find(text[k:k + 2]) == k)
+    (out,) = engine.generate([prompt], SamplingSpec(**spec, stop=("zz", stop),
+                                                    top_logprobs=3))
+    assert stop_strings.first_stop(lm.decode, whole.tokens, ("zz", stop)) == (
+        len(out.tokens), stop)
+    assert out.tokens == whole.tokens[:len(out.tokens)] < whole.tokens
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert len(out.top_logprobs) == len(out.tokens)
+    for lp, top in zip(out.logprobs, out.top_logprobs, strict=True):
+        values = [v for _, v in top]
+        assert len(top) == 3 and values == sorted(values, reverse=True) and lp <= values[0]
+
+
+def test_json_schema_output_through_vllms_structured_outputs(engine, lm):
+    """A spec's json schema reaches vLLM's structured outputs: every reply of a random
+    model parses as the schema's integer, where unconstrained replies do not."""
+    import json
+
+    prompts = [lm.encode_prompt(f"{i}+{i}=") for i in range(8)]
+    spec = dict(max_new_tokens=6, temperature=1.0, seed=4)
+    free = engine.generate(prompts, SamplingSpec(**spec))
+    assert not all(lm.decode(o.tokens).strip().lstrip("-").isdigit() for o in free)
+    schema = json.dumps({"json": {"type": "integer"}})
+    outs = engine.generate(prompts, SamplingSpec(**spec, structured=schema))
+    for o in outs:
+        text = lm.decode(o.tokens)
+        assert isinstance(json.loads(text), int) or (o.finish_reason == "length"
+                                                     and text.lstrip("-").isdigit()), text
+    with pytest.raises(ValueError, match="bogus"):  # vLLM's refusal, as the caller's error
+        engine.generate(prompts[:2], SamplingSpec(**spec, structured=json.dumps(
+            {"json": {"type": "bogus"}})))
+    assert len(engine.generate(prompts[:2], SamplingSpec(**spec))) == 2
+
+
+def test_the_openai_api_on_vllm_takes_a_json_schema_and_stop(engine, lm):
+    """Through the HTTP app on the vLLM engine: response_format json_schema constrains the
+    reply, and a stop string cuts text and token ids as on the torch engine."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from relayrl.config import RolloutConfig
+    from rollout_svc.serving.generator import CustomGenerator
+    from rollout_svc.serving.openai_server import build_app
+
+    gen = CustomGenerator(engine, lm, RolloutConfig(max_new_tokens=8))
+    with TestClient(build_app(gen, "m")) as client:
+        fmt = {"type": "json_schema", "json_schema": {"name": "n",
+                                                      "schema": {"type": "integer"}}}
+        resp = client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "12+34"}], "n": 4,
+            "max_tokens": 8, "seed": 2, "response_format": fmt})
+        assert resp.status_code == 200, resp.text
+        for c in resp.json()["choices"]:
+            text = c["message"]["content"]
+            assert text.lstrip("-").isdigit() and (c["finish_reason"] == "length"
+                                                   or isinstance(json.loads(text), int))
+        bad = dict(fmt, json_schema={"name": "n", "schema": {"type": "bogus"}})
+        resp = client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "1"}],
+            "response_format": bad})
+        assert resp.status_code == 400 and "response_format" in resp.json()["error"]["message"]
+        body = {"model": "m", "prompt": "7+8=", "max_tokens": 8, "seed": 6,
+                "ignore_eos": True}
+        whole = client.post("/v1/completions", json=body).json()["choices"][0]
+        stop = whole["text"][2:4]
+        cut = client.post("/v1/completions", json=dict(body, stop=stop)).json()["choices"][0]
+        assert cut["text"] == whole["text"][:whole["text"].find(stop)]
+        assert cut["token_ids"] == whole["token_ids"][:len(cut["token_ids"])]
+        assert cut["finish_reason"] == "stop"
+
+
 def test_concurrent_callers_share_the_engine(engine, lm):
     ctxs = contexts(lm, 4)
     spec = SamplingSpec(max_new_tokens=6, temperature=1.0, greedy=True)

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             failed = any(p["rc"] for p in played.values())
             worker = agent_figures(cfg)
             rc = 1 if failed else launcher.wait(timeout_s=900)
-            audit = audit_redis(redis_lib.Redis.from_url(launcher.cfg.redis.url), cfg.run_id,
+            audit = audit_redis(redis_lib.Redis.from_url(launcher.cfg.redis.url,
+                                                         socket_timeout=30), cfg.run_id,
                                 cfg.trainer.max_steps)
         finally:
             launcher.shutdown()

@@ -87,6 +87,7 @@ class TurnSequence:
         return [*(self.prompt or ()), *self.response]
 
     def extends(self, prompt_token_ids: Sequence[int]) -> bool:
+        """Whether a turn's prompt extends the sequence so far exactly."""
         seen = self.tokens
         return list(prompt_token_ids[:len(seen)]) == seen
 
@@ -112,6 +113,7 @@ class TurnSequence:
         self.turns += 1
 
     def trajectory(self, reward: float, finish_reason: str = "stop") -> buffer_pb2.Trajectory:
+        """The sequence as one trajectory for Buffer.Submit, rewarded `reward`."""
         if self.prompt is None:
             raise ValueError("turns: a trajectory needs at least one turn")
         return buffer_pb2.Trajectory(

@@ -27,7 +27,8 @@ STEPS, GROUPS, GROUP_SIZE, AGENT_GROUPS = 4, 2, 4, 2  # AGENT_GROUPS from each a
 
 def agent(script: str, http_port: int, cfg: RunConfig, *flags: str) -> str:
     """Run examples/agent/<script> against the stack; its stdout."""
-    env = {**os.environ, "RELAYRL_TOKEN": os.environ[cfg.auth.token_env]}  # the run's
+    env = {k: v for k, v in os.environ.items() if k != cfg.auth.token_env}  # not the service's
+    env["RELAYRL_AGENT_TOKEN"] = os.environ[cfg.auth.agent_token_env]  # the examples' default
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples/agent" / script), "--http",
          f"127.0.0.1:{http_port}", "--buffer", cfg.buffer.endpoint.address, "--groups",

@@ -7,11 +7,14 @@ and the policy answers again. Reward: 0.5 for each correct answer. Every policy 
 the log-probability and policy version the server reported, so the trainer corrects for
 staleness exactly as for its own workers.
 
-    RELAYRL_TOKEN=<the run's token> python examples/agent/chain_agent.py \\
+    source runs/tiny/tokens.env   # the agent token `relayrl up` made for the run
+    python examples/agent/chain_agent.py \\
         --http 127.0.0.1:50580 --buffer 127.0.0.1:50553 --groups 4 --group-size 8
 
-Both servers want the run's shared token as `Authorization: Bearer <token>`: the openai client
-sends its api_key that way, and the gRPC call carries it as metadata. Each group is submitted
+Both servers want the run's agent token ($RELAYRL_AGENT_TOKEN, --token-env names another
+variable) as `Authorization: Bearer <token>`: the openai client sends its api_key that way,
+and the gRPC call carries it as metadata. An agent holds that token and never the service
+token: it may generate and submit, not lease, publish or control. Each group is submitted
 with its own request_id and retried with it when the buffer is unreachable or slow
 (relayrl.plugins.buffer_client), so a lost reply never trains a group twice. A group the buffer
 refuses as too stale (FAILED_PRECONDITION: the trainer moved past the bound while it was
@@ -104,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--token-env", default="RELAYRL_TOKEN",
-                    help="environment variable holding the run's token (= auth.token_env)")
+    ap.add_argument("--token-env", default="RELAYRL_AGENT_TOKEN",
+                    help="environment variable holding the run's agent token "
+                    "(= auth.agent_token_env; `relayrl up` writes it to <run_dir>/tokens.env)")
     ap.add_argument("--ca", default=None,
                     help="the run's CA certificate (auth.tls.ca): speak TLS and verify with it")
     args = ap.parse_args(argv)

@@ -9,8 +9,14 @@ log-probabilities and policy versions (`model_extra`), and renders each assistan
 sent back as the tokens the model wrote, so the turns make one trajectory
 (relayrl.plugins.buffer_client.trajectory_from_turns) whose tool results are masked.
 
-    RELAYRL_TOKEN=<the run's token> python examples/agent/tool_agent.py \\
-        --http 127.0.0.1:50580 --buffer 127.0.0.1:50553 --groups 4 --group-size 4
+    source runs/smollm2/tokens.env   # the agent token `relayrl up` made for the run
+    python examples/agent/tool_agent.py --http 127.0.0.1:50580 --buffer 127.0.0.1:50553 \\
+        --groups 1 --group-size 4 --max-turns 2
+
+It needs a model with a chat template and room for the tool's schema in its context:
+examples/smollm2_cpu.yaml (SmolLM2-135M-Instruct) with buffer.group_size 4, as in
+docs/guides/environments.md; the tiny model's 256 characters hold no such prompt. Its
+token is the run's agent token ($RELAYRL_AGENT_TOKEN, --token-env names another variable).
 """
 
 from __future__ import annotations
@@ -85,11 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-size", type=int, default=4, help="= the run's buffer.group_size")
     ap.add_argument("--model", default="relayrl-policy")
     ap.add_argument("--max-turns", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=16,
+                    help="per turn; at most the run's rollout.max_new_tokens")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--token-env", default="RELAYRL_TOKEN",
-                    help="environment variable holding the run's token (= auth.token_env)")
+    ap.add_argument("--token-env", default="RELAYRL_AGENT_TOKEN",
+                    help="environment variable holding the run's agent token "
+                    "(= auth.agent_token_env; `relayrl up` writes it to <run_dir>/tokens.env)")
     ap.add_argument("--ca", default=None,
                     help="the run's CA certificate (auth.tls.ca): speak TLS and verify with it")
     args = ap.parse_args(argv)

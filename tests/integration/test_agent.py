@@ -29,7 +29,8 @@ AGENTS = 3
 
 def agent(script: str, http_port: int, cfg: RunConfig, *flags: str) -> str:
     """Run examples/agent/<script> against the stack; its stdout."""
-    env = {**os.environ, "RELAYRL_TOKEN": os.environ[cfg.auth.token_env]}  # the run's
+    env = {k: v for k, v in os.environ.items() if k != cfg.auth.token_env}  # not the service's
+    env["RELAYRL_AGENT_TOKEN"] = os.environ[cfg.auth.agent_token_env]  # the examples' default
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples/agent" / script), "--http",
          f"127.0.0.1:{http_port}", "--groups", str(AGENT_GROUPS), "--group-size",
@@ -60,8 +61,8 @@ def test_agent_groups_are_trained_and_the_books_balance(tmp_path):
         tools = agent("tool_agent.py", http_port, cfg, *buffer, "--max-tokens", "16",
                       "--max-turns", "2")
         # submits nothing itself: the worker records its tagged episodes and submits them
-        tagged = agent("tagged_agent.py", http_port, cfg, "--token-env", "RELAYRL_TOKEN",
-                       "--max-tokens", "16", "--max-turns", "2")
+        tagged = agent("tagged_agent.py", http_port, cfg, "--max-tokens", "16",
+                       "--max-turns", "2")
         assert chain.count("mean reward") == tools.count("mean reward") == AGENT_GROUPS
         assert tagged.count("submitted, mean reward") == AGENT_GROUPS
         assert launcher.wait() == 0

@@ -5,7 +5,8 @@ and again when its pins change:
   project's own torch, transformers and math-verify, so the peer differs from RelayRL only in
   being the peer;
 - bench/.agents-venv: the agent frameworks whose agents train through a worker's
-  OpenAI-compatible server (the OpenAI Agents SDK, LangChain), with nothing of RelayRL.
+  OpenAI-compatible server (the OpenAI Agents SDK, LangChain) and what their tools use
+  (simpleeval), with nothing of RelayRL.
 
     python -c "from bench.tools_venv import bench_python; print(bench_python())"
 """
@@ -21,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / "bench" / ".venv"
 AGENTS_VENV = ROOT / "bench" / ".agents-venv"
-AGENT_PINS = ["openai-agents==0.24.0", "langchain-openai==1.8.1", "langchain-core==1.8.3"]
+AGENT_PINS = ["openai-agents==0.24.0", "langchain-openai==1.8.1", "langchain-core==1.8.3",
+              "simpleeval==1.0.8"]
 TRL_VERSION = "1.16.0"
 PINS = [f"trl=={TRL_VERSION}", "py-spy==0.4.3", "torch==2.13.0",
         *(f"{name}=={version(name)}" for name in ("transformers", "math-verify"))]

@@ -13,6 +13,7 @@ from agents import (
     ModelSettings,
     OpenAIChatCompletionsModel,
     Runner,
+    ToolCallItem,
     function_tool,
     set_tracing_disabled,
 )
@@ -26,14 +27,15 @@ def add(a: float, b: float) -> float:
 
 
 async def answer(base_url: str, api_key: str, tag: dict[str, str], question: str,
-                 max_tokens: int) -> str:
-    """The agent's final answer to `question` ('' when it never gives one)."""
+                 max_tokens: int, temperature: float | None = None) -> tuple[str, int]:
+    """The agent's final answer to `question` ('' when it never gives one) and its calls."""
     set_tracing_disabled(True)  # no traces sent to OpenAI
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, default_headers=tag)
     agent = Agent(name="adder", instructions="Use the add tool, then give the sum.",
                   tools=[add], model=OpenAIChatCompletionsModel("relayrl-policy", client),
-                  model_settings=ModelSettings(max_tokens=max_tokens))
+                  model_settings=ModelSettings(max_tokens=max_tokens, temperature=temperature))
     try:
-        return str((await Runner.run(agent, question, max_turns=3)).final_output)
+        result = await Runner.run(agent, question, max_turns=3)
     except AgentsException:  # past max_turns, or a malformed tool call
-        return ""
+        return "", 0
+    return str(result.final_output), sum(isinstance(i, ToolCallItem) for i in result.new_items)

@@ -19,20 +19,23 @@ def add(a: float, b: float) -> float:
 
 
 async def answer(base_url: str, api_key: str, tag: dict[str, str], question: str,
-                 max_tokens: int) -> str:
-    """The agent's final answer to `question` ('' when it never gives one)."""
+                 max_tokens: int, temperature: float | None = None) -> tuple[str, int]:
+    """The agent's final answer to `question` ('' when it never gives one) and its calls."""
     model = ChatOpenAI(model="relayrl-policy", base_url=base_url, api_key=api_key,
-                       default_headers=tag, max_tokens=max_tokens).bind_tools([add])
+                       default_headers=tag, max_tokens=max_tokens,
+                       temperature=temperature).bind_tools([add])
     messages = [HumanMessage(f"{question} Use the add tool.")]
+    calls = 0
     for _ in range(3):
         reply = await model.ainvoke(messages)
         messages.append(reply)
         if not reply.tool_calls:
-            return str(reply.content)
+            return str(reply.content), calls
         for call in reply.tool_calls:
+            calls += 1
             try:
                 result = str(add.invoke(call["args"])) if call["name"] == "add" else "no tool"
             except ValueError as err:  # arguments the tool's schema refuses
                 result = f"error: {err}"
             messages.append(ToolMessage(result, tool_call_id=call["id"]))
-    return ""
+    return "", calls

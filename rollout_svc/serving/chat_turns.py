@@ -8,10 +8,13 @@ tokens (a call's JSON is re-spaced, a text re-tokenized differently). So the ser
 remembers each assistant turn it returned, keyed by the context it continued and the
 message it gave, and renders a conversation turn by turn: the template's tokens up to an
 assistant turn, that turn's own tokens, then the template's tokens between it and the next
-(relayrl_tasks.episodes.turns.TurnGlue, the rule the worker's own episodes follow). A
-conversation with an assistant turn the server does not remember (written by the agent, or
-forgotten for its quota) is rendered whole by the template instead: still a valid prompt,
-but not an extension of the earlier turns' tokens.
+(relayrl_tasks.episodes.turns.TurnGlue, the rule the worker's own episodes follow).
+Assistant turns before the first one the server remembers are the agent's own (worked
+examples in a few-shot prompt) and are rendered by the template, as they were in the first
+turn's prompt. A conversation with an assistant turn the server does not remember after one
+it does (edited by the agent, or forgotten for its quota) is rendered whole by the template
+instead: still a valid prompt, but not an extension of the earlier turns' tokens (a tagged
+episode refuses it, rollout_svc.serving.agent_episodes).
 
 Each agent credential has a TurnMemory of its own (TurnMemories, keyed by a hash of the
 bearer token, never the token), of rollout.turn_memory_per_agent turns: one agent's traffic
@@ -82,28 +85,34 @@ class TurnMemory:
             return self._turns.get(key(context, message))
 
     def render(self, glue: TurnGlue, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """The conversation's prompt: every assistant turn as its own tokens when each is
-        remembered, else the template's rendering of the whole."""
+        """The conversation's prompt: every assistant turn from the first one remembered on
+        as its own tokens when each is remembered, else the template's rendering of the
+        whole."""
         said = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if said and said[-1] == len(messages) - 1:  # ends with the assistant: a prefill
             return glue.prompt(messages)
         plain = [m if m["role"] != "assistant" else {"role": "assistant",
                                                      "content": as_text(m)} for m in messages]
-        if not said:
-            return glue.prompt(plain)
-        context = glue.prompt(plain[:said[0]])
+        context: list[int] | None = None  # through the last turn recalled
+        recalled = 0
         for n, i in enumerate(said):
-            turn = self._recall(context, messages[i])
-            if turn is None:
-                self.rerendered += 1
-                return glue.prompt(plain)
+            if context is None:  # none recalled yet: this turn may be the agent's own
+                turn = self._recall(first := glue.prompt(plain[:i]), messages[i])
+                if turn is None:  # written by the agent (a worked example): the prompt's
+                    continue
+                context = first
+            else:
+                turn = self._recall(context, messages[i])
+                if turn is None:
+                    self.rerendered += 1
+                    return glue.prompt(plain)
             tokens, stopped, text = turn
-            before = [*plain[:i]]
             nxt = said[n + 1] if n + 1 < len(said) else len(messages)
             context = context + tokens.tolist() + glue.between(
-                before, text, stopped, [dict(m) for m in plain[i + 1:nxt]])
-        self.recalled += len(said)
-        return context
+                plain[:i], text, stopped, [dict(m) for m in plain[i + 1:nxt]])
+            recalled += 1
+        self.recalled += recalled
+        return glue.prompt(plain) if context is None else context
 
 
 class TurnMemories:

@@ -102,6 +102,31 @@ def test_a_tool_call_comes_back_and_the_turns_make_one_trajectory(served):
     assert all(lp == 0 for lp, m in zip(t.logprobs, mask, strict=True) if not m)
 
 
+def test_worked_examples_before_the_models_turns_keep_the_turns_one_sequence(served):
+    """A few-shot prompt's assistant turns, written by the agent, are rendered by the
+    template; the model's turns after them are recalled, so each prompt extends the last."""
+    client, script, _, _, _ = served
+    # written as no template re-renders it: only its own tokens extend the prompt
+    script[:] = ['<tool_call>\n{"name":"add","arguments":{"a":2,"b":3}}\n</tool_call>', "5"]
+    worked = [{"role": "user", "content": "What is 1+1?"},
+              {"role": "assistant", "content": None, "tool_calls": [
+                  {"id": "worked-0", "type": "function", "function": {
+                      "name": "add", "arguments": '{"a": 1, "b": 1}'}}]},
+              {"role": "tool", "tool_call_id": "worked-0", "content": "2"},
+              {"role": "assistant", "content": "2"}]
+    messages = [*worked, *QUESTION]
+    first = client.chat.completions.create(model=MODEL, messages=messages, tools=[ADD],
+                                           logprobs=True, max_tokens=64)
+    [call] = first.choices[0].message.tool_calls
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    second = client.chat.completions.create(model=MODEL, messages=messages, tools=[ADD],
+                                            logprobs=True, max_tokens=64)
+    before = first.model_extra["prompt_token_ids"] + first.choices[0].model_extra["token_ids"]
+    assert second.model_extra["prompt_token_ids"][:len(before)] == before
+    trajectory_from_turns([turn(first), turn(second)], 1.0)  # one sequence
+
+
 def test_a_turn_the_server_did_not_write_is_rendered_by_the_template(served):
     client, script, _, lm, _ = served
     script[:] = ["4"]

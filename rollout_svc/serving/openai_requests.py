@@ -255,9 +255,6 @@ class ChatRequest(_Sampling):
             raise ValueError("stream: constrained output (a JSON response_format, a forced "
                              "tool_choice) is returned only without streaming; send stream "
                              "false")
-        if self.tools and self.stream:
-            raise ValueError("stream: tool calls are returned only without streaming; send "
-                             "stream false with tools")
         if len(set(names)) != len(names):
             raise ValueError("tools: two functions have the same name")
         return self

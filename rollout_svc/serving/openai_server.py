@@ -186,12 +186,15 @@ class _Routes:
             raise HTTPException(400, f"{where}.response_format: {err}") from None
         return req, version, outs
 
-    def _stream(self, req, head: dict, choice, include_usage: bool = False, done=None):
+    def _stream(self, req, head: dict, choice, include_usage: bool = False, done=None,
+                closing=None):
         """Server-sent events, one per chunk of one choice; `choice(chunk, text, first)`
         shapes the choice of each event. `include_usage`: every event has usage null and a
         last one, with no choices, the request's usage (as OpenAI's stream_options).
-        `done(tokens, logprobs, versions, finish_reason)` is handed the first choice whole
-        once it has streamed."""
+        `closing(index, tokens, finish_reason, stop_reason)` is handed each choice whole
+        once it has finished, and may return the choice of one more event. `done(tokens,
+        logprobs, versions, finish_reason)` is handed the first choice whole once every
+        choice has streamed."""
         from fastapi.responses import StreamingResponse
 
         gen = self.gen
@@ -201,20 +204,26 @@ class _Routes:
             texts = [_TextDiff(gen, req.spec.stop) for _ in range(req.n)]
             started = [False] * req.n
             made = 0
-            tokens, logprobs, versions, finish = [], [], [], "length"
+            tokens, logprobs, versions = ([[] for _ in range(req.n)] for _ in range(3))
+            finish = ["length"] * req.n
             for c in gen.stream(req, min(self.stream_chunk_tokens, req.spec.max_new_tokens)):
-                text = texts[c.index].add(c.tokens, bool(c.finish_reason), c.stop_reason)
+                i = c.index
+                text = texts[i].add(c.tokens, bool(c.finish_reason), c.stop_reason)
                 made += len(c.tokens)
-                yield {**head, "choices": [choice(c, text, not started[c.index])],
+                yield {**head, "choices": [choice(c, text, not started[i])],
                        "policy_version": c.version, **usage}
-                started[c.index] = True
-                if c.index == 0:
-                    tokens += c.tokens
-                    logprobs += c.logprobs
-                    versions += [c.version] * len(c.tokens)
-                    finish = c.finish_reason or finish
+                started[i] = True
+                tokens[i] += c.tokens
+                logprobs[i] += c.logprobs
+                versions[i] += [c.version] * len(c.tokens)
+                if c.finish_reason:
+                    finish[i] = c.finish_reason
+                    last = closing and closing(i, tokens[i], c.finish_reason, c.stop_reason)
+                    if last:
+                        yield {**head, "choices": [last], "policy_version": c.version,
+                               **usage}
             if done is not None:
-                done(tokens, logprobs, versions, finish)
+                done(tokens[0], logprobs[0], versions[0], finish[0])
             if include_usage:
                 yield {**head, "choices": [], "usage": {
                     "prompt_tokens": len(req.prompt), "completion_tokens": made,
@@ -308,7 +317,9 @@ class _Routes:
         if body.forces_call:
             return self._forced(body, text)
         reply = parse_tool_calls(text) if body.calls_tools else None
-        if not reply or not reply.calls:
+        declared = {t.function.name for t in body.tools or ()}
+        # a call of a function not declared is no call (and its name could not be sent back)
+        if not reply or not reply.calls or any(c.name not in declared for c in reply.calls):
             return {"role": "assistant", "content": text}, False
         calls = reply.calls if body.parallel_tool_calls else reply.calls[:1]
         return _calls_message(reply.content or None,
@@ -340,19 +351,7 @@ class _Routes:
         ids = self._prompt(body, turns)
         tag = self._episode(request, body, ids)
         if body.stream:
-            head = self._head("chatcmpl", "chat.completion.chunk")
-            return self._stream(
-                self._check(ids, body, body.max_completion_tokens or body.max_tokens,
-                            "chat.completions"), head,
-                lambda c, text, first: {
-                    "index": c.index, "finish_reason": c.finish_reason or None,
-                    "delta": {"role": "assistant", "content": text} if first
-                    else {"content": text},
-                    "logprobs": {"content": self._content(c.tokens, c.logprobs,
-                                                          c.top_logprobs)}
-                    if body.logprobs else None,
-                    "token_ids": c.tokens, "policy_versions": [c.version] * len(c.tokens)},
-                body.include_usage, lambda *turn: self._record(request, tag, ids, *turn))
+            return self._chat_stream(body, request, ids, tag, turns)
         _, version, outs = self._run(ids, body, body.max_completion_tokens or body.max_tokens,
                                      "chat.completions")
         self._record(request, tag, ids, outs[0].tokens, outs[0].logprobs,
@@ -374,6 +373,46 @@ class _Routes:
                 "token_ids": o.tokens, "policy_versions": [version] * len(o.tokens)})
         return {**self._head("chatcmpl", "chat.completion"), "choices": choices,
                 "usage": _usage(ids, outs), "prompt_token_ids": ids, "policy_version": version}
+
+    def _chat_stream(self, body: ChatRequest, request: Request, ids: list[int], tag,
+                     turns: TurnMemory):
+        """A chat completion as server-sent events. With tools, each chunk carries its
+        token ids, log-probabilities and versions but no text: a call is known only once
+        its text is whole, so a choice's content and tool-call deltas (each call whole, at
+        its `index`) come in one more event when it finishes, as vLLM's server sends a
+        call's name and arguments in deltas of their own."""
+        calls = body.calls_tools
+
+        def choice(c, text: str, first: bool) -> dict:
+            delta = {"role": "assistant"} if first else {}
+            if not calls:
+                delta["content"] = text
+            return {"index": c.index, "delta": delta,
+                    "finish_reason": None if calls else c.finish_reason or None,
+                    "logprobs": {"content": self._content(c.tokens, c.logprobs,
+                                                          c.top_logprobs)}
+                    if body.logprobs else None,
+                    "token_ids": c.tokens, "policy_versions": [c.version] * len(c.tokens)}
+
+        def closing(index: int, tokens: list[int], finish: str, stop: str | None):
+            text = stop_strings.cut(self.gen.decode(tokens), stop)
+            message, called = self._message(body, text)
+            turns.remember(ids, message, tokens, finish == "stop" and stop is None, text)
+            if not calls:
+                return None
+            delta = {"content": message["content"]}
+            if called:
+                delta["tool_calls"] = [{"index": k, **call}
+                                       for k, call in enumerate(message["tool_calls"])]
+            return {"index": index, "delta": delta,
+                    "finish_reason": "tool_calls" if called and finish == "stop" else finish,
+                    "logprobs": None, "token_ids": [], "policy_versions": []}
+
+        return self._stream(
+            self._check(ids, body, body.max_completion_tokens or body.max_tokens,
+                        "chat.completions"), self._head("chatcmpl", "chat.completion.chunk"),
+            choice, body.include_usage, lambda *turn: self._record(request, tag, ids, *turn),
+            closing)
 
 
 def _calls_message(content: str | None, calls: list[tuple[str, str]]

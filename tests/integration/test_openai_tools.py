@@ -127,6 +127,38 @@ def test_worked_examples_before_the_models_turns_keep_the_turns_one_sequence(ser
     trajectory_from_turns([turn(first), turn(second)], 1.0)  # one sequence
 
 
+def test_a_streamed_tool_call_comes_in_deltas_and_its_turn_is_remembered(served):
+    """Streaming with tools: the chunks carry the token ids, a last delta the call (as the
+    official client accumulates it), and the turn sent back extends the prompt exactly."""
+    client, script, _, _, _ = served
+    script[:] = ['<tool_call>\n{"name":"add","arguments":{"a":2,"b":3}}\n</tool_call>', "5"]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[ADD],
+                                                 stream=True, max_tokens=64))
+    ids = [t for c in chunks for ch in c.choices for t in ch.model_extra["token_ids"]]
+    calls = [d for c in chunks for ch in c.choices for d in ch.delta.tool_calls or ()]
+    [call] = calls
+    assert call.index == 0 and call.function.name == "add"
+    assert json.loads(call.function.arguments) == {"a": 2, "b": 3}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    message = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {
+            "name": "add", "arguments": call.function.arguments}}]}
+    second = client.chat.completions.create(model=MODEL, max_tokens=64, tools=[ADD], messages=[
+        *QUESTION, message, {"role": "tool", "tool_call_id": call.id, "content": "5"}])
+    assert second.choices[0].message.content == "5"
+    extended = second.model_extra["prompt_token_ids"]
+    assert ids and any(extended[k:k + len(ids)] == ids for k in range(len(extended)))
+
+
+def test_a_call_of_a_function_not_declared_comes_back_as_text(served):
+    client, script, _, _, _ = served
+    script[:] = ['<tool_call>\n{"name": "$2.00 or so", "arguments": {}}\n</tool_call>']
+    resp = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[ADD],
+                                          max_tokens=64)
+    assert not resp.choices[0].message.tool_calls
+    assert "$2.00" in resp.choices[0].message.content
+
+
 def test_a_turn_the_server_did_not_write_is_rendered_by_the_template(served):
     client, script, _, lm, _ = served
     script[:] = ["4"]
@@ -146,8 +178,6 @@ def test_a_turn_the_server_did_not_write_is_rendered_by_the_template(served):
      "tool_choice: 'required' needs the vllm engine's structured outputs"),
     ({"tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "sub"}}},
      "tool_choice", "function 'sub' is not among tools"),
-    ({"tools": [ADD], "stream": True}, "stream",
-     "tool calls are returned only without streaming"),
     ({"tools": [ADD, ADD]}, "tools", "two functions have the same name"),
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]},
      "tools.0.function.name", "String should match pattern"),

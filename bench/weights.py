@@ -16,8 +16,16 @@ Then a LoRA adapter against the whole model (`--lora-model`, SmolLM2-135M by def
 16 on every linear layer): the bytes of one version of each, and the time from publish
 until a torch engine has applied the version pulled from a relay (publish, pull, check,
 load), each the fastest of three, and the trainer's stall per adapter publish (its stand-in
-step the whole model's: LoRA still runs every layer forward and backward). Ends with one
-JSON line.
+step the whole model's: LoRA still runs every layer forward and backward).
+
+Then deltas (`--delta-only` for these rows alone): SmolLM2's bfloat16 versions after 1 and 4
+real training steps (AdamW at examples/smollm2_cpu.yaml's settings on float32 master
+weights, next-token loss on real text), each pulled over gRPC by a worker holding the
+version before the steps, as the changes since it (relayrl_torch/weights/delta.py) against
+the whole version: bytes, and pull-plus-apply seconds (receive, apply, check every shard),
+printed as ratios to the whole version's. Ends with one JSON line.
+
+    python bench/weights.py --delta-only [--delta-steps 1,4]
 """
 
 from __future__ import annotations
@@ -84,11 +92,11 @@ def tcp_ceiling_s(nbytes: int, buf: torch.Tensor) -> float:
 
 # -- relays and workers ----------------------------------------------------------------------
 
-def start_relay(tmp: Path, planes: list[str], upstream: list[str] | None = None
-                ) -> tuple[subprocess.Popen, str]:
+def start_relay(tmp: Path, planes: list[str], upstream: list[str] | None = None,
+                keep: int = 1) -> tuple[subprocess.Popen, str]:
     (port,) = free_ports(1)
     cfg = {"run_dir": str(tmp), "relay": {
-        "endpoint": {"port": port}, "keep_versions": 1, "data_planes": planes,
+        "endpoint": {"port": port}, "keep_versions": keep, "data_planes": planes,
         "shm_dir": SHM_DIR, "upstream": upstream or [], "timeout_s": 300, "follow_poll_s": 0.005,
         "device": weights_nccl.RELAY_GPU if "nccl" in planes else "auto"}}
     address = f"127.0.0.1:{port}"
@@ -316,6 +324,103 @@ def adapter_vs_full(model_dir: Path, tmp: Path, rank: int) -> dict:
     return out
 
 
+# -- deltas between versions a few training steps apart ----------------------------------------
+
+def trained_versions(model_dir: Path, steps: list[int], seed: int = 0
+                     ) -> dict[int, dict[str, torch.Tensor]]:
+    """The model's bfloat16 versions after each number of `steps` of real training: torch
+    AdamW at the shipped examples' optimizer settings (examples/smollm2_cpu.yaml) on float32
+    master weights, next-token loss on batches of real text (docs/design.md), each version
+    cast to bfloat16 as the trainer publishes it. 0 steps: the model as loaded."""
+    from relayrl.config.run import load_run_config
+    from relayrl_torch.models.loading import load_model
+    from relayrl_torch.weights.tied import tied_aliases, without
+    from trainer_svc.learner import build_optimizer
+
+    oc = load_run_config(ROOT / "examples" / "smollm2_cpu.yaml").trainer.optimizer
+    torch.manual_seed(seed)
+    lm = load_model(model_dir)
+    model, tied = lm.model, tied_aliases(lm.model)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(oc, params)
+    text = (ROOT / "docs" / "design.md").read_text()
+    ids = torch.tensor(lm.tokenizer(text)["input_ids"])
+    batch, length = 4, 128
+
+    def version() -> dict[str, torch.Tensor]:
+        return {k: v.detach().to(torch.bfloat16)
+                for k, v in without(model.state_dict(), tied).items()}
+
+    out, done = {0: version()} if 0 in steps else {}, 0
+    for target in sorted(s for s in steps if s):
+        while done < target:
+            start = done * batch * length % max(len(ids) - batch * length, 1)
+            tokens = ids[start:start + batch * length].view(batch, -1)
+            loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, oc.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            done += 1
+        out[target] = version()
+    return out
+
+
+def timed_pull(client: RelayClient, version: int, staging: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    client.pull(version, staging=staging)
+    return time.perf_counter() - t0
+
+
+def delta_rows(model_dir: Path, tmp: Path, steps: list[int]) -> dict:
+    """Per number of training steps k: the bytes and pull-plus-apply seconds (receive,
+    apply, every shard checked against the manifest) of version 1+k pulled over gRPC as the
+    changes since version 1 against the whole version, each the fastest of three; the first
+    delta pull, which waits for the relay to encode the delta, apart."""
+    versions = trained_versions(model_dir, [0, *steps])
+    (tmp / "delta-relay").mkdir(exist_ok=True)
+    root, address = start_relay(tmp / "delta-relay", ["grpc"], keep=len(versions))
+    out: dict = {"delta_model": model_dir.name, "dtype": "bfloat16"}
+    try:
+        trainer = RelayClient(address, timeout_s=300, keys=trainer_keys())
+        for k in [0, *steps]:
+            trainer.publish(1 + k, 1 + k, versions[k])
+        size = flat_size(trainer.manifest(1))
+        out["whole_mb"] = round(size / 2**20, 2)
+        staging = torch.zeros(size, dtype=torch.uint8)
+        whole = RelayClient(address, timeout_s=300, keys=trainer_keys(), deltas=False)
+        worker = RelayClient(address, timeout_s=300, keys=trainer_keys())
+        for k in steps:
+            target = 1 + k
+            whole_s = min(timed_pull(whole, target, staging) for _ in range(3))
+            times = []
+            for _ in range(4):
+                worker.pull(1, staging=staging)  # holds version 1 (a whole pull: it is older)
+                times.append(timed_pull(worker, target, staging))
+            assert worker.deltas_applied and not worker.deltas_refused
+            row = {"delta_mb": round(worker.last_pull_bytes / 2**20, 2),
+                   "delta_bytes_ratio": round(worker.last_pull_bytes / size, 4),
+                   "whole_pull_s": round(whole_s, 4),
+                   "delta_first_pull_s": round(times[0], 4),
+                   "delta_pull_s": round(min(times[1:]), 4)}
+            row["delta_time_ratio"] = round(row["delta_pull_s"] / whole_s, 4)
+            out[f"after_{k}_steps"] = row
+            print(f"[delta] {model_dir.name} bfloat16, {k} step{'s' * (k > 1)} apart: "
+                  f"{row['delta_mb']} MB of {out['whole_mb']} MB "
+                  f"(bytes ratio {row['delta_bytes_ratio']:.3f}, target <= 0.25 after one "
+                  f"step); pull+apply {row['delta_pull_s']:.3f} s against "
+                  f"{whole_s:.3f} s whole (time ratio {row['delta_time_ratio']:.3f}, "
+                  f"target <= 0.5 after one step); the first pull, encoding on the relay, "
+                  f"{row['delta_first_pull_s']:.3f} s", flush=True)
+        for c in (trainer, whole, worker):
+            c.close()
+    finally:
+        root.terminate()
+        root.wait()
+    return out
+
+
 def lora_model(tmp: Path, smoke: bool) -> Path:
     """SmolLM2-135M-Instruct (converted once), or in the smoke run the tiny model."""
     if not smoke:
@@ -345,7 +450,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grpc-fanout-max-mb", type=int, default=512,
                     help="gRPC workers each hold a private copy; above this only shared "
                     "memory fans out (8 x 2 GB would not fit beside the relays here)")
+    ap.add_argument("--delta-only", action="store_true",
+                    help="only the delta rows: SmolLM2 versions 1 and 4 training steps apart "
+                    "pulled as changes against whole")
+    ap.add_argument("--delta-steps", default="1,4",
+                    help="training steps between the versions of the delta rows")
     args = ap.parse_args(argv)
+    delta_steps = [int(s) for s in args.delta_steps.split(",") if s]
+    if args.smoke:
+        delta_steps = [1]
+    if args.delta_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            deltas = delta_rows(lora_model(Path(tmp), args.smoke), Path(tmp), delta_steps)
+        harness.report(args, {"delta": deltas})
+        return
     if args.smoke:  # each plane's fan-out starts relays and workers: one plane's is enough
         args.sizes_mb, args.planes, args.workers, args.fanout = "1", "grpc,shm", 1, "shm"
     planes = [p for p in args.planes.split(",") if p]
@@ -361,7 +479,9 @@ def main(argv: list[str] | None = None) -> None:
             fanout = [p for p in args.fanout.split(",") if p in planes
                       and (p != "grpc" or mb <= args.grpc_fanout_max_mb)]
             results.append(bench_size(mb, planes, args.workers, Path(tmp), fanout))
-        lora = adapter_vs_full(lora_model(Path(tmp), args.smoke), Path(tmp), args.lora_rank)
+        model_dir = lora_model(Path(tmp), args.smoke)
+        lora = adapter_vs_full(model_dir, Path(tmp), args.lora_rank)
+        deltas = delta_rows(model_dir, Path(tmp), delta_steps)
     tcp_planes = [p for p in planes if p != "nccl"]  # nccl's ratio is to its own ceiling
     best = {r["payload_mb"]: max((r[f"{p}_ratio"] for p in tcp_planes), default=None)
             for r in results}
@@ -373,7 +493,8 @@ def main(argv: list[str] | None = None) -> None:
                           "stall_over_copy": {r["payload_mb"]: r["stall_over_copy"]
                                               for r in results},
                           "bf16_stall_over_copy": {r["payload_mb"]: r["bf16_stall_over_copy"]
-                                                   for r in results}, "lora": lora})
+                                                   for r in results}, "lora": lora,
+                          "delta": deltas})
 
 
 if __name__ == "__main__":

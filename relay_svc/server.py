@@ -8,6 +8,7 @@ import threading
 
 import grpc
 
+from relay_svc.delta_cache import DeltaCache, Whole
 from relay_svc.follower import Follower
 from relay_svc.planes import RelayPlanes
 from relay_svc.rendezvous import RendezvousTimeout, UnknownRendezvous
@@ -42,8 +43,10 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
 
     def __init__(self, store: VersionStore, chunk_bytes: int, planes: RelayPlanes | None = None,
                  stall_timeout_s: float = 60.0, max_gap: int | None = DEFAULT_MAX_GAP,
-                 upstream: list[str] | None = None, keys: ManifestKeys = UNSIGNED):
+                 upstream: list[str] | None = None, keys: ManifestKeys = UNSIGNED,
+                 deltas: DeltaCache | None = None):
         self.store = store
+        self.deltas = deltas or DeltaCache(store, 0)
         self.chunk_bytes = chunk_bytes
         self.planes = planes or RelayPlanes(["grpc"], "127.0.0.1", stall_timeout_s)
         self.stall_timeout_s = stall_timeout_s
@@ -147,6 +150,25 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
         except WeightError as err:
             context.abort(grpc.StatusCode.ABORTED, str(err))
 
+    def PullDelta(self, request, context):
+        """The header (delta or whole), then its bytes in chunks."""
+        target = self._stored(request.version, context, complete=True)
+        answer = (self.deltas.get(request.base_version, target.version) if request.base_version
+                  else Whole("the worker holds no version"))
+        self.deltas.count(answer)
+        if isinstance(answer, Whole):
+            self.store.count_pull(target.size)
+            yield relay_pb2.DeltaChunk(header=relay_pb2.DeltaHeader(
+                version=target.version, payload_bytes=target.size,
+                whole_reason=answer.reason))
+            yield from target.read(0, target.size, self.chunk_bytes, self.stall_timeout_s)
+            return
+        self.store.count_pull(answer.nbytes)
+        yield relay_pb2.DeltaChunk(header=answer.header())
+        view = memoryview(answer.payload)
+        for start in range(0, answer.nbytes, self.chunk_bytes):
+            yield view[start:start + self.chunk_bytes]
+
     def OpenPull(self, request, context):
         stored = self._stored(request.version, context, complete=True)
         try:
@@ -189,11 +211,12 @@ def serve(cfg: RelayRun) -> None:
                          rc.endpoint.bind)  # first:
     # it refuses a plane this machine cannot serve (nccl without CUDA) before anything starts
     store = VersionStore(rc.keep_versions, shm_dir=rc.shm_dir, wait_timeout_s=rc.timeout_s)
+    deltas = DeltaCache(store, rc.delta_cache_bytes, rc.timeout_s)
     keys = ManifestKeys.from_config(cfg.auth)
     servicer = RelayServicer(store, rc.chunk_bytes, planes, rc.timeout_s, rc.max_version_gap,
-                             rc.upstream, ManifestKeys(verifier=keys.verifier))
+                             rc.upstream, ManifestKeys(verifier=keys.verifier), deltas)
     runner = ServiceRunner("relay", rc.endpoint.bind_address, [(add_relay_servicer, servicer)],
-                           relay_metrics(store), rc.metrics_port,
+                           relay_metrics(store, deltas), rc.metrics_port,
                            max_receive_bytes=rc.grpc_receive_bytes,
                            max_concurrent_rpcs=rc.grpc.max_concurrent_rpcs)
     follower = None

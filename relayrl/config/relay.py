@@ -27,6 +27,13 @@ class RelayConfig(StrictModel):
     chunk_bytes: int = Field(
         1 << 20, ge=1024, le=32 << 20, description="Bytes per streamed chunk."
     )
+    delta_cache_bytes: int = Field(
+        1 << 30, ge=0, le=1 << 40,
+        description="Memory for deltas: a worker that holds a version this relay still keeps "
+        "pulls a newer one over gRPC as the changes since it, each (base, target) encoded "
+        "once and kept, least recently used dropped first, within this many bytes. A delta "
+        "larger than this, or than its version, is sent whole instead; 0 sends no deltas.",
+    )
     grpc: GrpcLimits = Field(
         default_factory=grpc_limits(512),
         description="The gRPC server's limits. Its largest messages are the trainer's: "

@@ -13,7 +13,7 @@ import torch
 from relayrl.contracts.proto.v1 import relay_pb2, relay_pb2_grpc
 from relayrl.runtime.deadlines import CONTROL_CALL_S, TRANSFER_S
 from relayrl.runtime.grpc_util import channel
-from relayrl_torch.weights import fetchers
+from relayrl_torch.weights import delta, fetchers
 from relayrl_torch.weights.hostid import host_id
 from relayrl_torch.weights.layout import flat_size, unpack
 from relayrl_torch.weights.manifest import Manifest, WeightError, build_manifest, tensor_bytes
@@ -21,7 +21,12 @@ from relayrl_torch.weights.plane import WeightPlane
 from relayrl_torch.weights.rendezvous import split_address
 from relayrl_torch.weights.shm_handoff import StagedVersion
 from relayrl_torch.weights.signing import UNSIGNED, ManifestKeys, SignatureError
-from relayrl_torch.weights.wire import decode_bytes_chunk, encode_publish_chunk, iter_chunks
+from relayrl_torch.weights.wire import (
+    decode_bytes_chunk,
+    decode_delta_chunk,
+    encode_publish_chunk,
+    iter_chunks,
+)
 
 log = logging.getLogger(__name__)
 DATA_PLANES = ("grpc", "shm", "torch_dist", "nixl", "nccl", "vllm")
@@ -34,11 +39,17 @@ class RelayClient(WeightPlane):
     (relayrl_torch.weights.shm_handoff); a relay that cannot take a handoff gets the bytes over
     gRPC instead, from then on. `keys`: the trainer's signing key, which signs what this
     client publishes, and its public key, which every manifest a relay sends must verify
-    against (relayrl_torch.weights.signing); `signatures_refused` counts those that did not."""
+    against (relayrl_torch.weights.signing); `signatures_refused` counts those that did not.
+
+    `deltas`: over gRPC, pull a version as the changes since the one last pulled
+    (relayrl_torch.weights.delta), applied in the receive buffer that still holds it; the relay
+    answers whole where it cannot. A delta that does not fit, or whose result fails the
+    manifest's checksums, is refused (`deltas_refused`) and the whole version pulled."""
 
     def __init__(self, address: str, chunk_bytes: int = 1 << 20, timeout_s: float = TRANSFER_S,
                  plane: str = "grpc", device: torch.device | None = None,
-                 publish_shm_dir: str | None = None, keys: ManifestKeys = UNSIGNED):
+                 publish_shm_dir: str | None = None, keys: ManifestKeys = UNSIGNED,
+                 deltas: bool = True):
         if plane not in DATA_PLANES:
             raise ValueError(f"data plane must be one of {DATA_PLANES}, got {plane!r}")
         if plane == "nccl" and device is None:
@@ -51,12 +62,21 @@ class RelayClient(WeightPlane):
         self.publish_shm_dir = publish_shm_dir
         self.keys = keys
         self.signatures_refused = 0
+        self.deltas = deltas
+        self.deltas_applied = 0
+        self.deltas_refused = 0
+        self.last_pull_bytes = 0  # what the last pull moved: a delta's payload, or the whole
+        self._held: tuple[Manifest, torch.Tensor] | None = None  # the last gRPC pull, verified
         self._channel = channel(address)  # a trainer's publishes carry its own token
         self._stub = relay_pb2_grpc.RelayStub(self._channel)
         self._pull_bytes = self._channel.unary_stream(
             "/relayrl.v1.Relay/PullBytes",
             request_serializer=relay_pb2.PullBytesRequest.SerializeToString,
             response_deserializer=decode_bytes_chunk)
+        self._pull_delta = self._channel.unary_stream(
+            "/relayrl.v1.Relay/PullDelta",
+            request_serializer=relay_pb2.PullDeltaRequest.SerializeToString,
+            response_deserializer=decode_delta_chunk)
         self._publish_raw = self._channel.stream_unary(
             "/relayrl.v1.Relay/Publish", request_serializer=lambda raw: raw,
             response_deserializer=relay_pb2.PublishResponse.FromString)
@@ -171,32 +191,93 @@ class RelayClient(WeightPlane):
         if self.plane == "vllm":
             raise WeightError("the vllm data plane delivers into a vLLM engine; it has no pull")
         try:
-            if self.plane == "grpc":
-                manifest = self.manifest(version)
-                if manifest is None:
-                    raise WeightError(f"relay {self.address} holds no version")
-                flat = self._pull_grpc(manifest, staging)
-            else:
+            if self.plane != "grpc":
                 manifest, flat = self._pull_ticketed(version, staging)
+                self.last_pull_bytes = flat_size(manifest)
+                return unpack(manifest, flat, staging)  # nccl: staging holds the host copy
+            manifest = self.manifest(version)
+            if manifest is None:
+                raise WeightError(f"relay {self.address} holds no version")
+            held, self._held = self._held, None  # the buffer is rewritten from here on
+            if self.deltas and held is not None and held[0].version < manifest.version \
+                    and delta.same_layout(held[0], manifest):
+                tensors = self._pull_delta_into(manifest, held, staging)
+                if tensors is not None:
+                    return tensors
+            flat = self._pull_grpc(manifest, staging)
+            tensors = unpack(manifest, flat)
         except grpc.RpcError as err:
             raise self._error(f"pull of version {version}", err) from err
-        return unpack(manifest, flat, staging)  # nccl: staging holds the host copy checked
+        self._held = (manifest, flat)
+        return tensors
 
     def _pull_grpc(self, manifest: Manifest, staging: torch.Tensor | None) -> torch.Tensor:
         size = flat_size(manifest)
         flat = _receive_buffer(size, staging)
-        view, pos = memoryview(flat.numpy()), 0
         request = relay_pb2.PullBytesRequest(version=manifest.version)
-        for piece in self._pull_bytes(request, timeout=self.timeout_s):
-            end = pos + len(piece)
-            if end > size:
-                raise WeightError(f"version {manifest.version}: relay sent more than its "
-                                  f"{size} bytes")
-            view[pos:end] = piece
-            pos = end
-        if pos != size:
-            raise WeightError(f"version {manifest.version}: received {pos} of {size} bytes")
+        _receive(self._pull_bytes(request, timeout=self.timeout_s), flat, manifest.version)
+        self.last_pull_bytes = size
         return flat
+
+    def _pull_delta_into(self, manifest: Manifest, held: tuple[Manifest, torch.Tensor],
+                         staging: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """`manifest`'s version built on `held` (the version last pulled, and the buffer
+        holding it), verified; None when the delta was refused (the caller then pulls the
+        version whole). A relay that answers whole has its bytes received here too."""
+        base, base_flat = held
+        size = flat_size(manifest)
+        flat = _receive_buffer(size, staging)
+        stream = self._pull_delta(
+            relay_pb2.PullDeltaRequest(version=manifest.version, base_version=base.version),
+            timeout=self.timeout_s)
+        try:
+            header = next(stream, None)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.warning("the relay at %s sends no deltas; pulling versions whole",
+                        self.address)
+            self.deltas = False
+            return None
+        if not isinstance(header, relay_pb2.DeltaHeader) or header.version != manifest.version:
+            raise WeightError(f"PullDelta of version {manifest.version}: the relay's answer "
+                              "does not start with its header")
+        if not header.base_version:  # the relay cannot: the whole version follows
+            log.debug("version %d whole: %s", manifest.version, header.whole_reason)
+            _receive(stream, flat, manifest.version)
+            self.last_pull_bytes = size
+            tensors = unpack(manifest, flat)
+            self._held = (manifest, flat)
+            return tensors
+        payload = torch.empty(header.payload_bytes, dtype=torch.uint8) if (
+            0 <= header.payload_bytes < size) else None
+        if payload is None:
+            stream.cancel()
+            return self._refuse(manifest, f"a payload of {header.payload_bytes} bytes, the "
+                                f"whole version has {size}")
+        _receive(stream, payload, manifest.version)
+        try:
+            patches = delta.check(header, memoryview(payload.numpy()), base, manifest)
+        except delta.BadDelta as err:
+            return self._refuse(manifest, str(err))
+        if flat.data_ptr() != base_flat.data_ptr():
+            flat.copy_(base_flat[:size])
+        delta.apply(patches, flat)
+        try:
+            tensors = unpack(manifest, flat)
+        except WeightError as err:
+            return self._refuse(manifest, f"after applying: {err}")
+        self.deltas_applied += 1
+        self.last_pull_bytes = header.payload_bytes
+        self._held = (manifest, flat)
+        return tensors
+
+    def _refuse(self, manifest: Manifest, why: str) -> None:
+        """Count and log a refused delta; None, for _pull_delta_into to return."""
+        self.deltas_refused += 1
+        log.warning("refused the delta to version %d from %s (%s); pulling it whole",
+                    manifest.version, self.address, why)
+        return None
 
     def _pull_ticketed(self, version: int, staging: torch.Tensor | None
                        ) -> tuple[Manifest, torch.Tensor]:
@@ -264,6 +345,21 @@ class RelayClient(WeightPlane):
     def versions(self) -> list[int]:
         resp = self._stub.ListVersions(relay_pb2.ListVersionsRequest(), timeout=self.timeout_s)
         return list(resp.versions)
+
+
+def _receive(pieces: Iterator[memoryview], out: torch.Tensor, version: int) -> None:
+    """Fill the uint8 buffer `out` from `pieces`, exactly."""
+    view, pos, size = memoryview(out.numpy()), 0, out.numel()
+    for piece in pieces:
+        if not isinstance(piece, memoryview):
+            raise WeightError(f"version {version}: a second header amid the bytes")
+        end = pos + len(piece)
+        if end > size:
+            raise WeightError(f"version {version}: relay sent more than its {size} bytes")
+        view[pos:end] = piece
+        pos = end
+    if pos != size:
+        raise WeightError(f"version {version}: received {pos} of {size} bytes")
 
 
 def _receive_buffer(size: int, staging: torch.Tensor | None) -> torch.Tensor:

@@ -24,15 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&relayrl/contracts/proto/v1/relay.proto\x12\nrelayrl.v1\"Y\n\tShardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\"\x8e\x01\n\x08Manifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12%\n\x06shards\x18\x03 \x03(\x0b\x32\x15.relayrl.v1.ShardInfo\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x14\n\x0c\x63reated_unix\x18\x05 \x01(\x01\x12\x11\n\tsignature\x18\x06 \x01(\x0c\"9\n\nShardChunk\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\nShmHandoff\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x0f\n\x07host_id\x18\x02 \x01(\t\"\x95\x01\n\x0ePublishMessage\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x14.relayrl.v1.ManifestH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.relayrl.v1.ShardChunkH\x00\x12%\n\x03shm\x18\x03 \x01(\x0b\x32\x16.relayrl.v1.ShmHandoffH\x00\x42\t\n\x07payload\":\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x03\"%\n\x12GetManifestRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\".\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06shards\x18\x02 \x03(\t\"\x15\n\x13ListVersionsRequest\"\xa3\x01\n\x14ListVersionsResponse\x12\x10\n\x08versions\x18\x01 \x03(\x03\x12\x17\n\x0fpending_version\x18\x02 \x01(\x03\x12\x1a\n\x12versions_published\x18\x03 \x01(\x03\x12\x14\n\x0cpulls_served\x18\x04 \x01(\x03\x12\x14\n\x0c\x62ytes_served\x18\x05 \x01(\x03\x12\x18\n\x10\x66\x61iled_publishes\x18\x06 \x01(\x03\"?\n\x10PullBytesRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\"\x1a\n\nBytesChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\")\n\nShardAlias\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\t\"\xa3\x01\n\x0fOpenPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x05plane\x18\x02 \x01(\x0e\x32\x15.relayrl.v1.DataPlane\x12\x0f\n\x07host_id\x18\x03 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x04 \x01(\t\x12\r\n\x05ranks\x18\x05 \x01(\x03\x12\'\n\x07\x61liases\x18\x06 \x03(\x0b\x32\x16.relayrl.v1.ShardAlias\"\'\n\tShmTicket\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"X\n\x0fTorchDistTicket\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x15\n\rrendezvous_id\x18\x05 \x01(\tJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03\"\xa2\x01\n\x0eVllmNcclTicket\x12\x16\n\x0emaster_address\x18\x01 \x01(\t\x12\x13\n\x0bmaster_port\x18\x02 \x01(\x03\x12\x12\n\nworld_size\x18\x03 \x01(\x03\x12 \n\x18packed_buffer_size_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12packed_num_buffers\x18\x05 \x01(\x03\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\"\xcb\x01\n\x0c\x43udaIpcShare\x12\x16\n\x0estorage_handle\x18\x01 \x01(\x0c\x12\x1a\n\x12storage_size_bytes\x18\x02 \x01(\x03\x12\x1c\n\x14storage_offset_bytes\x18\x03 \x01(\x03\x12\x1a\n\x12ref_counter_handle\x18\x04 \x01(\x0c\x12\x1a\n\x12ref_counter_offset\x18\x05 \x01(\x03\x12\x14\n\x0c\x65vent_handle\x18\x06 \x01(\x0c\x12\x1b\n\x13\x65vent_sync_required\x18\x07 \x01(\x08\"o\n\rVllmIpcTicket\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12(\n\x06shares\x18\x02 \x03(\x0b\x32\x18.relayrl.v1.CudaIpcShare\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x0f\n\x07pull_id\x18\x04 \x01(\t\"M\n\nNixlTicket\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12\x13\n\x0b\x64\x65scriptors\x18\x03 \x01(\x0c\"\xb2\x02\n\nPullTicket\x12&\n\x08manifest\x18\x01 \x01(\x0b\x32\x14.relayrl.v1.Manifest\x12\x11\n\tflat_size\x18\x02 \x01(\x03\x12$\n\x03shm\x18\x03 \x01(\x0b\x32\x15.relayrl.v1.ShmTicketH\x00\x12\x31\n\ntorch_dist\x18\x04 \x01(\x0b\x32\x1b.relayrl.v1.TorchDistTicketH\x00\x12&\n\x04nixl\x18\x05 \x01(\x0b\x32\x16.relayrl.v1.NixlTicketH\x00\x12/\n\tvllm_nccl\x18\x06 \x01(\x0b\x32\x1a.relayrl.v1.VllmNcclTicketH\x00\x12-\n\x08vllm_ipc\x18\x07 \x01(\x0b\x32\x19.relayrl.v1.VllmIpcTicketH\x00\x42\x08\n\x06ticket\"]\n\x10\x43losePullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x05plane\x18\x02 \x01(\x0e\x32\x15.relayrl.v1.DataPlane\x12\x12\n\nagent_name\x18\x03 \x01(\t\"\x13\n\x11\x43losePullResponse\"\xf1\x01\n\x11RendezvousRequest\x12\x15\n\rrendezvous_id\x18\x01 \x01(\t\x12,\n\x02op\x18\x02 \x01(\x0e\x32 .relayrl.v1.RendezvousRequest.Op\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\r\n\x05value\x18\x04 \x01(\x0c\x12\x0e\n\x06\x61mount\x18\x05 \x01(\x03\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\"W\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\n\n\x06OP_SET\x10\x01\x12\n\n\x06OP_GET\x10\x02\x12\x0b\n\x07OP_WAIT\x10\x03\x12\x0c\n\x08OP_CHECK\x10\x04\x12\n\n\x06OP_ADD\x10\x05\"A\n\x12RendezvousResponse\x12\r\n\x05value\x18\x01 \x01(\x0c\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\r\n\x05\x63ount\x18\x03 \x01(\x03*\xaa\x01\n\tDataPlane\x12\x1a\n\x16\x44\x41TA_PLANE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x41TA_PLANE_GRPC\x10\x01\x12\x12\n\x0e\x44\x41TA_PLANE_SHM\x10\x02\x12\x19\n\x15\x44\x41TA_PLANE_TORCH_DIST\x10\x03\x12\x13\n\x0f\x44\x41TA_PLANE_NIXL\x10\x04\x12\x13\n\x0f\x44\x41TA_PLANE_NCCL\x10\x05\x12\x13\n\x0f\x44\x41TA_PLANE_VLLM\x10\x06\x32\xbd\x04\n\x05Relay\x12\x44\n\x07Publish\x12\x1a.relayrl.v1.PublishMessage\x1a\x1b.relayrl.v1.PublishResponse(\x01\x12\x43\n\x0bGetManifest\x12\x1e.relayrl.v1.GetManifestRequest\x1a\x14.relayrl.v1.Manifest\x12\x39\n\x04Pull\x12\x17.relayrl.v1.PullRequest\x1a\x16.relayrl.v1.ShardChunk0\x01\x12\x43\n\tPullBytes\x12\x1c.relayrl.v1.PullBytesRequest\x1a\x16.relayrl.v1.BytesChunk0\x01\x12?\n\x08OpenPull\x12\x1b.relayrl.v1.OpenPullRequest\x1a\x16.relayrl.v1.PullTicket\x12H\n\tClosePull\x12\x1c.relayrl.v1.ClosePullRequest\x1a\x1d.relayrl.v1.ClosePullResponse\x12K\n\nRendezvous\x12\x1d.relayrl.v1.RendezvousRequest\x1a\x1e.relayrl.v1.RendezvousResponse\x12Q\n\x0cListVersions\x12\x1f.relayrl.v1.ListVersionsRequest\x1a .relayrl.v1.ListVersionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&relayrl/contracts/proto/v1/relay.proto\x12\nrelayrl.v1\"Y\n\tShardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\"\x8e\x01\n\x08Manifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12%\n\x06shards\x18\x03 \x03(\x0b\x32\x15.relayrl.v1.ShardInfo\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x14\n\x0c\x63reated_unix\x18\x05 \x01(\x01\x12\x11\n\tsignature\x18\x06 \x01(\x0c\"9\n\nShardChunk\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\nShmHandoff\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x0f\n\x07host_id\x18\x02 \x01(\t\"\x95\x01\n\x0ePublishMessage\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x14.relayrl.v1.ManifestH\x00\x12\'\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x16.relayrl.v1.ShardChunkH\x00\x12%\n\x03shm\x18\x03 \x01(\x0b\x32\x16.relayrl.v1.ShmHandoffH\x00\x42\t\n\x07payload\":\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x02 \x01(\x03\"%\n\x12GetManifestRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\".\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06shards\x18\x02 \x03(\t\"\x15\n\x13ListVersionsRequest\"\xa3\x01\n\x14ListVersionsResponse\x12\x10\n\x08versions\x18\x01 \x03(\x03\x12\x17\n\x0fpending_version\x18\x02 \x01(\x03\x12\x1a\n\x12versions_published\x18\x03 \x01(\x03\x12\x14\n\x0cpulls_served\x18\x04 \x01(\x03\x12\x14\n\x0c\x62ytes_served\x18\x05 \x01(\x03\x12\x18\n\x10\x66\x61iled_publishes\x18\x06 \x01(\x03\"?\n\x10PullBytesRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\"\x1a\n\nBytesChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"9\n\x10PullDeltaRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x03\"i\n\nDeltaShard\x12\r\n\x05shard\x18\x01 \x01(\t\x12+\n\x08\x65ncoding\x18\x02 \x01(\x0e\x32\x19.relayrl.v1.DeltaEncoding\x12\x0f\n\x07\x63hanged\x18\x03 \x01(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x03\"\x89\x01\n\x0b\x44\x65ltaHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x03\x12&\n\x06shards\x18\x03 \x03(\x0b\x32\x16.relayrl.v1.DeltaShard\x12\x15\n\rpayload_bytes\x18\x04 \x01(\x03\x12\x14\n\x0cwhole_reason\x18\x05 \x01(\t\"R\n\nDeltaChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.relayrl.v1.DeltaHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\t\n\x07payload\")\n\nShardAlias\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\t\"\xa3\x01\n\x0fOpenPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x05plane\x18\x02 \x01(\x0e\x32\x15.relayrl.v1.DataPlane\x12\x0f\n\x07host_id\x18\x03 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x04 \x01(\t\x12\r\n\x05ranks\x18\x05 \x01(\x03\x12\'\n\x07\x61liases\x18\x06 \x03(\x0b\x32\x16.relayrl.v1.ShardAlias\"\'\n\tShmTicket\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"X\n\x0fTorchDistTicket\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x15\n\rrendezvous_id\x18\x05 \x01(\tJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03\"\xa2\x01\n\x0eVllmNcclTicket\x12\x16\n\x0emaster_address\x18\x01 \x01(\t\x12\x13\n\x0bmaster_port\x18\x02 \x01(\x03\x12\x12\n\nworld_size\x18\x03 \x01(\x03\x12 \n\x18packed_buffer_size_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12packed_num_buffers\x18\x05 \x01(\x03\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\"\xcb\x01\n\x0c\x43udaIpcShare\x12\x16\n\x0estorage_handle\x18\x01 \x01(\x0c\x12\x1a\n\x12storage_size_bytes\x18\x02 \x01(\x03\x12\x1c\n\x14storage_offset_bytes\x18\x03 \x01(\x03\x12\x1a\n\x12ref_counter_handle\x18\x04 \x01(\x0c\x12\x1a\n\x12ref_counter_offset\x18\x05 \x01(\x03\x12\x14\n\x0c\x65vent_handle\x18\x06 \x01(\x0c\x12\x1b\n\x13\x65vent_sync_required\x18\x07 \x01(\x08\"o\n\rVllmIpcTicket\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12(\n\x06shares\x18\x02 \x03(\x0b\x32\x18.relayrl.v1.CudaIpcShare\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x0f\n\x07pull_id\x18\x04 \x01(\t\"M\n\nNixlTicket\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12\x13\n\x0b\x64\x65scriptors\x18\x03 \x01(\x0c\"\xb2\x02\n\nPullTicket\x12&\n\x08manifest\x18\x01 \x01(\x0b\x32\x14.relayrl.v1.Manifest\x12\x11\n\tflat_size\x18\x02 \x01(\x03\x12$\n\x03shm\x18\x03 \x01(\x0b\x32\x15.relayrl.v1.ShmTicketH\x00\x12\x31\n\ntorch_dist\x18\x04 \x01(\x0b\x32\x1b.relayrl.v1.TorchDistTicketH\x00\x12&\n\x04nixl\x18\x05 \x01(\x0b\x32\x16.relayrl.v1.NixlTicketH\x00\x12/\n\tvllm_nccl\x18\x06 \x01(\x0b\x32\x1a.relayrl.v1.VllmNcclTicketH\x00\x12-\n\x08vllm_ipc\x18\x07 \x01(\x0b\x32\x19.relayrl.v1.VllmIpcTicketH\x00\x42\x08\n\x06ticket\"]\n\x10\x43losePullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\x05plane\x18\x02 \x01(\x0e\x32\x15.relayrl.v1.DataPlane\x12\x12\n\nagent_name\x18\x03 \x01(\t\"\x13\n\x11\x43losePullResponse\"\xf1\x01\n\x11RendezvousRequest\x12\x15\n\rrendezvous_id\x18\x01 \x01(\t\x12,\n\x02op\x18\x02 \x01(\x0e\x32 .relayrl.v1.RendezvousRequest.Op\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\r\n\x05value\x18\x04 \x01(\x0c\x12\x0e\n\x06\x61mount\x18\x05 \x01(\x03\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\"W\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\n\n\x06OP_SET\x10\x01\x12\n\n\x06OP_GET\x10\x02\x12\x0b\n\x07OP_WAIT\x10\x03\x12\x0c\n\x08OP_CHECK\x10\x04\x12\n\n\x06OP_ADD\x10\x05\"A\n\x12RendezvousResponse\x12\r\n\x05value\x18\x01 \x01(\x0c\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\r\n\x05\x63ount\x18\x03 \x01(\x03*{\n\rDeltaEncoding\x12\x1e\n\x1a\x44\x45LTA_ENCODING_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44\x45LTA_ENCODING_RAW\x10\x01\x12\x19\n\x15\x44\x45LTA_ENCODING_BITMAP\x10\x02\x12\x17\n\x13\x44\x45LTA_ENCODING_GAPS\x10\x03*\xaa\x01\n\tDataPlane\x12\x1a\n\x16\x44\x41TA_PLANE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x41TA_PLANE_GRPC\x10\x01\x12\x12\n\x0e\x44\x41TA_PLANE_SHM\x10\x02\x12\x19\n\x15\x44\x41TA_PLANE_TORCH_DIST\x10\x03\x12\x13\n\x0f\x44\x41TA_PLANE_NIXL\x10\x04\x12\x13\n\x0f\x44\x41TA_PLANE_NCCL\x10\x05\x12\x13\n\x0f\x44\x41TA_PLANE_VLLM\x10\x06\x32\x82\x05\n\x05Relay\x12\x44\n\x07Publish\x12\x1a.relayrl.v1.PublishMessage\x1a\x1b.relayrl.v1.PublishResponse(\x01\x12\x43\n\x0bGetManifest\x12\x1e.relayrl.v1.GetManifestRequest\x1a\x14.relayrl.v1.Manifest\x12\x39\n\x04Pull\x12\x17.relayrl.v1.PullRequest\x1a\x16.relayrl.v1.ShardChunk0\x01\x12\x43\n\tPullBytes\x12\x1c.relayrl.v1.PullBytesRequest\x1a\x16.relayrl.v1.BytesChunk0\x01\x12\x43\n\tPullDelta\x12\x1c.relayrl.v1.PullDeltaRequest\x1a\x16.relayrl.v1.DeltaChunk0\x01\x12?\n\x08OpenPull\x12\x1b.relayrl.v1.OpenPullRequest\x1a\x16.relayrl.v1.PullTicket\x12H\n\tClosePull\x12\x1c.relayrl.v1.ClosePullRequest\x1a\x1d.relayrl.v1.ClosePullResponse\x12K\n\nRendezvous\x12\x1d.relayrl.v1.RendezvousRequest\x1a\x1e.relayrl.v1.RendezvousResponse\x12Q\n\x0cListVersions\x12\x1f.relayrl.v1.ListVersionsRequest\x1a .relayrl.v1.ListVersionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relayrl.contracts.proto.v1.relay_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DATAPLANE']._serialized_start=2620
-  _globals['_DATAPLANE']._serialized_end=2790
+  _globals['_DELTAENCODING']._serialized_start=3009
+  _globals['_DELTAENCODING']._serialized_end=3132
+  _globals['_DATAPLANE']._serialized_start=3135
+  _globals['_DATAPLANE']._serialized_end=3305
   _globals['_SHARDINFO']._serialized_start=54
   _globals['_SHARDINFO']._serialized_end=143
   _globals['_MANIFEST']._serialized_start=146
@@ -57,34 +59,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLBYTESREQUEST']._serialized_end=950
   _globals['_BYTESCHUNK']._serialized_start=952
   _globals['_BYTESCHUNK']._serialized_end=978
-  _globals['_SHARDALIAS']._serialized_start=980
-  _globals['_SHARDALIAS']._serialized_end=1021
-  _globals['_OPENPULLREQUEST']._serialized_start=1024
-  _globals['_OPENPULLREQUEST']._serialized_end=1187
-  _globals['_SHMTICKET']._serialized_start=1189
-  _globals['_SHMTICKET']._serialized_end=1228
-  _globals['_TORCHDISTTICKET']._serialized_start=1230
-  _globals['_TORCHDISTTICKET']._serialized_end=1318
-  _globals['_VLLMNCCLTICKET']._serialized_start=1321
-  _globals['_VLLMNCCLTICKET']._serialized_end=1483
-  _globals['_CUDAIPCSHARE']._serialized_start=1486
-  _globals['_CUDAIPCSHARE']._serialized_end=1689
-  _globals['_VLLMIPCTICKET']._serialized_start=1691
-  _globals['_VLLMIPCTICKET']._serialized_end=1802
-  _globals['_NIXLTICKET']._serialized_start=1804
-  _globals['_NIXLTICKET']._serialized_end=1881
-  _globals['_PULLTICKET']._serialized_start=1884
-  _globals['_PULLTICKET']._serialized_end=2190
-  _globals['_CLOSEPULLREQUEST']._serialized_start=2192
-  _globals['_CLOSEPULLREQUEST']._serialized_end=2285
-  _globals['_CLOSEPULLRESPONSE']._serialized_start=2287
-  _globals['_CLOSEPULLRESPONSE']._serialized_end=2306
-  _globals['_RENDEZVOUSREQUEST']._serialized_start=2309
-  _globals['_RENDEZVOUSREQUEST']._serialized_end=2550
-  _globals['_RENDEZVOUSREQUEST_OP']._serialized_start=2463
-  _globals['_RENDEZVOUSREQUEST_OP']._serialized_end=2550
-  _globals['_RENDEZVOUSRESPONSE']._serialized_start=2552
-  _globals['_RENDEZVOUSRESPONSE']._serialized_end=2617
-  _globals['_RELAY']._serialized_start=2793
-  _globals['_RELAY']._serialized_end=3366
+  _globals['_PULLDELTAREQUEST']._serialized_start=980
+  _globals['_PULLDELTAREQUEST']._serialized_end=1037
+  _globals['_DELTASHARD']._serialized_start=1039
+  _globals['_DELTASHARD']._serialized_end=1144
+  _globals['_DELTAHEADER']._serialized_start=1147
+  _globals['_DELTAHEADER']._serialized_end=1284
+  _globals['_DELTACHUNK']._serialized_start=1286
+  _globals['_DELTACHUNK']._serialized_end=1368
+  _globals['_SHARDALIAS']._serialized_start=1370
+  _globals['_SHARDALIAS']._serialized_end=1411
+  _globals['_OPENPULLREQUEST']._serialized_start=1414
+  _globals['_OPENPULLREQUEST']._serialized_end=1577
+  _globals['_SHMTICKET']._serialized_start=1579
+  _globals['_SHMTICKET']._serialized_end=1618
+  _globals['_TORCHDISTTICKET']._serialized_start=1620
+  _globals['_TORCHDISTTICKET']._serialized_end=1708
+  _globals['_VLLMNCCLTICKET']._serialized_start=1711
+  _globals['_VLLMNCCLTICKET']._serialized_end=1873
+  _globals['_CUDAIPCSHARE']._serialized_start=1876
+  _globals['_CUDAIPCSHARE']._serialized_end=2079
+  _globals['_VLLMIPCTICKET']._serialized_start=2081
+  _globals['_VLLMIPCTICKET']._serialized_end=2192
+  _globals['_NIXLTICKET']._serialized_start=2194
+  _globals['_NIXLTICKET']._serialized_end=2271
+  _globals['_PULLTICKET']._serialized_start=2274
+  _globals['_PULLTICKET']._serialized_end=2580
+  _globals['_CLOSEPULLREQUEST']._serialized_start=2582
+  _globals['_CLOSEPULLREQUEST']._serialized_end=2675
+  _globals['_CLOSEPULLRESPONSE']._serialized_start=2677
+  _globals['_CLOSEPULLRESPONSE']._serialized_end=2696
+  _globals['_RENDEZVOUSREQUEST']._serialized_start=2699
+  _globals['_RENDEZVOUSREQUEST']._serialized_end=2940
+  _globals['_RENDEZVOUSREQUEST_OP']._serialized_start=2853
+  _globals['_RENDEZVOUSREQUEST_OP']._serialized_end=2940
+  _globals['_RENDEZVOUSRESPONSE']._serialized_start=2942
+  _globals['_RENDEZVOUSRESPONSE']._serialized_end=3007
+  _globals['_RELAY']._serialized_start=3308
+  _globals['_RELAY']._serialized_end=3950
 # @@protoc_insertion_point(module_scope)

@@ -19,6 +19,32 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _DeltaEncoding:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DeltaEncodingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeltaEncoding.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DELTA_ENCODING_UNSPECIFIED: _DeltaEncoding.ValueType  # 0
+    DELTA_ENCODING_RAW: _DeltaEncoding.ValueType  # 1
+    """the shard's bytes, whole"""
+    DELTA_ENCODING_BITMAP: _DeltaEncoding.ValueType  # 2
+    """a bit per element, set where it changed, then the new values"""
+    DELTA_ENCODING_GAPS: _DeltaEncoding.ValueType  # 3
+    """a byte per run of unchanged elements before each change, then values"""
+
+class DeltaEncoding(_DeltaEncoding, metaclass=_DeltaEncodingEnumTypeWrapper):
+    """How one shard's changes are coded (relayrl_torch/weights/delta.py)."""
+
+DELTA_ENCODING_UNSPECIFIED: DeltaEncoding.ValueType  # 0
+DELTA_ENCODING_RAW: DeltaEncoding.ValueType  # 1
+"""the shard's bytes, whole"""
+DELTA_ENCODING_BITMAP: DeltaEncoding.ValueType  # 2
+"""a bit per element, set where it changed, then the new values"""
+DELTA_ENCODING_GAPS: DeltaEncoding.ValueType  # 3
+"""a byte per run of unchanged elements before each change, then values"""
+Global___DeltaEncoding: _TypeAlias = DeltaEncoding  # noqa: Y015
+
 class _DataPlane:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -397,6 +423,129 @@ class BytesChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BytesChunk: _TypeAlias = BytesChunk  # noqa: Y015
+
+@_typing.final
+class PullDeltaRequest(_message.Message):
+    """A worker that holds `base_version` asks for `version`: the relay answers with the
+    changes since the base (relayrl_torch/weights/delta.py) where it still holds the base
+    and they are smaller, else with the whole version. 0 for base_version: the whole version.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    BASE_VERSION_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    base_version: _builtins.int
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        base_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullDeltaRequest: _TypeAlias = PullDeltaRequest  # noqa: Y015
+
+@_typing.final
+class DeltaShard(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_FIELD_NUMBER: _builtins.int
+    ENCODING_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    NBYTES_FIELD_NUMBER: _builtins.int
+    shard: _builtins.str
+    encoding: Global___DeltaEncoding.ValueType
+    changed: _builtins.int
+    """elements that changed (BITMAP, GAPS)"""
+    nbytes: _builtins.int
+    """bytes of this shard's code in the payload"""
+    def __init__(
+        self,
+        *,
+        shard: _builtins.str = ...,
+        encoding: Global___DeltaEncoding.ValueType = ...,
+        changed: _builtins.int = ...,
+        nbytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "encoding", b"encoding", "nbytes", b"nbytes", "shard", b"shard"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeltaShard: _TypeAlias = DeltaShard  # noqa: Y015
+
+@_typing.final
+class DeltaHeader(_message.Message):
+    """The first message of a PullDelta answer. base_version 0: the data that follows is the
+    whole version's flat buffer, as PullBytes sends it, and whole_reason says why; else the
+    shards' codes back to back, payload_bytes in all.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    BASE_VERSION_FIELD_NUMBER: _builtins.int
+    SHARDS_FIELD_NUMBER: _builtins.int
+    PAYLOAD_BYTES_FIELD_NUMBER: _builtins.int
+    WHOLE_REASON_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    base_version: _builtins.int
+    payload_bytes: _builtins.int
+    whole_reason: _builtins.str
+    @_builtins.property
+    def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeltaShard]:
+        """every shard of the version, in manifest order"""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        base_version: _builtins.int = ...,
+        shards: _abc.Iterable[Global___DeltaShard] | None = ...,
+        payload_bytes: _builtins.int = ...,
+        whole_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_version", b"base_version", "payload_bytes", b"payload_bytes", "shards", b"shards", "version", b"version", "whole_reason", b"whole_reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeltaHeader: _TypeAlias = DeltaHeader  # noqa: Y015
+
+@_typing.final
+class DeltaChunk(_message.Message):
+    """The header, then data in order (written by hand on the relay, like BytesChunk)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def header(self) -> Global___DeltaHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___DeltaHeader | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "payload", b"payload"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "payload", b"payload"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["header", "data"]  # noqa: Y015
+    _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
+
+Global___DeltaChunk: _TypeAlias = DeltaChunk  # noqa: Y015
 
 @_typing.final
 class ShardAlias(_message.Message):

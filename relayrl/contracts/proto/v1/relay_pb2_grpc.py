@@ -54,6 +54,11 @@ class RelayStub:
                 request_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.PullBytesRequest.SerializeToString,
                 response_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.BytesChunk.FromString,
                 _registered_method=True)
+        self.PullDelta = channel.unary_stream(
+                '/relayrl.v1.Relay/PullDelta',
+                request_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.PullDeltaRequest.SerializeToString,
+                response_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.DeltaChunk.FromString,
+                _registered_method=True)
         self.OpenPull = channel.unary_unary(
                 '/relayrl.v1.Relay/OpenPull',
                 request_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.OpenPullRequest.SerializeToString,
@@ -99,6 +104,13 @@ class RelayServicer:
 
     def PullBytes(self, request, context):
         """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullDelta(self, request, context):
+        """A version as the changes since one the worker holds, or whole (DeltaHeader says which).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,6 +163,11 @@ def add_RelayServicer_to_server(servicer, server):
                     servicer.PullBytes,
                     request_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.PullBytesRequest.FromString,
                     response_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.BytesChunk.SerializeToString,
+            ),
+            'PullDelta': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullDelta,
+                    request_deserializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.PullDeltaRequest.FromString,
+                    response_serializer=relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.DeltaChunk.SerializeToString,
             ),
             'OpenPull': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenPull,
@@ -281,6 +298,33 @@ class Relay:
             '/relayrl.v1.Relay/PullBytes',
             relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.PullBytesRequest.SerializeToString,
             relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.BytesChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullDelta(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/relayrl.v1.Relay/PullDelta',
+            relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.PullDeltaRequest.SerializeToString,
+            relayrl_dot_contracts_dot_proto_dot_v1_dot_relay__pb2.DeltaChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,8 @@ class RelayStub:
     Pull: _grpc.UnaryStreamMultiCallable[_relay_pb2.PullRequest, _relay_pb2.ShardChunk]
     PullBytes: _grpc.UnaryStreamMultiCallable[_relay_pb2.PullBytesRequest, _relay_pb2.BytesChunk]
     """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives."""
+    PullDelta: _grpc.UnaryStreamMultiCallable[_relay_pb2.PullDeltaRequest, _relay_pb2.DeltaChunk]
+    """A version as the changes since one the worker holds, or whole (DeltaHeader says which)."""
     OpenPull: _grpc.UnaryUnaryMultiCallable[_relay_pb2.OpenPullRequest, _relay_pb2.PullTicket]
     ClosePull: _grpc.UnaryUnaryMultiCallable[_relay_pb2.ClosePullRequest, _relay_pb2.ClosePullResponse]
     Rendezvous: _grpc.UnaryUnaryMultiCallable[_relay_pb2.RendezvousRequest, _relay_pb2.RendezvousResponse]
@@ -50,6 +52,8 @@ class RelayAsyncStub(RelayStub):
     Pull: _aio.UnaryStreamMultiCallable[_relay_pb2.PullRequest, _relay_pb2.ShardChunk]  # type: ignore[assignment]
     PullBytes: _aio.UnaryStreamMultiCallable[_relay_pb2.PullBytesRequest, _relay_pb2.BytesChunk]  # type: ignore[assignment]
     """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives."""
+    PullDelta: _aio.UnaryStreamMultiCallable[_relay_pb2.PullDeltaRequest, _relay_pb2.DeltaChunk]  # type: ignore[assignment]
+    """A version as the changes since one the worker holds, or whole (DeltaHeader says which)."""
     OpenPull: _aio.UnaryUnaryMultiCallable[_relay_pb2.OpenPullRequest, _relay_pb2.PullTicket]  # type: ignore[assignment]
     ClosePull: _aio.UnaryUnaryMultiCallable[_relay_pb2.ClosePullRequest, _relay_pb2.ClosePullResponse]  # type: ignore[assignment]
     Rendezvous: _aio.UnaryUnaryMultiCallable[_relay_pb2.RendezvousRequest, _relay_pb2.RendezvousResponse]  # type: ignore[assignment]
@@ -85,6 +89,14 @@ class RelayServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_relay_pb2.BytesChunk], _abc.AsyncIterator[_relay_pb2.BytesChunk]]:
         """The fast gRPC path: raw bytes of the flat buffer, served while a version still arrives."""
+
+    @_abc_1.abstractmethod
+    def PullDelta(
+        self,
+        request: _relay_pb2.PullDeltaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_relay_pb2.DeltaChunk], _abc.AsyncIterator[_relay_pb2.DeltaChunk]]:
+        """A version as the changes since one the worker holds, or whole (DeltaHeader says which)."""
 
     @_abc_1.abstractmethod
     def OpenPull(

@@ -1,0 +1,228 @@
+"""A version as the changes since an older one with the same layout: what the relay sends a
+worker that already holds the older version (Relay.PullDelta).
+
+Between versions a few optimizer steps apart most low-precision elements do not change (a
+bfloat16 weight moves only when its float32 master crosses half a bfloat16 step), so each
+shard is sent as whichever of these is smallest:
+
+    RAW     the shard's bytes, whole
+    BITMAP  one bit per element, set where it changed (numpy.packbits order), then the
+            changed elements' new bytes in position order
+    GAPS    a byte per changed element, the number r < 255 of unchanged ones before it
+            (since the previous change), with a byte 255 for each further 255 unchanged
+            ones; then the changed elements' new bytes in position order
+
+An unchanged shard is GAPS with nothing changed: no bytes. Elements are compared as
+integers of the dtype's width, so any dtype of 1, 2, 4 or 8 bytes is coded by element and
+any other is sent RAW. The payload is the shards' codes back to back, in manifest order.
+
+A worker refuses (BadDelta) a delta whose header or codes do not fit the manifest before it
+writes anything, and after applying checks every shard against the manifest's checksum as
+for a whole version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from relayrl.contracts.proto.v1 import relay_pb2
+from relayrl_torch.weights.layout import shard_offsets
+from relayrl_torch.weights.manifest import Manifest, ShardInfo, WeightError, torch_dtype
+
+Encoding = relay_pb2.DeltaEncoding
+RAW, BITMAP, GAPS = Encoding.DELTA_ENCODING_RAW, Encoding.DELTA_ENCODING_BITMAP, \
+    Encoding.DELTA_ENCODING_GAPS
+_ELEMENT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+SKIP = 255  # a gap byte that moves on 255 unchanged elements and marks no change
+
+
+class BadDelta(WeightError):
+    """A delta that does not fit the version it claims to build: refused before applying."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """`base`'s bytes to `target`'s: one DeltaShard per shard of the target, in manifest
+    order, and their codes back to back in `payload`."""
+    base: int
+    target: int
+    shards: tuple[relay_pb2.DeltaShard, ...]
+    payload: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload)
+
+    def header(self) -> relay_pb2.DeltaHeader:
+        return relay_pb2.DeltaHeader(version=self.target, base_version=self.base,
+                                     shards=self.shards, payload_bytes=self.nbytes)
+
+
+def same_layout(a: Manifest, b: Manifest) -> bool:
+    """Whether `b`'s shards have `a`'s names, dtypes and shapes, in order (so the offsets of
+    relayrl_torch.weights.layout agree)."""
+    return [(s.name, s.dtype, s.shape) for s in a.shards] == [
+        (s.name, s.dtype, s.shape) for s in b.shards]
+
+
+# -- gaps: runs of unchanged elements, a byte each -------------------------------------------
+
+def encode_gaps(positions: np.ndarray) -> bytes:
+    """The changed `positions` (increasing) as gap bytes: r < 255 says r unchanged elements
+    then a changed one; 255 says 255 unchanged ones and no change yet."""
+    gaps = np.diff(positions, prepend=-1) - 1
+    skips, rest = np.divmod(gaps, SKIP)
+    out = np.full(int(skips.sum()) + len(gaps), SKIP, dtype=np.uint8)
+    out[np.cumsum(skips + 1) - 1] = rest
+    return out.tobytes()
+
+
+def decode_gaps(data: np.ndarray, count: int, n: int, what: str) -> np.ndarray:
+    """The `count` changed positions that gap bytes `data` code, each below `n`, or
+    BadDelta naming `what`."""
+    change = data != SKIP
+    if int(change.sum()) != count or (len(data) and not change[-1]):
+        raise BadDelta(f"{what}: {len(data)} gap bytes do not code exactly {count} changes")
+    positions = (np.cumsum(data.astype(np.int64) + change) - 1)[change]
+    if count and positions[-1] >= n:
+        raise BadDelta(f"{what}: a changed position is past the shard's {n} elements")
+    return positions
+
+
+# -- the relay's side: encode -----------------------------------------------------------------
+
+def _element_size(info: ShardInfo) -> int | None:
+    size = torch_dtype(info.dtype).itemsize
+    return size if size in _ELEMENT else None
+
+
+def encode_shard(info: ShardInfo, base: np.ndarray, target: np.ndarray
+                 ) -> tuple[relay_pb2.DeltaShard, list[bytes | memoryview]]:
+    """The smallest code of `target`'s bytes (uint8) over `base`'s for one shard."""
+    size = _element_size(info)
+    raw = (relay_pb2.DeltaShard(shard=info.name, encoding=RAW, changed=0, nbytes=info.nbytes),
+           [memoryview(target)])
+    if size is None or not info.nbytes:
+        return raw
+    old, new = base.view(_ELEMENT[size]), target.view(_ELEMENT[size])
+    changed_mask = old != new
+    changed = int(np.count_nonzero(changed_mask))
+    n = info.nbytes // size
+    bitmap_bytes = (n + 7) // 8 + changed * size
+    if changed * (size + 1) < min(info.nbytes, bitmap_bytes):
+        positions = np.flatnonzero(changed_mask)
+        gaps = encode_gaps(positions)
+        if len(gaps) + changed * size < min(info.nbytes, bitmap_bytes):
+            values = new[positions].tobytes()
+            return (relay_pb2.DeltaShard(shard=info.name, encoding=GAPS, changed=changed,
+                                         nbytes=len(gaps) + len(values)), [gaps, values])
+    if bitmap_bytes < info.nbytes:
+        return (relay_pb2.DeltaShard(shard=info.name, encoding=BITMAP, changed=changed,
+                                     nbytes=bitmap_bytes),
+                [np.packbits(changed_mask).tobytes(), new[changed_mask].tobytes()])
+    return raw
+
+
+def encode(base: Manifest, base_flat: torch.Tensor, target: Manifest,
+           target_flat: torch.Tensor) -> Delta | None:
+    """`target` as the changes since `base` (both flat buffers, verified), or None where it
+    cannot be one (another layout) or would not be smaller than the whole version."""
+    if not same_layout(base, target):
+        return None
+    offsets = shard_offsets(target)
+    old, new = base_flat.numpy(), target_flat.numpy()
+    shards, parts, total, whole = [], [], 0, target.total_bytes
+    for info in target.shards:
+        start = offsets[info.name]
+        header, codes = encode_shard(info, old[start:start + info.nbytes],
+                                     new[start:start + info.nbytes])
+        shards.append(header)
+        parts += codes
+        total += header.nbytes
+        if total >= whole:
+            return None
+    return Delta(base.version, target.version, tuple(shards), b"".join(parts))
+
+
+# -- the worker's side: check, then apply -----------------------------------------------------
+
+@dataclass(frozen=True)
+class _Patch:
+    start: int  # the shard's offset in the flat buffer
+    info: ShardInfo
+    encoding: int
+    positions: np.ndarray | None  # the changed elements (GAPS, BITMAP)
+    values: memoryview  # their new bytes, or the whole shard (RAW)
+
+
+def _check_shard(d: relay_pb2.DeltaShard, info: ShardInfo, code: memoryview, start: int
+                 ) -> _Patch:
+    what = f"delta of shard {info.name!r}"
+    if d.encoding == RAW:
+        if d.nbytes != info.nbytes:
+            raise BadDelta(f"{what}: RAW code of {d.nbytes} bytes, the shard has {info.nbytes}")
+        return _Patch(start, info, RAW, None, code)
+    size = _element_size(info)
+    if size is None or d.encoding not in (BITMAP, GAPS):
+        raise BadDelta(f"{what}: encoding {d.encoding} does not apply to dtype {info.dtype}")
+    n = info.nbytes // size
+    if not 0 <= d.changed <= n:
+        raise BadDelta(f"{what}: changed {d.changed} is outside 0..{n} elements")
+    values_bytes = d.changed * size
+    if d.encoding == BITMAP:
+        if d.nbytes != (n + 7) // 8 + values_bytes:
+            raise BadDelta(f"{what}: BITMAP code of {d.nbytes} bytes, {n} elements with "
+                           f"{d.changed} changed need {(n + 7) // 8 + values_bytes}")
+        bits = np.frombuffer(code, dtype=np.uint8, count=(n + 7) // 8)
+        if n % 8 and bits[-1] & ((1 << (8 - n % 8)) - 1):
+            raise BadDelta(f"{what}: bits set past the shard's {n} elements")
+        positions = np.flatnonzero(np.unpackbits(bits, count=n))
+        if len(positions) != d.changed:
+            raise BadDelta(f"{what}: the bitmap marks {len(positions)} elements, the header "
+                           f"{d.changed}")
+    else:
+        if d.nbytes < values_bytes:
+            raise BadDelta(f"{what}: GAPS code of {d.nbytes} bytes cannot hold {d.changed} "
+                           f"values of {size} bytes")
+        positions = decode_gaps(np.frombuffer(code, dtype=np.uint8,
+                                              count=d.nbytes - values_bytes), d.changed, n, what)
+    return _Patch(start, info, d.encoding, positions, code[d.nbytes - values_bytes:])
+
+
+def check(header: relay_pb2.DeltaHeader, payload: memoryview, base: Manifest,
+          target: Manifest) -> list[_Patch]:
+    """What `header` and `payload` would write, every length and position checked against
+    `target`'s layout; BadDelta names the first that does not fit."""
+    if (header.version, header.base_version) != (target.version, base.version):
+        raise BadDelta(f"delta header: {header.base_version} -> {header.version}, asked "
+                       f"{base.version} -> {target.version}")
+    if not same_layout(base, target):
+        raise BadDelta(f"delta: versions {base.version} and {target.version} differ in layout")
+    if [d.shard for d in header.shards] != [s.name for s in target.shards]:
+        raise BadDelta("delta header: its shards are not the manifest's, in order")
+    if any(d.nbytes < 0 for d in header.shards) or sum(
+            d.nbytes for d in header.shards) != len(payload) or header.payload_bytes != len(
+            payload):
+        raise BadDelta(f"delta header: shard codes do not add up to the {len(payload)} "
+                       "bytes received")
+    offsets, pos, patches = shard_offsets(target), 0, []
+    for d, info in zip(header.shards, target.shards, strict=True):
+        patches.append(_check_shard(d, info, payload[pos:pos + d.nbytes], offsets[info.name]))
+        pos += d.nbytes
+    return patches
+
+
+def apply(patches: list[_Patch], flat: torch.Tensor) -> None:
+    """Write checked patches into `flat` (uint8, on the CPU), which holds the base
+    version's bytes."""
+    arr = flat.numpy()
+    for p in patches:
+        shard = arr[p.start:p.start + p.info.nbytes]
+        if p.encoding == RAW:
+            shard[:] = np.frombuffer(p.values, dtype=np.uint8)
+        elif len(p.positions):
+            element = _ELEMENT[torch_dtype(p.info.dtype).itemsize]
+            shard.view(element)[p.positions] = np.frombuffer(p.values, dtype=element)

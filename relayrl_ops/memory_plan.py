@@ -131,7 +131,9 @@ def pass_shape(cfg: RunConfig, longest_prompt: int | None = None) -> tuple[int, 
     """(tokens, rows) of the trainer's largest forward and backward pass, rows as long as the
     longest a batch holds (row_tokens): as many as trainer.micro_batch_tokens holds (at
     least one), or the whole batch when it is 0. Under trainer.shared_prefix the bound holds
-    the responses, and the distinct prompts run besides, at most one a group."""
+    the responses, and the distinct prompts run besides, at most one a group. Packed rows
+    (trainer.packing) are as wide as the longest sequence, as many as the bound holds, or
+    one row of at most the bound: no larger."""
     row, groups = row_tokens(cfg, longest_prompt), cfg.buffer.groups_per_batch
     prompt = prompt_tokens(cfg, longest_prompt)
     batch_rows = groups * cfg.buffer.group_size

@@ -13,6 +13,11 @@ first; long ones the second: a tool episode's prompt (a system message declaring
 worked calls) is several times its answers, and paid again in every pass that holds one of
 its rows it would be most of the step.
 
+Under `trainer.packing` (trainer_svc.packing) a part is rows of sequences put end to end,
+at most `trainer.micro_batch_tokens` tokens with the rows' padding tails: the part's
+sequences still arrive at the loss as rows of their own (its `batch`, cut to its longest),
+and only the forward pass takes the packed rows (its `packing`).
+
 Every loss is a sum over rows divided by the batch's normaliser (its response tokens, or
 its sequences: trainer_svc.distributed.normaliser), so a part's loss weighted by its share
 of that normaliser adds up to the whole batch's: the same split torchrun ranks rely on."""
@@ -26,6 +31,7 @@ import torch
 from relayrl_torch.sampling.length_split import plan_runs
 from trainer_svc.batching import TrainBatch, select_rows
 from trainer_svc.distributed import normaliser
+from trainer_svc.packing import Packing, plan_packed
 from trainer_svc.shared_prefix import prompt_sharing
 
 # What one more forward and backward pass costs beyond its tokens, in tokens' worth: about
@@ -39,6 +45,7 @@ class MicroBatch:
     width: int  # tokens per row: its longest row's
     weight: float  # its share of the batch's loss normaliser
     batch: TrainBatch  # its rows, cut to `width`
+    packing: Packing | None = None  # where its rows sit in packed rows, when packed
 
     def take(self, x: torch.Tensor | None) -> torch.Tensor | None:
         """The part's share of a per-row tensor of the batch: [B] or [B, L-1] (cut)."""
@@ -120,32 +127,52 @@ def _pack(units: list[list[int]], windows: list[int], prompt_of: list[int],
 
 
 def split_batch(tb: TrainBatch, max_tokens: int, aggregation: str,
-                shared_prefix: bool = False) -> list[MicroBatch]:
-    """`shared_prefix`: the parts will take the shared-prefix pass (planned as above)."""
+                shared_prefix: bool = False, packed: bool = False,
+                one_row: bool = False) -> list[MicroBatch]:
+    """`shared_prefix`: the parts will take the shared-prefix pass (planned as above).
+    `packed`: each part's sequences are packed into rows (trainer_svc.packing.plan_packed;
+    `one_row` for varlen attention kernels)."""
     row_lengths = tb.attention_mask.sum(dim=1)  # right-padded: a row's real length
     lengths = row_lengths.tolist()
-    if shared_prefix:
+    packed_rows = plan_packed(lengths, max_tokens, one_row) if packed else None
+    if packed_rows is not None:
+        plan = [[i for row in rows for i in row] for rows in packed_rows]
+    elif shared_prefix:
         first, inverse = prompt_sharing(tb)
         windows = (row_lengths - tb.prompt_lengths).tolist()
         plan = plan_shared_parts(windows, inverse.tolist(), tb.prompt_lengths[first].tolist(),
                                  max_tokens)
     else:
         plan = plan_parts(lengths, max_tokens)
+    device = tb.input_ids.device
     if len(plan) == 1:
-        return [MicroBatch(torch.arange(len(lengths)), tb.input_ids.shape[1], 1.0, tb)]
+        packing = None if packed_rows is None else Packing.build(lengths, packed_rows[0], device)
+        return [MicroBatch(torch.arange(len(lengths)), tb.input_ids.shape[1], 1.0, tb, packing)]
     whole = normaliser(aggregation, tb.response_mask).clamp(min=1.0)
     full = tb.input_ids.shape[1]
     parts = []
-    for rows in plan:
+    for k, rows in enumerate(plan):
         index = torch.tensor(rows, dtype=torch.long)
         # its longest row (2: one prediction)
         width = min(max(max(int(lengths[i]) for i in rows), 2), full)
-        rows_only = select_rows(tb, index, tb.input_ids.device)
+        rows_only = select_rows(tb, index, device)
         part = TrainBatch(**{f.name: _cut(getattr(rows_only, f.name), width, full)
                              for f in fields(tb)})
         weight = (normaliser(aggregation, part.response_mask) / whole).item()
-        parts.append(MicroBatch(index, width, weight, part))
+        packing = None if packed_rows is None else _local_packing(packed_rows[k], lengths,
+                                                                   device)
+        parts.append(MicroBatch(index, width, weight, part, packing))
     return parts
+
+
+def _local_packing(rows: list[list[int]], lengths: list[int], device: torch.device
+                   ) -> Packing:
+    """A part's packing, its rows numbered as in the part (the order of `rows`)."""
+    local, n = [], 0
+    for row in rows:
+        local.append(list(range(n, n + len(row))))
+        n += len(row)
+    return Packing.build([lengths[i] for row in rows for i in row], local, device)
 
 
 def idle_part(part: MicroBatch) -> MicroBatch:

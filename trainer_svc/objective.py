@@ -22,7 +22,14 @@ from trainer_svc.distributed import Parallel, normaliser, shard_rows
 from trainer_svc.losses import LossInputs, get_loss
 from trainer_svc.losses.advantages import overlong_penalty
 from trainer_svc.losses.ppo import ValueHead
-from trainer_svc.micro_batches import assemble, combine_stats, idle_part, split_batch
+from trainer_svc.micro_batches import (
+    MicroBatch,
+    assemble,
+    combine_stats,
+    idle_part,
+    split_batch,
+)
+from trainer_svc.packing import packed_outputs, packs_correctly, varlen
 from trainer_svc.precision import resolve_precision
 from trainer_svc.shared_prefix import prompt_sharing, shared_prefix_outputs
 
@@ -65,6 +72,9 @@ class Objective:
         self.grad_clip = tc.optimizer.grad_clip
         # checkpointed layers return no keys and values for the response pass to reuse
         self.shared_prefix = tc.shared_prefix and not tc.activation_checkpointing
+        # rows that run whole are packed: the shared-prefix pass lays rows out its own way
+        # (each prompt once, responses against its cache), which packing cannot share
+        self.packing = tc.packing and not self.shared_prefix
         self.temperature = temperature
         self.max_response_len = max_response_len
         self.overlong_buffer = tc.loss.overlong_buffer
@@ -113,14 +123,17 @@ class Objective:
             tb.response_lengths, self.max_response_len, self.overlong_buffer,
             self.overlong_factor)
 
-    def _outputs(self, model, tb: TrainBatch, **kw) -> PolicyOutputs:
+    def _outputs(self, model, part: MicroBatch, **kw) -> PolicyOutputs:
+        tb = part.batch
         with self.precision.autocast():
+            if part.packing is not None:
+                return packed_outputs(model, tb, self.temperature, part.packing, **kw)
             if not self.shared_prefix:
                 return policy_outputs(model, tb, self.temperature, **kw)
             return shared_prefix_outputs(model, tb, self.temperature, prompt_sharing(tb), **kw)
 
-    def _forward(self, model, tb: TrainBatch) -> tuple[PolicyOutputs, torch.Tensor | None]:
-        out = self._outputs(model, tb, entropy_grad=self.settings.entropy_coef > 0,
+    def _forward(self, model, part: MicroBatch) -> tuple[PolicyOutputs, torch.Tensor | None]:
+        out = self._outputs(model, part, entropy_grad=self.settings.entropy_coef > 0,
                             hidden=self.value_head is not None)
         if self.value_head is None:
             return out, None
@@ -158,15 +171,16 @@ class Objective:
         share = self.rank_share(tb) if self.parallel.active else RankShare(
             torch.arange(size), 1.0, True)
         local = select_rows(tb, share.rows, device) if self.parallel.active else tb.to(device)
+        packed = self.packing and packs_correctly(model)
         parts = split_batch(local, self.micro_batch_tokens, self.loss.aggregation,
-                            self.shared_prefix)
+                            self.shared_prefix, packed, packed and varlen(model))
         real = len(parts)
         if self.parallel.active:  # FSDP gathers weights in every pass: ranks pass alike
             count = int(self.parallel.max(torch.tensor([len(parts)])).item())
             parts += [idle_part(parts[-1])] * (count - len(parts))
-        ref_logprobs = [self._reference_logprobs(model, p.batch) for p in parts]
+        ref_logprobs = [self._reference_logprobs(model, p) for p in parts]
         # GAE needs every row's value before any loss: those passes serve the first step too
-        first = [self._forward(model, p.batch) for p in parts] if self.value_head else None
+        first = [self._forward(model, p) for p in parts] if self.value_head else None
         old_values = None if first is None else assemble(
             parts[:real], [v.detach() for _, v in first[:real]], local.response_mask)
         # on the whole batch, as one process would: some estimators normalise over it
@@ -188,7 +202,7 @@ class Objective:
                 if first is not None and i == 0:
                     (out, values), first[k] = first[k], None  # its graph goes with it
                 else:
-                    out, values = self._forward(model, part.batch)
+                    out, values = self._forward(model, part)
                 if i == 0:
                     old_logprobs[k] = out.logprobs.detach()
                     old_part_values[k] = None if values is None else values.detach()
@@ -227,14 +241,14 @@ class Objective:
         bad = not (all(math.isfinite(x) for x in losses) and bool(torch.isfinite(grad_norm)))
         return not bool(self.parallel.max(torch.tensor([float(bad)])).item())
 
-    def _reference_logprobs(self, model, batch: TrainBatch) -> torch.Tensor | None:
+    def _reference_logprobs(self, model, part: MicroBatch) -> torch.Tensor | None:
         if self.reference_is_base:
             with torch.no_grad(), model.disable_adapter():
-                return self._outputs(model, batch).logprobs
+                return self._outputs(model, part).logprobs
         if self.reference is None:
             return None
         with torch.no_grad():
-            return self._outputs(self.reference, batch).logprobs
+            return self._outputs(self.reference, part).logprobs
 
     def _whole_batch_stats(self, stats: dict[str, float], weight: float) -> dict[str, float]:
         """Maxima over the ranks; other stats weighted by the ranks' shares of the

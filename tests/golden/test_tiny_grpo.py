@@ -22,3 +22,11 @@ def test_activation_checkpointing_reproduces_the_reference():
     path, bad = closest_drift(run(activation_checkpointing=True))
     assert not bad, (f"{len(bad)} figures drifted with trainer.activation_checkpointing from "
                      f"{path.name}:\n" + "\n".join(bad[:20]))
+
+
+def test_packed_rows_reproduce_the_reference():
+    """Rows run whole with their sequences packed end to end (trainer.packing, the
+    shared-prefix pass off) give the same run."""
+    path, bad = closest_drift(run(shared_prefix=False, packing=True))
+    assert not bad, (f"{len(bad)} figures drifted with trainer.packing from "
+                     f"{path.name}:\n" + "\n".join(bad[:20]))

@@ -71,7 +71,7 @@ class SubmitLimits:
 
     def of_samples(self, latest_version: int) -> SampleLimits:
         return SampleLimits(self.model.vocab_size, self.model.context_length, self.model.source,
-                            self.reward_range, latest_version)
+                            self.reward_range, latest_version, self.model.experts)
 
 
 def to_samples(request: buffer_pb2.SubmitRequest, limits: SubmitLimits,

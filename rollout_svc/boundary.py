@@ -165,7 +165,7 @@ class SegmentBoundary:
             prompt_id=lease.prompt_id, lease_id=lease.lease_id,
             worker_id=self.settings.worker_id,
             prompt_tokens=group.prompt_tokens, response_tokens=seq.tokens,
-            logprobs=seq.logprobs, versions=seq.versions, reward=reward,
+            logprobs=seq.logprobs, versions=seq.versions, reward=reward, routes=seq.routes,
             finish_reason=seq.finish_reason, reward_error=error)
             for seq, (reward, error) in zip(group.sequences, scores, strict=True)]
 

@@ -51,7 +51,7 @@ from relayrl_tasks.episodes.play import (
 )
 from relayrl_tasks.episodes.turns import TurnGlue
 from relayrl_torch.models.loading import LoadedModel
-from rollout_svc.engines.api import Engine, SamplingSpec
+from rollout_svc.engines.api import Engine, SamplingSpec, fed_routes
 from rollout_svc.episodes import Episode, EpisodeGroup, PendingStep
 from rollout_svc.group_generator import GroupGenerator
 
@@ -159,7 +159,8 @@ class EpisodeGenerator(GroupGenerator):
         started = []
         for (e, room), out in zip(todo, outs, strict=True):
             tokens = out.tokens[:room]
-            e.add_model_turn(tokens, out.logprobs[:room], version)
+            e.add_model_turn(tokens, out.logprobs[:room], version,
+                             fed_routes(out, len(e.context), room))
             e.last_reply = reply = self.lm.decode(tokens)
             if not (out.finish_reason == "stop" and len(out.tokens) <= room):
                 e.end("length")  # cut by the token budget or the context: no step on half

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from relayrl.contracts.leases import LeasedPrompt
 from relayrl.contracts.messages import FinishReason, Sample
 from relayrl.contracts.partial import PartialSequence
@@ -69,13 +71,15 @@ class Episode:
     def policy_tokens(self) -> int:
         return self.mask.policy_tokens
 
-    def add_model_turn(self, tokens: list[int], logprobs: list[float], version: int) -> None:
-        self.seq.extend(tokens, logprobs, version)
+    def add_model_turn(self, tokens: list[int], logprobs: list[float], version: int,
+                       routes: np.ndarray | None = None) -> None:
+        self.seq.extend(tokens, logprobs, version, routes)
         self.mask.add_model(len(tokens))
         self.turns += 1
 
     def add_env_tokens(self, tokens: list[int], version: int) -> None:
-        self.seq.extend(tokens, [0.0] * len(tokens), version)
+        # the environment's tokens are fed by the next turn's call, which routes them all
+        self.seq.extend(tokens, [0.0] * len(tokens), version, self.seq.routes)
         self.mask.add_env(len(tokens))
 
     def end(self, reason: str, error: str = "") -> None:
@@ -122,5 +126,13 @@ def episode_samples(lease: LeasedPrompt, group: EpisodeGroup, worker_id: str,
         prompt_id=lease.prompt_id, lease_id=lease.lease_id, worker_id=worker_id,
         prompt_tokens=e.prompt_tokens, response_tokens=e.seq.tokens, logprobs=e.seq.logprobs,
         versions=e.seq.versions, reward=reward, finish_reason=e.seq.finish_reason,
-        reward_error=error, loss_mask=e.mask.loss_mask())
+        reward_error=error, loss_mask=e.mask.loss_mask(), routes=_covering(e))
         for e, (reward, error) in zip(group.episodes, scores, strict=True)]
+
+
+def _covering(e: Episode) -> np.ndarray | None:
+    """The episode's routes when they cover its every fed position: not when it ends on the
+    environment's tokens, which no call fed."""
+    routes = e.seq.routes
+    fed = len(e.prompt_tokens) + len(e.seq.tokens) - 1
+    return routes if routes is not None and routes.shape[1] == fed else None

@@ -16,7 +16,7 @@ from relayrl.contracts.partial import PartialGroup, PartialSequence
 from relayrl.contracts.streams import TrajectoryWriter
 from relayrl.rules.staleness import must_restart
 from relayrl_torch.models.loading import LoadedModel
-from rollout_svc.engines.api import Engine, SamplingSpec
+from rollout_svc.engines.api import Engine, SamplingSpec, fed_routes
 from rollout_svc.synthetic_lengths import target_length
 
 log = logging.getLogger(__name__)
@@ -171,11 +171,12 @@ class GroupGenerator:
         with self.engine.lock:  # no swap between reading the version and sampling with it
             version = self.engine.version
             outs = self.engine.generate([g.prompt_tokens + s.tokens for g, s, _ in todo], spec)
-        for (_, seq, limit), out in zip(todo, outs, strict=True):
+        for (g, seq, limit), out in zip(todo, outs, strict=True):
             if seq.versions and seq.versions[-1] != version:
                 self.mid_sequence_swaps += 1
             keep = limit - len(seq.tokens)
-            seq.extend(out.tokens[:keep], out.logprobs[:keep], version)
+            seq.extend(out.tokens[:keep], out.logprobs[:keep], version,
+                       routes=fed_routes(out, len(g.prompt_tokens) + len(seq.tokens), keep))
             if out.finish_reason == "stop" and len(out.tokens) <= keep:
                 seq.finish_reason = "stop"
             elif len(seq.tokens) >= limit:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from relayrl.contracts.messages import Batch, Group
+from relayrl_torch.models.routing import replayed
 from trainer_svc.losses.advantages import group_advantages, is_uniform
 from trainer_svc.losses.regularizers import entropy_from_logprobs
 from trainer_svc.output_layer import decoder_hidden, output_weight, token_stats
@@ -27,6 +28,9 @@ class TrainBatch:
     response_lengths: torch.Tensor  # [B]
     prompt_lengths: torch.Tensor  # [B] tokens before the response
     prefix_ids: torch.Tensor  # [B] rows with the same id start with the same prompt tokens
+    # [B, L, moe layers, top_k] int16: the experts the engine routed each position to, -1
+    # where it recorded none (the router chooses); [B, L, 0, 0] when nothing is replayed
+    routes: torch.Tensor
 
     def to(self, device: torch.device) -> TrainBatch:
         """This batch on `device`: itself when it is there already (collated on the CPU, it
@@ -106,7 +110,10 @@ def split_uniform(groups: list[Group]) -> tuple[list[Group], list[Group]]:
     return varied, uniform
 
 
-def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool) -> TrainBatch:
+def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool,
+            replay: bool = False) -> TrainBatch:
+    """`replay`: carry the samples' routes (trainer.routing_replay on a mixture of experts;
+    a sample without any is routed by the trainer's routers)."""
     samples = [s for g in groups for s in g.samples]
     prompts: dict[bytes, int] = {}
     advantages = torch.cat([
@@ -121,6 +128,10 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
     resp_mask = torch.zeros((b, width - 1))
     behaviour = torch.zeros((b, width - 1))
     versions = torch.full((b, width - 1), -1, dtype=torch.long)
+    shapes = {s.routes.shape[::2] for s in samples if s.routes is not None} if replay else ()
+    assert len(shapes) <= 1, f"routes of several shapes: {shapes}"  # screened (quarantine)
+    layers, top_k = next(iter(shapes), (0, 0))
+    routes = torch.full((b, width, layers, top_k), -1, dtype=torch.int16)
     for i, s in enumerate(samples):
         p, r = len(s.prompt_tokens), len(s.response_tokens)
         ids[i, :p] = torch.from_numpy(s.prompt_tokens.astype("int64"))
@@ -130,6 +141,8 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
         resp_mask[i, p - 1:p - 1 + r] = torch.from_numpy(s.policy_token_mask.astype("float32"))
         behaviour[i, p - 1:p - 1 + r] = torch.from_numpy(s.logprobs.copy())
         versions[i, p - 1:p - 1 + r] = torch.from_numpy(s.versions.astype("int64"))
+        if layers and s.routes is not None:  # every position but the last: [P+R-1, ...]
+            routes[i, :p + r - 1] = torch.from_numpy(s.routes.astype("int16")).transpose(0, 1)
     return TrainBatch(
         input_ids=ids, attention_mask=attn, response_mask=resp_mask,
         behaviour_logprobs=behaviour, token_versions=versions, advantages=advantages,
@@ -141,6 +154,7 @@ def collate(groups: list[Group], version: int, pad_id: int, scale_rewards: bool)
         prompt_lengths=torch.tensor([len(s.prompt_tokens) for s in samples]),
         prefix_ids=torch.tensor([prompts.setdefault(s.prompt_tokens.tobytes(), len(prompts))
                                  for s in samples]),
+        routes=routes,
     )
 
 
@@ -158,14 +172,16 @@ def policy_outputs(model, batch: TrainBatch, temperature: float, *, entropy_grad
     state on the same positions."""
     weight = output_weight(model, batch.input_ids.numel())
     if weight is not None:  # the output layer a chunk of positions at a time
-        h, _ = decoder_hidden(model, input_ids=batch.input_ids,
-                              attention_mask=batch.attention_mask)
+        with replayed(model, batch.routes):
+            h, _ = decoder_hidden(model, input_ids=batch.input_ids,
+                                  attention_mask=batch.attention_mask)
         h = h[:, :-1]
         logprobs, entropy = token_stats(h, weight, batch.input_ids[:, 1:], temperature,
                                         entropy_grad)
         return PolicyOutputs(logprobs=logprobs, entropy=entropy, hidden=h if hidden else None)
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                output_hidden_states=hidden)
+    with replayed(model, batch.routes):
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    output_hidden_states=hidden)
     logprobs, entropy = next_token_stats(out.logits[:, :-1], batch.input_ids[:, 1:],
                                          temperature, entropy_grad)
     return PolicyOutputs(

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from relayrl.config import TrainerRun
+from relayrl.config import ConfigError, TrainerRun
 from relayrl.contracts import control
 from relayrl.contracts.codec import CodecError
 from relayrl.contracts.keys import TRAINER_GROUP, RunKeys
@@ -33,6 +33,7 @@ from relayrl_torch.evaluation import build_sets, evaluate_sets
 from relayrl_torch.evaluation.runner import sequences
 from relayrl_torch.models import pretrained_dir
 from relayrl_torch.models.loading import LoadedModel
+from relayrl_torch.models.routing import routers
 from relayrl_torch.sampling.sampler import Stopped
 from trainer_svc.batching import TrainBatch, collate, split_stale, split_uniform
 from trainer_svc.books import Books, RedisLink
@@ -70,6 +71,13 @@ class Trainer:
         self.learner = Learner(cfg, lm, parallel)
         self.objective = self.learner.objective
         self.optimizer = self.learner.optimizer
+        # a dense model has no routes to replay: trainer.routing_replay changes nothing there
+        self.replays_routes = self.tc.routing_replay and bool(routers(lm.model))
+        if self.replays_routes and self.tc.activation_checkpointing:
+            raise ConfigError("trainer.routing_replay with trainer.activation_checkpointing: "
+                              "the backward pass's recomputed layers would route by "
+                              f"themselves ({lm.model.config.model_type} is a mixture of "
+                              "experts); turn one of them off")
         # Eval and the engine check run the model on rank 0 alone, which a model split over
         # ranks cannot do: off under torchrun for now.
         single = not self.learner.parallel.active
@@ -260,7 +268,8 @@ class Trainer:
     def _update(self, groups: list[Group], version: int
                 ) -> tuple[TrainBatch, UpdateResult, object]:
         """The collated batch, the update on it, and the engine check's re-scored tokens."""
-        tb = collate(groups, version, self.lm.pad_id, self.tc.loss.scales_by_group_std)
+        tb = collate(groups, version, self.lm.pad_id, self.tc.loss.scales_by_group_std,
+                     replay=self.replays_routes)
         model = self.lm.model
         rescored = None
         if self.engine_check_seqs:
@@ -268,7 +277,8 @@ class Trainer:
             with self.objective.precision.autocast():  # as the update's own passes
                 rescored = rescore_older_tokens(
                     model, self.history, tb.input_ids, tb.attention_mask, tb.response_mask,
-                    tb.token_versions, self.settings.temperature, self.engine_check_seqs)
+                    tb.token_versions, self.settings.temperature, self.engine_check_seqs,
+                    tb.routes)
 
         def before_first_step() -> None:
             self.publisher.fence()  # the last published snapshot must be taken first

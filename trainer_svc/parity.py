@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from relayrl_torch.models.routing import replayed
 from relayrl_torch.weights.shm_handoff import StagedVersion
 
 
@@ -54,6 +55,17 @@ def logprob_gaps(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: to
         out["engine_logp_absdiff"] = absdiff
         out["engine_kl"] = kl
     return out
+
+
+def replayed_share(tb) -> float | None:
+    """The share of the batch's policy tokens predicted at a position that replayed the
+    engine's experts (TrainBatch.routes); None when the batch replays none (a dense model,
+    trainer.routing_replay off)."""
+    if tb.routes.shape[2] == 0:
+        return None
+    mask = tb.response_mask > 0
+    replayed = (tb.routes[:, :-1] >= 0).all(-1).all(-1) & mask
+    return (replayed.sum() / mask.sum().clamp(min=1)).item()
 
 
 class VersionHistory:
@@ -127,12 +139,14 @@ def _views(shipped: StagedVersion, params: dict[str, torch.Tensor]
 @torch.no_grad()
 def rescore_older_tokens(model: torch.nn.Module, history: VersionHistory, input_ids, attention_mask,
                          mask: torch.Tensor, token_versions: torch.Tensor, temperature: float,
-                         max_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
+                         max_seqs: int, routes: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of up to `max_seqs` sequences' older-version tokens under the very
     version that sampled each, newest versions first: (logp [B, T], 1.0 where re-scored).
     The batch's tensors and the results are on the CPU; the passes, one row each (a pass's
     logits are [tokens, vocabulary]: 150 MB for a 768-token SmolLM2 row), run on the
-    model's device, in whatever autocast context the caller holds (the trainer's precision)."""
+    model's device, in whatever autocast context the caller holds (the trainer's precision),
+    replaying `routes` (TrainBatch.routes) as the update's passes do."""
     device = next(model.parameters()).device
     logp = torch.zeros_like(mask, dtype=torch.float32)
     scored = torch.zeros_like(mask, dtype=torch.float32)
@@ -147,10 +161,11 @@ def rescore_older_tokens(model: torch.nn.Module, history: VersionHistory, input_
         budget -= len(rows)
         for row in rows.tolist():
             ids = input_ids[row:row + 1].to(device)
-            logits = torch.func.functional_call(
-                model, history.get(version),
-                kwargs={"input_ids": ids,
-                        "attention_mask": attention_mask[row:row + 1].to(device)}).logits
+            with replayed(model, None if routes is None else routes[row:row + 1].to(device)):
+                logits = torch.func.functional_call(
+                    model, history.get(version),
+                    kwargs={"input_ids": ids,
+                            "attention_mask": attention_mask[row:row + 1].to(device)}).logits
             lp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
             lp = lp.gather(-1, ids[:, 1:, None]).squeeze(-1).cpu()[0]
             logp[row] = torch.where(tokens[row], lp, logp[row])

@@ -28,6 +28,7 @@ import numpy as np
 from relayrl.config import ModelLimits
 from relayrl.contracts.keys import RunKeys
 from relayrl.contracts.messages import Batch, Group
+from relayrl_torch.models.routing import expert_count
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ def live_limits(model) -> ModelLimits:
     rows and its config's context length (0 where the config names none: not checked)."""
     vocab = model.get_input_embeddings().num_embeddings
     context = getattr(model.config, "max_position_embeddings", None)
-    return ModelLimits(vocab, context if isinstance(context, int) else 0, "the trainer's model")
+    return ModelLimits(vocab, context if isinstance(context, int) else 0, "the trainer's model",
+                       expert_count(model))
 
 
 def group_problem(g: Group, limits: ModelLimits) -> str | None:
@@ -75,6 +77,15 @@ def group_problem(g: Group, limits: ModelLimits) -> str | None:
                     f"of {limits.source} ({limits.context_length})")
         if not np.isfinite(s.logprobs).all():
             return f"{where}.logprobs: not all finite"
+        if s.routes is not None:
+            layers, experts, top_k = limits.experts
+            shape = (layers, length - 1, top_k)
+            if s.routes.shape != shape:
+                return (f"{where}.routes: shape {s.routes.shape} does not fit {limits.source} "
+                        f"({shape}: expert layers, positions fed, top_k)")
+            if s.routes.size and int(s.routes.max()) >= experts:
+                return (f"{where}.routes: expert {int(s.routes.max())} is past the "
+                        f"{experts} experts of {limits.source}")
         if not (math.isfinite(s.reward) and abs(s.reward) <= FLOAT32_MAX):
             return f"{where}.reward: {s.reward} is not a finite float32 (|r| <= {FLOAT32_MAX:g})"
     return None

@@ -32,7 +32,7 @@ from relayrl_tasks.episodes.sequence import episode_counts
 from relayrl_tasks.rewards.scoring import reward_error_kind
 from trainer_svc.batching import TrainBatch, lag_histogram, token_lag_histogram
 from trainer_svc.objective import UpdateResult
-from trainer_svc.parity import logprob_gaps
+from trainer_svc.parity import logprob_gaps, replayed_share
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,7 @@ def _trained(r: StepResult) -> StepRecord:
         env_error_kinds=errors.environment,
         episodes=episodes[0] if episodes else None,
         turns=episodes[1] if episodes else None,
+        routes_replayed_frac=replayed_share(tb),
         **logprob_gaps(update.old_logprobs, tb.behaviour_logprobs, tb.response_mask,
                        tb.token_versions, r.version, r.rescored))
     return losses.updated(StepRecord(r.version + 1, figures))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from relayrl_torch.models.routing import replayed
 from trainer_svc.batching import PolicyOutputs, TrainBatch, next_token_stats
 from trainer_svc.output_layer import decoder_hidden, output_weight, token_stats
 
@@ -71,6 +72,10 @@ def shared_prefix_outputs(model, batch: TrainBatch, temperature: float,
                      "past_key_values": DynamicCache(config=model.config), "use_cache": True}
     response_inputs = {"input_ids": targets, "position_ids": at, "use_cache": True,
                        "attention_mask": torch.cat([p_mask[inverse], r_mask], dim=1)}
+    # each pass replays its own positions' routes (relayrl_torch.models.routing)
+    prompt_routes = batch.routes[first, :p]
+    rows = torch.arange(len(inverse), device=device)[:, None]
+    response_routes = batch.routes[rows, at.clamp(max=width - 1)]
 
     def window(last: torch.Tensor, response_out: torch.Tensor) -> torch.Tensor:
         """Per-position outputs that predict response tokens 0..r-1: each row's prompt's
@@ -82,9 +87,11 @@ def shared_prefix_outputs(model, batch: TrainBatch, temperature: float,
 
     weight = output_weight(model, targets.numel())
     if weight is not None:  # the output layer a chunk of positions at a time
-        prompt_h, cache = decoder_hidden(model, **prompt_inputs)
+        with replayed(model, prompt_routes):
+            prompt_h, cache = decoder_hidden(model, **prompt_inputs)
         cache.batch_select_indices(inverse)
-        response_h, _ = decoder_hidden(model, **response_inputs, past_key_values=cache)
+        with replayed(model, response_routes):
+            response_h, _ = decoder_hidden(model, **response_inputs, past_key_values=cache)
         h = window(prompt_h[inverse, prompt_len - 1], response_h)
         taken, entropy = token_stats(h, weight, targets, temperature, entropy_grad)
         return PolicyOutputs(logprobs=in_rows(taken * r_mask), entropy=in_rows(entropy),
@@ -93,10 +100,13 @@ def shared_prefix_outputs(model, batch: TrainBatch, temperature: float,
     # a prompt's logits are read at its last position alone: the output layer runs on those
     # positions only (a few instead of every prompt token, [tokens, vocabulary] each)
     ends, end_of = torch.unique(prompt_len[first] - 1, return_inverse=True)
-    prompts = model(**prompt_inputs, output_hidden_states=hidden, logits_to_keep=ends)
+    with replayed(model, prompt_routes):
+        prompts = model(**prompt_inputs, output_hidden_states=hidden, logits_to_keep=ends)
     cache = prompts.past_key_values
     cache.batch_select_indices(inverse)
-    responses = model(**response_inputs, past_key_values=cache, output_hidden_states=hidden)
+    with replayed(model, response_routes):
+        responses = model(**response_inputs, past_key_values=cache,
+                          output_hidden_states=hidden)
     taken, entropy = next_token_stats(
         window(prompts.logits[inverse, end_of[inverse]], responses.logits), targets,
         temperature, entropy_grad)

@@ -38,6 +38,8 @@ class ModelLimits:
     vocab_size: int  # token ids must be in [0, vocab_size): the embedding's rows
     context_length: int  # most tokens (prompt + response) in one sequence
     source: str  # where the numbers come from, for refusals and logs
+    # a mixture of experts' (moe layers, experts, top_k), what routes must fit; dense: 0s
+    experts: tuple[int, int, int] = (0, 0, 0)
 
 
 def read_model_limits(model_dir: str | Path) -> ModelLimits:
@@ -57,7 +59,33 @@ def read_model_limits(model_dir: str | Path) -> ModelLimits:
     if vocab < 1 or context < 1:
         raise ValueError(f"model.path: {path} gives no positive vocab_size and context length "
                          f"(one of {list(_CONTEXT_KEYS)})")
-    return ModelLimits(vocab, context, str(path))
+    return ModelLimits(vocab, context, str(path), _experts(scopes))
+
+
+def _experts(scopes: list[dict]) -> tuple[int, int, int]:
+    """(moe layers, experts, top_k) of a config's scopes (its top level, its text_config)."""
+    for scope in scopes:
+        layers, experts, top_k = expert_layers(scope)
+        if layers:
+            return len(layers), experts, top_k
+    return 0, 0, 0
+
+
+def expert_layers(config: dict) -> tuple[list[int], int, int]:
+    """(the decoder layers that are mixtures of experts, experts per layer, top_k) of a
+    Hugging Face config's dict: Qwen-MoE's num_experts and Mixtral's num_local_experts; every
+    decoder_sparse_step-th layer not in mlp_only_layers (Qwen), else every layer (Mixtral).
+    ([], 0, 0) for a dense model."""
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    top_k = config.get("num_experts_per_tok")
+    layers = config.get("num_hidden_layers")
+    if not (isinstance(experts, int) and isinstance(top_k, int) and isinstance(layers, int)
+            and experts > 0 and top_k > 0):
+        return [], 0, 0
+    step = config.get("decoder_sparse_step") or 1
+    dense = set(config.get("mlp_only_layers") or [])
+    return ([i for i in range(layers) if i not in dense and (i + 1) % step == 0], experts,
+            top_k)
 
 
 DTYPES = ("float32", "bfloat16", "float16")

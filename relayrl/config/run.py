@@ -575,7 +575,8 @@ class RunConfig(RunCommon):
                           lease=lease, relays=self.relay_link(), live=self.live_defaults(),
                           prompts=self.prompt_terms(), lora=self.trainer.lora,
                           vllm_transfer=(self.vllm_transfer(r.worker_index)
-                                         if r.weight_plane == "vllm" else None))
+                                         if r.weight_plane == "vllm" else None),
+                          routing_replay=self.trainer.routing_replay)
 
     def part(self, service: str) -> ServicePart:
         """What `python -m <service>` is handed: the service's part (relayrl.config.services)."""

@@ -328,8 +328,9 @@ class RolloutRun(PromptedPart):
     """A rollout worker's part (rollout_svc): its section and the bench's synthetic lengths;
     the buffer's group shape and what it takes; the scheduler's lease terms; how it reaches
     the relays; the live defaults; the prompt terms; the trainer's adapter (trainer.lora),
-    which the versions it pulls are; and, on the vllm weight plane, the transfer engine its
-    vLLM engine starts with (RunConfig.vllm_transfer)."""
+    which the versions it pulls are; on the vllm weight plane, the transfer engine its
+    vLLM engine starts with (RunConfig.vllm_transfer); and whether the trainer replays a
+    mixture of experts' routes (trainer.routing_replay), which its engine then records."""
 
     rollout: RolloutConfig
     bench: BenchConfig
@@ -340,6 +341,7 @@ class RolloutRun(PromptedPart):
     live: LiveDefaults
     lora: LoraConfig | None
     vllm_transfer: Literal["ipc", "nccl"] | None
+    routing_replay: bool  # trainer.routing_replay: record each token's experts
 
 
 def inflight_limit(scheduler: SchedulerConfig, groups_per_batch: int, max_staleness: int) -> int:

@@ -168,6 +168,13 @@ class TrainerConfig(StrictModel):
         "a third more compute. The same gradients. Rows then run whole (shared_prefix is off: "
         "checkpointed layers keep no keys and values for the responses to reuse).",
     )
+    routing_replay: bool = Field(
+        True, description="For a mixture-of-experts model: the rollout engine records the "
+        "experts it routed every token to, and the trainer's forward takes those experts in "
+        "place of its router's top-k, weighting them by its router's softmax "
+        "(relayrl_torch.models.routing), so a near-tie the engine's rounding broke the other "
+        "way moves no log-probability. A dense model has no routes: nothing changes.",
+    )
     mmap_threshold_mib: int | None = Field(
         None, ge=1, le=32,
         description="Allocations of at least this many MiB get their own mapping, returned "

@@ -42,6 +42,10 @@ class Sample(Wire, tag="sample"):
     # uint8 [R]: 1 on tokens the policy produced, 0 on tokens a tool or environment inserted
     # into a multi-turn response; None means every response token is the policy's
     loss_mask: np.ndarray | None = None
+    # uint8 (int16 past 256 experts) [moe layers, P + R - 1, top_k]: the experts the engine
+    # routed each fed position to (the prompt and the response but its last token), for the
+    # trainer's routing replay (relayrl_torch.models.routing); None: the trainer routes itself
+    routes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.prompt_tokens = _array(self.prompt_tokens, np.int32, "prompt_tokens", 2**31)
@@ -50,6 +54,8 @@ class Sample(Wire, tag="sample"):
         self.versions = _array(self.versions, np.int64, "versions", 2**63)
         if self.loss_mask is not None:
             self.loss_mask = _array(self.loss_mask, np.uint8, "loss_mask", 2)
+        if self.routes is not None:
+            self.routes = _routes(self.routes)
         self.reward = float(self.reward)
         try:
             self.finish_reason = FinishReason(self.finish_reason)
@@ -92,6 +98,25 @@ def _array(value, dtype, name: str, bound: int | None = None) -> np.ndarray:
     return arr.astype(dtype, copy=False)
 
 
+def _routes(value) -> np.ndarray | None:
+    """Routes as a [layers, tokens, top_k] array of expert indices (uint8 when they fit, else
+    int16), from an array or from the wire's ExpertRoutes (layers, top_k, the experts
+    flattened; none given: None)."""
+    if hasattr(value, "experts"):  # relayrl.v1.ExpertRoutes
+        if not value.experts:
+            return None
+        flat = np.asarray(value.experts, dtype=np.int64)
+        if value.layers < 1 or value.top_k < 1 or flat.size % (value.layers * value.top_k):
+            raise CodecError(f"sample.routes: {flat.size} experts do not make [layers "
+                             f"{value.layers}, tokens, top_k {value.top_k}]")
+        value = flat.reshape(value.layers, -1, value.top_k)
+    arr = _array(value, np.int16, "routes", 2**15)
+    if arr.ndim != 3:
+        raise CodecError(f"sample.routes: must be [layers, tokens, top_k], got {arr.ndim} "
+                         "dimensions")
+    return arr.astype(np.uint8) if arr.size == 0 or arr.max() < 256 else arr
+
+
 @dataclass(frozen=True)
 class SampleLimits:
     """The run's bounds on a sample made outside it (Buffer.Submit): the model's vocabulary
@@ -103,6 +128,8 @@ class SampleLimits:
     model: str  # where the model's limits come from, for the messages
     reward_range: tuple[float, float]
     latest_version: int
+    # the model's mixture of experts: (moe layers, experts, top_k); (0, 0, 0): dense
+    experts: tuple[int, int, int] = (0, 0, 0)
 
 
 def validate_sample(s: Sample, limits: SampleLimits | None = None) -> None:
@@ -136,6 +163,8 @@ def validate_sample(s: Sample, limits: SampleLimits | None = None) -> None:
         j = int(np.flatnonzero(bad)[0])
         raise CodecError(f"sample.logprobs[{j}]: {float(s.logprobs[j])!r} is not a finite "
                          f"log-probability <= 0 (tolerance {LOGPROB_TOLERANCE:g})")
+    if s.routes is not None:
+        _check_routes(s, limits)
     if limits is not None and np.any(s.versions > limits.latest_version):
         j = int(np.argmax(s.versions))
         raise CodecError(f"sample.versions[{j}]: version {int(s.versions[j])} is newer than "
@@ -147,6 +176,29 @@ def validate_sample(s: Sample, limits: SampleLimits | None = None) -> None:
                              f"[{low:g}, {high:g}]")
     elif not np.isfinite(s.reward):
         raise CodecError(f"sample.reward: {s.reward!r} is not finite")
+
+
+def _check_routes(s: Sample, limits: SampleLimits | None) -> None:
+    """Routes cover every fed position, and with `limits` fit the model's experts."""
+    fed = len(s.prompt_tokens) + len(s.response_tokens) - 1
+    layers, tokens, top_k = s.routes.shape
+    if tokens != fed:
+        raise CodecError(f"sample.routes: {tokens} positions for {fed} fed tokens (the prompt "
+                         "and the response but its last)")
+    if limits is None:
+        return
+    moe_layers, experts, experts_per_token = limits.experts
+    if not experts:
+        raise CodecError(f"sample.routes: the model ({limits.model}) has no mixture of "
+                         "experts to route")
+    if (layers, top_k) != (moe_layers, experts_per_token):
+        raise CodecError(f"sample.routes: [{layers}, {tokens}, {top_k}] for a model of "
+                         f"{moe_layers} expert layers, top_k {experts_per_token} "
+                         f"({limits.model})")
+    if s.routes.size and int(s.routes.max()) >= experts:
+        where = np.unravel_index(int(np.argmax(s.routes)), s.routes.shape)
+        raise CodecError(f"sample.routes[{', '.join(map(str, where))}]: expert "
+                         f"{int(s.routes[where])} is outside [0, {experts}) ({limits.model})")
 
 
 def _check_tokens(s: Sample, limits: SampleLimits) -> None:

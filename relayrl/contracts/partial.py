@@ -2,13 +2,16 @@
 segments, and what a worker hands back to the scheduler so another can resume it.
 
 Each sequence keeps, per token, the log-probability it was sampled with and the policy
-version that sampled it, so a resumed sequence is trained exactly as if it had never moved.
+version that sampled it, so a resumed sequence is trained exactly as if it had never moved;
+and, from a mixture of experts whose engine records them, the experts its latest engine call
+routed every fed position to (relayrl.contracts.messages.Sample.routes).
 Both are wire structs (relayrl.contracts.codec.Wire), encoded and decoded by their types.
 """
 
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from relayrl.contracts.codec import CodecError, Wire, decode, encode
 from relayrl.contracts.messages import FinishReason
@@ -19,17 +22,23 @@ class PartialSequence(msgspec.Struct):
     logprobs: list[float] = msgspec.field(default_factory=list)
     versions: list[int] = msgspec.field(default_factory=list)
     finish_reason: FinishReason | None = None  # None: still generating
+    # [moe layers, prompt + tokens - 1, top_k], as Sample.routes; None: not recorded
+    routes: np.ndarray | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def extend(self, tokens: list[int], logprobs: list[float], version: int) -> None:
+    def extend(self, tokens: list[int], logprobs: list[float], version: int,
+               routes: np.ndarray | None = None) -> None:
+        """`routes`: the sequence's own once extended (its prompt and tokens but the last),
+        or None, which forgets any: positions the engine did not route."""
         if len(tokens) != len(logprobs):
             raise ValueError(f"extend: {len(tokens)} tokens but {len(logprobs)} logprobs")
         self.tokens.extend(tokens)
         self.logprobs.extend(logprobs)
         self.versions.extend([version] * len(tokens))
+        self.routes = routes
 
 
 class PartialGroup(Wire, tag="partial_group"):

@@ -103,6 +103,9 @@ class StepFigures(Stats, section="train"):
                                       section="rollout")
     engine_tokens_frac: float | None = _figure(
         "Share of the step's tokens rescored at their own version.", section="rollout")
+    routes_replayed_frac: float | None = _figure(
+        "Share of the step's policy tokens whose predicting position replayed the engine's "
+        "experts (trainer.routing_replay; a mixture of experts only).", section="rollout")
     offpolicy_logp_absdiff: float | None = _figure(
         "Mean |behaviour - trainer| log-probability on all tokens.", section="rollout")
     offpolicy_kl: float | None = _figure("KL (k3) of behaviour to trainer, all tokens.",

@@ -16,9 +16,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from relayrl_torch.devices import model_device
+from relayrl_torch.models.routing import RouteRecorder
 from relayrl_torch.sampling import kv_batch, prefill
 from relayrl_torch.sampling.kv_state import ModelFingerprint, SequenceKV
 from relayrl_torch.sampling.prefill import left_pad
@@ -36,6 +38,9 @@ class Completion:
     stop_reason: str | None = None  # the stop string that ended it (None: eos or length)
     # each position's most likely tokens, most likely first: (token, logprob), when asked
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # each fed position's experts, [moe layers, context + tokens - 1, top_k], when recorded
+    # (relayrl_torch.models.routing): the context and every token but the last, never fed
+    routes: np.ndarray | None = None
 
 
 @torch.no_grad()
@@ -76,13 +81,18 @@ def sample_with_kv(
     stop: threading.Event | None = None,
     top_logprobs: int = 0,
     ends: Callable[[list[int]], bool] | None = None,
+    recorder: RouteRecorder | None = None,
 ) -> tuple[list[Completion], list[SequenceKV] | None]:
     """`sample`, resuming each context from its KV state where one is given (it must cover a
     prefix of the context; the rest is fed with the first step) and, with return_states,
     returning every sequence's final state (tagged `version`): it covers the context and all
     generated tokens but the last, which was sampled but never fed. `top_logprobs` > 0 also
     records each position's most likely tokens; `ends(tokens)`, asked after every token of
-    a sequence not yet finished, ends it there when true (a stop string)."""
+    a sequence not yet finished, ends it there when true (a stop string). `recorder` records
+    every fed position's experts (Completion.routes): every context is then fed whole, as a
+    kept state or a bucketed prefill would leave positions it never saw."""
+    if recorder is not None and any(s is not None for s in states or []):
+        raise ValueError("states: recording routes feeds every context whole")
     if not contexts or any(len(c) == 0 for c in contexts):
         raise ValueError("prompts: every prompt needs at least one token")
     if states is not None and len(states) != len(contexts):
@@ -92,8 +102,9 @@ def sample_with_kv(
                 enumerate(zip(contexts, states or [None] * batch, strict=True))]
     fingerprint = (ModelFingerprint.of(model)
                    if return_states or any(s is not None for s in states or []) else None)
-    prefixes, fingerprint = _prefill_in_buckets(model, contexts, prefixes, pad_id, version,
-                                                fingerprint)
+    if recorder is None:
+        prefixes, fingerprint = _prefill_in_buckets(model, contexts, prefixes, pad_id,
+                                                    version, fingerprint)
     device = model_device(model)
     past, mask, step_ids, step_pos = _first_step(contexts, prefixes, pad_id, fingerprint,
                                                  device)
@@ -118,6 +129,8 @@ def sample_with_kv(
             past = out.past_key_values
             past.batch_select_indices(inverse)
             logits = out.logits[inverse, -1, :]
+            if recorder is not None:
+                recorder.step(mask[first].bool(), rows=inverse)
         else:
             # the next token's logits only: a prefill or a tool result fed at once would
             # otherwise make [rows, tokens, vocabulary] (5 GB for 64 rows of 400 SmolLM2
@@ -128,6 +141,8 @@ def sample_with_kv(
             )
             past = out.past_key_values
             logits = out.logits[:, -1, :]
+            if recorder is not None:
+                recorder.step(mask[:, -step_ids.shape[1]:].bool())
         logp = torch.log_softmax(logits.float() / temperature, dim=-1)
         if greedy:
             tok = logp.argmax(-1)
@@ -162,9 +177,12 @@ def sample_with_kv(
     out_tokens, out_logprobs = out_tokens.cpu(), out_logprobs.cpu()
     lengths, finished = lengths.cpu(), finished.cpu()
     tops = torch.stack(top, dim=1).cpu() if top else None  # [batch, steps, 2, k]
+    routes = recorder.routes() if recorder is not None else None
     results = []
     for i in range(batch):
         n = int(lengths[i])
+        if routes is not None:
+            assert routes[i].shape[1] == len(contexts[i]) + n - 1, (routes[i].shape, n)
         results.append(
             Completion(
                 tokens=out_tokens[i, :n].tolist(),
@@ -173,6 +191,7 @@ def sample_with_kv(
                 top_logprobs=None if tops is None else [
                     [(int(a), float(b)) for a, b in zip(*tops[i, s].tolist(), strict=True)]
                     for s in range(n)],
+                routes=None if routes is None else routes[i],
             )
         )
     if not return_states:

@@ -24,6 +24,7 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from relayrl.config.rollout import MAX_SEED, MAX_TEMPERATURE, MIN_TEMPERATURE
@@ -33,7 +34,7 @@ from rollout_svc.engines import stop_strings
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI bounds top_logprobs
 
-__all__ = ["Completion", "Engine", "SamplingSpec"]
+__all__ = ["Completion", "Engine", "SamplingSpec", "fed_routes"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,14 @@ class SamplingSpec:
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs: must be in 0..{MAX_TOP_LOGPROBS}, got "
                              f"{self.top_logprobs}")
+
+
+def fed_routes(out: Completion, context: int, keep: int) -> np.ndarray | None:
+    """`out`'s routes (Completion.routes) for a sequence of its `context` tokens and its
+    first `keep` tokens: every position but the last kept token's; None when not recorded."""
+    if out.routes is None:
+        return None
+    return out.routes[:, :context + min(keep, len(out.tokens)) - 1]
 
 
 def structured_kind(structured: str) -> str:

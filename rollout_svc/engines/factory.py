@@ -34,7 +34,8 @@ def make_engine(cfg: RolloutRun, lm: LoadedModel, model_path: str | Path) -> Eng
         if cfg.lora is not None:  # the trainer's adapter, applied version by version
             lm.model = with_lora(lm.model, cfg.lora)
         return TorchEngine(lm, seed=seed, kv_cache_tokens=e.kv_cache_tokens,
-                           device=resolve_device(e.device, "rollout.engine.device"))
+                           device=resolve_device(e.device, "rollout.engine.device"),
+                           record_routes=cfg.routing_replay)
     from rollout_svc.engines.vllm import VllmEngine
 
     shipped = vllm_dtype(e, cfg.model)
@@ -49,4 +50,5 @@ def make_engine(cfg: RolloutRun, lm: LoadedModel, model_path: str | Path) -> Eng
                       kv_transfer_host=r.host if r.endpoint.dialable else "localhost",
                       port_range=e.port_range, lora=cfg.lora,
                       lora_serving=e.lora_serving,
-                      weight_transfer=cfg.vllm_transfer)
+                      weight_transfer=cfg.vllm_transfer,
+                      routed_experts=cfg.routing_replay)

@@ -12,10 +12,16 @@ rollout_svc.engines.factory): the model is moved there once, weights pulled from
 arrive as CPU tensors and are copied onto it, and its seeded generator lives there too.
 Weights stay in the dtype the model was loaded in (float32), so the engine computes what the
 trainer's float32 master weights give.
+
+With record_routes, a mixture-of-experts model's completions carry each fed position's experts
+(relayrl_torch.models.routing, for the trainer's routing replay), recorded by hooks on its
+routers while it samples. Every context is then prefilled whole: a kept KV state holds no
+routes for the positions it covers, so KV reuse is off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -24,6 +30,7 @@ import torch
 
 from relayrl_torch.models.loading import LoadedModel
 from relayrl_torch.models.lora import is_lora, load_adapter
+from relayrl_torch.models.routing import RouteRecorder, routers
 from relayrl_torch.sampling.kv_state import ModelFingerprint, SequenceKV, StateCache, windowed
 from relayrl_torch.sampling.sampler import Completion, sample_with_kv
 from relayrl_torch.weights.tied import check_state_dict, load_published, tied_aliases, without
@@ -37,7 +44,8 @@ class TorchEngine(Engine):
     name = "torch"
 
     def __init__(self, lm: LoadedModel, seed: int = 0, version: int = 0,
-                 kv_cache_tokens: int = 0, device: torch.device | None = None):
+                 kv_cache_tokens: int = 0, device: torch.device | None = None,
+                 record_routes: bool = False):
         super().__init__()
         self.device = device or torch.device("cpu")
         lm.model.to(self.device)
@@ -52,6 +60,12 @@ class TorchEngine(Engine):
             log.warning("KV reuse is off: %s attends through a sliding window, whose cache "
                         "cannot be cut per sequence (rollout.engine.kv_cache_tokens %d "
                         "ignored)", lm.model.config.model_type, kv_cache_tokens)
+            kv_cache_tokens = 0
+        self.recorder = RouteRecorder(lm.model) if record_routes and routers(lm.model) else None
+        if kv_cache_tokens and self.recorder is not None:
+            log.info("KV reuse is off: routes are recorded for every position, which a kept "
+                     "state does not hold (rollout.engine.kv_cache_tokens %d ignored)",
+                     kv_cache_tokens)
             kv_cache_tokens = 0
         self.states = StateCache(kv_cache_tokens)
         self.fingerprint = ModelFingerprint.of(lm.model) if kv_cache_tokens else None
@@ -82,13 +96,14 @@ class TorchEngine(Engine):
             caching = self.states.capacity_tokens > 0
             keeping = caching and spec.keep_state
             prior = [self.states.longest_prefix(c) for c in contexts] if caching else None
-            outs, finals = sample_with_kv(
-                self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
-                eos_ids=() if spec.ignore_eos else self.lm.eos_ids, pad_id=self.lm.pad_id,
-                temperature=spec.temperature, greedy=spec.greedy, generator=generator,
-                states=prior, return_states=keeping, version=self._version,
-                top_logprobs=spec.top_logprobs,
-                ends=stop_strings.TailCheck(self.lm.decode, spec.stop) if spec.stop else None)
+            with self.recorder or contextlib.nullcontext():  # hooks on its routers
+                outs, finals = sample_with_kv(
+                    self.lm.model, contexts, max_new_tokens=spec.max_new_tokens,
+                    eos_ids=() if spec.ignore_eos else self.lm.eos_ids, pad_id=self.lm.pad_id,
+                    temperature=spec.temperature, greedy=spec.greedy, generator=generator,
+                    states=prior, return_states=keeping, version=self._version,
+                    top_logprobs=spec.top_logprobs, recorder=self.recorder,
+                    ends=stop_strings.TailCheck(self.lm.decode, spec.stop) if spec.stop else None)
             if spec.stop:
                 outs = [self._stopped(o, spec.stop) for o in outs]
             if caching:
@@ -107,7 +122,9 @@ class TorchEngine(Engine):
         return dataclasses.replace(
             out, tokens=out.tokens[:keep], logprobs=out.logprobs[:keep], finish_reason="stop",
             stop_reason=stop,
-            top_logprobs=None if out.top_logprobs is None else out.top_logprobs[:keep])
+            top_logprobs=None if out.top_logprobs is None else out.top_logprobs[:keep],
+            routes=None if out.routes is None else
+            out.routes[:, :out.routes.shape[1] - (len(out.tokens) - keep)])
 
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         with self.lock:

@@ -16,6 +16,12 @@ trainer (`gpu_memory_args`). In-process vLLM binds no OpenMP threads (only its m
 does): a worker computes with the torch intra-op threads its process set, so several workers
 share a machine without pinning to the same core.
 
+With trainer.routing_replay and a mixture of experts, vLLM is asked for each token's routed
+experts (enable_return_routed_experts) where it returns them, from its V2 model runner
+(`routed_experts_args`); every completion then carries its routes, cut to the model's
+mixture-of-experts layers. vLLM's CPU build cannot serve a mixture of experts' versions at
+all (it is refused by name), so there the torch engine records them.
+
 With trainer.lora each version is an adapter, which vLLM's LoRA support serves beside the
 unchanged base weights (lora_serving adapter, the default on GPUs), or which is merged into
 the base weights and reloaded as a full version is (merged, the default on CPU, where vLLM's
@@ -40,6 +46,7 @@ from typing import Any
 import torch
 
 from relayrl.config import ConfigError, LoraConfig
+from relayrl.config.model import expert_layers
 from relayrl_torch.models.loading import eos_ids as model_eos_ids
 from relayrl_torch.sampling.sampler import Completion
 from relayrl_torch.weights import WeightError
@@ -180,6 +187,22 @@ def num_experts(config: Any) -> int:
                .get_num_experts() or 0)
 
 
+def routed_experts_args(wanted: bool, experts: int, runner_v2: bool) -> dict[str, Any]:
+    """vllm.LLM's keywords for a mixture of experts' routes: asked for when `wanted`
+    (trainer.routing_replay) of a model with `experts` (0: dense, nothing to route) on vLLM's
+    V2 model runner, the only one it returns them from (its AuxOutputConfig refuses the
+    others). Not asked on another runner: the samples then carry no routes, and the trainer
+    routes them itself."""
+    if not (wanted and experts):
+        return {}
+    if not runner_v2:
+        log.warning("routing replay is off for this worker: vLLM returns routed experts from "
+                    "its V2 model runner only (VLLM_USE_V2_MODEL_RUNNER, Triton); the trainer "
+                    "routes its samples itself")
+        return {}
+    return {"enable_return_routed_experts": True}
+
+
 def _has_modules(worker, names: list[str]) -> list[bool]:
     """Runs on the vLLM worker: whether its model has a module at each dotted path."""
     model = worker.model_runner.model
@@ -221,7 +244,7 @@ class VllmEngine(Engine):
                  kv_transfer_port: int = 0, kv_transfer_host: str = "localhost",
                  port_range: tuple[int, int] | None = None,
                  lora: LoraConfig | None = None, lora_serving: str = "auto",
-                 weight_transfer: str | None = None):
+                 weight_transfer: str | None = None, routed_experts: bool = False):
         super().__init__()
         path = Path(model_path)
         if not (path / "config.json").is_file():
@@ -321,6 +344,11 @@ class VllmEngine(Engine):
                 )
                 # its two model runners load logits processors of two interfaces
                 self.runner_v2 = runs_v2_model_runner(args)
+                routes = routed_experts_args(routed_experts, experts, self.runner_v2)
+                # the decoder layers vLLM's [tokens, layers, top_k] keep: those with experts
+                self._expert_layers = (expert_layers(config.to_dict())[0] if routes
+                                       else None)
+                args.update(routes)
                 self.llm = vllm.LLM(
                     **args, use_tqdm_on_load=False,
                     logits_processors=[greedy_temperature_processor(self.runner_v2)])
@@ -386,7 +414,8 @@ class VllmEngine(Engine):
                                                                         strict=True)):
                 raise RuntimeError(f"vLLM returned {len(outs)} outputs that do not match the "
                                    f"{len(contexts)} contexts asked for")
-            completions = [completion(o.outputs[0], spec.top_logprobs) for o in outs]
+            completions = [completion(o.outputs[0], spec.top_logprobs, self._expert_layers)
+                           for o in outs]
             self.tokens_generated += sum(len(c.tokens) for c in completions)
         return completions
 

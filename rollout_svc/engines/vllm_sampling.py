@@ -162,11 +162,14 @@ def sampling_params(params_cls: Any, spec: SamplingSpec, contexts: list[list[int
     return params
 
 
-def completion(out: Any, top_logprobs: int = 0) -> Completion:
+def completion(out: Any, top_logprobs: int = 0, expert_layers: list[int] | None = None
+               ) -> Completion:
     """A vLLM CompletionOutput as a Completion, with the sampled tokens' logprobs (and each
     position's `top_logprobs` most likely tokens: those vLLM ranks 1..top_logprobs; it adds
     the sampled token, of whatever rank). A stop string that ended it is its stop_reason (an
-    id of stop_token_ids, an end of sequence, is not)."""
+    id of stop_token_ids, an end of sequence, is not). With `expert_layers` (the decoder
+    layers that have experts), its routed_experts ([positions fed, every decoder layer,
+    top_k]) become its routes: [those layers, positions, top_k]."""
     tokens = list(out.token_ids)
     if out.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r}")
@@ -178,5 +181,10 @@ def completion(out: Any, top_logprobs: int = 0) -> Completion:
                        if lp.rank is not None and lp.rank <= top_logprobs),
                       key=lambda pair: -pair[1]) for p in positions]
     stop = out.stop_reason if isinstance(out.stop_reason, str) else None
+    routes = None
+    if expert_layers is not None and out.routed_experts is not None:
+        picked = np.asarray(out.routed_experts)[:, expert_layers].transpose(1, 0, 2)
+        routes = np.ascontiguousarray(picked.astype(np.int16 if picked.max(initial=0) > 255
+                                                    else np.uint8))
     return Completion(tokens=tokens, logprobs=logprobs, finish_reason=out.finish_reason,
-                      stop_reason=stop, top_logprobs=top)
+                      stop_reason=stop, top_logprobs=top, routes=routes)

@@ -69,7 +69,8 @@ def test_older_tokens_are_rescored_under_their_own_version():
         for p in model.parameters():
             p.add_(0.1)  # version 6
     ids = torch.randint(0, 16, (3, 6))
-    batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
+    batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids),
+                            routes=torch.zeros((*ids.shape, 0, 0), dtype=torch.int16))
     mask = torch.ones((3, 5))
     versions = torch.tensor([[5] * 5, [6] * 5, [5, 5, 6, 6, 6]])
     logp, scored = rescore_older_tokens(model, history, ids, batch.attention_mask, mask,
@@ -133,7 +134,8 @@ def test_a_version_published_through_shared_memory_is_read_from_its_file(tmp_pat
     mask, versions = torch.ones((1, 5)), torch.full((1, 5), 5)
     logp, scored = rescore_older_tokens(model, history, ids, torch.ones_like(ids), mask,
                                         versions, temperature=1.0, max_seqs=1)
-    batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
+    batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids),
+                            routes=torch.zeros((*ids.shape, 0, 0), dtype=torch.int16))
     assert scored.all()
     assert torch.allclose(logp, token_logprobs(v5, batch, 1.0).detach(), atol=1e-5)
 

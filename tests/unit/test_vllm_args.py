@@ -2,9 +2,10 @@
 machine; on a GPU, memory vLLM's start-up check accepts beside other processes on the same
 GPU (or a refusal naming the numbers), a tensor-parallel size and CUDA graphs when eager mode
 is off; GPU settings refused where vLLM's platform has no GPU; the logits processor of the
-model runner vLLM picks. vLLM itself is stood in for by a class that records its arguments
-and a platform that says where it runs; tests/integration/test_vllm_engine.py runs the real
-one."""
+model runner vLLM picks; a mixture of experts' routed experts asked for where vLLM returns
+them (its V2 model runner) and turned into a completion's routes. vLLM itself is stood in
+for by a class that records its arguments and a platform that says where it runs;
+tests/integration/test_vllm_engine.py runs the real one."""
 
 import types
 
@@ -123,3 +124,50 @@ def test_the_kv_side_channel_listens_where_other_engines_dial_the_worker(tiny_lm
     assert llm_args["kv_transfer_config"].kv_connector == "NixlConnector"
     assert (vllm_engine.os.environ[SIDE_CHANNEL_HOST_ENV],
             vllm_engine.os.environ[SIDE_CHANNEL_ENV]) == ("10.0.0.2", "5600")
+
+
+@pytest.fixture
+def moe_dir(tmp_path, tiny_lm):
+    """A random Qwen3-MoE (4 experts, top-2, 2 layers) over the tiny tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    from relayrl_testkit.families import family_config
+
+    model = AutoModelForCausalLM.from_config(family_config("qwen3_moe", tiny_lm.tokenizer))
+    model.save_pretrained(tmp_path / "moe")
+    tiny_lm.tokenizer.save_pretrained(tmp_path / "moe")
+    return tmp_path / "moe"
+
+
+def test_routed_experts_are_asked_of_vllms_v2_runner_for_a_mixture_of_experts(moe_dir,
+                                                                            on_gpu):
+    build(moe_dir, routed_experts=True)
+    assert on_gpu["enable_return_routed_experts"] is True
+
+
+@pytest.mark.parametrize("case", ["dense", "replay off", "V1 runner"])
+def test_routed_experts_are_not_asked_where_there_are_none_or_vllm_returns_none(
+        case, tiny_lm, moe_dir, on_gpu, monkeypatch):
+    if case == "V1 runner":  # vLLM's AuxOutputConfig refuses to start on it
+        monkeypatch.setattr(vllm_engine, "runs_v2_model_runner", lambda args: False)
+    build(tiny_lm.path if case == "dense" else moe_dir, routed_experts=case != "replay off")
+    assert "enable_return_routed_experts" not in on_gpu
+
+
+def test_vllms_routed_experts_become_the_completions_routes():
+    """vLLM's [positions fed, decoder layers, top_k] kept at the expert layers, transposed."""
+    pytest.importorskip("vllm")
+    import numpy as np
+    from vllm.logprobs import Logprob
+    from vllm.outputs import CompletionOutput
+
+    from rollout_svc.engines.vllm_sampling import completion
+
+    rows = np.arange(5 * 3 * 2, dtype=np.uint8).reshape(5, 3, 2)  # 4 prompt + 2 tokens - 1
+    out = CompletionOutput(index=0, text="", token_ids=[7, 8], cumulative_logprob=None,
+                           logprobs=[{7: Logprob(-1.0)}, {8: Logprob(-2.0)}],
+                           routed_experts=rows, finish_reason="length")
+    routes = completion(out, expert_layers=[0, 2]).routes
+    assert routes.shape == (2, 5, 2) and routes.dtype == np.uint8
+    assert np.array_equal(routes[1], rows[:, 2]) and np.array_equal(routes[0], rows[:, 0])
+    assert completion(out).routes is None

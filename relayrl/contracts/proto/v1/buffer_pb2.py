@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'relayrl/contracts/proto/v1/buffer.proto\x12\nrelayrl.v1\"\x9a\x01\n\nTrajectory\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\x12\x17\n\x0fresponse_tokens\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x10\n\x08versions\x18\x04 \x03(\x03\x12\x11\n\tloss_mask\x18\x05 \x03(\x05\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\"a\n\rSubmitRequest\x12,\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x16.relayrl.v1.Trajectory\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"#\n\x0eSubmitResponse\x12\x11\n\tprompt_id\x18\x01 \x01(\x03\"\x14\n\x12\x42ufferStatsRequest\"\xd5\x02\n\x0b\x42ufferStats\x12\x14\n\x0csamples_read\x18\x01 \x01(\x03\x12\x18\n\x10groups_assembled\x18\x02 \x01(\x03\x12\x18\n\x10groups_duplicate\x18\x03 \x01(\x03\x12\x17\n\x0f\x62\x61tches_emitted\x18\x04 \x01(\x03\x12\x16\n\x0epartial_groups\x18\x05 \x01(\x03\x12\x14\n\x0cready_groups\x18\x06 \x01(\x03\x12\x1d\n\x15trajectory_stream_len\x18\x07 \x01(\x03\x12\x18\n\x10\x62\x61tch_stream_len\x18\x08 \x01(\x03\x12\x18\n\x10samples_rejected\x18\t \x01(\x03\x12\x18\n\x10groups_submitted\x18\n \x01(\x03\x12\x17\n\x0fsubmits_refused\x18\x0b \x01(\x03\x12\x15\n\rsubmits_stale\x18\x0c \x01(\x03\x12\x18\n\x10submits_repeated\x18\r \x01(\x03\x32\x8b\x01\n\x06\x42uffer\x12@\n\x05Stats\x12\x1e.relayrl.v1.BufferStatsRequest\x1a\x17.relayrl.v1.BufferStats\x12?\n\x06Submit\x12\x19.relayrl.v1.SubmitRequest\x1a\x1a.relayrl.v1.SubmitResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'relayrl/contracts/proto/v1/buffer.proto\x12\nrelayrl.v1\"\xc4\x01\n\nTrajectory\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\x12\x17\n\x0fresponse_tokens\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x10\n\x08versions\x18\x04 \x03(\x03\x12\x11\n\tloss_mask\x18\x05 \x03(\x05\x12\x0e\n\x06reward\x18\x06 \x01(\x01\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12(\n\x06routes\x18\x08 \x01(\x0b\x32\x18.relayrl.v1.ExpertRoutes\">\n\x0c\x45xpertRoutes\x12\x0e\n\x06layers\x18\x01 \x01(\x05\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x0f\n\x07\x65xperts\x18\x03 \x03(\x05\"a\n\rSubmitRequest\x12,\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x16.relayrl.v1.Trajectory\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"#\n\x0eSubmitResponse\x12\x11\n\tprompt_id\x18\x01 \x01(\x03\"\x14\n\x12\x42ufferStatsRequest\"\xd5\x02\n\x0b\x42ufferStats\x12\x14\n\x0csamples_read\x18\x01 \x01(\x03\x12\x18\n\x10groups_assembled\x18\x02 \x01(\x03\x12\x18\n\x10groups_duplicate\x18\x03 \x01(\x03\x12\x17\n\x0f\x62\x61tches_emitted\x18\x04 \x01(\x03\x12\x16\n\x0epartial_groups\x18\x05 \x01(\x03\x12\x14\n\x0cready_groups\x18\x06 \x01(\x03\x12\x1d\n\x15trajectory_stream_len\x18\x07 \x01(\x03\x12\x18\n\x10\x62\x61tch_stream_len\x18\x08 \x01(\x03\x12\x18\n\x10samples_rejected\x18\t \x01(\x03\x12\x18\n\x10groups_submitted\x18\n \x01(\x03\x12\x17\n\x0fsubmits_refused\x18\x0b \x01(\x03\x12\x15\n\rsubmits_stale\x18\x0c \x01(\x03\x12\x18\n\x10submits_repeated\x18\r \x01(\x03\x32\x8b\x01\n\x06\x42uffer\x12@\n\x05Stats\x12\x1e.relayrl.v1.BufferStatsRequest\x1a\x17.relayrl.v1.BufferStats\x12?\n\x06Submit\x12\x19.relayrl.v1.SubmitRequest\x1a\x1a.relayrl.v1.SubmitResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,15 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relayrl.contracts.proto.v1.
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRAJECTORY']._serialized_start=56
-  _globals['_TRAJECTORY']._serialized_end=210
-  _globals['_SUBMITREQUEST']._serialized_start=212
-  _globals['_SUBMITREQUEST']._serialized_end=309
-  _globals['_SUBMITRESPONSE']._serialized_start=311
-  _globals['_SUBMITRESPONSE']._serialized_end=346
-  _globals['_BUFFERSTATSREQUEST']._serialized_start=348
-  _globals['_BUFFERSTATSREQUEST']._serialized_end=368
-  _globals['_BUFFERSTATS']._serialized_start=371
-  _globals['_BUFFERSTATS']._serialized_end=712
-  _globals['_BUFFER']._serialized_start=715
-  _globals['_BUFFER']._serialized_end=854
+  _globals['_TRAJECTORY']._serialized_end=252
+  _globals['_EXPERTROUTES']._serialized_start=254
+  _globals['_EXPERTROUTES']._serialized_end=316
+  _globals['_SUBMITREQUEST']._serialized_start=318
+  _globals['_SUBMITREQUEST']._serialized_end=415
+  _globals['_SUBMITRESPONSE']._serialized_start=417
+  _globals['_SUBMITRESPONSE']._serialized_end=452
+  _globals['_BUFFERSTATSREQUEST']._serialized_start=454
+  _globals['_BUFFERSTATSREQUEST']._serialized_end=474
+  _globals['_BUFFERSTATS']._serialized_start=477
+  _globals['_BUFFERSTATS']._serialized_end=818
+  _globals['_BUFFER']._serialized_start=821
+  _globals['_BUFFER']._serialized_end=960
 # @@protoc_insertion_point(module_scope)

@@ -35,6 +35,7 @@ class Trajectory(_message.Message):
     LOSS_MASK_FIELD_NUMBER: _builtins.int
     REWARD_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
+    ROUTES_FIELD_NUMBER: _builtins.int
     reward: _builtins.float
     """the environment's; empty means all the policy's"""
     finish_reason: _builtins.str
@@ -57,6 +58,10 @@ class Trajectory(_message.Message):
     def loss_mask(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """per response token: 1 the policy's, 0 a tool's or"""
 
+    @_builtins.property
+    def routes(self) -> Global___ExpertRoutes:
+        """a mixture of experts' routes; unset: none"""
+
     def __init__(
         self,
         *,
@@ -67,14 +72,53 @@ class Trajectory(_message.Message):
         loss_mask: _abc.Iterable[_builtins.int] | None = ...,
         reward: _builtins.float = ...,
         finish_reason: _builtins.str = ...,
+        routes: Global___ExpertRoutes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["routes", b"routes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "prompt_tokens", b"prompt_tokens", "response_tokens", b"response_tokens", "reward", b"reward", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "prompt_tokens", b"prompt_tokens", "response_tokens", b"response_tokens", "reward", b"reward", "routes", b"routes", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Trajectory: _TypeAlias = Trajectory  # noqa: Y015
+
+@_typing.final
+class ExpertRoutes(_message.Message):
+    """The experts the engine routed each fed position to (the prompt and the response but its
+    last token, which is sampled and never fed), for the trainer's routing replay: vLLM's
+    routed_experts ([tokens, layers, top_k]) transposed to [layers, tokens, top_k] and
+    flattened. Refused: experts that do not make whole [layers, tokens, top_k], tokens not
+    len(prompt_tokens) + len(response_tokens) - 1, layers or top_k not the model's, an expert
+    outside [0, num_experts), routes for a dense model.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAYERS_FIELD_NUMBER: _builtins.int
+    TOP_K_FIELD_NUMBER: _builtins.int
+    EXPERTS_FIELD_NUMBER: _builtins.int
+    layers: _builtins.int
+    """the model's mixture-of-experts layers"""
+    top_k: _builtins.int
+    """experts per token"""
+    @_builtins.property
+    def experts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """[layers, tokens, top_k], row-major"""
+
+    def __init__(
+        self,
+        *,
+        layers: _builtins.int = ...,
+        top_k: _builtins.int = ...,
+        experts: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experts", b"experts", "layers", b"layers", "top_k", b"top_k"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExpertRoutes: _TypeAlias = ExpertRoutes  # noqa: Y015
 
 @_typing.final
 class SubmitRequest(_message.Message):

@@ -81,7 +81,7 @@ def test_vllm_serves_the_converted_model_with_the_trainers_logprobs(model_dir, l
         engine.close()
     for out in outs:
         ids = torch.tensor([prompt + out.tokens])
-        batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
+        batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids), routes=None)
         with torch.no_grad():
             trainer = token_logprobs(lm.model, batch, 1.0)[0, len(prompt) - 1:]
         gap = (trainer - torch.tensor(out.logprobs)).abs().mean().item()

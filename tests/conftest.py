@@ -61,6 +61,18 @@ SMALL_MODEL = {"cache_dir": str(MODEL_CACHE), "hidden_size": 32, "num_layers": 2
 SMALL_TASK = {"digits": 1, "eval_size": 8}
 
 
+@pytest.fixture(autouse=True)
+def _environment_kept():
+    """Each test starts from the environment the one before it found: `relayrl up` run in
+    the test's own process installs a key pair there, and a relay a later test starts would
+    then refuse that test's unsigned versions."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
         shutil.rmtree(MODEL_CACHE, ignore_errors=True)

@@ -35,9 +35,11 @@ def relay_process(tmp_path, name: str, upstream: list[str] | None = None):
     path.write_text(yaml.safe_dump({"run_dir": str(tmp_path / name), "relay": {
         "endpoint": {"port": port}, "keep_versions": 2, "upstream": upstream or [],
         "follow_poll_s": 0.01, "timeout_s": 30}}))
-    # the run's one token only: a role token left in the environment would split the roles
+    # the run's one token and no keys: a role token would split the roles, a verify key
+    # would make the relay refuse the unsigned versions published here
     env = {**{k: v for k, v in os.environ.items()
-              if not (k.startswith("RELAYRL_") and k.endswith("TOKEN"))}, "RELAYRL_TOKEN": TOKEN}
+              if not (k.startswith("RELAYRL_") and k.endswith(("TOKEN", "_KEY")))},
+           "RELAYRL_TOKEN": TOKEN}
     with open(tmp_path / f"{name}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "relay_svc", "--config", str(path)],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -5,10 +5,19 @@ silently ignored, and no value is coerced. A refusal (a body that does not valid
 HTTPException of a route) answers `{"error": {"message", "type", "param", "code"}}`, so an
 OpenAI client shows the message naming the field. rollout_svc.serving.openai_server serves them;
 tests/integration/test_custom_rollouts.py exercises both.
+
+On the vllm engine a body is parsed by vLLM's own request models first (`vllm_parsed`), so it
+is accepted with the meaning vLLM's server gives it: what vLLM refuses is refused with vLLM's
+reason, a field vLLM has but RelayRL does not carry is accepted only at a value that changes
+nothing (its default, or top_p 1 and the like), and a field vLLM would silently ignore is
+refused by name. The body then meets the models here, which hold RelayRL's bounds.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import inspect
 import json
 import re
 from typing import Any, Literal
@@ -320,6 +329,100 @@ class ChatRequest(_Sampling):
     def calls_tools(self) -> bool:
         """Whether the response is read for tool calls."""
         return bool(self.tools) and self.tool_choice != "none"
+
+
+# A field of vLLM's request models that RelayRL does not carry is accepted at its default or at
+# one of these values, each of which samples exactly as leaving it out does.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "top_p": (1, 1.0), "top_k": (0, -1), "min_p": (0, 0.0), "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0), "logit_bias": ({},),
+    "length_penalty": (1, 1.0), "min_tokens": (0,), "stop_token_ids": ([], None),
+    "bad_words": ([], None), "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+    "add_generation_prompt": (True,), "echo": (False,), "use_beam_search": (False,),
+    "priority": (0,)}
+OWN_FIELDS = frozenset({"metadata"})  # RelayRL's, which vLLM's models do not declare
+_BACKTICKED = re.compile(r"`([a-z_]+)`")
+
+
+def _vllm_check(theirs: type[BaseModel], ours: type[BaseModel],
+                data: dict[str, Any]) -> dict[str, Any]:
+    """`data` parsed by vLLM's request model `theirs`: ValueError with vLLM's reason, or naming
+    a field vLLM would ignore or one `ours` does not carry; else the body without the fields
+    set to a value that changes nothing."""
+    from pydantic import ValidationError
+    from vllm.exceptions import VLLMValidationError
+
+    model = theirs.__name__
+    try:
+        parsed = theirs.model_validate(copy.deepcopy(data))
+    except VLLMValidationError as exc:  # raised past pydantic by some of vLLM's checks
+        reason = exc.args[0] if exc.args else str(exc)
+        raise ValueError(f"{exc.parameter or 'body'}: refused by vLLM's {model}: "
+                         f"{reason}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        reason = first.get("msg", "invalid").removeprefix("Value error, ")
+        loc = []  # up to where vLLM's unions name their members ("messages.0.Chat...Param")
+        for part in map(str, first.get("loc", ())):
+            if not re.fullmatch(r"[a-z0-9_]+", part):
+                break
+            loc.append(part)
+        named = ".".join(loc) or next(iter(_BACKTICKED.findall(reason)), "body")
+        raise ValueError(f"{named}: refused by vLLM's {model}: {reason}") from None
+    ignored = sorted(set(parsed.model_extra or ()) - OWN_FIELDS)
+    if ignored:
+        raise ValueError(f"{ignored[0]}: not a field of vLLM's {model}, which would ignore "
+                         "it; leave it out")
+    kept = dict(data)
+    for name in sorted(parsed.model_fields_set - set(ours.model_fields)):
+        key = theirs.model_fields[name].alias or name
+        value = data.get(key, data.get(name))
+        default = theirs.model_fields[name].get_default(call_default_factory=True)
+        neutral = (*NEUTRAL.get(name, ()), default)
+        if any(value == v and type(value) is type(v) for v in neutral):
+            kept.pop(key, None)
+            kept.pop(name, None)
+            continue
+        raise ValueError(f"{name}: {_shown(value)} is a field of vLLM's {model} that this "
+                         f"worker does not implement; leave it out or send "
+                         f"{_shown(neutral[0])}, which changes nothing")
+    return kept
+
+
+@functools.cache
+def vllm_parsed(ours: type[_Sampling]) -> type[_Sampling]:
+    """`ours` (ChatRequest or CompletionRequest) checked first by vLLM's model of the same
+    request (importing vLLM's protocol modules: seconds, done once per process)."""
+    if ours is ChatRequest:
+        from vllm.entrypoints.openai.chat_completion.protocol import (
+            ChatCompletionRequest as theirs,
+        )
+    else:
+        assert ours is CompletionRequest, ours
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest as theirs
+
+    class Parsed(ours):  # type: ignore[valid-type, misc]
+        @model_validator(mode="before")
+        @classmethod
+        def _vllm(cls, data: Any) -> Any:
+            return _vllm_check(theirs, ours, data) if isinstance(data, dict) else data
+
+    Parsed.__name__ = Parsed.__qualname__ = ours.__name__
+    return Parsed
+
+
+def taking(route, body: type[BaseModel]):
+    """`route` as FastAPI sees it with its `body` parameter of type `body`."""
+    sig = inspect.signature(route, eval_str=True)
+
+    @functools.wraps(route)
+    def call(*args, **kwargs):
+        return route(*args, **kwargs)
+
+    call.__signature__ = sig.replace(parameters=[
+        p.replace(annotation=body) if p.name == "body" else p for p in sig.parameters.values()])
+    return call
 
 
 class EpisodeReward(_Strict):

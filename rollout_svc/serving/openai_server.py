@@ -45,6 +45,8 @@ from rollout_svc.serving.openai_requests import (
     http_error,
     invalid_body,
     sampling,
+    taking,
+    vllm_parsed,
 )
 
 STREAM_CHUNK_TOKENS = 8  # tokens per streamed event; the worker may change version between them
@@ -461,8 +463,12 @@ def build_app(gen: CustomGenerator, model_name: str,
     routes = _Routes(gen, model_name, stream_chunk_tokens, turns, token is not None, episodes)
     app.get("/v1/models")(routes.models)
     app.post("/tokenize")(routes.tokenize)
-    app.post("/v1/completions")(routes.completions)
-    app.post("/v1/chat/completions")(routes.chat)
+    if gen.engine.name == "vllm":  # the bodies as vLLM's server parses them
+        app.post("/v1/completions")(taking(routes.completions, vllm_parsed(CompletionRequest)))
+        app.post("/v1/chat/completions")(taking(routes.chat, vllm_parsed(ChatRequest)))
+    else:
+        app.post("/v1/completions")(routes.completions)
+        app.post("/v1/chat/completions")(routes.chat)
     app.post("/v1/episodes/{episode_id}/reward")(routes.reward)
     return app
 

@@ -1,7 +1,10 @@
 """A forced tool_choice on the vLLM engine, through the OpenAI-compatible app: vLLM's
 structured outputs make a random model (a tiny Llama with SmolLM2's tokenizer) write the
 call as JSON, which comes back as the message's tool_calls ('required': a list of
-{name, parameters}; a named function: its arguments), with the choice's token ids."""
+{name, parameters}; a named function: its arguments), with the choice's token ids. Bodies
+are parsed by vLLM's own request models first: a value vLLM gives no effect is accepted, a
+field vLLM has that the worker does not carry, one vLLM would ignore, and one vLLM refuses are
+each refused naming the field."""
 
 from __future__ import annotations
 
@@ -71,3 +74,32 @@ def test_a_named_function_is_the_call_made(client):
     (call,) = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "neg" and choice["finish_reason"] == "tool_calls"
     assert set(json.loads(call["function"]["arguments"])) == {"x"}
+
+
+def refused(resp, param: str, *words: str) -> None:
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and all(w in error["message"] for w in words), error
+
+
+def test_bodies_are_parsed_by_vllms_request_models(client):
+    body = {"model": "m", "messages": [{"role": "user", "content": "What is 2+3?"}],
+            "max_tokens": 8, "temperature": 0}
+    plain = client.post("/v1/chat/completions", json=body)
+    assert plain.status_code == 200, plain.text
+    neutral = client.post("/v1/chat/completions", json={
+        **body, "top_p": 1, "top_k": -1, "presence_penalty": 0.0, "skip_special_tokens": True})
+    assert neutral.status_code == 200, neutral.text
+    assert neutral.json()["choices"][0]["token_ids"] == plain.json()["choices"][0]["token_ids"]
+
+    refused(client.post("/v1/chat/completions", json={**body, "top_p": 0.9}), "top_p",
+            "vLLM's ChatCompletionRequest", "does not implement", "send 1")
+    refused(client.post("/v1/chat/completions", json={**body, "toolz": []}), "toolz",
+            "would ignore")
+    refused(client.post("/v1/chat/completions", json={**body, "cache_salt": ""}),
+            "cache_salt", "refused by vLLM's ChatCompletionRequest", "non-empty")
+    refused(client.post("/v1/chat/completions", json={**body, "top_logprobs": 2}),
+            "top_logprobs", "refused by vLLM's", "`logprobs` must be set to true")
+    refused(client.post("/v1/completions", json={"model": "m", "prompt": "2+3=",
+                                                  "suffix": "!"}),
+            "suffix", "vLLM's CompletionRequest")

@@ -24,6 +24,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -71,11 +73,27 @@ def bench_config(run_dir: Path, group_size: int, tiny: Path | None = None) -> Ru
     return RunConfig.model_validate(data)
 
 
-def agent(python: Path, http: str, *args: str, timeout_s: float) -> subprocess.CompletedProcess:
+def agent(python: Path, http: str, *args: str, timeout_s: float,
+          show: bool = False) -> subprocess.CompletedProcess:
+    """The agent's run of play.py; `show`: its group lines printed as they come (progress)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([str(python), str(PLAY), "calculator", "--http", http,
-                           "--problems", str(PROBLEMS), *args],
-                          text=True, capture_output=True, timeout=timeout_s, env=env)
+    with tempfile.TemporaryFile("w+") as err, subprocess.Popen(
+            [str(python), str(PLAY), "calculator", "--http", http, "--problems", str(PROBLEMS),
+             *args], text=True, stdout=subprocess.PIPE, stderr=err, env=env) as proc:
+        killer = threading.Timer(timeout_s, proc.kill)
+        killer.start()
+        lines = []
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if show and " group " in line:
+                    print(line.rstrip(), flush=True)
+            proc.wait()
+        finally:
+            killer.cancel()
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines),
+                                           err.read())
 
 
 def held_out(python: Path, http: str, size: int, max_tokens: int) -> dict:
@@ -117,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         proc = agent(python, http, "--minutes", str(args.minutes), "--parallel", "2",
                      "--group-size", str(args.group_size), "--max-tokens", str(args.max_tokens),
-                     timeout_s=args.minutes * 60 + 1800)
+                     timeout_s=args.minutes * 60 + 1800, show=True)
         trained_s = time.monotonic() - start
         groups = [line for line in proc.stdout.splitlines() if " group " in line]
         print(f"played {len(groups)} training groups in {trained_s / 60:.1f} minutes "

@@ -65,7 +65,10 @@ class PullStats(Stats, section="weights"):
     pull_failures: int = counter("Weight refreshes a relay failed.")
     signatures_refused: int = counter(
         "Versions refused because their manifest is not signed by the trainer's key.")
-    bytes_pulled: int = counter("Bytes of weights pulled.")
+    bytes_pulled: int = counter("Bytes of weights pulled: a delta's, or the whole version's.")
+    deltas_applied: int = counter("Versions pulled as the changes since the one held.")
+    deltas_refused: int = counter(
+        "Deltas refused (they did not fit or verify); each version then pulled whole.")
     pull_s: float = gauge("Seconds the last pull-and-load took.")
 
 

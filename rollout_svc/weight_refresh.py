@@ -52,6 +52,14 @@ class WeightRefresher:
         self._away: dict[int, tuple[Backoff, float]] = {}
         self.relays_put_behind = 0
 
+    @property
+    def deltas_applied(self) -> int:
+        return sum(r.deltas_applied for r in self.relays)
+
+    @property
+    def deltas_refused(self) -> int:
+        return sum(r.deltas_refused for r in self.relays)
+
     def _in_order(self) -> list[int]:
         """Relay indices to try: the configured order, those put behind at the end."""
         now = time.monotonic()
@@ -89,13 +97,13 @@ class WeightRefresher:
                 t0 = time.monotonic()
                 if getattr(self.engine, "receives_versions", False):  # into vLLM directly
                     self.engine.receive(relay, manifest)
-                    t_pulled = time.monotonic()
+                    t_pulled, pulled = time.monotonic(), manifest.total_bytes
                 else:
                     size = flat_size(manifest)
                     if self._staging is None or self._staging.numel() < size:
                         self._staging = torch.empty(size, dtype=torch.uint8)
                     tensors = relay.pull(manifest.version, staging=self._staging)
-                    t_pulled = time.monotonic()
+                    t_pulled, pulled = time.monotonic(), relay.last_pull_bytes
                     self.engine.load_weights(tensors, manifest.version)
                     del tensors
                     release_freed_memory()  # the load's temporaries
@@ -113,7 +121,7 @@ class WeightRefresher:
                 continue
             self.outage.recovered()
             self.weight_swaps += 1
-            self.bytes_pulled += manifest.total_bytes
+            self.bytes_pulled += pulled
             self.last_pull_s = time.monotonic() - t0
             # one line per reload: bench/longtail.py counts them
             log.info("now on version %d from %s (%.0f ms: pull %.0f, load %.0f)",

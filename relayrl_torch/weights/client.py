@@ -15,7 +15,7 @@ from relayrl.runtime.deadlines import CONTROL_CALL_S, TRANSFER_S
 from relayrl.runtime.grpc_util import channel
 from relayrl_torch.weights import delta, fetchers
 from relayrl_torch.weights.hostid import host_id
-from relayrl_torch.weights.layout import flat_size, unpack
+from relayrl_torch.weights.layout import flat_size, unpack, views
 from relayrl_torch.weights.manifest import Manifest, WeightError, build_manifest, tensor_bytes
 from relayrl_torch.weights.plane import WeightPlane
 from relayrl_torch.weights.rendezvous import split_address
@@ -249,28 +249,33 @@ class RelayClient(WeightPlane):
             tensors = unpack(manifest, flat)
             self._held = (manifest, flat)
             return tensors
-        payload = torch.empty(header.payload_bytes, dtype=torch.uint8) if (
-            0 <= header.payload_bytes < size) else None
-        if payload is None:
+        if not 0 <= header.payload_bytes < size:
             stream.cancel()
             return self._refuse(manifest, f"a payload of {header.payload_bytes} bytes, the "
                                 f"whole version has {size}")
-        _receive(stream, payload, manifest.version)
-        try:
-            patches = delta.check(header, memoryview(payload.numpy()), base, manifest)
-        except delta.BadDelta as err:
-            return self._refuse(manifest, str(err))
         if flat.data_ptr() != base_flat.data_ptr():
             flat.copy_(base_flat[:size])
-        delta.apply(patches, flat)
         try:
-            tensors = unpack(manifest, flat)
-        except WeightError as err:
-            return self._refuse(manifest, f"after applying: {err}")
+            builder = delta.Builder(header, base, manifest, flat)
+        except delta.BadDelta as err:
+            stream.cancel()
+            return self._refuse(manifest, str(err))
+        try:  # each shard is built as soon as its code is in, the rest still arriving
+            for piece in stream:
+                if not isinstance(piece, memoryview):
+                    raise WeightError(f"version {manifest.version}: a second header amid "
+                                      "the delta")
+                builder.feed(piece)
+            builder.finish()
+        except delta.BadDelta as err:
+            stream.cancel()
+            return self._refuse(manifest, str(err))
+        finally:
+            builder.close()
         self.deltas_applied += 1
         self.last_pull_bytes = header.payload_bytes
         self._held = (manifest, flat)
-        return tensors
+        return views(manifest, flat)  # the builder verified every shard
 
     def _refuse(self, manifest: Manifest, why: str) -> None:
         """Count and log a refused delta; None, for _pull_delta_into to return."""

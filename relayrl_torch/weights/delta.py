@@ -16,14 +16,14 @@ An unchanged shard is GAPS with nothing changed: no bytes. Elements are compared
 integers of the dtype's width, so any dtype of 1, 2, 4 or 8 bytes is coded by element and
 any other is sent RAW. The payload is the shards' codes back to back, in manifest order.
 
-A worker refuses (BadDelta) a delta whose header or codes do not fit the manifest before it
-writes anything, and after applying checks every shard against the manifest's checksum as
-for a whole version.
+A worker (Builder) refuses (BadDelta) a delta whose header does not fit the manifest before
+it writes anything, and a shard whose code does not fit before writing that shard; it
+checks every shard against the manifest's checksum after applying, as for a whole version.
+It builds each shard as soon as its code has arrived, while the rest is still received.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -32,7 +32,13 @@ import torch
 
 from relayrl.contracts.proto.v1 import relay_pb2
 from relayrl_torch.weights.layout import shard_offsets
-from relayrl_torch.weights.manifest import Manifest, ShardInfo, WeightError, torch_dtype
+from relayrl_torch.weights.manifest import (
+    Manifest,
+    ShardInfo,
+    WeightError,
+    checksum,
+    torch_dtype,
+)
 
 Encoding = relay_pb2.DeltaEncoding
 RAW, BITMAP, GAPS = Encoding.DELTA_ENCODING_RAW, Encoding.DELTA_ENCODING_BITMAP, \
@@ -200,10 +206,7 @@ def _check_shard(d: relay_pb2.DeltaShard, info: ShardInfo, code: memoryview, sta
     return _Patch(start, info, d.encoding, positions, code[d.nbytes - values_bytes:])
 
 
-def check(header: relay_pb2.DeltaHeader, payload: memoryview, base: Manifest,
-          target: Manifest) -> list[_Patch]:
-    """What `header` and `payload` would write, every length and position checked against
-    `target`'s layout; BadDelta names the first that does not fit."""
+def _check_header(header: relay_pb2.DeltaHeader, base: Manifest, target: Manifest) -> None:
     if (header.version, header.base_version) != (target.version, base.version):
         raise BadDelta(f"delta header: {header.base_version} -> {header.version}, asked "
                        f"{base.version} -> {target.version}")
@@ -212,39 +215,89 @@ def check(header: relay_pb2.DeltaHeader, payload: memoryview, base: Manifest,
     if [d.shard for d in header.shards] != [s.name for s in target.shards]:
         raise BadDelta("delta header: its shards are not the manifest's, in order")
     if any(d.nbytes < 0 for d in header.shards) or sum(
-            d.nbytes for d in header.shards) != len(payload) or header.payload_bytes != len(
-            payload):
-        raise BadDelta(f"delta header: shard codes do not add up to the {len(payload)} "
-                       "bytes received")
-    offsets, pos, codes = shard_offsets(target), 0, []
-    for d, info in zip(header.shards, target.shards, strict=True):
-        codes.append((d, info, payload[pos:pos + d.nbytes], offsets[info.name]))
-        pos += d.nbytes
-    return _each(lambda c: _check_shard(*c), codes)
+            d.nbytes for d in header.shards) != header.payload_bytes:
+        raise BadDelta(f"delta header: shard codes do not add up to its payload of "
+                       f"{header.payload_bytes} bytes")
 
 
-def apply(patches: list[_Patch], flat: torch.Tensor) -> None:
-    """Write checked patches into `flat` (uint8, on the CPU), which holds the base
-    version's bytes."""
-    arr = flat.numpy()
+class Builder:
+    """Builds `target` in `flat` (uint8 on the CPU, holding `base`'s bytes) from a delta as
+    its payload arrives (`feed`, then `finish`). Each shard is checked, written and verified
+    against the manifest's checksum as soon as its code is whole, on torch's intra-op count
+    of threads (numpy and xxhash release the GIL), while later shards are still on the wire.
 
-    def write(p: _Patch) -> None:
-        shard = arr[p.start:p.start + p.info.nbytes]
-        if p.encoding == RAW:
-            shard[:] = np.frombuffer(p.values, dtype=np.uint8)
-        elif len(p.positions):
-            element = _ELEMENT[torch_dtype(p.info.dtype).itemsize]
-            shard.view(element)[p.positions] = np.frombuffer(p.values, dtype=element)
+    A header that does not fit the manifests is refused (BadDelta) before anything is
+    written; a shard's code that does not fit is refused unwritten, from `finish`, which names
+    the first such shard in order. Shards before it may have been written: `flat` then holds
+    neither version, and the caller pulls the target whole over it."""
 
-    _each(write, patches)  # shards are disjoint slices of `flat`
+    def __init__(self, header: relay_pb2.DeltaHeader, base: Manifest, target: Manifest,
+                 flat: torch.Tensor):
+        _check_header(header, base, target)
+        self.payload = np.empty(header.payload_bytes, dtype=np.uint8)
+        self.received = 0
+        self._flat = flat.numpy()
+        offsets, end, self._codes = shard_offsets(target), 0, []
+        for d, info in zip(header.shards, target.shards, strict=True):
+            self._codes.append((d, info, end, end + d.nbytes, offsets[info.name]))
+            end += d.nbytes
+        self._started: list = []
+        self._pool = ThreadPoolExecutor(max(1, torch.get_num_threads()),
+                                        thread_name_prefix="delta")
+
+    def feed(self, piece: memoryview | bytes) -> None:
+        """The payload's next bytes; BadDelta past the header's payload_bytes."""
+        end = self.received + len(piece)
+        if end > len(self.payload):
+            raise BadDelta(f"delta: more than the header's {len(self.payload)} payload bytes")
+        self.payload[self.received:end] = np.frombuffer(piece, dtype=np.uint8)
+        self.received = end
+        self._start_whole()
+
+    def finish(self) -> None:
+        """Wait for every shard; BadDelta for a payload short of the header's or the first
+        shard, in order, whose code does not fit or whose bytes do not verify."""
+        try:
+            if self.received != len(self.payload):
+                raise BadDelta(f"delta: received {self.received} of the header's "
+                               f"{len(self.payload)} payload bytes")
+            self._start_whole()
+            for started in self._started:
+                started.result()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop: shards not started are not written (a stream abandoned midway)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _start_whole(self) -> None:
+        while len(self._started) < len(self._codes) and \
+                self._codes[len(self._started)][3] <= self.received:
+            self._started.append(self._pool.submit(self._build,
+                                                   self._codes[len(self._started)]))
+
+    def _build(self, code) -> None:
+        d, info, start, end, offset = code
+        patch = _check_shard(d, info, memoryview(self.payload[start:end]), offset)
+        shard = self._flat[offset:offset + info.nbytes]
+        if patch.encoding == RAW:
+            shard[:] = np.frombuffer(patch.values, dtype=np.uint8)
+        elif len(patch.positions):
+            element = _ELEMENT[torch_dtype(info.dtype).itemsize]
+            shard.view(element)[patch.positions] = np.frombuffer(patch.values, dtype=element)
+        if checksum(memoryview(shard)) != info.checksum:
+            raise BadDelta(f"delta of shard {info.name!r}: after applying, the checksum "
+                           "does not match the manifest's")
 
 
-def _each(fn: Callable, items: Sequence) -> list:
-    """`fn` of each item, in order, on torch's intra-op thread count: numpy releases the GIL
-    in the sums, nonzeros and scatters that decode and apply a shard. The first item's
-    exception, in order, is the one raised."""
-    threads = min(torch.get_num_threads(), len(items))
-    if threads <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(threads, thread_name_prefix="delta") as pool:
-        return list(pool.map(fn, items))
+def build(header: relay_pb2.DeltaHeader, payload: bytes | memoryview, base: Manifest,
+          target: Manifest, flat: torch.Tensor) -> None:
+    """`target` built in `flat` from a whole payload (Builder, fed at once)."""
+    builder = Builder(header, base, target, flat)
+    try:
+        builder.feed(payload)
+    except BaseException:
+        builder.close()
+        raise
+    builder.finish()

@@ -12,6 +12,12 @@ from relayrl_torch.weights.shm_handoff import StagedVersion
 
 
 class WeightPlane(ABC):
+    # what pulls moved: the last one's bytes (a delta's payload, or the whole version; 0 in a
+    # process that holds the versions itself), and deltas applied and refused
+    last_pull_bytes: int = 0
+    deltas_applied: int = 0
+    deltas_refused: int = 0
+
     @abstractmethod
     def publish(self, version: int, step: int, tensors: dict[str, torch.Tensor]) -> Manifest:
         """Store a new immutable version; versions must increase."""

@@ -341,6 +341,12 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
     "add_generation_prompt": (True,), "echo": (False,), "use_beam_search": (False,),
     "priority": (0,)}
+# why a worker for training samples from the whole distribution: the trainer scores each token
+# under the policy at the request's temperature, so a truncated or penalised sample's
+# log-probabilities would not be the policy's
+RESHAPES = frozenset({"top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                      "repetition_penalty", "logit_bias", "length_penalty", "bad_words",
+                      "allowed_token_ids", "use_beam_search", "min_tokens"})
 OWN_FIELDS = frozenset({"metadata"})  # RelayRL's, which vLLM's models do not declare
 _BACKTICKED = re.compile(r"`([a-z_]+)`")
 
@@ -384,9 +390,11 @@ def _vllm_check(theirs: type[BaseModel], ours: type[BaseModel],
             kept.pop(key, None)
             kept.pop(name, None)
             continue
-        raise ValueError(f"{name}: {_shown(value)} is a field of vLLM's {model} that this "
-                         f"worker does not implement; leave it out or send "
-                         f"{_shown(neutral[0])}, which changes nothing")
+        why = ("it reshapes the distribution sampled from, and the trainer scores tokens "
+               "under the policy's own" if name in RESHAPES else
+               "this worker does not implement it")
+        raise ValueError(f"{name}: {_shown(value)} is a field of vLLM's {model}, but {why}; "
+                         f"leave it out or send {_shown(neutral[0])}, which changes nothing")
     return kept
 
 

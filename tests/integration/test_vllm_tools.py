@@ -93,7 +93,7 @@ def test_bodies_are_parsed_by_vllms_request_models(client):
     assert neutral.json()["choices"][0]["token_ids"] == plain.json()["choices"][0]["token_ids"]
 
     refused(client.post("/v1/chat/completions", json={**body, "top_p": 0.9}), "top_p",
-            "vLLM's ChatCompletionRequest", "does not implement", "send 1")
+            "vLLM's ChatCompletionRequest", "reshapes the distribution", "send 1")
     refused(client.post("/v1/chat/completions", json={**body, "toolz": []}), "toolz",
             "would ignore")
     refused(client.post("/v1/chat/completions", json={**body, "cache_salt": ""}),
@@ -102,4 +102,4 @@ def test_bodies_are_parsed_by_vllms_request_models(client):
             "top_logprobs", "refused by vLLM's", "`logprobs` must be set to true")
     refused(client.post("/v1/completions", json={"model": "m", "prompt": "2+3=",
                                                   "suffix": "!"}),
-            "suffix", "vLLM's CompletionRequest")
+            "suffix", "vLLM's CompletionRequest", "does not implement")

@@ -19,6 +19,7 @@ from relay_svc.server import RelayServicer, add_relay_servicer
 from relay_svc.version_store import VersionStore
 from relayrl.runtime import auth
 from relayrl.runtime.grpc_util import make_server, wait_healthy
+from relayrl_torch.models.loading import load_model
 from relayrl_torch.weights.client import RelayClient
 from relayrl_torch.weights.layout import flat_size
 from tests.conftest import free_ports
@@ -167,3 +168,24 @@ def test_a_delta_that_does_not_build_the_version_is_refused_and_the_whole_pulled
     worker._held[1][:64] ^= 0xFF
     assert_holds(worker.pull(3), versions[3])
     assert (worker.deltas_refused, worker.deltas_applied) == (2, 0)
+
+
+def test_a_worker_counts_the_bytes_a_delta_moved(relay, tiny_lm):
+    from rollout_svc.engines.torch import TorchEngine
+    from rollout_svc.weight_refresh import WeightRefresher
+
+    address, store, _ = relay
+    lm = load_model(tiny_lm.path)
+    state = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+    store.publish(1, 1, state)
+    refresher = WeightRefresher(TorchEngine(lm), [RelayClient(address, timeout_s=10)])
+    assert refresher.refresh() and refresher.engine.version == 1
+    whole = refresher.bytes_pulled
+    assert whole >= store.manifest(1).total_bytes and refresher.deltas_applied == 0
+    name = next(iter(state))
+    state[name] = state[name].clone()
+    state[name].view(-1)[:4] += 1  # four elements of one tensor move
+    store.publish(2, 2, state)
+    assert refresher.refresh() and refresher.engine.version == 2
+    assert refresher.deltas_applied == 1 and refresher.deltas_refused == 0
+    assert 0 < refresher.bytes_pulled - whole < whole / 100

@@ -151,7 +151,8 @@ def test_rollout_snapshot_gives_what_it_declares():
         generator=SimpleNamespace(**generated),
         boundary=SimpleNamespace(samples_generated=8, leases_released=0, groups_moved_out=0),
         weights=SimpleNamespace(weight_swaps=2, pull_failures=0, signatures_refused=0,
-                                bytes_pulled=1024, last_pull_s=0.01),
+                                bytes_pulled=1024, last_pull_s=0.01, deltas_applied=1,
+                                deltas_refused=0),
         loop=SimpleNamespace(seconds={"generate": 2.5, "lease": 0.1}),
         writer=SimpleNamespace(waiting_for_room=False, counters=PressureCounters()))
     exported = rollout_metrics(worker, SimpleNamespace(requests=0, batches=0))

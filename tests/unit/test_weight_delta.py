@@ -1,6 +1,9 @@
 """A version coded as the changes since an older one: each shard round-trips byte for byte
 in whichever code is smallest, a delta no smaller than the version is not made, and a delta
-that does not fit its manifest is refused before anything is written."""
+that does not fit its manifest is refused: its header before anything is written, a shard's
+code before that shard is."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -43,10 +46,14 @@ def base_weights():
 def round_trip(old, new) -> delta.Delta:
     d = delta.encode(old[0], old[1], new[0], new[1])
     assert d is not None
-    flat = old[1].clone()
-    delta.apply(delta.check(d.header(), memoryview(d.payload), old[0], new[0]), flat)
-    assert torch.equal(flat, new[1])
-    unpack(new[0], flat)  # every shard passes the manifest's checksum
+    for chunk in (len(d.payload) or 1, 7):  # whole, and in pieces that split shards' codes
+        flat = old[1].clone()
+        builder = delta.Builder(d.header(), old[0], new[0], flat)
+        for at in range(0, len(d.payload), chunk):
+            builder.feed(d.payload[at:at + chunk])
+        builder.finish()
+        assert torch.equal(flat, new[1])
+        unpack(new[0], flat)  # every shard passes the manifest's checksum
     return d
 
 
@@ -112,19 +119,28 @@ def sparse_delta():
 def test_a_header_that_does_not_fit_is_refused(change):
     old, new, d = sparse_delta()
     with pytest.raises(delta.BadDelta):
-        delta.check(malformed(d, "embed", **change), memoryview(d.payload), old[0], new[0])
+        delta.build(malformed(d, "embed", **change), d.payload, old[0], new[0], old[1].clone())
 
 
 def test_a_short_payload_or_foreign_shards_are_refused():
     old, new, d = sparse_delta()
-    with pytest.raises(delta.BadDelta, match="add up"):
-        delta.check(d.header(), memoryview(d.payload[:-1]), old[0], new[0])
+    flat = old[1].clone()
+    with pytest.raises(delta.BadDelta, match="received"):
+        delta.build(d.header(), d.payload[:-1], old[0], new[0], flat)
+    with pytest.raises(delta.BadDelta, match="more than"):
+        delta.build(d.header(), d.payload + b"x", old[0], new[0], flat)
+    flat = old[1].clone()
     header = d.header()
     header.shards[0].shard = "other"
     with pytest.raises(delta.BadDelta, match="not the manifest's"):
-        delta.check(header, memoryview(d.payload), old[0], new[0])
+        delta.Builder(header, old[0], new[0], flat)
+    header = d.header()
+    header.payload_bytes += 1
+    with pytest.raises(delta.BadDelta, match="add up"):
+        delta.Builder(header, old[0], new[0], flat)
     with pytest.raises(delta.BadDelta, match="asked"):
-        delta.check(d.header(), memoryview(d.payload), new[0], old[0])
+        delta.Builder(d.header(), new[0], old[0], flat)
+    assert torch.equal(flat, old[1])  # a header refused writes nothing
 
 
 def test_a_position_past_the_shard_is_refused():
@@ -144,8 +160,20 @@ def test_bitmap_bits_past_the_shard_are_refused():
     assert d.shards[0].encoding == delta.BITMAP
     payload = bytearray(d.payload)
     payload[1001 // 8] |= 0x01  # the last byte holds one real bit, its highest
+    flat = old[1].clone()
     with pytest.raises(delta.BadDelta, match="past the shard"):
-        delta.check(d.header(), memoryview(bytes(payload)), old[0], new[0])
+        delta.build(d.header(), bytes(payload), old[0], new[0], flat)
+    assert torch.equal(flat, old[1])  # the shard refused is not written
+
+
+def test_a_shard_that_does_not_verify_after_applying_is_refused():
+    old, new, d = sparse_delta()
+    target = new[0]
+    shards = [dataclasses.replace(s, checksum="0" * 32) if s.name == "proj" else s
+              for s in target.shards]
+    with pytest.raises(delta.BadDelta, match="'proj': after applying, the checksum"):
+        delta.build(d.header(), d.payload, old[0], dataclasses.replace(target, shards=shards),
+                    old[1].clone())
 
 
 def test_the_relay_encodes_each_pair_once_and_drops_evicted_versions():

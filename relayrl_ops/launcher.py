@@ -24,7 +24,7 @@ import yaml
 from relayrl.config import HfModel, RunConfig
 from relayrl.runtime.auth import current as current_credentials
 from relayrl.runtime.auth import install_launcher_credentials
-from relayrl.runtime.grpc_util import ExitedBeforeHealthy, wait_healthy
+from relayrl.runtime.grpc_util import check_health
 from relayrl.runtime.metrics import read_records
 from relayrl.runtime.procs import child_env
 from relayrl_ops.plan import EVALUATOR, Process, on_node, plan
@@ -33,6 +33,9 @@ from relayrl_ops.zygote_client import Forked, Zygote
 
 log = logging.getLogger(__name__)
 PUBLISH_PARTIES = ("trainer", "relay")  # the children that see the trainer token
+# start-up gives up when this long passes with no service becoming healthy: a vLLM worker's
+# load is the slowest step, and each one that comes up restarts the clock
+START_STALL_S = 120.0
 
 
 def ended_by(code: int | None) -> str:
@@ -191,23 +194,35 @@ class Launcher:
 
     def start(self) -> None:
         """Every process at once: each waits out a peer that is not up yet (relayrl.runtime.outage),
-        so start-up costs the slowest import and load, not their sum."""
+        so start-up costs the slowest import and load, not their sum. Returns once every server
+        answers its health check. One that exits before it first served fails the start
+        (StartFailed); one that served and died while others still load is restarted as it
+        would be in the run, since those others may be waiting for it."""
         self.prepare()
         children = self._children()
         for child in children:
             self._spawn(child)
-        for child in children:
-            proc, address = child.proc, child.address
-            if not address:  # the evaluator: no server to ask
-                continue
-            try:
-                wait_healthy(address, timeout_s=120, alive=lambda p=proc: p.poll() is None)
-            except ExitedBeforeHealthy:
-                path = self.run_dir / "logs" / f"{child.name}.log"
-                raise StartFailed(f"{child.name} {ended_by(proc.poll())} before serving "
-                                  f"on {address}; the end of {path}:\n"
-                                  f"{log_tail(path)}") from None
-            log.info("%s healthy on %s (pid %d)", child.name, address, proc.pid)
+        waiting = [c for c in children if c.address]  # the evaluator has no server to ask
+        progress_at = time.monotonic()
+        while waiting:
+            for child in list(waiting):
+                if check_health(child.address):
+                    waiting.remove(child)
+                    progress_at = time.monotonic()
+                    log.info("%s healthy on %s (pid %d)", child.name, child.address,
+                             child.proc.pid)
+                elif (code := child.proc.poll()) is not None:
+                    path = self.run_dir / "logs" / f"{child.name}.log"
+                    raise StartFailed(f"{child.name} {ended_by(code)} before serving on "
+                                      f"{child.address}; the end of {path}:\n{log_tail(path)}")
+            if self.supervise(among=[c for c in children if c not in waiting]) == 1:
+                raise StartFailed("a service that had started died too often while the others "
+                                  f"were starting (see {self.run_dir / 'logs'})")
+            if waiting and time.monotonic() - progress_at > START_STALL_S:
+                names = ", ".join(f"{c.name} on {c.address}" for c in waiting)
+                raise TimeoutError(f"{names}: none became healthy within {START_STALL_S:.0f} s "
+                                   f"(see {self.run_dir / 'logs'})")
+            time.sleep(0.1)
 
     def wait(self, timeout_s: float | None = None) -> int:
         """Until the trainer exits with 0 (it reached max_steps) and the evaluator, if any, has
@@ -220,14 +235,15 @@ class Launcher:
             time.sleep(0.1)
         return code
 
-    def supervise(self) -> int | None:
-        """One look at every process: start those whose restart is due, book a restart for
-        those that died. The run's exit code once it has ended, else None."""
+    def supervise(self, among: list[Child] | None = None) -> int | None:
+        """One look at every process (or those `among` them): start those whose restart is
+        due, book a restart for those that died. The run's exit code once it has ended, else
+        None."""
         now = time.monotonic()
         if not self._watch_redis(now):
             return 1
         ended = None
-        for c in self.children:
+        for c in self.children if among is None else among:
             if c.budget.take(now):
                 log.info("restarting %s (%d of %d)", c.name, c.budget.used, c.budget.limit)
                 self._spawn(c)

@@ -290,14 +290,3 @@ class Builder:
             raise BadDelta(f"delta of shard {info.name!r}: after applying, the checksum "
                            "does not match the manifest's")
 
-
-def build(header: relay_pb2.DeltaHeader, payload: bytes | memoryview, base: Manifest,
-          target: Manifest, flat: torch.Tensor) -> None:
-    """`target` built in `flat` from a whole payload (Builder, fed at once)."""
-    builder = Builder(header, base, target, flat)
-    try:
-        builder.feed(payload)
-    except BaseException:
-        builder.close()
-        raise
-    builder.finish()

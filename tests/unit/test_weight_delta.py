@@ -43,6 +43,17 @@ def base_weights():
             "empty": torch.zeros(0, dtype=torch.bfloat16)}
 
 
+def build(header, payload, base, target, flat) -> None:
+    """`target` built in `flat` from a whole payload, fed at once."""
+    builder = delta.Builder(header, base, target, flat)
+    try:
+        builder.feed(payload)
+    except BaseException:
+        builder.close()
+        raise
+    builder.finish()
+
+
 def round_trip(old, new) -> delta.Delta:
     d = delta.encode(old[0], old[1], new[0], new[1])
     assert d is not None
@@ -119,16 +130,16 @@ def sparse_delta():
 def test_a_header_that_does_not_fit_is_refused(change):
     old, new, d = sparse_delta()
     with pytest.raises(delta.BadDelta):
-        delta.build(malformed(d, "embed", **change), d.payload, old[0], new[0], old[1].clone())
+        build(malformed(d, "embed", **change), d.payload, old[0], new[0], old[1].clone())
 
 
 def test_a_short_payload_or_foreign_shards_are_refused():
     old, new, d = sparse_delta()
     flat = old[1].clone()
     with pytest.raises(delta.BadDelta, match="received"):
-        delta.build(d.header(), d.payload[:-1], old[0], new[0], flat)
+        build(d.header(), d.payload[:-1], old[0], new[0], flat)
     with pytest.raises(delta.BadDelta, match="more than"):
-        delta.build(d.header(), d.payload + b"x", old[0], new[0], flat)
+        build(d.header(), d.payload + b"x", old[0], new[0], flat)
     flat = old[1].clone()
     header = d.header()
     header.shards[0].shard = "other"
@@ -162,7 +173,7 @@ def test_bitmap_bits_past_the_shard_are_refused():
     payload[1001 // 8] |= 0x01  # the last byte holds one real bit, its highest
     flat = old[1].clone()
     with pytest.raises(delta.BadDelta, match="past the shard"):
-        delta.build(d.header(), bytes(payload), old[0], new[0], flat)
+        build(d.header(), bytes(payload), old[0], new[0], flat)
     assert torch.equal(flat, old[1])  # the shard refused is not written
 
 
@@ -172,7 +183,7 @@ def test_a_shard_that_does_not_verify_after_applying_is_refused():
     shards = [dataclasses.replace(s, checksum="0" * 32) if s.name == "proj" else s
               for s in target.shards]
     with pytest.raises(delta.BadDelta, match="'proj': after applying, the checksum"):
-        delta.build(d.header(), d.payload, old[0], dataclasses.replace(target, shards=shards),
+        build(d.header(), d.payload, old[0], dataclasses.replace(target, shards=shards),
                     old[1].clone())
 
 

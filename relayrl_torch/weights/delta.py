@@ -24,6 +24,7 @@ It builds each shard as soon as its code has arrived, while the rest is still re
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ Encoding = relay_pb2.DeltaEncoding
 RAW, BITMAP, GAPS = Encoding.DELTA_ENCODING_RAW, Encoding.DELTA_ENCODING_BITMAP, \
     Encoding.DELTA_ENCODING_GAPS
 _ELEMENT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_VALUES_ALIGN = 8
 SKIP = 255  # a gap byte that moves on 255 unchanged elements and marks no change
 
 
@@ -88,18 +90,29 @@ def encode_gaps(positions: np.ndarray) -> bytes:
     return out.tobytes()
 
 
-def decode_gaps(data: np.ndarray, count: int, n: int, what: str) -> np.ndarray:
+def decode_gaps(data: np.ndarray, count: int, n: int, what: str,
+                scratch: np.ndarray | None = None) -> np.ndarray:
     """The `count` changed positions that gap bytes `data` code, each below `n`, or
-    BadDelta naming `what`."""
-    change = data != SKIP
-    if int(np.count_nonzero(change)) != count or (len(data) and not change[-1]):
+    BadDelta naming `what`. `scratch`: int64 room for len(data) positions, reused (fresh
+    memory costs a page fault per 4 KiB)."""
+    change = None
+    if count != len(data):  # skip bytes among them
+        change = data != SKIP
+        if int(np.count_nonzero(change)) != count or not change[-1]:
+            raise BadDelta(f"{what}: {len(data)} gap bytes do not code exactly {count} changes")
+    elif count and data[-1] == SKIP:
         raise BadDelta(f"{what}: {len(data)} gap bytes do not code exactly {count} changes")
-    # the k-th change's position: the gap bytes up to it (skips included) plus the k changes
-    # before it
-    positions = np.cumsum(data, dtype=np.int64)
-    if count != len(data):
+    # the k-th change's position: the sum over the bytes up to it of r + 1 for a change and
+    # 255 for a skip, less one
+    positions = scratch[:len(data)] if scratch is not None and len(scratch) >= len(data) \
+        else np.empty(len(data), dtype=np.int64)
+    # widened into `positions` first: widening inside cumsum is several times slower
+    np.add(data, 1 if change is None else change, out=positions, dtype=np.int64)
+    if len(positions):
+        positions[0] -= 1
+    np.cumsum(positions, out=positions)
+    if change is not None:
         positions = positions[change]
-    positions += np.arange(count, dtype=np.int64)
     if count and positions[-1] >= n:
         raise BadDelta(f"{what}: a changed position is past the shard's {n} elements")
     return positions
@@ -163,16 +176,26 @@ def encode(base: Manifest, base_flat: torch.Tensor, target: Manifest,
 # -- the worker's side: check, then apply -----------------------------------------------------
 
 @dataclass(frozen=True)
+class _Code:
+    shard: relay_pb2.DeltaShard
+    info: ShardInfo
+    start: int  # where its code starts in the payload
+    end: int
+    at: int  # where it starts in the Builder's copy of the payload
+    offset: int  # the shard's offset in the flat buffer
+
+
+@dataclass(frozen=True)
 class _Patch:
     start: int  # the shard's offset in the flat buffer
     info: ShardInfo
     encoding: int
     positions: np.ndarray | None  # the changed elements (GAPS, BITMAP)
-    values: memoryview  # their new bytes, or the whole shard (RAW)
+    values: np.ndarray  # their new bytes (uint8), or the whole shard's (RAW)
 
 
-def _check_shard(d: relay_pb2.DeltaShard, info: ShardInfo, code: memoryview, start: int
-                 ) -> _Patch:
+def _check_shard(d: relay_pb2.DeltaShard, info: ShardInfo, code: np.ndarray, start: int,
+                 scratch: np.ndarray | None = None) -> _Patch:
     what = f"delta of shard {info.name!r}"
     if d.encoding == RAW:
         if d.nbytes != info.nbytes:
@@ -189,7 +212,7 @@ def _check_shard(d: relay_pb2.DeltaShard, info: ShardInfo, code: memoryview, sta
         if d.nbytes != (n + 7) // 8 + values_bytes:
             raise BadDelta(f"{what}: BITMAP code of {d.nbytes} bytes, {n} elements with "
                            f"{d.changed} changed need {(n + 7) // 8 + values_bytes}")
-        bits = np.frombuffer(code, dtype=np.uint8, count=(n + 7) // 8)
+        bits = code[:(n + 7) // 8]
         if n % 8 and bits[-1] & ((1 << (8 - n % 8)) - 1):
             raise BadDelta(f"{what}: bits set past the shard's {n} elements")
         # as bool: numpy's nonzero of a bool array is several times faster than of uint8
@@ -201,8 +224,7 @@ def _check_shard(d: relay_pb2.DeltaShard, info: ShardInfo, code: memoryview, sta
         if d.nbytes < values_bytes:
             raise BadDelta(f"{what}: GAPS code of {d.nbytes} bytes cannot hold {d.changed} "
                            f"values of {size} bytes")
-        positions = decode_gaps(np.frombuffer(code, dtype=np.uint8,
-                                              count=d.nbytes - values_bytes), d.changed, n, what)
+        positions = decode_gaps(code[:d.nbytes - values_bytes], d.changed, n, what, scratch)
     return _Patch(start, info, d.encoding, positions, code[d.nbytes - values_bytes:])
 
 
@@ -224,7 +246,13 @@ class Builder:
     """Builds `target` in `flat` (uint8 on the CPU, holding `base`'s bytes) from a delta as
     its payload arrives (`feed`, then `finish`). Each shard is checked, written and verified
     against the manifest's checksum as soon as its code is whole, on torch's intra-op count
-    of threads (numpy and xxhash release the GIL), while later shards are still on the wire.
+    of threads (numpy and xxhash release the GIL), while later shards are still on the
+    wire.
+
+    The payload is kept with each shard's new values starting on an 8-byte boundary, so they
+    are read as aligned elements; each thread decodes positions into an int64 scratch of its
+    own. The writes are numpy's: torch's index_copy_ is faster on one thread, but its intra-op
+    threads compete with the receive and the other shards, and the pull took longer.
 
     A header that does not fit the manifests is refused (BadDelta) before anything is
     written; a shard's code that does not fit is refused unwritten, from `finish`, which names
@@ -234,34 +262,54 @@ class Builder:
     def __init__(self, header: relay_pb2.DeltaHeader, base: Manifest, target: Manifest,
                  flat: torch.Tensor):
         _check_header(header, base, target)
-        self.payload = np.empty(header.payload_bytes, dtype=np.uint8)
         self.received = 0
+        self._size = header.payload_bytes
         self._flat = flat.numpy()
-        offsets, end, self._codes = shard_offsets(target), 0, []
+        # each shard's code: where it sits in the payload and in the kept copy (`at`), its
+        # values aligned
+        offsets, end, at, self._codes = shard_offsets(target), 0, 0, []
         for d, info in zip(header.shards, target.shards, strict=True):
-            self._codes.append((d, info, end, end + d.nbytes, offsets[info.name]))
+            size = _element_size(info) or 1
+            lead = max(0, d.nbytes - d.changed * size) if d.encoding != RAW else 0
+            at += -(at + lead) % _VALUES_ALIGN
+            self._codes.append(_Code(d, info, end, end + d.nbytes, at, offsets[info.name]))
             end += d.nbytes
+            at += d.nbytes
+        self.payload = np.empty(at, dtype=np.uint8)
+        assert self.payload.ctypes.data % _VALUES_ALIGN == 0  # numpy aligns to 16 at least
+        self._copied = 0  # the codes whose bytes have all arrived
         self._started: list = []
+        self._scratch = threading.local()
         self._pool = ThreadPoolExecutor(max(1, torch.get_num_threads()),
                                         thread_name_prefix="delta")
 
     def feed(self, piece: memoryview | bytes) -> None:
         """The payload's next bytes; BadDelta past the header's payload_bytes."""
-        end = self.received + len(piece)
-        if end > len(self.payload):
-            raise BadDelta(f"delta: more than the header's {len(self.payload)} payload bytes")
-        self.payload[self.received:end] = np.frombuffer(piece, dtype=np.uint8)
+        start, end = self.received, self.received + len(piece)
+        if end > self._size:
+            raise BadDelta(f"delta: more than the header's {self._size} payload bytes")
+        data = np.frombuffer(piece, dtype=np.uint8)
+        k = self._copied
+        while k < len(self._codes) and self._codes[k].start <= end:
+            code = self._codes[k]
+            lo, hi = max(code.start, start), min(code.end, end)
+            self.payload[code.at + lo - code.start:code.at + hi - code.start] = \
+                data[lo - start:hi - start]
+            if code.end > end:
+                break
+            k += 1
+            self._started.append(self._pool.submit(self._build, code))
+        self._copied = k
         self.received = end
-        self._start_whole()
 
     def finish(self) -> None:
         """Wait for every shard; BadDelta for a payload short of the header's or the first
         shard, in order, whose code does not fit or whose bytes do not verify."""
         try:
-            if self.received != len(self.payload):
+            if self.received != self._size:
                 raise BadDelta(f"delta: received {self.received} of the header's "
-                               f"{len(self.payload)} payload bytes")
-            self._start_whole()
+                               f"{self._size} payload bytes")
+            self.feed(b"")  # codes of no bytes at the end
             for started in self._started:
                 started.result()
         finally:
@@ -271,22 +319,26 @@ class Builder:
         """Stop: shards not started are not written (a stream abandoned midway)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _start_whole(self) -> None:
-        while len(self._started) < len(self._codes) and \
-                self._codes[len(self._started)][3] <= self.received:
-            self._started.append(self._pool.submit(self._build,
-                                                   self._codes[len(self._started)]))
+    def _positions_scratch(self, n: int) -> np.ndarray:
+        held = getattr(self._scratch, "positions", None)
+        if held is None or len(held) < n:
+            held = self._scratch.positions = np.empty(n, dtype=np.int64)
+        return held
 
-    def _build(self, code) -> None:
-        d, info, start, end, offset = code
-        patch = _check_shard(d, info, memoryview(self.payload[start:end]), offset)
-        shard = self._flat[offset:offset + info.nbytes]
+    def _build(self, code: _Code) -> None:
+        d, info = code.shard, code.info
+        scratch = None
+        if d.encoding == GAPS:  # a gap byte per position, the values after them
+            scratch = self._positions_scratch(max(0, d.nbytes - d.changed * (
+                _element_size(info) or 1)))
+        patch = _check_shard(d, info, self.payload[code.at:code.at + d.nbytes], code.offset,
+                             scratch)
+        shard = self._flat[code.offset:code.offset + info.nbytes]
         if patch.encoding == RAW:
-            shard[:] = np.frombuffer(patch.values, dtype=np.uint8)
+            shard[:] = patch.values
         elif len(patch.positions):
             element = _ELEMENT[torch_dtype(info.dtype).itemsize]
-            shard.view(element)[patch.positions] = np.frombuffer(patch.values, dtype=element)
+            shard.view(element)[patch.positions] = patch.values.view(element)
         if checksum(memoryview(shard)) != info.checksum:
             raise BadDelta(f"delta of shard {info.name!r}: after applying, the checksum "
                            "does not match the manifest's")
-

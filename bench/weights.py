@@ -23,7 +23,8 @@ real training steps (AdamW at examples/smollm2_cpu.yaml's settings on float32 ma
 weights, next-token loss on real text), each pulled over gRPC by a worker holding the
 version before the steps, as the changes since it (relayrl_torch/weights/delta.py) against
 the whole version: bytes, and pull-plus-apply seconds (receive, apply, check every shard),
-printed as ratios to the whole version's. Ends with one JSON line.
+the two pulls alternating seven times, printed as ratios to the whole version's (the
+fastest of each, and the median of the rounds' ratios). Ends with one JSON line.
 
     python bench/weights.py --delta-only [--delta-steps 1,4]
 """
@@ -34,6 +35,7 @@ import gc
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -373,11 +375,15 @@ def timed_pull(client: RelayClient, version: int, staging: torch.Tensor) -> floa
     return time.perf_counter() - t0
 
 
+ROUNDS = 7
+
+
 def delta_rows(model_dir: Path, tmp: Path, steps: list[int]) -> dict:
     """Per number of training steps k: the bytes and pull-plus-apply seconds (receive,
     apply, every shard checked against the manifest) of version 1+k pulled over gRPC as the
-    changes since version 1 against the whole version, each the fastest of three; the first
-    delta pull, which waits for the relay to encode the delta, apart."""
+    changes since version 1 against the whole version, the two alternating for ROUNDS rounds:
+    the fastest of each, and the median of the rounds' ratios. The first delta pull, which
+    waits for the relay to encode the delta, apart."""
     versions = trained_versions(model_dir, [0, *steps])
     (tmp / "delta-relay").mkdir(exist_ok=True)
     root, address = start_relay(tmp / "delta-relay", ["grpc"], keep=len(versions))
@@ -393,17 +399,22 @@ def delta_rows(model_dir: Path, tmp: Path, steps: list[int]) -> dict:
         worker = RelayClient(address, timeout_s=300, keys=trainer_keys())
         for k in steps:
             target = 1 + k
-            whole_s = min(timed_pull(whole, target, staging) for _ in range(3))
-            times = []
-            for _ in range(4):
-                worker.pull(1, staging=staging)  # holds version 1 (a whole pull: it is older)
-                times.append(timed_pull(worker, target, staging))
+            worker.pull(1, staging=staging)  # holds version 1 (a whole pull: it is older)
+            first_s = timed_pull(worker, target, staging)
+            whole_times, delta_times = [], []
+            for _ in range(ROUNDS):  # alternating, so a machine that slows slows both
+                whole_times.append(timed_pull(whole, target, staging))
+                worker.pull(1, staging=staging)
+                delta_times.append(timed_pull(worker, target, staging))
             assert worker.deltas_applied and not worker.deltas_refused
+            whole_s = min(whole_times)
             row = {"delta_mb": round(worker.last_pull_bytes / 2**20, 2),
                    "delta_bytes_ratio": round(worker.last_pull_bytes / size, 4),
                    "whole_pull_s": round(whole_s, 4),
-                   "delta_first_pull_s": round(times[0], 4),
-                   "delta_pull_s": round(min(times[1:]), 4)}
+                   "delta_first_pull_s": round(first_s, 4),
+                   "delta_pull_s": round(min(delta_times), 4),
+                   "delta_time_ratio_by_round": round(statistics.median(
+                       d / w for d, w in zip(delta_times, whole_times, strict=True)), 4)}
             row["delta_time_ratio"] = round(row["delta_pull_s"] / whole_s, 4)
             out[f"after_{k}_steps"] = row
             print(f"[delta] {model_dir.name} bfloat16, {k} step{'s' * (k > 1)} apart: "
@@ -411,8 +422,9 @@ def delta_rows(model_dir: Path, tmp: Path, steps: list[int]) -> dict:
                   f"(bytes ratio {row['delta_bytes_ratio']:.3f}, target <= 0.25 after one "
                   f"step); pull+apply {row['delta_pull_s']:.3f} s against "
                   f"{whole_s:.3f} s whole (time ratio {row['delta_time_ratio']:.3f}, "
-                  f"target <= 0.5 after one step); the first pull, encoding on the relay, "
-                  f"{row['delta_first_pull_s']:.3f} s", flush=True)
+                  f"target <= 0.5 after one step; median of the rounds' ratios "
+                  f"{row['delta_time_ratio_by_round']:.3f}); the first pull, encoding on "
+                  f"the relay, {row['delta_first_pull_s']:.3f} s", flush=True)
         for c in (trainer, whole, worker):
             c.close()
     finally:

@@ -100,7 +100,7 @@ def decode_gaps(data: np.ndarray, count: int, n: int, what: str,
         change = data != SKIP
         if int(np.count_nonzero(change)) != count or not change[-1]:
             raise BadDelta(f"{what}: {len(data)} gap bytes do not code exactly {count} changes")
-    elif count and data[-1] == SKIP:
+    elif count and data.max() == SKIP:  # as many bytes as changes: none may be a skip
         raise BadDelta(f"{what}: {len(data)} gap bytes do not code exactly {count} changes")
     # the k-th change's position: the sum over the bytes up to it of r + 1 for a change and
     # 255 for a skip, less one
@@ -242,6 +242,12 @@ def _check_header(header: relay_pb2.DeltaHeader, base: Manifest, target: Manifes
                        f"{header.payload_bytes} bytes")
 
 
+def _lead(d: relay_pb2.DeltaShard, size: int) -> int:
+    """The bytes of a shard's code before its values (gap bytes, or the bitmap), within
+    0..nbytes whatever the header claims: checked with the rest of the code later."""
+    return min(d.nbytes, max(0, d.nbytes - d.changed * size))
+
+
 class Builder:
     """Builds `target` in `flat` (uint8 on the CPU, holding `base`'s bytes) from a delta as
     its payload arrives (`feed`, then `finish`). Each shard is checked, written and verified
@@ -270,7 +276,7 @@ class Builder:
         offsets, end, at, self._codes = shard_offsets(target), 0, 0, []
         for d, info in zip(header.shards, target.shards, strict=True):
             size = _element_size(info) or 1
-            lead = max(0, d.nbytes - d.changed * size) if d.encoding != RAW else 0
+            lead = _lead(d, size) if d.encoding != RAW else 0
             at += -(at + lead) % _VALUES_ALIGN
             self._codes.append(_Code(d, info, end, end + d.nbytes, at, offsets[info.name]))
             end += d.nbytes
@@ -329,8 +335,7 @@ class Builder:
         d, info = code.shard, code.info
         scratch = None
         if d.encoding == GAPS:  # a gap byte per position, the values after them
-            scratch = self._positions_scratch(max(0, d.nbytes - d.changed * (
-                _element_size(info) or 1)))
+            scratch = self._positions_scratch(_lead(d, _element_size(info) or 1))
         patch = _check_shard(d, info, self.payload[code.at:code.at + d.nbytes], code.offset,
                              scratch)
         shard = self._flat[code.offset:code.offset + info.nbytes]

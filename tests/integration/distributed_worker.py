@@ -220,9 +220,11 @@ def mixed_precision_step(model_dir: str, world: World, precision: str) -> dict |
         learner.stop_followers()
     else:
         learner.follow()
-    # the policy each unit was sharded with, as FSDP2 keeps it in the unit's state
-    units = [(name, fully_shard.state(m)._mp_policy) for name, module in modules.items()
-             for m in module.modules() if isinstance(m, FSDPModule)]
+    # the policy each unit was sharded with, as FSDP2 keeps it in the unit's state: its
+    # dtypes, which torch.load reads back without unpickling objects
+    units = [(name, (policy.param_dtype, policy.reduce_dtype))
+             for name, module in modules.items() for m in module.modules()
+             if isinstance(m, FSDPModule) for policy in [fully_shard.state(m)._mp_policy]]
     ranks = [units]
     if world.size > 1:  # the followers have stopped: nothing else is in flight
         ranks = [None] * world.size

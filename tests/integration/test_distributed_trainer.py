@@ -71,7 +71,7 @@ def two_ranks(tmp_path_factory, tiny_lm, redis_url):
     tmp = tmp_path_factory.mktemp("ranks")
     out = tmp / "ranks.pt"
     torchrun("scenarios", str(tiny_lm.path), str(out), redis_url, str(tmp / "run"))
-    return {"runs": torch.load(out, weights_only=False), "run_dir": tmp / "run"}
+    return {"runs": torch.load(out, weights_only=True), "run_dir": tmp / "run"}
 
 
 # Adam moves a weight by about lr a step whatever its gradient's size, so where a gradient
@@ -130,7 +130,7 @@ def test_a_follower_outlives_a_rank_0_idle_for_several_timeouts(tiny_lm, tmp_pat
     assert IDLE_S >= 3 * IDLE_TIMEOUT_S
     out = tmp_path / "idle.pt"
     torchrun("idle", str(tiny_lm.path), str(out))
-    two = torch.load(out, weights_only=False)
+    two = torch.load(out, weights_only=True)
     one = run_after_idling(str(tiny_lm.path), World(), idle_s=0)
     assert_same_weights(two["weights"], one["weights"])
     for step_two, step_one in zip(two["stats"], one["stats"], strict=True):
@@ -163,7 +163,7 @@ def test_every_rank_reads_its_shard_and_holds_what_one_process_loads(tiny_lm, ba
     FSDP2 each rank holds a share of every sharded tensor, the shares adding up to it."""
     out = tmp_path / "load.pt"
     torchrun("load", str(tiny_lm.path), str(out), str(base_names_dir))
-    runs = torch.load(out, weights_only=False)
+    runs = torch.load(out, weights_only=True)
     assert runs["sharded"]["stored"] and runs["replicated"]["stored"]
     assert not runs["base_names"]["stored"]
     one = load_model(tiny_lm.path).model
@@ -201,7 +201,7 @@ def test_bf16_gathers_parameters_in_bfloat16_and_reduces_gradients_in_float32(ti
     all but a few weights moved alike."""
     out = tmp_path / "precision.pt"
     torchrun("precision", str(tiny_lm.path), str(out))
-    runs = torch.load(out, weights_only=False)
+    runs = torch.load(out, weights_only=True)
     units = ["policy"] * (tiny_lm.model.config.num_hidden_layers + 1)
     units += ["reference"] * len(units) + ["value_head"]
     for precision, dtypes in {"bf16": (torch.bfloat16, torch.float32),
@@ -209,7 +209,7 @@ def test_bf16_gathers_parameters_in_bfloat16_and_reduces_gradients_in_float32(ti
         two = runs[precision]
         for rank in two["units"]:
             assert [name for name, _ in rank] == units, precision
-            assert {(p.param_dtype, p.reduce_dtype) for _, p in rank} == {dtypes}, precision
+            assert {p for _, p in rank} == {dtypes}, precision
         assert two["params"] == two["optimizer"] == {"torch.float32"}, precision
         assert {v.dtype for v in two["weights"].values()} == {torch.float32}, precision
     assert runs["bf16"]["passes"] == {"torch.bfloat16"}

@@ -125,7 +125,8 @@ def sparse_delta():
 
 
 @pytest.mark.parametrize("change", [
-    {"changed": 10**9}, {"changed": -1}, {"nbytes": 3}, {"encoding": delta.BITMAP},
+    {"changed": 10**9}, {"changed": -1}, {"changed": -10**15}, {"nbytes": 3},
+    {"encoding": delta.BITMAP},
     {"encoding": 0}, {"encoding": delta.RAW}])
 def test_a_header_that_does_not_fit_is_refused(change):
     old, new, d = sparse_delta()
@@ -162,6 +163,8 @@ def test_a_position_past_the_shard_is_refused():
         delta.decode_gaps(code, 2, n, "t")
     with pytest.raises(delta.BadDelta, match="exactly"):
         delta.decode_gaps(np.array([3, 255], dtype=np.uint8), 1, n, "t")  # a trailing skip
+    with pytest.raises(delta.BadDelta, match="exactly"):  # a skip counted as a change
+        delta.decode_gaps(np.array([3, 255, 4], dtype=np.uint8), 3, n, "t")
 
 
 def test_bitmap_bits_past_the_shard_are_refused():
